@@ -1,0 +1,64 @@
+"""The `advisor` command line. Each subcommand lives in ``advisor/commands/<name>.py`` and
+exposes ``add_parser(subparsers)`` and ``run(args) -> int``; this module only dispatches.
+
+Nothing heavy is imported here: `advisor estimate --help` answers without importing torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from advisor import __version__
+from advisor.errors import AdvisorInputError
+
+# subcommand name -> module under advisor.commands (one line each; add yours here)
+COMMANDS = {
+    "estimate": "estimate",
+    "models": "catalogs",
+    "gpus": "catalogs",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line, exit code 2 (as for every bad input)."""
+
+    def error(self, message: str) -> None:  # noqa: D401
+        self.exit(2, f"advisor {self.prog.split(' ', 1)[-1] if ' ' in self.prog else ''}: error: {message}\n"
+                  .replace("advisor : ", "advisor: "))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="advisor", description="Find the best way to fine-tune (and serve) an LLM on your GPU memory.")
+    parser.add_argument("--version", action="version", version=f"vram-advisor {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    subs = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    seen = set()
+    for name, module in COMMANDS.items():
+        mod = importlib.import_module(f"advisor.commands.{module}")
+        if module in seen:
+            continue
+        seen.add(module)
+        mod.add_parser(subs)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    debug = args.debug or "--debug" in argv
+    if not args.command:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.run(args) or 0)
+    except AdvisorInputError as e:
+        if debug:
+            raise
+        print(f"advisor {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"advisor {args.command}: interrupted", file=sys.stderr)
+        return 130

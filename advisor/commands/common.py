@@ -1,0 +1,112 @@
+"""Flags and resolution shared by the subcommands (estimate, probe, tune, preflight...)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from advisor.errors import AdvisorInputError
+from advisor.plan import (ATTENTION, DTYPES, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS, QUANTIZATIONS, Plan,
+                          default_quantization, normalize_targets)
+
+
+def positive_int(flag: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number (got {text!r})") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"must be at least 1 (got {text!r})")
+        return value
+    return parse
+
+
+def number(flag: str, low: float | None = None, low_inclusive: bool = False, high: float | None = None):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number (got {text!r})") from None
+        if low is not None and (value < low or (value == low and not low_inclusive)):
+            raise argparse.ArgumentTypeError(f"must be {'at least' if low_inclusive else 'greater than'} {low} (got {text!r})")
+        if high is not None and value >= high:
+            raise argparse.ArgumentTypeError(f"must be below {high} (got {text!r})")
+        return value
+    return parse
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model and GPU")
+    g.add_argument("--model", required=True, help="catalog name or alias (qwen7b, llama8b...), hub id, or a local directory with config.json")
+    g.add_argument("--trust-remote-code", action="store_true", help="allow running model code shipped in a model directory")
+    g.add_argument("--gpu", help="GPU from the catalog (rtx-4090, a100-80gb, h100...); default: the detected GPU")
+    g.add_argument("--gpu-budget", help='memory budget: "24GB", "24 GiB", "24000MiB" or "90%%" of the GPU (GB = GiB = 2^30 bytes)')
+
+
+def add_plan_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("training plan")
+    g.add_argument("--method", choices=METHODS, default="lora", help="full fine-tune, LoRA, or QLoRA (default: lora)")
+    g.add_argument("--quantization", choices=QUANTIZATIONS, help="base weight storage (default: nf4 for qlora, else none)")
+    g.add_argument("--double-quant", action="store_true", help="4-bit double quantization of the absmax constants")
+    g.add_argument("--compute-dtype", choices=DTYPES, help="dtype quantized weights compute in (default: the precision's)")
+    g.add_argument("--precision", choices=PRECISIONS, default="bf16", help="weights and math: bf16, fp16, fp32, mixed_bf16, mixed_fp16")
+    g.add_argument("--seq-len", type=positive_int("--seq-len"), default=1024, help="tokens per sequence (default 1024)")
+    g.add_argument("--micro-batch", type=positive_int("--micro-batch"), default=1, help="sequences per forward/backward (default 1)")
+    g.add_argument("--grad-accum", type=positive_int("--grad-accum"), default=1, help="micro-batches per optimizer step (default 1)")
+    g.add_argument("--gradient-checkpointing", action="store_true", help="recompute each layer in backward")
+    g.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw_torch", help="optimizer (TrainingArguments.optim names)")
+    g.add_argument("--lora-r", type=positive_int("--lora-r"), default=16, help="LoRA rank (default 16)")
+    g.add_argument("--lora-alpha", type=number("--lora-alpha", low=0), default=32.0, help="LoRA alpha (default 32)")
+    g.add_argument("--lora-dropout", type=number("--lora-dropout", low=0, low_inclusive=True, high=1), default=0.05, help="LoRA dropout (default 0.05)")
+    g.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj", help="comma-separated module names, or all-linear")
+    g.add_argument("--attn-impl", choices=ATTENTION, default="sdpa", help="attention implementation (default sdpa)")
+    g.add_argument("--offload", choices=OFFLOADS, default="none", help="DeepSpeed CPU offload (default none)")
+    g.add_argument("--chunked-ce", action="store_true", help="chunked cross-entropy: never hold all logits at once")
+
+
+def plan_from_args(args: argparse.Namespace) -> Plan:
+    precision = args.precision
+    compute = args.compute_dtype or ("fp16" if "fp16" in precision else "fp32" if precision == "fp32" else "bf16")
+    plan = Plan(
+        method=args.method,
+        quantization=args.quantization or default_quantization(args.method),
+        double_quant=args.double_quant,
+        compute_dtype=compute,
+        precision=precision,
+        lora_r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        lora_targets=normalize_targets(args.lora_targets),
+        gradient_checkpointing=args.gradient_checkpointing,
+        optimizer=args.optimizer,
+        micro_batch=args.micro_batch,
+        grad_accum=args.grad_accum,
+        seq_len=args.seq_len,
+        attn_impl=args.attn_impl,
+        offload=args.offload,
+        chunked_ce=args.chunked_ce,
+    )
+    return plan.validate()
+
+
+def resolve_gpu_and_budget(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(GpuSpec or None, Budget or None) from --gpu / --gpu-budget / NVML."""
+    from advisor.catalog import detect_gpu, resolve_gpu
+    from advisor.units import parse_budget
+
+    gpu = resolve_gpu(args.gpu) if getattr(args, "gpu", None) else detect_gpu()
+    budget = None
+    if getattr(args, "gpu_budget", None) is not None:
+        budget = parse_budget(args.gpu_budget, "--gpu-budget", gpu.memory_bytes if gpu else None)
+    return gpu, budget
+
+
+def check_plan_against_model(model, plan) -> None:
+    """Model-dependent rules (LoRA targets that exist, sequence within the model's context)."""
+    from advisor.plan import lora_target_modules
+
+    lora_target_modules(plan, list(model.linear_shapes()))
+    if model.max_position_embeddings and plan.seq_len > model.max_position_embeddings:
+        raise AdvisorInputError("--seq-len", f"longer than {model.name}'s context of {model.max_position_embeddings:,} tokens",
+                                plan.seq_len)

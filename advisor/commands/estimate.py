@@ -1,0 +1,69 @@
+"""`advisor estimate`: the memory ledger of a training plan or of serving."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from advisor.commands.common import add_model_flags, add_plan_flags, positive_int
+
+HEADROOM = 0.05
+
+
+def add_parser(subs) -> None:
+    p = subs.add_parser(
+        "estimate", help="memory ledger of a training step (or of serving)",
+        description="Where the memory of one fine-tuning step (or of serving) goes, category by category.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--task", choices=("train", "inference"), default="train", help="what the GPU will do")
+    add_model_flags(p)
+    add_plan_flags(p)
+    g = p.add_argument_group("inference (--task inference)")
+    g.add_argument("--context-len", type=positive_int("--context-len"), default=4096, help="tokens per sequence")
+    g.add_argument("--concurrency", type=positive_int("--concurrency"), default=1, help="sequences at once")
+    g.add_argument("--weight-format", default="bf16", help="bf16, fp16, fp8, int8, int4")
+    g.add_argument("--kv-dtype", default="bf16", help="bf16, fp16, fp8")
+    p.add_argument("--backend", default="estimate", help="estimate (closed form) or simulate (fake-tensor trace)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from advisor.catalog import resolve_model
+    from advisor.commands.common import check_plan_against_model, plan_from_args, resolve_gpu_and_budget
+
+    model = resolve_model(args.model, trust_remote_code=args.trust_remote_code)
+    gpu, budget = resolve_gpu_and_budget(args)
+    result: dict = {"model": {"name": model.name, "hf_id": model.hf_id, "params_total": model.params_total,
+                              "source": model.source},
+                    "gpu": gpu.to_dict() if gpu else None, "task": args.task}
+    if args.task == "inference":
+        from advisor.serving import ServePlan, estimate_inference
+
+        splan = ServePlan(weight_format=args.weight_format, kv_dtype=args.kv_dtype, context_len=args.context_len,
+                          concurrency=args.concurrency).validate()
+        report = estimate_inference(model, splan, gpu)
+        result["plan"] = splan.to_dict()
+        result["kv_cache_bytes_per_token"] = report.extra["kv_cache_bytes_per_token"]
+    else:
+        from advisor.backends import get_backend
+
+        plan = plan_from_args(args)
+        check_plan_against_model(model, plan)
+        measure = get_backend(args.backend)
+        report = measure(model, plan, gpu)
+        result["plan"] = plan.to_dict()
+        result["plan_short"] = plan.short()
+    result.update(report.to_dict())
+    result["ledger"] = report.device
+    if budget is not None:
+        result["budget"] = {"bytes": budget.bytes, "text": budget.text, "unit": budget.unit}
+        result["headroom"] = HEADROOM
+        result["fits"] = report.peak_bytes * (1 + HEADROOM) <= budget.bytes
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        from advisor.render import print_estimate
+
+        print_estimate(result, report, budget)
+    return 0
