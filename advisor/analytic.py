@@ -259,5 +259,5 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
         tensor_peak_bytes=int(tensor_peak), peak_bytes=int(tensor_peak + overhead), peak_phase=peak_phase,
         notes=tuple(notes),
         extra={"params_trainable": pb.trainable, "lora_modules": list(pb.lora_modules),
-               "activations_per_layer_bytes": layer_acts},
+               "activations_per_layer_bytes": layer_acts, "saved_activations_bytes": int(acts)},
     )

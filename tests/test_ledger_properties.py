@@ -1,0 +1,82 @@
+"""Properties of the analytic ledger that any honest memory model has (hypothesis)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from advisor.analytic import estimate_training
+from advisor.catalog import model_catalog, resolve_model
+from advisor.plan import OPTIMIZERS, Plan
+
+MODELS = st.sampled_from(list(model_catalog()))
+METHOD_QUANT = st.sampled_from([("full", "none"), ("lora", "none"), ("lora", "int8"), ("qlora", "nf4"), ("qlora", "fp4")])
+
+
+@st.composite
+def plans(draw):
+    method, quant = draw(METHOD_QUANT)
+    optimizer = draw(st.sampled_from(OPTIMIZERS))
+    return Plan(
+        method=method, quantization=quant, double_quant=quant in ("nf4", "fp4") and draw(st.booleans()),
+        lora_r=draw(st.sampled_from([1, 4, 8, 16, 64, 256])),
+        lora_targets=draw(st.sampled_from([("q_proj", "v_proj"), ("q_proj", "k_proj", "v_proj", "o_proj"), "all-linear"])),
+        gradient_checkpointing=draw(st.booleans()), optimizer=optimizer,
+        micro_batch=draw(st.integers(1, 8)), grad_accum=draw(st.integers(1, 4)),
+        seq_len=draw(st.sampled_from([128, 512, 1024, 2048, 4096])),
+        chunked_ce=draw(st.booleans()),
+    )
+
+
+def _fix_targets(name, plan):
+    if resolve_model(name).model_type == "phi3" and plan.lora_targets != "all-linear":
+        return plan.with_(lora_targets=("qkv_proj", "o_proj"))
+    return plan
+
+
+def peak(name, plan):
+    return estimate_training(resolve_model(name), _fix_targets(name, plan)).tensor_peak_bytes
+
+
+@settings(max_examples=60, deadline=None)
+@given(MODELS, plans(), st.integers(1, 8))
+def test_memory_never_decreases_with_batch(name, plan, extra):
+    assert peak(name, plan.with_(micro_batch=plan.micro_batch + extra)) >= peak(name, plan)
+
+
+@settings(max_examples=60, deadline=None)
+@given(MODELS, plans(), st.integers(1, 4096))
+def test_memory_never_decreases_with_sequence(name, plan, extra):
+    assert peak(name, plan.with_(seq_len=plan.seq_len + extra)) >= peak(name, plan)
+
+
+@settings(max_examples=60, deadline=None)
+@given(MODELS, plans(), st.integers(1, 128))
+def test_memory_never_decreases_with_rank(name, plan, extra):
+    assert peak(name, plan.with_(lora_r=plan.lora_r + extra)) >= peak(name, plan)
+
+
+@settings(max_examples=40, deadline=None)
+@given(MODELS)
+def test_weights_qlora_below_lora_below_full(name):
+    spec = resolve_model(name)
+
+    def weights(plan):
+        d = estimate_training(spec, _fix_targets(name, plan)).device
+        return d["weights"] + d["quant_constants"]
+
+    qlora = weights(Plan(method="qlora", quantization="nf4"))
+    lora = weights(Plan(method="lora"))
+    full = weights(Plan(method="full", precision="mixed_bf16"))
+    assert qlora < lora <= full
+
+
+@settings(max_examples=60, deadline=None)
+@given(MODELS, plans())
+def test_checkpointing_lowers_activations(name, plan):
+    spec = resolve_model(name)
+    plan = _fix_targets(name, plan)
+    off = estimate_training(spec, plan.with_(gradient_checkpointing=False))
+    on = estimate_training(spec, plan.with_(gradient_checkpointing=True))
+    assert on.extra["saved_activations_bytes"] < off.extra["saved_activations_bytes"]
+    assert on.tensor_peak_bytes <= off.tensor_peak_bytes

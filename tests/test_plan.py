@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from advisor.errors import AdvisorInputError, ConfigErrors
+from advisor.plan import ALL_LINEAR, Plan, lora_target_modules
+
+
+def test_defaults_are_valid_and_round_trip():
+    for plan in (Plan(), Plan(method="full", optimizer="adafactor"),
+                 Plan(method="qlora", quantization="nf4", double_quant=True, lora_targets=ALL_LINEAR),
+                 Plan(method="lora", quantization="int8", offload="none", chunked_ce=True)):
+        plan.validate()
+        assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+
+
+@pytest.mark.parametrize("changes,flag", [
+    (dict(method="qlora"), "--quantization"),                       # qlora needs 4-bit
+    (dict(method="lora", quantization="nf4"), "--quantization"),    # 4-bit + adapters is qlora
+    (dict(method="full", quantization="int8"), "--quantization"),
+    (dict(double_quant=True), "--double-quant"),
+    (dict(lora_r=0), "--lora-r"),
+    (dict(lora_alpha=0), "--lora-alpha"),
+    (dict(lora_dropout=1.0), "--lora-dropout"),
+    (dict(lora_targets=()), "--lora-targets"),
+    (dict(seq_len=0), "--seq-len"),
+    (dict(micro_batch=-1), "--micro-batch"),
+    (dict(optimizer="adamw_8bit", offload="zero2_cpu"), "--optimizer"),
+    (dict(precision="fp32", attn_impl="flash_attention_2"), "--attn-impl"),
+    (dict(method="full", precision="fp16"), "--precision"),
+    (dict(method="nope"), "--method"),
+])
+def test_invalid_combinations_name_the_rule(changes, flag):
+    with pytest.raises(AdvisorInputError) as e:
+        Plan(**changes).validate()
+    assert str(e.value).startswith(flag)
+
+
+def test_all_errors_at_once():
+    with pytest.raises(ConfigErrors) as e:
+        Plan(method="qlora", lora_r=0, double_quant=False, optimizer="sgd", offload="zero3_cpu").validate()
+    assert len(e.value.errors) >= 2
+
+
+def test_unknown_key_in_dict():
+    with pytest.raises(AdvisorInputError, match="unknown key"):
+        Plan.from_dict({"methd": "lora"})
+
+
+def test_targets_must_exist_in_the_model():
+    layers = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    assert lora_target_modules(Plan(lora_targets=ALL_LINEAR), layers) == layers
+    with pytest.raises(AdvisorInputError, match="--lora-targets.*qkv_proj"):
+        lora_target_modules(Plan(lora_targets=("qkv_proj",)), layers)

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import pytest
+
+from advisor.errors import AdvisorInputError
+from advisor.units import format_bytes, parse_budget
+
+
+@pytest.mark.parametrize("text,expected,unit", [
+    ("24GB", 24 * 2**30, "GB"), ("24 GiB", 24 * 2**30, "GiB"), ("24000MiB", 24000 * 2**20, "MiB"),
+    ("0.5TB", 2**39, "TB"), ("25769803776", 24 * 2**30, "B"), ("24gb", 24 * 2**30, "gb"),
+])
+def test_parse_sizes(text, expected, unit):
+    b = parse_budget(text)
+    assert b.bytes == expected and b.unit == unit
+
+
+def test_a_24gb_card_is_expressible():
+    # an RTX 4090 reports 24,564 MiB through NVML; "24GB" must be within it... and "100%" of it is exact
+    assert parse_budget("100%", gpu_total_bytes=24564 * 2**20).bytes == 24564 * 2**20
+    assert parse_budget("24GB").bytes == 24 * 2**30
+
+
+def test_percent_needs_gpu():
+    assert parse_budget("90%", gpu_total_bytes=80 * 2**30).bytes == int(72 * 2**30)
+    with pytest.raises(AdvisorInputError, match="--gpu-budget.*--gpu"):
+        parse_budget("90%")
+
+
+@pytest.mark.parametrize("bad", ["24XB", "-5GB", "0", "0GB", "abc", "", "150%", "0%", "1KB"])
+def test_bad_budgets(bad):
+    with pytest.raises(AdvisorInputError) as e:
+        parse_budget(bad, gpu_total_bytes=2**34)
+    assert str(e.value).startswith("--gpu-budget:") and repr(bad) in str(e.value)
+
+
+def test_printed_in_the_unit_typed():
+    b = parse_budget("24GB")
+    assert str(b) == "24.00 GB"
+    assert b.format(12 * 2**30) == "12.00 GB"
+    assert format_bytes(1536 * 2**20) == "1.50 GiB"
