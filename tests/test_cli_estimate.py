@@ -1,0 +1,112 @@
+"""`advisor estimate`: the JSON contract, the human ledger, and every bad input as one line with exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from advisor.cli import main
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_qlora_json_contract(capsys):
+    code, out, _ = run_cli(capsys, "estimate", "--model", "qwen7b", "--method", "qlora", "--seq-len", "1024",
+                           "--micro-batch", "1", "--json")
+    assert code == 0
+    d = json.loads(out)
+    assert d["model"]["params_total"] == 7_615_616_512
+    assert d["source"] == "estimated"
+    assert set(d["ledger"]) >= {"weights", "quant_constants", "adapter_weights", "gradients", "optimizer_states",
+                                "activations", "transient", "overhead"}
+    assert d["tensor_peak_bytes"] < d["peak_bytes"]
+    assert d["peak_bytes"] == sum(d["ledger"].values())
+    # a QLoRA 7B step at seq 1024 needs more than its 4-bit weights (~5 GiB) and less than a 24 GiB card
+    assert 5 * 2**30 < d["peak_bytes"] < 24 * 2**30
+    assert "fits" not in d
+
+
+def test_budget_gives_fits(capsys):
+    code, out, _ = run_cli(capsys, "estimate", "--model", "qwen7b", "--method", "full", "--gpu-budget", "24GB", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["fits"] is False and d["budget"]["unit"] == "GB"
+
+
+def test_inference_kv_per_token(capsys):
+    code, out, _ = run_cli(capsys, "estimate", "--task", "inference", "--model", "qwen7b", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["kv_cache_bytes_per_token"] == 57_344
+    _, out, _ = run_cli(capsys, "estimate", "--task", "inference", "--model", "qwen7b", "--kv-dtype", "fp8", "--json")
+    assert json.loads(out)["kv_cache_bytes_per_token"] == 28_672
+
+
+def test_human_ledger_table(capsys):
+    code, out, _ = run_cli(capsys, "estimate", "--model", "qwen7b", "--method", "lora", "--gpu-budget", "24GB")
+    assert code == 0
+    for text in ("Weights", "Saved activations", "Peak on the GPU", "GB"):
+        assert text in out
+    assert "FITS" in out or "DOES NOT FIT" in out or "TIGHT" in out
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["--model", "qwen7", "--method", "lora"], "--model"),
+    (["--model", "qwen7b", "--gpu-budget", "24XB"], "--gpu-budget"),
+    (["--model", "qwen7b", "--gpu-budget", "-5GB"], "--gpu-budget"),
+    (["--model", "qwen7b", "--gpu-budget", "0"], "--gpu-budget"),
+    (["--model", "qwen7b", "--seq-len", "0"], "--seq-len"),
+    (["--model", "qwen7b", "--micro-batch", "-2"], "--micro-batch"),
+    (["--model", "qwen7b", "--lora-r", "0"], "--lora-r"),
+    (["--model", "qwen7b", "--lora-targets", "nope_proj"], "--lora-targets"),
+    (["--model", "qwen7b", "--method", "qlora", "--quantization", "int8"], "--quantization"),
+    (["--model", "qwen7b", "--gpu", "rtx-9999"], "--gpu"),
+    (["--model", "qwen7b", "--seq-len", "100000"], "--seq-len"),
+    (["--model", "qwen7b", "--backend", "nope"], "--backend"),
+])
+def test_bad_input_subprocess(argv, flag):
+    """The real console entry point: exit 2, one line on stderr naming the flag and the value, no traceback."""
+    proc = subprocess.run([sys.executable, "-m", "advisor", "estimate", *argv], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert flag in lines[0] and "Traceback" not in proc.stderr
+    assert argv[argv.index(flag) + 1] in lines[0] if flag in argv else True
+
+
+def test_broken_config_json_dir(tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text("{broken")
+    proc = subprocess.run([sys.executable, "-m", "advisor", "estimate", "--model", str(d)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "--model" in proc.stderr
+
+
+def test_debug_shows_traceback():
+    proc = subprocess.run([sys.executable, "-m", "advisor", "--debug", "estimate", "--model", "qwen7"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def test_help_does_not_import_torch():
+    code = ("import sys, contextlib, io\n"
+            "from advisor.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try: main(['estimate', '--help'])\n"
+            "    except SystemExit: pass\n"
+            "print('torch' in sys.modules, 'transformers' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "False False"
+
+
+def test_models_and_gpus_listing(capsys):
+    code, out, _ = run_cli(capsys, "models", "--json")
+    assert code == 0 and any(m["hf_id"] == "Qwen/Qwen2.5-7B-Instruct" for m in json.loads(out))
+    code, out, _ = run_cli(capsys, "gpus", "--json")
+    assert code == 0 and len(json.loads(out)["catalog"]) >= 13
