@@ -1,0 +1,165 @@
+"""`advisor tune`: search the space in priority order and return the best-balanced plan."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from advisor.commands.common import number, positive_int
+
+
+def add_parser(subs) -> None:
+    p = subs.add_parser(
+        "tune", help="find the best plan for a model on a memory budget",
+        description="Search memory techniques in priority order (quantized loading + PEFT, then gradient "
+                    "checkpointing, then offload), measure each candidate, prune what does not fit, and return "
+                    "the plan that best balances throughput and accuracy.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", required=True, help="catalog name or alias, hub id, or local directory")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow model code shipped in a model directory")
+    p.add_argument("--gpu-budget", required=True, help='memory budget: "24GB", "24 GiB", "24000MiB", "90%%"')
+    p.add_argument("--gpu", help="GPU to plan for (catalog name); default: the detected one, else one the budget matches")
+    p.add_argument("--space", default="default", help="search space: a name in search_spaces/ or a YAML file")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="override space keys, e.g. method=qlora seq_len=2048")
+    p.add_argument("--backend", default="auto", choices=("auto", "estimate", "simulate", "cpu", "cuda"),
+                   help="last stage of each trial; auto: cuda with a GPU, else simulate")
+    p.add_argument("--trials", type=positive_int("--trials"), help="finished trials to reach (default: the space's)")
+    p.add_argument("--headroom", type=number("--headroom", low=0, low_inclusive=True, high=1), default=0.05,
+                   help="fraction of the budget kept free")
+    p.add_argument("--accuracy-tolerance", type=number("--accuracy-tolerance", low=0, low_inclusive=True), default=0.05,
+                   help="largest accuracy loss accepted (KL nats/token; priors: int8 0.002, nf4 0.015, fp4 0.035)")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed")
+    p.add_argument("--study", help="study name (default: model-budget-space)")
+    p.add_argument("--storage", help="Optuna storage URL (default: SQLite under --reports-dir/<study>/)")
+    p.add_argument("--reports-dir", default="reports", help="where studies, reports and exports land")
+    p.add_argument("--export", metavar="DIR", help="write the winner's configs (advisor.yaml, DeepSpeed, train.py...)")
+    p.add_argument("--probe-steps", type=positive_int("--probe-steps"), default=3, help="measured steps per probe")
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    p.add_argument("--tui", action="store_true", help="run the study inside the Textual app")
+    p.set_defaults(run=run)
+
+
+def build_settings(args: argparse.Namespace):
+    from advisor.backends import available
+    from advisor.catalog import detect_gpu, gpu_for_budget, resolve_gpu, resolve_model
+    from advisor.errors import AdvisorInputError
+    from advisor.space import load_space
+    from advisor.study import TuneSettings, default_storage, default_study_name
+    from advisor.units import parse_budget
+
+    model = resolve_model(args.model, trust_remote_code=args.trust_remote_code)
+    space = load_space(args.space, args.overrides)
+    detected = detect_gpu()
+    gpu = resolve_gpu(args.gpu) if args.gpu else detected
+    budget = parse_budget(args.gpu_budget, "--gpu-budget", gpu.memory_bytes if gpu else None)
+    assumed = gpu is None
+    if assumed:
+        gpu = gpu_for_budget(budget.bytes)
+    backend = args.backend
+    if backend == "auto":
+        backend = "cuda" if detected else ("simulate" if "simulate" in available() else "estimate")
+    if backend == "cuda" and not detected:
+        raise AdvisorInputError("--backend", "cuda needs a GPU and none was detected (use simulate or cpu)", backend)
+    if backend not in ("estimate",) and backend not in available():
+        raise AdvisorInputError("--backend", f"this installation has no {backend} backend "
+                                f"(available: {', '.join(available())})", backend)
+    name = args.study or default_study_name(model, budget, space)
+    storage = args.storage or default_storage(name, args.reports_dir)
+    return TuneSettings(model=model, space=space, budget=budget, gpu=gpu, gpu_assumed=assumed, backend=backend,
+                        storage=storage, study_name=name, trials=args.trials or space.trials,
+                        headroom=args.headroom, tolerance=args.accuracy_tolerance, seed=args.seed,
+                        probe_options={"steps": args.probe_steps})
+
+
+def check_budget_reachable(settings) -> None:
+    from advisor.errors import AdvisorInputError
+    from advisor.study import smallest_plan_report
+
+    smallest = smallest_plan_report(settings)
+    if smallest is None:
+        raise AdvisorInputError("--space", "no valid plan in this space for this model", settings.space.name)
+    plan, rep = smallest
+    if rep.peak_bytes > settings.budget.bytes:
+        raise AdvisorInputError(
+            "--gpu-budget", f"below the smallest plan of space {settings.space.name!r}: {plan.short()} needs "
+            f"{settings.budget.format(rep.peak_bytes)} (estimated)", settings.budget.text)
+
+
+def run(args: argparse.Namespace) -> int:
+    from advisor.study import Tuner
+
+    settings = build_settings(args)
+    check_budget_reachable(settings)
+    if args.tui:
+        from advisor.tui import run_tui
+
+        return run_tui(settings, export_dir=args.export)
+    from advisor.render import TuneProgress, print_tune_result
+
+    progress = TuneProgress(settings, enabled=not args.json)
+    tuner = Tuner(settings, on_event=progress.on_event)
+    tuner.open_study()
+    progress.start(tuner.finished_count())
+    try:
+        tuner.run()
+    except KeyboardInterrupt:
+        progress.stop()
+        print(f"interrupted: study {settings.study_name!r} is saved in {settings.storage}; run the same command "
+              "to continue", file=sys.stderr)
+        return 130
+    progress.stop()
+    selection = tuner.selection()
+    records = tuner.records()
+    exports = {}
+    if args.export and selection.best is not None:
+        exports = export_best(settings, selection.best, args.export)
+    result = tune_result(settings, records, selection, exports)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        print_tune_result(settings, records, selection, exports)
+    return 0 if selection.best is not None else 1
+
+
+def export_best(settings, best, out_dir: str) -> dict[str, str]:
+    from advisor.plan import Plan
+
+    try:
+        from advisor.export import export_plan
+    except ImportError:  # the exporters are not installed in this tree yet
+        return {}
+    plan = Plan.from_dict(best.plan)
+    paths = export_plan(settings.model, plan, out_dir, gpu=settings.gpu,
+                        extra={"peak_bytes": best.peak_bytes, "source": best.source,
+                               "tokens_per_s": best.tokens_per_s, "study": settings.study_name})
+    return {k: str(v) for k, v in paths.items()}
+
+
+def tune_result(settings, records, selection, exports) -> dict:
+    best = selection.best
+    return {
+        "study": settings.study_name, "storage": _redact(settings.storage), "backend": settings.backend,
+        "model": {"name": settings.model.name, "params_total": settings.model.params_total},
+        "gpu": {"name": settings.gpu.name, "assumed": settings.gpu_assumed},
+        "budget": {"bytes": settings.budget.bytes, "text": settings.budget.text},
+        "headroom": settings.headroom, "accuracy_tolerance": settings.tolerance,
+        "best": None if best is None else {
+            "number": best.number, "plan": best.plan, "plan_short": best.plan_short, "peak_bytes": best.peak_bytes,
+            "tensor_peak_bytes": best.tensor_peak_bytes, "source": best.source, "ledger": best.ledger,
+            "tokens_per_s": best.tokens_per_s, "tokens_per_s_source": best.tokens_per_s_source,
+            "accuracy_loss": best.accuracy_loss, "accuracy_source": best.accuracy_source},
+        "explanation": selection.explanation,
+        "n_trials": sum(1 for r in records if r.state in ("complete", "pruned")),
+        "n_pruned": sum(1 for r in records if r.state == "pruned"),
+        "pareto": [{"number": t.number, "plan_short": t.plan_short, "peak_bytes": t.peak_bytes,
+                    "tokens_per_s": t.tokens_per_s, "accuracy_loss": t.accuracy_loss} for t in selection.pareto],
+        "trials": [r.to_dict() for r in records],
+        "exports": exports,
+    }
+
+
+def _redact(url: str) -> str:
+    import re
+
+    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)

@@ -1,0 +1,376 @@
+"""The tuner: an Optuna study over a search space, each trial going estimate → simulate → probe.
+
+Storage is any Optuna RDB URL; by default a SQLite file under ``reports/<study>/``. The study is
+resumable: re-running the same command continues to the planned number of *finished* trials
+(complete or pruned); a trial cut off by Ctrl-C or kill -9 is run again, never counted twice.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from advisor.accuracy import accuracy_prior
+from advisor.analytic import estimate_training
+from advisor.catalog import GpuSpec, ModelSpec
+from advisor.errors import AdvisorInputError
+from advisor.ladder import ladder, quant_param_name
+from advisor.plan import Plan, lora_target_modules
+from advisor.select import Selection, TrialRecord, fits, select
+from advisor.space import SearchSpace, plan_from_params
+from advisor.throughput import predict_throughput
+from advisor.units import Budget, format_bytes
+from advisor.versions import library_versions
+
+PRESCREEN_MARGIN = 0.10  # an estimate this far over the budget is pruned without simulating (the ledger is within 5%)
+FINISHED = ("COMPLETE", "PRUNED")
+
+
+@dataclass
+class TuneSettings:
+    model: ModelSpec
+    space: SearchSpace
+    budget: Budget
+    gpu: GpuSpec
+    """The GPU throughput is predicted for (detected, named with --gpu, or assumed from the budget)."""
+    gpu_assumed: bool
+    backend: str
+    """estimate, simulate, cpu or cuda: the last stage each trial goes through."""
+    storage: str
+    study_name: str
+    trials: int
+    headroom: float = 0.05
+    tolerance: float = 0.05
+    seed: int = 0
+    probe_options: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> dict[str, Any]:
+        return {"model": self.model.to_dict(), "gpu": self.gpu.to_dict(), "gpu_assumed": self.gpu_assumed,
+                "budget": {"bytes": self.budget.bytes, "text": self.budget.text, "unit": self.budget.unit},
+                "space": self.space.to_dict(), "backend": self.backend, "headroom": self.headroom,
+                "tolerance": self.tolerance, "seed": self.seed, "trials": self.trials, "versions": library_versions()}
+
+
+def default_study_name(model: ModelSpec, budget: Budget, space: SearchSpace) -> str:
+    raw = f"{model.name}-{budget.text}-{space.name}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "", raw.replace(" ", "")).lower()
+
+
+def default_storage(study_name: str, reports_dir: str | Path = "reports") -> str:
+    folder = Path(reports_dir) / study_name
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{(folder / 'study.db').resolve()}"
+
+
+def plan_key(plan: Plan) -> str:
+    return json.dumps(plan.to_dict(), sort_keys=True)
+
+
+# ----------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class TrialStarted:
+    number: int
+    plan_short: str
+
+
+@dataclass(frozen=True)
+class TrialFinished:
+    record: TrialRecord
+
+
+# ----------------------------------------------------------------------------- records
+
+
+def record_from_trial(trial) -> TrialRecord:
+    """A TrialRecord from an Optuna FrozenTrial (its user attribute "record")."""
+    data = dict(trial.user_attrs.get("record") or {})
+    state = trial.state.name.lower()
+    data.setdefault("plan", {})
+    data.setdefault("plan_short", "")
+    data.pop("number", None)
+    data.pop("state", None)
+    return TrialRecord(number=trial.number, state=state, **data)
+
+
+class Tuner:
+    """Runs (or resumes) one study. Posts TrialStarted / TrialFinished to ``on_event``."""
+
+    def __init__(self, settings: TuneSettings, on_event: Callable[[Any], None] | None = None):
+        self.s = settings
+        self.on_event = on_event or (lambda event: None)
+        self.study = None
+        self._stop = threading.Event()
+        self._pause = threading.Event()
+
+    # -- study ---------------------------------------------------------------
+
+    def open_study(self):
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            # multivariate TPE over the conditional space (group=True), constraints set per trial
+            sampler = optuna.samplers.TPESampler(seed=self.s.seed, multivariate=True, group=True, n_startup_trials=8)
+        study = optuna.create_study(study_name=self.s.study_name, storage=self.s.storage, sampler=sampler,
+                                    directions=["maximize", "minimize"], load_if_exists=True)
+        stored = study.user_attrs.get("advisor")
+        mine = self.s.describe()
+        if stored is None:
+            study.set_user_attr("advisor", mine)
+        else:
+            for key in ("space", "backend"):
+                if _comparable(stored[key]) != _comparable(mine[key]):
+                    raise AdvisorInputError(
+                        "--study", f"study {self.s.study_name!r} was made with another {key}; "
+                        "name a new study with --study (the existing one is kept as it is)", self.s.study_name)
+            if stored["model"]["name"] != mine["model"]["name"] or stored["budget"]["bytes"] != mine["budget"]["bytes"]:
+                raise AdvisorInputError("--study", f"study {self.s.study_name!r} is for {stored['model']['name']} at "
+                                        f"{stored['budget']['text']}; name a new study with --study", self.s.study_name)
+        self.study = study
+        self._recover_interrupted()
+        if not study.user_attrs.get("ladder_enqueued"):
+            for rung, params in ladder(self.s.space, self._fits_by_estimate):
+                study.enqueue_trial(_optuna_params(params), user_attrs={"ladder": rung}, skip_if_exists=True)
+            study.set_user_attr("ladder_enqueued", True)
+        return study
+
+    def _recover_interrupted(self) -> None:
+        """Trials left RUNNING (kill -9) or FAILED by an interruption are failed and enqueued again, once.
+
+        Only for a single-process SQLite study; with a shared RDB, Optuna's heartbeat does this.
+        """
+        from optuna.trial import TrialState
+
+        if not self.s.storage.startswith("sqlite"):
+            return
+        retried = set(self.study.user_attrs.get("retried", []))
+        finished_keys = {t.user_attrs.get("plan_key") for t in self.study.get_trials(deepcopy=False)
+                         if t.state.name in FINISHED}
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.FAIL)):
+            if t.number in retried:
+                continue
+            if t.state == TrialState.RUNNING:
+                self.study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            if t.params and t.user_attrs.get("plan_key") not in finished_keys:
+                self.study.enqueue_trial(t.params, user_attrs={k: v for k, v in t.user_attrs.items()
+                                                               if k == "ladder"})
+            retried.add(t.number)
+        self.study.set_user_attr("retried", sorted(retried))
+
+    def finished_count(self) -> int:
+        return sum(1 for t in self.study.get_trials(deepcopy=False) if t.state.name in FINISHED)
+
+    # -- running -------------------------------------------------------------
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def pause(self, paused: bool) -> None:
+        (self._pause.set if paused else self._pause.clear)()
+
+    @property
+    def paused(self) -> bool:
+        return self._pause.is_set()
+
+    def run(self) -> None:
+        if self.study is None:
+            self.open_study()
+        while self.finished_count() < self.s.trials and not self._stop.is_set():
+            if self._pause.is_set():
+                time.sleep(0.1)
+                continue
+            self.study.optimize(self._objective, n_trials=1, catch=(), gc_after_trial=False)
+
+    def records(self) -> list[TrialRecord]:
+        return [record_from_trial(t) for t in self.study.get_trials(deepcopy=False)]
+
+    def selection(self) -> Selection:
+        return select(self.records(), self.s.budget.bytes, self.s.headroom, self.s.tolerance, self.s.budget.unit)
+
+    # -- one trial -----------------------------------------------------------
+
+    def _suggest(self, trial) -> dict[str, Any]:
+        s = self.s.space.search
+        p: dict[str, Any] = {"method": trial.suggest_categorical("method", self.s.space.methods())}
+        method = p["method"]
+        p["quantization"] = trial.suggest_categorical(quant_param_name(method), self.s.space.quantizations_for(method))
+        p["double_quant"] = (trial.suggest_categorical("double_quant", s["double_quant"])
+                             if p["quantization"] in ("nf4", "fp4") else False)
+        if method != "full":
+            p["lora_r"] = trial.suggest_categorical("lora_r", s["lora_r"])
+            p["lora_targets"] = trial.suggest_categorical("lora_targets", s["lora_targets"])
+        for key in ("gradient_checkpointing", "optimizer", "micro_batch", "precision", "attn_impl", "offload",
+                    "chunked_ce"):
+            p[key] = trial.suggest_categorical(key, s[key])
+        return p
+
+    def _objective(self, trial):
+        import optuna
+
+        start = time.perf_counter()
+        params = self._suggest(trial)
+        plan = plan_from_params(params, self.s.space, self.s.model.arch or {})
+        key = plan_key(plan)
+        trial.set_user_attr("plan_key", key)
+        self.on_event(TrialStarted(trial.number, plan.short()))
+        previous = self._finished_with(key, trial.number)
+        if previous is not None:
+            rec = dict(previous.user_attrs["record"], reason=previous.user_attrs["record"].get("reason", ""))
+            rec["ladder"] = trial.user_attrs.get("ladder", "")
+            rec["seconds"] = 0.0
+            rec["reason"] = (rec["reason"] + f" (same plan as #{previous.number})").strip()
+            return self._finish(trial, rec, pruned=previous.state.name == "PRUNED", values=previous.values)
+        rec = self._evaluate(plan, trial.user_attrs.get("ladder", ""))
+        rec["seconds"] = time.perf_counter() - start
+        if rec.get("reason"):
+            return self._finish(trial, rec, pruned=True)
+        return self._finish(trial, rec, pruned=False, values=(rec["tokens_per_s"], rec["accuracy_loss"]))
+
+    def _finish(self, trial, rec: dict[str, Any], pruned: bool, values=None):
+        import optuna
+
+        peak = rec.get("peak_bytes")
+        invalid = rec.pop("invalid", False)
+        # constraint for the sampler: > 0 when the peak (with headroom) exceeds the budget
+        limit = self.s.budget.bytes * (1 - self.s.headroom)
+        trial.set_constraint("memory", 1.0 if invalid or peak is None else (peak - limit) / limit)
+        trial.set_user_attr("record", rec)
+        state = "pruned" if pruned else "complete"
+        self.on_event(TrialFinished(TrialRecord(number=trial.number, state=state, **rec)))
+        if pruned:
+            raise optuna.TrialPruned(rec.get("reason", ""))
+        return tuple(values)
+
+    def _finished_with(self, key: str, number: int):
+        for t in self.study.get_trials(deepcopy=False):
+            if t.number != number and t.state.name in FINISHED and t.user_attrs.get("plan_key") == key \
+                    and "record" in t.user_attrs:
+                return t
+        return None
+
+    def _fits_by_estimate(self, params: dict[str, Any]) -> bool:
+        plan = plan_from_params(params, self.s.space, self.s.model.arch or {})
+        if plan.problems():
+            return False
+        try:
+            rep = estimate_training(self.s.model, plan, self.s.gpu)
+        except AdvisorInputError:
+            return False
+        return fits(rep.peak_bytes, self.s.budget.bytes, self.s.headroom)
+
+    def _evaluate(self, plan: Plan, rung: str) -> dict[str, Any]:
+        """estimate → (simulate) → (probe); a dict of TrialRecord fields, with "reason" when pruned."""
+        s = self.s
+        fmt = s.budget.format
+        rec: dict[str, Any] = {"plan": plan.to_dict(), "plan_short": plan.short(), "ladder": rung, "stage": "plan"}
+        problems = plan.problems()
+        if problems:
+            return {**rec, "reason": f"invalid: {problems[0].rule}", "invalid": True}
+        try:
+            lora_target_modules(plan, list(s.model.linear_shapes()))
+        except AdvisorInputError as e:
+            return {**rec, "reason": f"invalid: {e.rule}", "invalid": True}
+
+        rec["stage"] = "estimate"
+        report = estimate_training(s.model, plan, s.gpu)
+        rec.update(_memory_fields(report))
+        limit = s.budget.bytes * (1 - s.headroom)
+        last_stage = s.backend == "estimate"
+        if report.peak_bytes > (limit if last_stage else s.budget.bytes * (1 + PRESCREEN_MARGIN)):
+            return {**rec, "reason": f"estimated peak {fmt(report.peak_bytes)} over the budget "
+                                     f"{fmt(s.budget.bytes)}{' less headroom' if last_stage else ''}"}
+        if s.backend in ("simulate", "cpu", "cuda"):
+            from advisor.backends import get_backend
+
+            rec["stage"] = "simulate"
+            report = get_backend("simulate")(s.model, plan, s.gpu)
+            rec.update(_memory_fields(report))
+            if not fits(report.peak_bytes, s.budget.bytes, s.headroom):
+                return {**rec, "reason": f"simulated peak {fmt(report.peak_bytes)} leaves less than "
+                                         f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
+        tps = predict_throughput(s.model, plan, s.gpu)
+        rec.update(tokens_per_s=tps.tokens_per_s, tokens_per_s_source="predicted")
+        rec.update(accuracy_loss=accuracy_prior(plan), accuracy_source="prior")
+        if s.backend in ("cpu", "cuda"):
+            from advisor.backends import get_backend
+
+            rec["stage"] = "probe"
+            report = get_backend(s.backend)(s.model, plan, s.gpu, budget_bytes=s.budget.bytes, **s.probe_options)
+            status = report.extra.get("status", "ok")
+            if status != "ok":
+                return {**rec, "reason": f"probe {status}: {report.extra.get('message', '')}".strip()}
+            rec.update(_memory_fields(report))
+            if report.extra.get("tokens_per_s"):
+                rec.update(tokens_per_s=float(report.extra["tokens_per_s"]), tokens_per_s_source="measured")
+            if report.extra.get("losses"):
+                rec["losses"] = [float(x) for x in report.extra["losses"]]
+            if report.extra.get("eval_kl") is not None:
+                rec.update(accuracy_loss=float(report.extra["eval_kl"]), accuracy_source="measured")
+            if s.backend == "cuda" and not fits(report.peak_bytes, s.budget.bytes, s.headroom):
+                return {**rec, "reason": f"measured peak {fmt(report.peak_bytes)} leaves less than "
+                                         f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
+        return rec
+
+
+def _memory_fields(report) -> dict[str, Any]:
+    return {"peak_bytes": int(report.peak_bytes), "tensor_peak_bytes": int(report.tensor_peak_bytes),
+            "source": report.source, "ledger": {k: int(v) for k, v in report.device.items()},
+            "host_bytes": int(report.host_bytes)}
+
+
+def _optuna_params(params: dict[str, Any]) -> dict[str, Any]:
+    """Ladder params under the Optuna parameter names the objective suggests."""
+    out = dict(params)
+    out[quant_param_name(params["method"])] = out.pop("quantization")
+    if params["quantization"] not in ("nf4", "fp4"):
+        out.pop("double_quant", None)
+    if params["method"] == "full":
+        out.pop("lora_r", None)
+        out.pop("lora_targets", None)
+    return out
+
+
+def _comparable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _comparable(v) for k, v in value.items() if k not in ("source", "overrides", "trials")}
+    return value
+
+
+def smallest_plan_report(settings: TuneSettings):
+    """The most frugal plan of the space and its estimated peak (to fail fast under tiny budgets)."""
+    space = settings.space
+    best = None
+    for params in _frugal_candidates(space):
+        plan = plan_from_params(params, space, settings.model.arch or {})
+        if plan.problems():
+            continue
+        try:
+            rep = estimate_training(settings.model, plan, settings.gpu)
+        except AdvisorInputError:
+            continue
+        if best is None or rep.peak_bytes < best[1].peak_bytes:
+            best = (plan, rep)
+    return best
+
+
+def _frugal_candidates(space: SearchSpace):
+    s = space.search
+    for method in space.methods():
+        for quant in space.quantizations_for(method):
+            for offload in s["offload"]:
+                for opt in s["optimizer"]:
+                    yield {"method": method, "quantization": quant, "double_quant": True in s["double_quant"],
+                           "lora_r": min(s["lora_r"]), "lora_targets": s["lora_targets"][0],
+                           "gradient_checkpointing": True in s["gradient_checkpointing"], "optimizer": opt,
+                           "micro_batch": min(s["micro_batch"]), "precision": s["precision"][0],
+                           "attn_impl": s["attn_impl"][0], "offload": offload,
+                           "chunked_ce": True in s["chunked_ce"]}
