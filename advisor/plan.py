@@ -190,7 +190,9 @@ class Plan:
         if self.quantized:
             parts.append(self.quantization + ("+dq" if self.double_quant else ""))
         if self.peft:
-            parts.append(f"r{self.lora_r}")
+            targets = self.lora_targets if isinstance(self.lora_targets, str) else ",".join(
+                t.removesuffix("_proj") for t in self.lora_targets)
+            parts.append(f"r{self.lora_r}[{targets}]")
         parts.append(self.precision)
         if self.gradient_checkpointing:
             parts.append("ckpt")

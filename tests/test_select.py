@@ -1,0 +1,43 @@
+"""Selection over plain records: feasibility with headroom, the tolerance, ties, the Pareto front."""
+
+from __future__ import annotations
+
+from advisor.select import TrialRecord, fits, pareto_front, select
+
+GiB = 2**30
+
+
+def rec(n, tps, peak_gib, acc=0.01, state="complete", method="lora", reason=""):
+    return TrialRecord(number=n, state=state, plan={"method": method}, plan_short=f"plan{n}", peak_bytes=int(peak_gib * GiB),
+                       tokens_per_s=tps, accuracy_loss=acc, source="simulated", tokens_per_s_source="predicted",
+                       accuracy_source="prior", reason=reason)
+
+
+def test_fits_with_headroom():
+    assert fits(22.7 * GiB, 24 * GiB, 0.05) and not fits(22.9 * GiB, 24 * GiB, 0.05)
+
+
+def test_highest_throughput_within_tolerance_and_budget():
+    records = [rec(0, 900, 20), rec(1, 1200, 23.5), rec(2, 1100, 18, acc=0.2), rec(3, 1000, 15),
+               rec(4, 5000, 80, state="pruned", method="full", reason="estimated peak over")]
+    s = select(records, 24 * GiB, 0.05, 0.05)
+    assert s.best.number == 3  # #1 lacks headroom, #2 loses too much accuracy
+    assert s.runner_up.number == 0
+    text = " ".join(s.explanation)
+    assert "#3" in text and "Full fine-tuning rejected" in text and "#2" in text
+
+
+def test_ties_go_to_more_headroom():
+    s = select([rec(0, 1000, 20), rec(1, 1010, 15)], 24 * GiB, 0.05, 0.05)
+    assert s.best.number == 1
+
+
+def test_nothing_fits():
+    s = select([rec(0, 1000, 30)], 24 * GiB, 0.05, 0.05)
+    assert s.best is None and "No plan fits" in s.explanation[0]
+
+
+def test_pareto_front_drops_dominated():
+    a, b, c = rec(0, 1000, 20, acc=0.01), rec(1, 900, 21, acc=0.02), rec(2, 800, 10, acc=0.01)
+    front = pareto_front([a, b, c])
+    assert {t.number for t in front} == {0, 2}

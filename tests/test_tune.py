@@ -1,0 +1,119 @@
+"""`advisor tune` end to end on real Optuna studies in SQLite files (estimate backend: milliseconds a trial)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from advisor.cli import main
+
+
+def tune(tmp_path, capsys, *extra):
+    code = main(["tune", "--gpu-budget", "24GB", "--model", "qwen7b", "--backend", "estimate", "--json",
+                 "--reports-dir", str(tmp_path / "reports"), *extra])
+    out = capsys.readouterr().out
+    return code, json.loads(out) if out.strip() else None
+
+
+def test_qwen7b_24gb_recommends_peft_and_rejects_full(tmp_path, capsys):
+    code, d = tune(tmp_path, capsys, "--trials", "25")
+    assert code == 0
+    assert d["n_trials"] == 25 and d["n_pruned"] >= 1
+    best = d["best"]
+    assert best["plan"]["method"] in ("lora", "qlora")
+    assert best["peak_bytes"] <= 24 * 2**30 * 0.95 and best["source"] == "estimated"
+    assert best["tokens_per_s"] > 0
+    assert d["pareto"] and d["exports"] == {}
+    full = [t for t in d["trials"] if t["plan"].get("method") == "full" and t["state"] == "pruned"]
+    assert full and all(t["reason"] for t in full)
+    assert any("Full fine-tuning rejected" in line for line in d["explanation"])
+    # the ladder went first, in the seeds' order
+    rungs = [int(t["ladder"][0]) for t in sorted(d["trials"], key=lambda t: t["number"]) if t["ladder"]]
+    assert rungs[:3] == [0, 1, 1] and rungs == sorted(rungs)
+
+
+def test_rerun_continues_to_the_planned_count(tmp_path, capsys):
+    _, first = tune(tmp_path, capsys, "--trials", "10")
+    _, second = tune(tmp_path, capsys, "--trials", "16")
+    assert first["n_trials"] == 10 and second["n_trials"] == 16
+    before = {t["number"]: t["plan_short"] for t in first["trials"] if t["state"] in ("complete", "pruned")}
+    after = {t["number"]: t["plan_short"] for t in second["trials"] if t["state"] in ("complete", "pruned")}
+    assert all(after[n] == p for n, p in before.items()), "finished trials were changed or lost"
+
+
+def _finished(db: Path) -> int:
+    import sqlite3
+
+    if not db.exists():
+        return 0
+    try:
+        with sqlite3.connect(db) as con:
+            return con.execute("select count(*) from trials where state in ('COMPLETE','PRUNED')").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def test_sigkill_midway_then_rerun_finishes_without_repeats(tmp_path):
+    reports = tmp_path / "reports"
+    cmd = [sys.executable, "-m", "advisor", "tune", "--gpu-budget", "24GB", "--model", "qwen7b", "--backend", "estimate",
+           "--trials", "40", "--json", "--reports-dir", str(reports), "--study", "killed"]
+    db = reports / "killed" / "study.db"
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.time() + 60
+    while _finished(db) < 5 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_at = _finished(db)
+    assert 5 <= killed_at < 40, "the kill should land midway"
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    d = json.loads(done.stdout)
+    finished = [t for t in d["trials"] if t["state"] in ("complete", "pruned")]
+    assert len(finished) == 40
+    numbers = [t["number"] for t in finished]
+    assert len(set(numbers)) == 40
+    # a plan is evaluated once; a repeat proposal is answered from the first and says so
+    seen = {}
+    for t in sorted(finished, key=lambda t: t["number"]):
+        if t["plan_short"] in seen:
+            assert "same plan as" in t["reason"] or t["seconds"] == 0.0
+        seen.setdefault(t["plan_short"], t["number"])
+
+
+def test_budget_below_smallest_plan(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "advisor", "tune", "--gpu-budget", "2GB", "--model", "qwen7b",
+                           "--backend", "estimate", "--reports-dir", str(tmp_path)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1 and "--gpu-budget" in line and "smallest plan" in line and "GB" in line
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["--backend", "cuda"], "--backend"),
+    (["method=sideways"], "search.method"),
+    (["--space", "nope"], "--space"),
+    (["--headroom", "1.5"], "--headroom"),
+])
+def test_bad_tune_input(tmp_path, argv, flag):
+    proc = subprocess.run([sys.executable, "-m", "advisor", "tune", "--gpu-budget", "24GB", "--model", "qwen7b",
+                           "--reports-dir", str(tmp_path), *argv], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and flag in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_other_study_settings_refused_without_losing_the_study(tmp_path, capsys):
+    tune(tmp_path, capsys, "--trials", "5", "--study", "mine")
+    code = main(["tune", "--gpu-budget", "24GB", "--model", "qwen7b", "--backend", "estimate", "--json",
+                 "--reports-dir", str(tmp_path / "reports"), "--study", "mine", "--space", "qlora"])
+    assert code == 2
+    assert "another space" in capsys.readouterr().err
+    _, again = tune(tmp_path, capsys, "--trials", "5", "--study", "mine")
+    assert again["n_trials"] == 5
