@@ -18,6 +18,8 @@ from advisor.errors import AdvisorInputError
 COMMANDS = {
     "estimate": "estimate",
     "tune": "tune",
+    "preflight": "preflight",
+    "doctor": "preflight",
     "models": "catalogs",
     "gpus": "catalogs",
 }

@@ -1,0 +1,84 @@
+"""`advisor preflight` (go / no-go for a config) and `advisor doctor` (an error log → causes and fixes)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from advisor.commands.common import number, positive_int
+
+
+def add_parser(subs) -> None:
+    p = subs.add_parser("preflight", help="go / no-go for a training config before a long run",
+                        description="Check a training config (advisor.yaml, TrainingArguments with sections, axolotl or "
+                                    "LLaMA-Factory YAML) for environment, config, memory and time problems. Exit code: "
+                                    "0 GO, 1 RISKY or NO-GO, 2 bad input.")
+    p.add_argument("config", help="advisor.yaml, TrainingArguments YAML/JSON, axolotl or LLaMA-Factory YAML")
+    p.add_argument("--gpu-budget", help='memory budget ("24GB", "90%%"); default: the GPU\'s memory')
+    p.add_argument("--gpu", help="GPU from the catalog; default: the detected one")
+    p.add_argument("--data", help="training data (JSONL with 'text', or .txt): longest sequence and total tokens")
+    p.add_argument("--max-seq-len", type=positive_int("--max-seq-len"), help="longest sequence (without --data)")
+    p.add_argument("--epochs", type=number("--epochs", low=0), help="epochs for the time estimate")
+    p.add_argument("--headroom", type=number("--headroom", low=0, low_inclusive=True, high=1), default=0.05)
+    p.add_argument("--probe", action="store_true", help="also run a short real training probe")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=run_preflight_cmd)
+
+    d = subs.add_parser("doctor", help="match an error log to causes and fixes")
+    d.add_argument("logfile", help="a training log or traceback ('-' for standard input)")
+    d.add_argument("--config", help="the run's config, for the advisor's own numbers (which ledger category exceeds what)")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(run=run_doctor_cmd)
+
+
+def run_preflight_cmd(args: argparse.Namespace) -> int:
+    from advisor.preflight import PreflightInput, run_preflight
+
+    result = run_preflight(PreflightInput(
+        config=args.config, gpu_budget=args.gpu_budget, gpu=args.gpu, data=args.data, probe=args.probe,
+        max_seq_len=args.max_seq_len, headroom=args.headroom, epochs=args.epochs,
+        trust_remote_code=args.trust_remote_code))
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+    else:
+        from advisor.findings import print_findings
+
+        color = {"GO": "green", "RISKY": "yellow", "NO-GO": "red"}[result.verdict]
+        print_findings(result.findings, header=f"[bold {color}]{result.verdict}[/] {result.model.name} · "
+                                               f"{result.plan.short()}" + (f" · budget {result.budget}" if result.budget else ""))
+    return result.exit_code
+
+
+def run_doctor_cmd(args: argparse.Namespace) -> int:
+    import sys
+    from pathlib import Path
+
+    from advisor.doctor import diagnose
+    from advisor.errors import AdvisorInputError
+
+    if args.logfile == "-":
+        text = sys.stdin.read()
+    else:
+        p = Path(args.logfile)
+        if not p.is_file():
+            raise AdvisorInputError("logfile", "no such file", args.logfile)
+        text = p.read_text(encoding="utf-8", errors="replace")
+    report = None
+    if args.config:
+        from advisor.backends import get_backend
+        from advisor.catalog import resolve_model
+        from advisor.configio import read_config
+
+        name, plan, _ = read_config(args.config)
+        report = get_backend("estimate")(resolve_model(name), plan, None)
+    findings = diagnose(text, report)
+    if args.json:
+        print(json.dumps({"findings": [f.to_dict() for f in findings]}, indent=2))
+    else:
+        from advisor.findings import print_findings
+
+        if not findings:
+            print("No known problem recognised in this log.")
+        print_findings(findings)
+    return 1 if findings else 0

@@ -1,0 +1,79 @@
+"""`advisor doctor` on real error messages: the cause and at least one fix, with the advisor's numbers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from advisor.analytic import estimate_training
+from advisor.catalog import resolve_model
+from advisor.doctor import diagnose, knowledge, parse_oom
+from advisor.plan import Plan
+
+# verbatim from PyTorch 2.x's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp)
+REAL_OOM = """Traceback (most recent call last):
+  File "train.py", line 88, in <module>
+    trainer.train()
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.16 GiB. GPU 0 has a total capacity of 23.64 GiB \
+of which 412.44 MiB is free. Including non-PyTorch memory, this process has 23.23 GiB memory in use. Of the \
+allocated memory 22.48 GiB is allocated by PyTorch, and 305.71 MiB is reserved by PyTorch but unallocated. If \
+reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid \
+fragmentation.  See documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)
+"""
+
+
+def test_every_entry_is_complete():
+    import re
+
+    for e in knowledge():
+        assert e["id"] and e["symptom"] and e["cause"] and e["fixes"] and e["patterns"] and e["source"]
+        for p in e["patterns"]:
+            re.compile(p)
+
+
+def test_parse_oom_numbers():
+    n = parse_oom(REAL_OOM)
+    assert n["tried"] == int(1.16 * 2**30) and n["total"] == int(23.64 * 2**30)
+    assert n["reserved_unallocated"] == int(305.71 * 2**20)
+
+
+def test_real_oom_names_cause_fix_and_ledger():
+    report = estimate_training(resolve_model("qwen7b"), Plan(method="full", gradient_checkpointing=True))
+    findings = diagnose(REAL_OOM, report)
+    oom = [f for f in findings if f.check == "log.cuda-oom"]
+    assert oom and oom[0].fixes
+    assert "optimizer states" in oom[0].evidence and "exceed the card" in oom[0].evidence
+    # 305 MiB reserved-unallocated could not have served a 1.16 GiB request: not a fragmentation problem
+    assert not [f for f in findings if f.check == "log.fragmentation"]
+
+
+@pytest.mark.parametrize("log,check", [
+    ("{'loss': nan, 'grad_norm': nan, 'learning_rate': 0.002}", "log.nan-loss"),
+    ("CUDA Setup failed despite GPU being available. Please run python -m bitsandbytes", "log.bnb-load-failure"),
+    ("Some parameters are on the meta device because they were offloaded to the cpu.", "log.silent-cpu-offload"),
+    ("RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn",
+     "log.no-grad-checkpointing-peft"),
+    ("ValueError: Target modules {'qkv'} not found in the base model.", "log.lora-targets-missing"),
+])
+def test_known_symptoms(log, check):
+    assert check in {f.check for f in diagnose(log)}
+
+
+def test_cli_doctor(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(REAL_OOM)
+    proc = subprocess.run([sys.executable, "-m", "advisor", "doctor", str(log), "--json"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1
+    d = json.loads(proc.stdout)
+    assert d["findings"][0]["check"] == "log.cuda-oom" and d["findings"][0]["fixes"]
+    clean = tmp_path / "clean.log"
+    clean.write_text("step 1 loss 2.3\nstep 2 loss 2.1\n")
+    assert subprocess.run([sys.executable, "-m", "advisor", "doctor", str(clean)], capture_output=True,
+                          timeout=120).returncode == 0
+    missing = subprocess.run([sys.executable, "-m", "advisor", "doctor", str(tmp_path / "nope.log")],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "logfile" in missing.stderr
