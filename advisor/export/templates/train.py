@@ -1,0 +1,248 @@
+#!/usr/bin/env python
+"""Fine-tune a causal language model with the plan in advisor.yaml (written by vram-advisor).
+
+    python train.py --data my_data.jsonl                  # JSONL with a "text" field, or a .txt file
+    python train.py --data my_data.jsonl --max-steps 200 --model-path /models/Qwen2.5-7B-Instruct
+    python train.py --config other/advisor.yaml --data corpus.txt
+
+advisor.yaml's sections are handed to the classes that run them, unchanged:
+``model`` -> AutoModelForCausalLM.from_pretrained, ``quantization`` -> BitsAndBytesConfig,
+``lora`` -> peft.LoraConfig, ``training`` -> TrainingArguments (whose ``deepspeed`` names
+deepspeed.json when the plan offloads to the CPU). Texts are tokenized, joined with the EOS token
+and cut into blocks of ``advisor.max_seq_length`` tokens, the length the plan was sized for.
+
+Without a CUDA GPU the script still runs (slowly, for a smoke test) and says what it changed:
+fp32 weights instead of bf16/fp16, no autocast, SDPA instead of flash-attention, no DeepSpeed.
+For DeepSpeed on several GPUs launch it with ``deepspeed train.py --data ...`` or ``torchrun``.
+
+Requires: torch, transformers, peft, PyYAML; bitsandbytes for quantized or 8-bit/paged plans;
+deepspeed for offload plans.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+IGNORE_INDEX = -100
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default=str(Path(__file__).resolve().with_name("advisor.yaml")),
+                   help="advisor.yaml to read (default: the one next to this script)")
+    p.add_argument("--data", required=True, help="training texts: .jsonl with a 'text' field per line, or .txt")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
+    p.add_argument("--model-path", default=None, help="load the model from here instead of model.name_or_path")
+    p.add_argument("--output-dir", default=None, help="where checkpoints go (default: training.output_dir)")
+    p.add_argument("--no-save", action="store_true", help="do not save the trained weights at the end")
+    return p.parse_args(argv)
+
+
+def say(msg: str) -> None:
+    print(f"[train.py] {msg}", flush=True)
+
+
+def load_config(path: Path) -> dict:
+    import yaml
+
+    cfg = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    for key in ("model", "training"):
+        if not isinstance(cfg.get(key), dict):
+            sys.exit(f"{path}: section '{key}' is missing")
+    return cfg
+
+
+def load_texts(path: Path) -> list[str]:
+    if path.suffix in (".jsonl", ".json"):
+        texts = []
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                row = json.loads(line)
+                if "text" not in row:
+                    sys.exit(f"{path}:{n}: no 'text' field")
+                texts.append(str(row["text"]))
+        return texts
+    return [path.read_text(encoding="utf-8")]
+
+
+class PackedBlocks:
+    """Token blocks of exactly seq_len tokens (a torch-style map dataset)."""
+
+    def __init__(self, blocks):
+        self.blocks = blocks
+
+    def __len__(self):
+        return len(self.blocks)
+
+    def __getitem__(self, i):
+        import torch
+
+        ids = torch.tensor(self.blocks[i], dtype=torch.long)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+
+
+def pack(tokenizer, texts: list[str], seq_len: int, min_blocks: int) -> PackedBlocks:
+    ids: list[int] = []
+    for text in texts:
+        ids.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if tokenizer.eos_token_id is not None:
+            ids.append(tokenizer.eos_token_id)
+    if not ids:
+        sys.exit("the data holds no tokens")
+    need = seq_len * min_blocks
+    if len(ids) < need:
+        say(f"the data has {len(ids)} tokens, fewer than {min_blocks} block(s) of {seq_len}: repeating it")
+        ids = ids * (need // len(ids) + 1)
+    n = len(ids) // seq_len
+    return PackedBlocks([ids[i * seq_len:(i + 1) * seq_len] for i in range(n)])
+
+
+def chunked_causal_lm_loss(model, input_ids, attention_mask, labels, chunk_tokens: int = 1024):
+    """Next-token cross-entropy without holding all logits: the output projection and the loss run
+    over chunks of positions, each recomputed in backward (torch.utils.checkpoint), so at most one
+    chunk's logits (and their fp32 copy) live at a time. Equal to the model's own mean loss."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    backbone, head = base.get_decoder(), base.get_output_embeddings()
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    h = hidden[:, :-1, :].reshape(-1, hidden.size(-1))
+    y = labels[:, 1:].reshape(-1)
+
+    def ce_sum(h_chunk, y_chunk):
+        return F.cross_entropy(head(h_chunk).float(), y_chunk, ignore_index=IGNORE_INDEX, reduction="sum")
+
+    total = torch.zeros((), dtype=torch.float32, device=h.device)
+    for start in range(0, h.size(0), chunk_tokens):
+        total = total + checkpoint(ce_sum, h[start:start + chunk_tokens], y[start:start + chunk_tokens],
+                                   use_reentrant=False)
+    return total / (y != IGNORE_INDEX).sum().clamp(min=1)
+
+
+def adapt_to_cpu(model_s: dict, quant: dict | None, training: dict) -> None:
+    """No CUDA: keep the plan's structure, change only what a CPU cannot do (and say so)."""
+    if model_s.get("torch_dtype") not in (None, "float32", "auto"):
+        say(f"no CUDA GPU: loading weights in float32 instead of {model_s['torch_dtype']}")
+        model_s["torch_dtype"] = "float32"
+    if training.get("bf16") or training.get("fp16"):
+        say("no CUDA GPU: bf16/fp16 autocast off (use_cpu=True)")
+    training["bf16"] = training["fp16"] = False
+    training["use_cpu"] = True
+    if model_s.get("attn_implementation") == "flash_attention_2":
+        say("no CUDA GPU: attention sdpa instead of flash_attention_2")
+        model_s["attn_implementation"] = "sdpa"
+    if training.get("deepspeed"):
+        say("no CUDA GPU: DeepSpeed ZeRO offload skipped (it needs a GPU); training with the plain optimizer")
+        training["deepspeed"] = None
+    if quant and quant.get("bnb_4bit_compute_dtype") not in (None, "float32"):
+        say(f"no CUDA GPU: 4-bit compute dtype float32 instead of {quant['bnb_4bit_compute_dtype']}")
+        quant["bnb_4bit_compute_dtype"] = "float32"
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    cfg_path = Path(args.config).resolve()
+    cfg = load_config(cfg_path)
+    here = cfg_path.parent
+
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments, default_data_collator
+
+    model_s = dict(cfg["model"])
+    quant = dict(cfg["quantization"]) if cfg.get("quantization") else None
+    lora = dict(cfg["lora"]) if cfg.get("lora") else None
+    training = dict(cfg["training"])
+    advisor = cfg.get("advisor") or {}
+    seq_len = int(advisor.get("max_seq_length") or 1024)
+    chunked_ce = bool(advisor.get("chunked_ce"))
+
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        adapt_to_cpu(model_s, quant, training)
+    if args.max_steps is not None:
+        training["max_steps"] = args.max_steps
+    if args.output_dir:
+        training["output_dir"] = args.output_dir
+    for key in ("output_dir", "deepspeed"):  # relative paths are relative to advisor.yaml
+        if training.get(key) and not Path(training[key]).is_absolute():
+            training[key] = str(here / training[key])
+    targs = TrainingArguments(**training)
+
+    source = args.model_path or model_s["name_or_path"]
+    dtype_key = "dtype" if tuple(int(x) for x in transformers.__version__.split(".")[:2]) >= (4, 56) else "torch_dtype"
+    load = {
+        dtype_key: getattr(torch, model_s.get("torch_dtype") or "float32"),
+        "attn_implementation": model_s.get("attn_implementation"),
+        "trust_remote_code": bool(model_s.get("trust_remote_code", False)),
+    }
+    if quant:
+        from transformers import BitsAndBytesConfig
+
+        load["quantization_config"] = BitsAndBytesConfig(**quant)
+        if cuda and not targs.deepspeed:
+            load["device_map"] = {"": targs.local_process_index}
+    say(f"loading {source}")
+    model = AutoModelForCausalLM.from_pretrained(source, **load)
+    model.config.use_cache = False  # the KV cache is useless in training and clashes with checkpointing
+    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=load["trust_remote_code"])
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        # prepare_model_for_kbit_training is deliberately not called: it casts every norm and the
+        # embeddings to fp32, memory the plan did not count. Inputs need grads for checkpointing:
+        if targs.gradient_checkpointing:
+            model.enable_input_require_grads()
+        model = get_peft_model(model, LoraConfig(**lora))
+        model.print_trainable_parameters()
+
+    data = pack(tokenizer, load_texts(Path(args.data)), seq_len,
+                min_blocks=targs.per_device_train_batch_size * targs.gradient_accumulation_steps)
+    say(f"{len(data)} block(s) of {seq_len} tokens; micro batch {targs.per_device_train_batch_size}, "
+        f"accumulation {targs.gradient_accumulation_steps}")
+
+    class AdvisorTrainer(Trainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if not chunked_ce or return_outputs:
+                return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                            num_items_in_batch=num_items_in_batch)
+            return chunked_causal_lm_loss(model, inputs["input_ids"], inputs.get("attention_mask"), inputs["labels"])
+
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    trainer = AdvisorTrainer(model=model, args=targs, train_dataset=data, data_collator=default_data_collator,
+                             processing_class=tokenizer)
+    result = trainer.train()
+    kinds = [type(m).__name__ for m in model.modules()]
+    summary = {"steps": trainer.state.global_step, "train_loss": result.training_loss,
+               "device": "cuda" if cuda else "cpu", "chunked_ce": chunked_ce, "seq_len": seq_len,
+               "linear4bit_modules": kinds.count("Linear4bit"), "linear8bit_modules": kinds.count("Linear8bitLt"),
+               "lora_modules": sum(k.startswith("Linear") and hasattr(m, "lora_A") for k, m in zip(kinds, model.modules())),
+               "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+               "optimizer": "{0.__module__}.{0.__name__}".format(type(getattr(trainer.optimizer, "optimizer",
+                                                                                   trainer.optimizer))),
+               "weights_dtype": str(next(p for p in model.parameters() if p.is_floating_point()).dtype)}
+    if cuda:
+        summary["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+        summary["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+        predicted = (advisor.get("prediction") or {}).get("peak_bytes")
+        if predicted:
+            say(f"peak reserved {summary['peak_reserved_bytes'] / 2**30:.2f} GiB, "
+                f"advisor predicted {predicted / 2**30:.2f} GiB")
+    if not args.no_save:
+        trainer.save_model()
+        summary["saved_to"] = targs.output_dir
+    print("ADVISOR_TRAIN_SUMMARY " + json.dumps(summary), flush=True)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
