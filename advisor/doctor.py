@@ -67,20 +67,19 @@ def diagnose(text: str, report=None) -> list[Finding]:
     return findings
 
 
-def ledger_over(report, capacity: int | None) -> str:
-    """Which ledger categories alone fill the card: the largest ones, added until they pass its capacity."""
+def ledger_over(report, capacity: int | None, fmt=format_bytes) -> str:
+    """Which ledger categories alone fill the card: the largest ones, added until they pass ``capacity``."""
     items = sorted(((k, v) for k, v in report.device.items() if v > 0), key=lambda kv: -kv[1])
     if not items:
         return ""
-    capacity = capacity or 0
     running, used = 0, []
     for k, v in items:
         running += v
-        used.append(f"{k.replace('_', ' ')} {format_bytes(v)}")
+        used.append(f"{k.replace('_', ' ')} {fmt(v)}")
         if capacity and running > capacity:
-            return (" + ".join(used) + f" = {format_bytes(running)} exceed the card's {format_bytes(capacity)} "
-                    f"(predicted peak {format_bytes(report.peak_bytes)}, {report.source})")
-    return (f"predicted peak {format_bytes(report.peak_bytes)} ({report.source}); largest: " + ", ".join(used[:3]))
+            what = f"{used[0]} alone exceeds" if len(used) == 1 else f"{' + '.join(used)} = {fmt(running)} exceed"
+            return f"{what} the card's {fmt(capacity)} (predicted peak {fmt(report.peak_bytes)}, {report.source})"
+    return f"predicted peak {fmt(report.peak_bytes)} ({report.source}); largest: " + ", ".join(used[:3])
 
 
 def _line_of(text: str, pos: int) -> str:

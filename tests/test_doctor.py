@@ -45,7 +45,7 @@ def test_real_oom_names_cause_fix_and_ledger():
     findings = diagnose(REAL_OOM, report)
     oom = [f for f in findings if f.check == "log.cuda-oom"]
     assert oom and oom[0].fixes
-    assert "optimizer states" in oom[0].evidence and "exceed the card" in oom[0].evidence
+    assert "optimizer states" in oom[0].evidence and "exceeds the card" in oom[0].evidence
     # 305 MiB reserved-unallocated could not have served a 1.16 GiB request: not a fragmentation problem
     assert not [f for f in findings if f.check == "log.fragmentation"]
 

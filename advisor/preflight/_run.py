@@ -127,7 +127,7 @@ def memory_findings(report: MemoryReport, budget: Budget | None, headroom: float
     where = f"at seq {seq:,}" + (" (the longest sequence in the data)" if stats else "")
     data = {"peak_bytes": report.peak_bytes, "budget_bytes": budget.bytes, "seq_len": seq}
     if report.peak_bytes > budget.bytes:
-        over = ledger_over(report, budget.bytes)
+        over = ledger_over(report, budget.bytes, budget.format).replace("the card's", "the budget of")
         return [Finding("memory.fit", "error",
                         f"does not fit: peak {budget.format(report.peak_bytes)} ({report.source}) > {budget} {where}",
                         f"ledger: {ledger}. {over}",

@@ -1,0 +1,94 @@
+"""`advisor preflight` on the seeds' configs written as advisor.yaml (and as axolotl YAML)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from advisor.catalog import resolve_model
+from advisor.export import export_plan
+from advisor.plan import Plan
+
+QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")
+SEED_FULL = Plan(method="full", precision="bf16", optimizer="adamw_torch", micro_batch=1, gradient_checkpointing=True,
+                 seq_len=1024)
+SEED_QLORA = Plan(method="qlora", quantization="nf4", double_quant=True, lora_r=16, lora_alpha=32, lora_targets=QKVO,
+                  optimizer="paged_adamw_8bit", micro_batch=1, grad_accum=8, gradient_checkpointing=True, seq_len=1024)
+
+
+def preflight(*argv):
+    proc = subprocess.run([sys.executable, "-m", "advisor", "preflight", *argv, "--json"], capture_output=True,
+                          text=True, timeout=600)
+    return proc.returncode, (json.loads(proc.stdout) if proc.stdout.strip() else None), proc.stderr
+
+
+@pytest.fixture(scope="module")
+def configs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("configs")
+    spec = resolve_model("qwen7b")
+    full = export_plan(spec, SEED_FULL, root / "full", formats=["advisor"])["advisor"]
+    qlora = export_plan(spec, SEED_QLORA, root / "qlora", formats=["advisor", "axolotl"])
+    return {"full": full, "qlora": qlora["advisor"], "qlora_axolotl": qlora["axolotl"]}
+
+
+@pytest.mark.slow
+def test_seed_full_finetune_is_no_go_naming_optimizer_states_and_weights(configs):
+    code, d, _ = preflight(str(configs["full"]), "--gpu-budget", "24GB")
+    assert code == 1 and d["verdict"] == "NO-GO"
+    mem = next(f for f in d["findings"] if f["check"] == "memory.fit")
+    assert mem["severity"] == "error"
+    text = (mem["title"] + mem["evidence"]).lower()
+    assert "optimizer states" in text and "weights" in text
+    assert mem["fixes"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["qlora", "qlora_axolotl"])
+def test_seed_qlora_is_go(configs, which):
+    code, d, err = preflight(str(configs[which]), "--gpu-budget", "24GB")
+    assert code == 0 and d["verdict"] == "GO", err
+    mem = next(f for f in d["findings"] if f["check"] == "memory.fit")
+    assert mem["severity"] == "ok" and d["memory"]["peak_bytes"] < 24 * 2**30 * 0.95
+
+
+def test_time_estimate_from_data(configs, tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(json.dumps({"text": "word " * (50 + i)}) for i in range(200)))
+    code, d, _ = preflight(str(configs["qlora"]), "--gpu-budget", "24GB", "--data", str(data), "--epochs", "2")
+    t = next(f for f in d["findings"] if f["check"] == "time.estimate")
+    assert d["hours"] and d["hours"] > 0 and "2" in t["evidence"]
+    # the longest sequence in the data sets the memory check's length (chars/4 without a local tokenizer)
+    mem = next(f for f in d["findings"] if f["check"] == "memory.fit")
+    assert mem["data"]["seq_len"] < 1024
+
+
+def test_config_findings(tmp_path, configs):
+    import yaml
+
+    data = yaml.safe_load(configs["qlora"].read_text())
+    data["training"]["learning_rate"] = 0.5
+    data["lora"]["target_modules"] = ["q_proj", "not_a_module"]
+    bad = tmp_path / "advisor.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    code, d, _ = preflight(str(bad), "--gpu-budget", "24GB")
+    checks = {f["check"]: f for f in d["findings"]}
+    assert code == 1 and d["verdict"] == "NO-GO"
+    assert checks["config.lora-targets"]["severity"] == "error"
+
+
+def test_bf16_on_a_gpu_without_it(configs):
+    code, d, _ = preflight(str(configs["qlora"]), "--gpu", "t4")
+    assert code == 1
+    assert any(f["check"] == "config.bf16-unsupported" for f in d["findings"])
+
+
+def test_bad_input_exit_2(tmp_path):
+    code, _, err = preflight(str(tmp_path / "missing.yaml"))
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("training: [unclosed\n")
+    code, _, err = preflight(str(broken))
+    assert code == 2 and "Traceback" not in err
