@@ -69,6 +69,12 @@ class TrainingSetup:
     """torch.amp.GradScaler for mixed_fp16 on real tensors (Trainer's fp16=True)."""
     notes: list[str] = field(default_factory=list)
     """What differs from the plan as given (e.g. flash_attention_2 replaced by sdpa on the CPU)."""
+    phase_hook: Any = None
+    """Called with "forward", "backward", "optimizer", "zero_grad" as the step moves on (the tracker's marks)."""
+
+    def _phase(self, name: str) -> None:
+        if self.phase_hook is not None:
+            self.phase_hook(name)
 
     # ------------------------------------------------------------------ the step
 
@@ -82,6 +88,7 @@ class TrainingSetup:
 
     def micro_step(self, input_ids, labels):
         """Forward with labels, the model's causal-LM loss, backward; returns the loss (detached)."""
+        self._phase("forward")
         with self._autocast():
             if self.plan.chunked_ce:
                 loss = chunked_causal_lm_loss(self.model, input_ids, labels)
@@ -90,6 +97,7 @@ class TrainingSetup:
                 loss = self.model(input_ids=input_ids, labels=labels).loss
         if self.plan.grad_accum > 1:
             loss = loss / self.plan.grad_accum  # Trainer.training_step scales by gradient_accumulation_steps
+        self._phase("backward")
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
         else:
@@ -102,15 +110,19 @@ class TrainingSetup:
 
         if self.optimizer is None:
             return
+        self._phase("optimizer")
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM)
+        # foreach as the target device would choose it (native tensors on CUDA: the foreach kernels)
+        torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM,
+                                       foreach=True if self.target_device.startswith("cuda") else None)
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             self.optimizer.step()
+        self._phase("zero_grad")
         self.optimizer.zero_grad(set_to_none=True)
 
     def train_step(self, batches: Iterable) -> list[float]:
@@ -341,6 +353,9 @@ def _bnb_optimizer(cls, groups, kwargs, model, fake: bool):
         import bitsandbytes
 
         manager = bitsandbytes.optim.GlobalOptimManager.get_instance()
+        # the manager is a process-wide singleton matching parameters by id(): forget earlier models, whose
+        # freed parameters' ids may be reused by this one's
+        manager.initialize()
         for module in model.modules():
             if isinstance(module, torch.nn.Embedding):
                 manager.register_module_override(module, "weight", {"optim_bits": 32})

@@ -20,6 +20,9 @@ from advisor.errors import AdvisorInputError
 # name -> "module:function"; each function is measure(model, plan, gpu, **options) -> MemoryReport
 _REGISTRY = {
     "estimate": "advisor.backends._estimate:measure",
+    "cpu": "advisor.probe._backend:measure_cpu",
+    "cuda": "advisor.probe._backend:measure_cuda",
+    "simulate": "advisor.backends._simulate:measure",
 }
 
 __all__ = ["available", "get_backend", "register"]

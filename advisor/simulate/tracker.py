@@ -1,0 +1,164 @@
+"""The live-bytes tracker: every storage a step allocates, when it is freed, and the peak.
+
+A ``TorchDispatchMode`` sees each op's outputs; a new untyped storage is recorded with its size
+and a weak-reference callback records its release (the pattern of
+``torch.distributed._tools.mem_tracker``, without its module hooks, which break on peft models).
+The same tracker runs over fake tensors (simulation) and real CPU tensors (the proof that the
+simulation equals execution). Sizes are rounded up to 512 bytes, as CUDA's caching allocator
+counts them (c10/cuda/CUDACachingAllocator.cpp ``kMinBlockSize``, ``round_size``).
+
+Events are kept (allocation and release counters), so the ledger at the peak is computed after
+the step, when it is known which storages are parameters, gradients, optimizer states, quantization
+constants or saved activations.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+BLOCK = 512
+
+
+def round_block(n: int, block: int = BLOCK) -> int:
+    return ((n + block - 1) // block) * block if n > 0 else 0
+
+
+@dataclass
+class Record:
+    uid: int
+    nbytes: int
+    born: int
+    phase: str
+    died: int | None = None
+
+
+@dataclass
+class Peak:
+    bytes: int = 0
+    clock: int = 0
+    phase: str = ""
+
+
+def _make_mode_class():
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class LiveBytes(TorchDispatchMode):
+        """Counts the bytes of live storages; ``peak`` is the highest count since ``reset_peak``."""
+
+        def __init__(self, block: int = BLOCK):
+            super().__init__()
+            self.block = block
+            self.clock = 0
+            self.live_bytes = 0
+            self.records: list[Record] = []
+            self.by_id: dict[int, Record] = {}
+            self._refs: dict[int, weakref.ref] = {}
+            self.phase = "build"
+            self.peak = Peak()
+            self.paused = 0
+            self.phantoms = PHANTOMS
+
+        # -------------------------------------------------------------- bookkeeping
+
+        def _tick(self) -> int:
+            self.clock += 1
+            return self.clock
+
+        def _alloc(self, nbytes: int) -> Record:
+            rec = Record(uid=len(self.records), nbytes=round_block(nbytes, self.block), born=self._tick(),
+                         phase=self.phase)
+            self.records.append(rec)
+            self.live_bytes += rec.nbytes
+            if self.live_bytes > self.peak.bytes:
+                self.peak = Peak(self.live_bytes, rec.born, self.phase)
+            return rec
+
+        def _free(self, rec: Record) -> None:
+            if rec.died is None:
+                rec.died = self._tick()
+                self.live_bytes -= rec.nbytes
+
+        def track(self, t) -> None:
+            """Record ``t``'s storage if it is new (also used for tensors made outside the mode)."""
+            if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+                return
+            st = t.untyped_storage()
+            key = id(st)
+            if key in self.by_id and self._refs[key]() is st:
+                return
+            rec = self._alloc(st.nbytes())
+            self.by_id[key] = rec
+
+            def released(_ref, key=key, rec=rec, self_ref=weakref.ref(self)):
+                me = self_ref()
+                if me is None:
+                    return
+                me._free(rec)
+                if me.by_id.get(key) is rec:
+                    del me.by_id[key]
+                    del me._refs[key]
+
+            self._refs[key] = weakref.ref(st, released)
+
+        def record_of(self, t) -> Record | None:
+            """The live record of ``t``'s storage."""
+            if not isinstance(t, torch.Tensor):
+                return None
+            st = t.untyped_storage()
+            rec = self.by_id.get(id(st))
+            return rec if rec is not None and self._refs[id(st)]() is st else None
+
+        def reset_peak(self) -> None:
+            self.peak = Peak(self.live_bytes, self.clock, self.phase)
+
+        def live_at(self, clock: int) -> list[Record]:
+            return [r for r in self.records if r.born <= clock and (r.died is None or r.died > clock)]
+
+        # -------------------------------------------------------------- dispatch
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            phantom = self.phantoms.get(str(func.name())) if not self.paused else None
+            extra = self._alloc(phantom(args, kwargs)) if phantom else None
+            out = func(*args, **kwargs)
+            if extra is not None:
+                self._free(extra)
+            if not self.paused:
+                for t in tree_flatten(out)[0]:
+                    self.track(t)
+            return out
+
+    return LiveBytes
+
+
+def _gemm_4bit_dequant(args, kwargs) -> int:
+    """bitsandbytes::gemm_4bit dequantizes the whole weight before ``F.linear`` inside the op on the
+    fallback path CUDA takes for training shapes (bitsandbytes/backends/cuda/ops.py
+    ``_dequant_linear_fallback``, M > 1536 rows or the heuristic); count it for the op's duration."""
+    A, shape_b = args[0], args[2]
+    return int(shape_b[0]) * int(shape_b[1]) * A.element_size()
+
+
+# ops that allocate inside a single dispatched op what no output shows: op name -> bytes
+PHANTOMS = {"bitsandbytes::gemm_4bit": _gemm_4bit_dequant}
+
+_CLS = None
+
+
+def LiveBytes(block: int = BLOCK):
+    """A new tracker (the class is made on first use, so that importing this module imports no torch)."""
+    global _CLS
+    if _CLS is None:
+        _CLS = _make_mode_class()
+    return _CLS(block)
+
+
+@dataclass
+class Ledger:
+    """Bytes per category among the storages live at one moment."""
+
+    total: int
+    by_category: dict[str, int] = field(default_factory=dict)

@@ -1,0 +1,29 @@
+"""Layer extrapolation equals a full simulation (within 0.5%)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from advisor.plan import Plan  # noqa: E402
+from advisor.simulate.extrapolate import simulate  # noqa: E402
+from advisor.simulate.tiny import tiny_spec  # noqa: E402
+
+PLANS = [
+    ("qwen2", Plan(method="full", seq_len=128)),
+    ("llama", Plan(method="lora", seq_len=128, gradient_checkpointing=True)),
+    ("qwen3", Plan(method="qlora", quantization="nf4", seq_len=128, optimizer="paged_adamw_8bit")),
+    ("mistral", Plan(method="lora", seq_len=128, micro_batch=2, grad_accum=2, optimizer="adafactor")),
+    ("qwen2", Plan(method="full", seq_len=64, gradient_checkpointing=True, optimizer="sgd", precision="mixed_bf16")),
+]
+
+
+@pytest.mark.parametrize("arch,plan", PLANS, ids=lambda x: x if isinstance(x, str) else x.short())
+def test_extrapolated_equals_full(arch, plan):
+    spec = tiny_spec(arch, num_layers=9)
+    full = simulate(spec, plan, layers="full")
+    extra = simulate(spec, plan, layers="auto")
+    assert extra.extrapolated and not full.extrapolated
+    assert abs(extra.peak_bytes - full.peak_bytes) / full.peak_bytes < 0.005, (extra.peak_bytes, full.peak_bytes)
+    assert extra.peak_phase == full.peak_phase
