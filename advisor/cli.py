@@ -18,6 +18,7 @@ from advisor.errors import AdvisorInputError
 COMMANDS = {
     "estimate": "estimate",
     "tune": "tune",
+    "worker": "worker",
     "report": "report",
     "tui": "tui",
     "preflight": "preflight",

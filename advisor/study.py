@@ -8,7 +8,9 @@ resumable: re-running the same command continues to the planned number of *finis
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import threading
 import time
 import warnings
@@ -24,10 +26,12 @@ from advisor.ladder import ladder, quant_param_name
 from advisor.plan import Plan, lora_target_modules
 from advisor.select import Selection, TrialRecord, fits, select
 from advisor.space import SearchSpace, plan_from_params
+from advisor.storage import Heartbeat, is_sqlite, make_storage, study_lock
 from advisor.throughput import predict_throughput
 from advisor.units import Budget, format_bytes
 from advisor.versions import library_versions
 
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 PRESCREEN_MARGIN = 0.10  # an estimate this far over the budget is pruned without simulating (the ledger is within 5%)
 FINISHED = ("COMPLETE", "PRUNED")
 
@@ -49,6 +53,8 @@ class TuneSettings:
     tolerance: float = 0.05
     seed: int = 0
     probe_options: dict[str, Any] = field(default_factory=dict)
+    heartbeat_seconds: int = 10
+    """Heartbeat of running trials in a shared (non-SQLite) storage; stale after 3 missed beats."""
 
     def describe(self) -> dict[str, Any]:
         return {"model": self.model.to_dict(), "gpu": self.gpu.to_dict(), "gpu_assumed": self.gpu_assumed,
@@ -120,7 +126,8 @@ class Tuner:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             # multivariate TPE over the conditional space (group=True), constraints set per trial
             sampler = optuna.samplers.TPESampler(seed=self.s.seed, multivariate=True, group=True, n_startup_trials=8)
-        study = optuna.create_study(study_name=self.s.study_name, storage=self.s.storage, sampler=sampler,
+        self.storage = make_storage(self.s.storage, self.s.heartbeat_seconds)
+        study = optuna.create_study(study_name=self.s.study_name, storage=self.storage, sampler=sampler,
                                     directions=["maximize", "minimize"], load_if_exists=True)
         stored = study.user_attrs.get("advisor")
         mine = self.s.describe()
@@ -137,10 +144,11 @@ class Tuner:
                                         f"{stored['budget']['text']}; name a new study with --study", self.s.study_name)
         self.study = study
         self._recover_interrupted()
-        if not study.user_attrs.get("ladder_enqueued"):
-            for rung, params in ladder(self.s.space, self._fits_by_estimate):
-                study.enqueue_trial(_optuna_params(params), user_attrs={"ladder": rung}, skip_if_exists=True)
-            study.set_user_attr("ladder_enqueued", True)
+        with study_lock(self.storage, self.s.storage, self.s.study_name):
+            if not study.user_attrs.get("ladder_enqueued"):
+                for rung, params in ladder(self.s.space, self._fits_by_estimate):
+                    study.enqueue_trial(_optuna_params(params), user_attrs={"ladder": rung}, skip_if_exists=True)
+                study.set_user_attr("ladder_enqueued", True)
         return study
 
     def _recover_interrupted(self) -> None:
@@ -150,7 +158,7 @@ class Tuner:
         """
         from optuna.trial import TrialState
 
-        if not self.s.storage.startswith("sqlite"):
+        if not is_sqlite(self.s.storage):
             return
         retried = set(self.study.user_attrs.get("retried", []))
         finished_keys = {t.user_attrs.get("plan_key") for t in self.study.get_trials(deepcopy=False)
@@ -182,13 +190,64 @@ class Tuner:
         return self._pause.is_set()
 
     def run(self) -> None:
+        """Run trials until the study holds ``trials`` finished ones (this worker and others together)."""
         if self.study is None:
             self.open_study()
-        while self.finished_count() < self.s.trials and not self._stop.is_set():
+        while not self._stop.is_set():
             if self._pause.is_set():
                 time.sleep(0.1)
                 continue
-            self.study.optimize(self._objective, n_trials=1, catch=(), gc_after_trial=False)
+            trial = self._ask()
+            if trial is None:
+                return
+            self._run_trial(trial)
+
+    def _ask(self):
+        """A new trial, unless finished + running trials already reach the plan (checked under the study lock)."""
+        from optuna.storages import fail_stale_trials
+        from optuna.trial import TrialState
+
+        with study_lock(self.storage, self.s.storage, self.s.study_name):
+            if not is_sqlite(self.s.storage):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # experimental API; "heartbeat is meant for optimize()"
+                    fail_stale_trials(self.study)  # dead workers' trials: failed and enqueued again
+            states = [t.state for t in self.study.get_trials(deepcopy=False)]
+            busy = sum(1 for st in states if st.name in FINISHED or st == TrialState.RUNNING)
+            if busy >= self.s.trials:
+                return None
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # heartbeats are recorded by advisor.storage.Heartbeat
+                trial = self.study.ask()
+            trial.set_user_attr("worker", WORKER_ID)
+            return trial
+
+    def wait_until_finished(self, poll_seconds: float = 1.0) -> None:
+        """For a process that only watches: post the trials other workers finish until the plan is reached."""
+        seen: set[int] = set()
+        while not self._stop.is_set():
+            for t in self.study.get_trials(deepcopy=False):
+                if t.state.name in FINISHED and t.number not in seen:
+                    seen.add(t.number)
+                    self.on_event(TrialFinished(record_from_trial(t)))
+            if self.finished_count() >= self.s.trials:
+                return
+            time.sleep(poll_seconds)
+
+    def _run_trial(self, trial) -> None:
+        import optuna
+        from optuna.trial import TrialState
+
+        try:
+            with Heartbeat(self.storage, trial._trial_id):
+                values = self._objective(trial)
+        except optuna.TrialPruned:
+            self.study.tell(trial, state=TrialState.PRUNED)
+        except BaseException:
+            self.study.tell(trial, state=TrialState.FAIL)
+            raise
+        else:
+            self.study.tell(trial, values=list(values))
 
     def records(self) -> list[TrialRecord]:
         return [record_from_trial(t) for t in self.study.get_trials(deepcopy=False)]
@@ -374,3 +433,32 @@ def _frugal_candidates(space: SearchSpace):
                            "micro_batch": min(s["micro_batch"]), "precision": s["precision"][0],
                            "attn_impl": s["attn_impl"][0], "offload": offload,
                            "chunked_ce": True in s["chunked_ce"]}
+
+
+def settings_from_study(storage_url: str, study_name: str, backend: str | None = None,
+                        heartbeat_seconds: int = 10) -> TuneSettings:
+    """The settings a study was created with (its "advisor" attribute), for a worker that joins it."""
+    import optuna
+
+    from advisor.catalog import GpuSpec, resolve_model
+    from advisor.units import Budget
+
+    storage = make_storage(storage_url, heartbeat_seconds)
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        raise AdvisorInputError("--study", "no such study in this storage (create it with advisor tune --storage ...)",
+                                study_name) from None
+    d = study.user_attrs.get("advisor")
+    if not d:
+        raise AdvisorInputError("--study", "this study was not made by advisor tune", study_name)
+    m = d["model"]
+    model = resolve_model(m["path"] or m["name"])
+    sp = d["space"]
+    space = SearchSpace(name=sp["name"], trials=sp["trials"], fixed=sp["fixed"], search=sp["search"],
+                        source=sp.get("source", ""), overrides=tuple(sp.get("overrides", ())))
+    b = d["budget"]
+    return TuneSettings(model=model, space=space, budget=Budget(b["bytes"], b["unit"], b["text"]),
+                        gpu=GpuSpec(**d["gpu"]), gpu_assumed=d["gpu_assumed"], backend=backend or d["backend"],
+                        storage=storage_url, study_name=study_name, trials=d["trials"], headroom=d["headroom"],
+                        tolerance=d["tolerance"], seed=d["seed"], heartbeat_seconds=heartbeat_seconds)

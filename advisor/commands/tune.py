@@ -37,6 +37,10 @@ def add_parser(subs) -> None:
     p.add_argument("--probe-steps", type=positive_int("--probe-steps"), default=3, help="measured steps per probe")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
     p.add_argument("--tui", action="store_true", help="run the study inside the Textual app")
+    p.add_argument("--no-work", action="store_true",
+                   help="create the study (in a shared --storage) and only watch while `advisor worker`s run it")
+    p.add_argument("--heartbeat", type=positive_int("--heartbeat"), default=10,
+                   help="seconds between trial heartbeats in a shared storage")
     p.set_defaults(run=run)
 
 
@@ -69,7 +73,7 @@ def build_settings(args: argparse.Namespace):
     return TuneSettings(model=model, space=space, budget=budget, gpu=gpu, gpu_assumed=assumed, backend=backend,
                         storage=storage, study_name=name, trials=args.trials or space.trials,
                         headroom=args.headroom, tolerance=args.accuracy_tolerance, seed=args.seed,
-                        probe_options={"steps": args.probe_steps})
+                        probe_options={"steps": args.probe_steps}, heartbeat_seconds=args.heartbeat)
 
 
 def check_budget_reachable(settings) -> None:
@@ -102,10 +106,13 @@ def run(args: argparse.Namespace) -> int:
     tuner.open_study()
     progress.start(tuner.finished_count())
     try:
-        tuner.run()
+        if args.no_work:
+            tuner.wait_until_finished()
+        else:
+            tuner.run()
     except KeyboardInterrupt:
         progress.stop()
-        print(f"interrupted: study {settings.study_name!r} is saved in {settings.storage}; run the same command "
+        print(f"interrupted: study {settings.study_name!r} is saved in {_redact(settings.storage)}; run the same command "
               "to continue", file=sys.stderr)
         return 130
     progress.stop()
@@ -160,6 +167,6 @@ def tune_result(settings, records, selection, exports) -> dict:
 
 
 def _redact(url: str) -> str:
-    import re
+    from advisor.storage import redact
 
-    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+    return redact(url)
