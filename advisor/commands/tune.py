@@ -37,6 +37,10 @@ def add_parser(subs) -> None:
     p.add_argument("--probe-steps", type=positive_int("--probe-steps"), default=3, help="measured steps per probe")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
     p.add_argument("--tui", action="store_true", help="run the study inside the Textual app")
+    p.add_argument("--task", choices=("train", "inference"), default="train",
+                   help="train: fine-tuning plans; inference: serving plans (vLLM / transformers exports)")
+    p.add_argument("--context-len", type=positive_int("--context-len"), help="inference: tokens per sequence (default: searched)")
+    p.add_argument("--concurrency", type=positive_int("--concurrency"), help="inference: sequences at once (default: the most that fit)")
     p.add_argument("--no-work", action="store_true",
                    help="create the study (in a shared --storage) and only watch while `advisor worker`s run it")
     p.add_argument("--heartbeat", type=positive_int("--heartbeat"), default=10,
@@ -91,6 +95,9 @@ def check_budget_reachable(settings) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.task == "inference":
+        from advisor.serve.cli import run_inference
+        return run_inference(args)
     from advisor.study import Tuner
 
     settings = build_settings(args)

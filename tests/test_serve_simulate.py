@@ -1,0 +1,36 @@
+"""The serving simulation: fake tensors equal the same tracker over real CPU tensors on a tiny model, and the
+layer extrapolation equals a full-depth trace."""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor.serving import ServePlan
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_fake_equals_real_cpu_tiny(arch):
+    from advisor.serve.simulate import trace_serving
+    from advisor.simulate.tiny import tiny_spec
+
+    spec = tiny_spec(arch, num_layers=2)
+    plan = ServePlan(concurrency=3, context_len=96, max_new_tokens=32)
+    real = trace_serving(spec, plan, fake=False)
+    fake = trace_serving(spec, plan, fake=True)
+    for phase in ("prefill", "decode"):
+        r, f = getattr(real, phase), getattr(fake, phase)
+        assert abs(f.bytes - r.bytes) <= 0.01 * r.bytes, (phase, r, f)
+        assert f.ledger["kv_cache"] == r.ledger["kv_cache"] == 3 * 96 * spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * 2
+    assert real.prefill.bytes > real.decode.bytes  # the prompt's activations are gone at decode
+
+
+def test_extrapolation_equals_full_depth():
+    from advisor.catalog import resolve_model
+    from advisor.serve.simulate import trace_serving, trace_serving_extrapolated
+
+    m = resolve_model("qwen2.5-0.5b-instruct")
+    plan = ServePlan(concurrency=2, context_len=512, max_new_tokens=128)
+    full = trace_serving(m, plan)
+    ext = trace_serving_extrapolated(m, plan)
+    assert abs(ext.prefill.bytes - full.prefill.bytes) <= 0.001 * full.prefill.bytes
+    assert abs(ext.decode.bytes - full.decode.bytes) <= 0.001 * full.decode.bytes

@@ -1,0 +1,178 @@
+"""`advisor tune --task inference`: the 7B / 24 GB plan, the exports checked against vLLM's documented flags
+(tests/data/vllm_serve_flags.yaml) and transformers' GenerationConfig, the space file, bad input."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from advisor.cli import main
+
+FLAGS = yaml.safe_load((Path(__file__).parent / "data" / "vllm_serve_flags.yaml").read_text())["flags"]
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def plan_7b_24gb(tmp_path_factory):
+    import io
+    from contextlib import redirect_stdout
+
+    out_dir = tmp_path_factory.mktemp("export")
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        code = main(["tune", "--task", "inference", "--gpu-budget", "24GB", "--model", "qwen7b", "--gpu", "rtx-4090",
+                     "--backend", "estimate", "--json", "--export", str(out_dir)])
+    assert code == 0
+    return json.loads(buf.getvalue()), out_dir
+
+
+def test_7b_on_24gb_fits_the_budget(plan_7b_24gb):
+    d, _ = plan_7b_24gb
+    best = d["best"]
+    led = best["ledger"]
+    per_token = {"bf16": 57_344, "fp8": 28_672}[best["plan"]["kv_dtype"]]
+    assert d["kv_cache_bytes_per_token"] == per_token
+    assert led["kv_cache"] == d["tokens_in_flight"] * per_token
+    assert d["tokens_in_flight"] >= best["plan"]["concurrency"] * best["plan"]["context_len"]
+    # tokens in flight x KV per token + weights + overhead (and everything else) fits the budget with headroom
+    assert sum(led.values()) == best["peak_bytes"] <= d["budget"]["bytes"] * (1 - d["headroom"])
+    assert best["peak_bytes"] <= d["limit_bytes"] == int(d["gpu_memory_utilization"] * d["gpu"]["memory_bytes"])
+    assert best["quality"] >= d["space"]["fixed"]["quality_floor"]
+    assert best["plan"]["concurrency"] >= 16, "a 24 GB card serves many 4k sequences of a 7B model"
+
+
+def _script_args(path: Path) -> dict[str, str]:
+    text = path.read_text().replace("\\\n", " ")
+    line = next(ln for ln in text.splitlines() if ln.startswith("exec vllm serve"))
+    toks = shlex.split(line)[4:]
+    toks = [t for t in toks if t != "$@"]
+    return dict(zip(toks[::2], toks[1::2]))
+
+
+def test_vllm_script_consistent_with_plan(plan_7b_24gb):
+    d, out = plan_7b_24gb
+    best, plan, led = d["best"], d["best"]["plan"], d["best"]["ledger"]
+    args = _script_args(out / "serve_vllm.sh")
+    assert args == {k: str(v) for k, v in json.loads((out / "vllm_args.json").read_text())["args"].items()}
+    assert int(args["--max-model-len"]) == plan["context_len"]
+    assert int(args["--max-num-seqs"]) == plan["concurrency"]
+    assert int(args["--block-size"]) == plan["block_size"]
+    assert args["--kv-cache-dtype"] == {"bf16": "auto", "fp8": "fp8"}[plan["kv_dtype"]]
+    util = float(args["--gpu-memory-utilization"])
+    assert util * d["gpu"]["memory_bytes"] >= led["weights"] + led["quant_constants"] + led["kv_cache"] + led["transient"]
+    assert util * d["gpu"]["memory_bytes"] <= d["budget"]["bytes"]
+    if plan["weight_format"] == "int4":
+        assert args["--quantization"] in ("awq_marlin", "gptq_marlin")
+    assert int(args["--max-num-batched-tokens"]) >= int(args["--max-num-seqs"])
+
+
+def _check_flag(flag, value):
+    spec = FLAGS[flag]
+    if "choices" in spec:
+        assert value in [str(c) for c in spec["choices"]], (flag, value)
+    else:
+        lo, hi = spec["range"]
+        v = float(value)
+        assert (v > lo if spec.get("exclusive_low") else v >= lo) and (hi is None or v <= hi), (flag, value)
+
+
+@pytest.mark.parametrize("overrides", [[], ["weight_format=bf16", "kv_dtype=bf16"], ["weight_format=fp8"],
+                                       ["weight_format=int8"], ["weight_format=int4", "quant_method=gptq"]])
+def test_every_exported_flag_is_a_documented_vllm_flag(tmp_path, capsys, overrides):
+    code, out, err = run_cli(capsys, "tune", "--task", "inference", "--gpu-budget", "24GB", "--model", "qwen7b",
+                             "--backend", "estimate", "--json", "--export", str(tmp_path), *overrides)
+    assert code == 0, err
+    args = _script_args(tmp_path / "serve_vllm.sh")
+    assert {"--gpu-memory-utilization", "--max-model-len", "--max-num-seqs", "--kv-cache-dtype",
+            "--block-size"} <= set(args)
+    for flag, value in args.items():
+        assert flag in FLAGS, f"{flag} is not in the validated vLLM flag list"
+        _check_flag(flag, value)
+    fmt = json.loads(out)["best"]["plan"]["weight_format"]
+    assert ("--quantization" in args) == (fmt not in ("bf16", "fp16"))
+
+
+def test_generation_settings_load_in_transformers(plan_7b_24gb):
+    from transformers import GenerationConfig
+
+    d, out = plan_7b_24gb
+    gen = json.loads((out / "generation_config.json").read_text())
+    cfg = GenerationConfig(**gen)
+    cfg.validate(strict=True)
+    assert cfg.cache_implementation == "static"
+    tf = json.loads((out / "transformers_serving.json").read_text())
+    assert tf["batch_size"] == d["best"]["plan"]["concurrency"]
+    assert tf["max_cache_len"] == d["best"]["plan"]["context_len"] == tf["max_prompt_tokens"] + gen["max_new_tokens"]
+
+
+def test_pinned_context_and_concurrency(capsys):
+    code, out, _ = run_cli(capsys, "tune", "--task", "inference", "--gpu-budget", "24GB", "--model", "qwen7b",
+                           "--context-len", "8192", "--concurrency", "8", "--backend", "estimate", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["best"]["plan"]["context_len"] == 8192 and d["best"]["plan"]["concurrency"] == 8
+
+
+def test_quality_floor_rules_out_int4(capsys):
+    code, out, _ = run_cli(capsys, "tune", "--task", "inference", "--gpu-budget", "24GB", "--model", "qwen7b",
+                           "--backend", "estimate", "--json", "quality_floor=0.99")
+    d = json.loads(out)
+    assert code == 0 and d["best"]["plan"]["weight_format"] != "int4" and d["best"]["quality"] >= 0.99
+
+
+def test_bf16_kv_halves_capacity_against_fp8(capsys):
+    got = {}
+    for kv in ("bf16", "fp8"):
+        code, out, _ = run_cli(capsys, "tune", "--task", "inference", "--gpu-budget", "24GB", "--model", "qwen7b",
+                               "--context-len", "4096", "--backend", "estimate", "--json", "weight_format=int4",
+                               "group_size=128", f"kv_dtype={kv}", "max_concurrency=4096")
+        got[kv] = json.loads(out)["best"]["plan"]["concurrency"]
+    assert 1.9 <= got["fp8"] / got["bf16"] <= 2.1
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["--gpu-budget", "2GB"], "--gpu-budget"),
+    (["--gpu-budget", "24GB", "--context-len", "1000000"], "--context-len"),
+    (["--gpu-budget", "24GB", "--concurrency", "0"], "--concurrency"),
+    (["--gpu-budget", "24GB", "kv_dtype=int2"], "search.kv_dtype"),
+    (["--gpu-budget", "24GB", "bogus=1"], "bogus"),
+])
+def test_bad_input_is_one_line_exit_2(capsys, argv, flag):
+    try:
+        code, out, err = run_cli(capsys, "tune", "--task", "inference", "--model", "qwen7b", "--backend", "estimate",
+                                 *argv)
+    except SystemExit as e:  # argparse rejects a type error itself
+        code, err = e.code, capsys.readouterr().err
+    assert code == 2
+    lines = [ln for ln in err.strip().splitlines() if ln.startswith("advisor") or "error" in ln]
+    assert len(lines) == 1 and flag in lines[0], err
+
+
+def test_space_file_loads_and_is_headed():
+    from advisor.serve.space import SPACES_DIR, load_serve_space
+
+    text = (SPACES_DIR / "inference.yaml").read_text()
+    assert text.startswith("#") and "advisor tune --task inference" in text.split("name:")[0]
+    s = load_serve_space("inference")
+    assert s.fixed["quality_floor"] > 0 and set(s.search["weight_format"]) >= {"bf16", "fp8", "int8", "int4"}
+    assert set(s.search["kv_dtype"]) == {"bf16", "fp8"}
+
+
+def test_priors_cover_every_choice_of_the_space():
+    from advisor.serve.priors import quality_prior
+    from advisor.serve.space import load_serve_space
+
+    s = load_serve_space("inference")
+    for wf in s.search["weight_format"]:
+        for g in s.search["group_size"]:
+            for kv in s.search["kv_dtype"]:
+                assert 0.9 < quality_prior(wf, g, kv) <= 1.0
+    assert quality_prior("int4", 32, "bf16") > quality_prior("int4", 128, "bf16")
