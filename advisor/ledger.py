@@ -32,6 +32,7 @@ LABELS = {
     "transient": "Transient peak",
     "overhead": "Framework overhead",
     "kv_cache": "KV cache",
+    "cuda_graphs": "CUDA graphs (reserve)",
 }
 
 SOURCES = ("estimated", "simulated", "measured")

@@ -71,8 +71,14 @@ class SearchSpace:
                     yield {"method": method, "quantization": quant, **dict(zip(keys, combo))}
 
 
-def list_spaces() -> list[str]:
-    return sorted(p.stem for p in SPACES_DIR.glob("*.yaml"))
+def list_spaces(task: str = "train") -> list[str]:
+    """Built-in spaces for ``task`` (a space file says `task: inference`; training is the default)."""
+    names = []
+    for p in SPACES_DIR.glob("*.yaml"):
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        if data.get("task", "train") == task:
+            names.append(p.stem)
+    return sorted(names)
 
 
 def _read_space_file(ref: str) -> tuple[dict, str]:
@@ -91,6 +97,8 @@ def _read_space_file(ref: str) -> tuple[dict, str]:
     if not isinstance(data, dict):
         raise AdvisorInputError("--space", f"{path} must hold a mapping with 'fixed' and 'search'", ref,
                                 show_value=False)
+    if data.get("task", "train") != "train":
+        raise AdvisorInputError("--space", f"{path} is a space for --task {data['task']}", ref, show_value=False)
     return data, str(path)
 
 

@@ -63,6 +63,14 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--attn-impl", choices=ATTENTION, default="sdpa", help="attention implementation (default sdpa)")
     g.add_argument("--offload", choices=OFFLOADS, default="none", help="DeepSpeed CPU offload (default none)")
     g.add_argument("--chunked-ce", action="store_true", help="chunked cross-entropy: never hold all logits at once")
+    add_gpus_flags(p)
+
+
+def add_gpus_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("several GPUs")
+    g.add_argument("--gpus", type=positive_int("--gpus"), default=1, help="data-parallel GPUs (per-GPU ledger)")
+    g.add_argument("--sharding", choices=("ddp", "zero2", "zero3", "fsdp"), default="zero3",
+                   help="how model state is split across --gpus (ZeRO-2/3, FSDP full shard, or replicated)")
 
 
 def plan_from_args(args: argparse.Namespace) -> Plan:

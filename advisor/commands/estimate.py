@@ -52,6 +52,10 @@ def run(args: argparse.Namespace) -> int:
         check_plan_against_model(model, plan)
         measure = get_backend(args.backend)
         report = measure(model, plan, gpu)
+        if args.gpus > 1:
+            from advisor.sharding import shard_report
+
+            report = shard_report(report, model, plan, args.gpus, args.sharding, gpu)
         result["plan"] = plan.to_dict()
         result["plan_short"] = plan.short()
     result.update(report.to_dict())
