@@ -55,12 +55,17 @@ class TuneSettings:
     probe_options: dict[str, Any] = field(default_factory=dict)
     heartbeat_seconds: int = 10
     """Heartbeat of running trials in a shared (non-SQLite) storage; stale after 3 missed beats."""
+    gpus: int = 1
+    """Data-parallel GPUs of the target run (the budget is per GPU)."""
+    sharding: str = "zero3"
+    """How model state is split across ``gpus`` (advisor.sharding)."""
 
     def describe(self) -> dict[str, Any]:
         return {"model": self.model.to_dict(), "gpu": self.gpu.to_dict(), "gpu_assumed": self.gpu_assumed,
                 "budget": {"bytes": self.budget.bytes, "text": self.budget.text, "unit": self.budget.unit},
                 "space": self.space.to_dict(), "backend": self.backend, "headroom": self.headroom,
-                "tolerance": self.tolerance, "seed": self.seed, "trials": self.trials, "versions": library_versions()}
+                "tolerance": self.tolerance, "seed": self.seed, "trials": self.trials, "gpus": self.gpus,
+                "sharding": self.sharding, "versions": library_versions()}
 
 
 def default_study_name(model: ModelSpec, budget: Budget, space: SearchSpace) -> str:
@@ -316,12 +321,16 @@ class Tuner:
                 return t
         return None
 
+    def _per_gpu(self, report, plan: Plan):
+        """The ledger of one GPU of the target run (sharded when it has several)."""
+        return _shard(self.s, report, plan)
+
     def _fits_by_estimate(self, params: dict[str, Any]) -> bool:
         plan = plan_from_params(params, self.s.space, self.s.model.arch or {})
         if plan.problems():
             return False
         try:
-            rep = estimate_training(self.s.model, plan, self.s.gpu)
+            rep = self._per_gpu(estimate_training(self.s.model, plan, self.s.gpu), plan)
         except AdvisorInputError:
             return False
         return fits(rep.peak_bytes, self.s.budget.bytes, self.s.headroom)
@@ -340,7 +349,7 @@ class Tuner:
             return {**rec, "reason": f"invalid: {e.rule}", "invalid": True}
 
         rec["stage"] = "estimate"
-        report = estimate_training(s.model, plan, s.gpu)
+        report = self._per_gpu(estimate_training(s.model, plan, s.gpu), plan)
         rec.update(_memory_fields(report))
         limit = s.budget.bytes * (1 - s.headroom)
         last_stage = s.backend == "estimate"
@@ -351,12 +360,12 @@ class Tuner:
             from advisor.backends import get_backend
 
             rec["stage"] = "simulate"
-            report = get_backend("simulate")(s.model, plan, s.gpu)
+            report = self._per_gpu(get_backend("simulate")(s.model, plan, s.gpu), plan)
             rec.update(_memory_fields(report))
             if not fits(report.peak_bytes, s.budget.bytes, s.headroom):
                 return {**rec, "reason": f"simulated peak {fmt(report.peak_bytes)} leaves less than "
                                          f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
-        tps = predict_throughput(s.model, plan, s.gpu)
+        tps = predict_throughput(s.model, plan, s.gpu, s.gpus, s.sharding)
         rec.update(tokens_per_s=tps.tokens_per_s, tokens_per_s_source="predicted")
         rec.update(accuracy_loss=accuracy_prior(plan), accuracy_source="prior")
         if s.backend in ("cpu", "cuda"):
@@ -378,6 +387,14 @@ class Tuner:
                 return {**rec, "reason": f"measured peak {fmt(report.peak_bytes)} leaves less than "
                                          f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
         return rec
+
+
+def _shard(settings: TuneSettings, report, plan: Plan):
+    if settings.gpus == 1:
+        return report
+    from advisor.sharding import shard_report
+
+    return shard_report(report, settings.model, plan, settings.gpus, settings.sharding, settings.gpu)
 
 
 def _memory_fields(report) -> dict[str, Any]:
@@ -413,7 +430,7 @@ def smallest_plan_report(settings: TuneSettings):
         if plan.problems():
             continue
         try:
-            rep = estimate_training(settings.model, plan, settings.gpu)
+            rep = _shard(settings, estimate_training(settings.model, plan, settings.gpu), plan)
         except AdvisorInputError:
             continue
         if best is None or rep.peak_bytes < best[1].peak_bytes:
@@ -461,4 +478,5 @@ def settings_from_study(storage_url: str, study_name: str, backend: str | None =
     return TuneSettings(model=model, space=space, budget=Budget(b["bytes"], b["unit"], b["text"]),
                         gpu=GpuSpec(**d["gpu"]), gpu_assumed=d["gpu_assumed"], backend=backend or d["backend"],
                         storage=storage_url, study_name=study_name, trials=d["trials"], headroom=d["headroom"],
-                        tolerance=d["tolerance"], seed=d["seed"], heartbeat_seconds=heartbeat_seconds)
+                        tolerance=d["tolerance"], seed=d["seed"], heartbeat_seconds=heartbeat_seconds,
+                        gpus=d.get("gpus", 1), sharding=d.get("sharding", "zero3"))

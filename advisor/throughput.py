@@ -24,6 +24,7 @@ class ThroughputPrediction:
     optimizer_seconds: float
     offload_seconds: float
     gpu: str
+    comm_seconds: float = 0.0
     source: str = "predicted"
 
     def to_dict(self) -> dict:
@@ -47,7 +48,9 @@ def step_flops(model: ModelSpec, plan: Plan) -> float:
     return fwd + bwd_input + bwd_weight + adapters + recompute
 
 
-def predict_throughput(model: ModelSpec, plan: Plan, gpu: GpuSpec) -> ThroughputPrediction:
+def predict_throughput(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1,
+                       sharding: str = "ddp") -> ThroughputPrediction:
+    """Tokens per second of the whole job (all ``gpus`` data-parallel replicas)."""
     a = _load_data("throughput.yaml")
     peak_tflops = (gpu.bf16_tflops if plan.activation_dtype == "bf16" and gpu.bf16 else gpu.fp16_tflops)
     if plan.activation_dtype == "fp32":
@@ -77,8 +80,16 @@ def predict_throughput(model: ModelSpec, plan: Plan, gpu: GpuSpec) -> Throughput
         optimizer = 0.0
         if plan.offload == "zero3_cpu":
             offload += passes * model.params_total * weight_b / link  # parameters gathered from the host each pass
-    step = max(compute, memory) + dequant + optimizer + offload
+    comm = 0.0
+    if gpus > 1:
+        from advisor.sharding import comm_bytes_per_step, interconnect_gbs
+
+        # collectives not overlapped with compute (a conservative bound; ZeRO §7.2 volumes)
+        comm = comm_bytes_per_step(model, plan, gpus, sharding) / (interconnect_gbs(gpu) * 1e9 * a["host_link_efficiency"])
+        if sharding in ("zero2", "zero3", "fsdp"):
+            optimizer /= gpus  # each GPU updates its shard
+    step = max(compute, memory) + dequant + optimizer + offload + comm
     return ThroughputPrediction(
-        tokens_per_s=plan.tokens_per_step / step, step_seconds=step, flops_per_step=flops, compute_seconds=compute,
-        memory_seconds=memory, dequant_seconds=dequant, optimizer_seconds=optimizer, offload_seconds=offload,
-        gpu=gpu.name)
+        tokens_per_s=gpus * plan.tokens_per_step / step, step_seconds=step, flops_per_step=flops,
+        compute_seconds=compute, memory_seconds=memory, dequant_seconds=dequant, optimizer_seconds=optimizer,
+        offload_seconds=offload, gpu=gpu.name, comm_seconds=comm)

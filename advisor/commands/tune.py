@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from advisor.commands.common import number, positive_int
+from advisor.commands.common import add_gpus_flags, number, positive_int
 
 
 def add_parser(subs) -> None:
@@ -36,6 +36,7 @@ def add_parser(subs) -> None:
     p.add_argument("--export", metavar="DIR", help="write the winner's configs (advisor.yaml, DeepSpeed, train.py...)")
     p.add_argument("--probe-steps", type=positive_int("--probe-steps"), default=3, help="measured steps per probe")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    add_gpus_flags(p)
     p.add_argument("--tui", action="store_true", help="run the study inside the Textual app")
     p.add_argument("--task", choices=("train", "inference"), default="train",
                    help="train: fine-tuning plans; inference: serving plans (vLLM / transformers exports)")
@@ -77,7 +78,8 @@ def build_settings(args: argparse.Namespace):
     return TuneSettings(model=model, space=space, budget=budget, gpu=gpu, gpu_assumed=assumed, backend=backend,
                         storage=storage, study_name=name, trials=args.trials or space.trials,
                         headroom=args.headroom, tolerance=args.accuracy_tolerance, seed=args.seed,
-                        probe_options={"steps": args.probe_steps}, heartbeat_seconds=args.heartbeat)
+                        probe_options={"steps": args.probe_steps}, heartbeat_seconds=args.heartbeat,
+                        gpus=args.gpus, sharding=args.sharding)
 
 
 def check_budget_reachable(settings) -> None:

@@ -1,0 +1,56 @@
+"""Plans for several GPUs: per-GPU ledger under ZeRO-2/3/FSDP and the communication volume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from advisor.analytic import estimate_training
+from advisor.catalog import resolve_model
+from advisor.cli import main
+from advisor.errors import AdvisorInputError
+from advisor.plan import Plan
+from advisor.sharding import comm_bytes_per_step, shard_report
+
+FULL = Plan(method="full", gradient_checkpointing=True)
+
+
+def test_sharding_divides_model_state_not_activations():
+    spec = resolve_model("qwen7b")
+    one = estimate_training(spec, FULL)
+    ddp, z2, z3 = (shard_report(one, spec, FULL, 8, s) for s in ("ddp", "zero2", "zero3"))
+    assert ddp.peak_bytes == one.peak_bytes
+    assert z2.device["optimizer_states"] == one.device["optimizer_states"] // 8
+    assert z2.device["gradients"] == one.device["gradients"] // 8
+    assert z2.device["weights"] == one.device["weights"]
+    assert z3.device["weights"] < one.device["weights"] / 2
+    assert z2.device["activations"] == one.device["activations"]
+    assert z3.peak_bytes < z2.peak_bytes < ddp.peak_bytes
+
+
+def test_zero3_moves_half_again_as_much_as_zero2():
+    spec = resolve_model("llama8b")
+    z2 = comm_bytes_per_step(spec, FULL, 4, "zero2")
+    z3 = comm_bytes_per_step(spec, FULL, 4, "zero3")
+    assert z3 == pytest.approx(1.5 * z2, rel=1e-6)  # ZeRO §7.2: 3Ψ vs 2Ψ
+    assert comm_bytes_per_step(spec, FULL, 1, "zero3") == 0
+
+
+def test_bad_gpus():
+    spec = resolve_model("qwen7b")
+    with pytest.raises(AdvisorInputError, match="--sharding"):
+        shard_report(estimate_training(spec, FULL), spec, FULL, 2, "zero9")
+
+
+def test_cli_estimate_and_tune_with_gpus(capsys, tmp_path):
+    assert main(["estimate", "--model", "qwen7b", "--method", "full", "--gpus", "8", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["extra"]["gpus"] == 8 and d["extra"]["sharding"] == "zero3" and d["extra"]["comm_bytes_per_step"] > 0
+    code = main(["tune", "--gpu-budget", "80GB", "--model", "qwen7b", "--backend", "estimate", "--gpus", "8",
+                 "--trials", "8", "--json", "--reports-dir", str(tmp_path)])
+    t = json.loads(capsys.readouterr().out)
+    assert code == 0 and t["best"]["peak_bytes"] <= 80 * 2**30
+    # the full fine-tune that one 80 GB GPU cannot hold fits when 8 GPUs shard it
+    full = [x for x in t["trials"] if x["plan"]["method"] == "full" and x["ladder"].startswith("0")]
+    assert full and full[0]["state"] == "complete"
