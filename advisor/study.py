@@ -371,18 +371,24 @@ class Tuner:
         if s.backend in ("cpu", "cuda"):
             from advisor.backends import get_backend
 
+            from advisor.probe._backend import ProbeFailed
+
             rec["stage"] = "probe"
-            report = get_backend(s.backend)(s.model, plan, s.gpu, budget_bytes=s.budget.bytes, **s.probe_options)
-            status = report.extra.get("status", "ok")
-            if status != "ok":
-                return {**rec, "reason": f"probe {status}: {report.extra.get('message', '')}".strip()}
+            options = dict(s.probe_options)
+            if s.backend == "cuda":
+                # the budget enforced for real: torch.cuda.set_per_process_memory_fraction in the child
+                options.setdefault("memory_limit_bytes", s.budget.bytes)
+            try:
+                report = self._per_gpu(get_backend(s.backend)(s.model, plan, s.gpu, **options), plan)
+            except ProbeFailed as e:
+                return {**rec, "reason": f"probe {e.result.status}: {e.result.message}"[:300]}
             rec.update(_memory_fields(report))
             if report.extra.get("tokens_per_s"):
-                rec.update(tokens_per_s=float(report.extra["tokens_per_s"]), tokens_per_s_source="measured")
+                rec.update(tokens_per_s=float(report.extra["tokens_per_s"]) * s.gpus, tokens_per_s_source="measured")
             if report.extra.get("losses"):
                 rec["losses"] = [float(x) for x in report.extra["losses"]]
-            if report.extra.get("eval_kl") is not None:
-                rec.update(accuracy_loss=float(report.extra["eval_kl"]), accuracy_source="measured")
+            if report.extra.get("fidelity_kl") is not None:
+                rec.update(accuracy_loss=float(report.extra["fidelity_kl"]), accuracy_source="measured")
             if s.backend == "cuda" and not fits(report.peak_bytes, s.budget.bytes, s.headroom):
                 return {**rec, "reason": f"measured peak {fmt(report.peak_bytes)} leaves less than "
                                          f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}

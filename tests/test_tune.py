@@ -117,3 +117,21 @@ def test_other_study_settings_refused_without_losing_the_study(tmp_path, capsys)
     assert "another space" in capsys.readouterr().err
     _, again = tune(tmp_path, capsys, "--trials", "5", "--study", "mine")
     assert again["n_trials"] == 5
+
+
+@pytest.mark.slow
+def test_cpu_backend_runs_real_probes_on_a_tiny_model(tmp_path, capsys):
+    model = tmp_path / "tiny"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "tie_word_embeddings": True,
+        "max_position_embeddings": 4096}))
+    code = main(["tune", "--gpu-budget", "1GB", "--model", str(model), "--backend", "cpu", "--trials", "3",
+                 "--probe-steps", "1", "--json", "--reports-dir", str(tmp_path / "reports"), "seq_len=64",
+                 "micro_batch=[1,2]"])
+    d = json.loads(capsys.readouterr().out)
+    assert code == 0 and d["n_trials"] == 3 and d["backend"] == "cpu"
+    probed = [t for t in d["trials"] if t["state"] == "complete"]
+    assert probed and all(t["source"] == "measured" and t["tokens_per_s_source"] == "measured" for t in probed)
+    assert d["best"]["source"] == "measured" and d["best"]["peak_bytes"] < 2**30
