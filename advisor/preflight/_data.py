@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-
-from advisor.errors import AdvisorInputError
 
 CHARS_PER_TOKEN = 4.0  # rough English average for BPE vocabularies (OpenAI tokenizer guide); used without a tokenizer
 
@@ -20,29 +17,10 @@ class DataStats:
     """True when a real tokenizer counted the tokens; False for the characters/4 approximation."""
 
 
-def read_texts(path: str) -> list[str]:
-    p = Path(path)
-    if not p.is_file():
-        raise AdvisorInputError("--data", "no such file", path)
-    text = p.read_text(encoding="utf-8", errors="replace")
-    if p.suffix in (".jsonl", ".json"):
-        texts = []
-        for i, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                raise AdvisorInputError("--data", f"line {i} of {p} is not JSON", path, show_value=False) from None
-            if isinstance(row, dict):
-                value = row.get("text") or " ".join(str(v) for v in row.values() if isinstance(v, str))
-                texts.append(value)
-        return texts
-    return [t for t in text.split("\n\n") if t.strip()]
-
-
 def data_stats(path: str, tokenizer_dir: str | None) -> DataStats:
-    texts = read_texts(path)
+    from advisor.probe._data import read_documents  # the same reader the probe trains on
+
+    texts = read_documents(path)
     tok = _tokenizer(tokenizer_dir)
     if tok is not None:
         lengths = [len(ids) for ids in tok(texts, add_special_tokens=True)["input_ids"]] if texts else [0]
