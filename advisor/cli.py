@@ -17,6 +17,7 @@ from advisor.errors import AdvisorInputError
 # subcommand name -> module under advisor.commands (one line each; add yours here)
 COMMANDS = {
     "estimate": "estimate",
+    "probe": "probe",
     "tune": "tune",
     "worker": "worker",
     "report": "report",
