@@ -116,6 +116,28 @@ def _adafactor_elems(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
     return model.num_layers * per_layer + emb + head + model.hidden_size
 
 
+def optimizer_transient_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
+    """Temporaries of the optimizer step on top of parameters, gradients and states."""
+    tb = trainable_dtype_bytes(plan)
+    if plan.optimizer == "adamw_torch":
+        # foreach AdamW materialises sqrt(exp_avg_sq) for a whole parameter group
+        # (torch/optim/adamw.py _multi_tensor_adamw: torch._foreach_sqrt)
+        return pb.trainable * tb
+    if plan.optimizer == "adafactor":
+        # per parameter: grad.float(), p.float() (16-bit parameters only), update = grad**2 + eps and the
+        # new update from _approx_sq_grad alive together (transformers.optimization.Adafactor.step)
+        n_max = _largest_trainable(model, plan, pb)
+        return n_max * (8 + (8 if tb < 4 else 0))
+    return 0  # bitsandbytes updates in place; foreach SGD without momentum adds in place
+
+
+def _largest_trainable(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
+    shapes = model.linear_shapes()
+    if plan.peft:
+        return max(plan.lora_r * d for m in pb.lora_modules for d in shapes[m])
+    return max(model.embedding_params, max(i * o for i, o in shapes.values()))
+
+
 def layer_activation_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
     """Tensors one decoder layer saves for backward (no checkpointing)."""
     b, s = plan.micro_batch, plan.seq_len
@@ -127,9 +149,10 @@ def layer_activation_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> 
     arch = model.arch or {}
 
     def input_saved(module: str) -> bool:
-        # a linear saves its input when its weight needs a gradient (full), when bitsandbytes'
-        # MatMul4Bit/MatMul8bitLt keeps it (bitsandbytes/autograd/_functions.py), or for LoRA's A
-        return plan.method == "full" or plan.quantized or module in pb.lora_modules
+        # a frozen base linear saves its input only when its weight trains (full: aten linear backward) or
+        # for LLM.int8 (MatMul8bitLt keeps A); MatMul4Bit keeps only the packed weight and a frozen
+        # nn.Linear nothing (bitsandbytes/autograd/_functions.py); LoRA's own inputs are counted below
+        return plan.method == "full" or plan.quantization == "int8"
 
     saved = 0
     # RMSNorm: fp32 copy of the input and rsqrt saved by pow/mul (transformers LlamaRMSNorm.forward);
@@ -148,8 +171,8 @@ def layer_activation_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> 
         # eager keeps fp32 softmax and its bf16 copy, b x heads x s x s (transformers eager_attention_forward)
         # and repeat_kv's expanded k and v
         saved += (4 + p) * b * model.num_heads * s * s + p * T * 2 * (qd - kvd)
-    if input_saved("o_proj"):
-        saved += p * T * qd
+    # o_proj's input is the attention output itself (flash/sdpa return it so that transpose(1, 2) is
+    # contiguous: no copy), already counted above
     if any(input_saved(m) for m in mlp_in):
         saved += p * T * h
     # gated MLP: gate output (activation input), activation output and up output (the product's inputs)
@@ -178,8 +201,9 @@ def logits_bytes(model: ModelSpec, plan: Plan) -> tuple[int, int]:
     fwd = (p + 4 + 4) * TV
     if (model.arch or {}).get("logit_softcap"):
         fwd += 2 * p * TV  # tanh soft-capping: divided logits and tanh output (Gemma2ForCausalLM.forward)
-    # backward: saved log_softmax, its gradient (fp32) and the gradient cast back to the compute dtype
-    bwd = (4 + 4 + p) * TV
+    # backward peak: the saved fp32 log_softmax, nll_loss_backward's fp32 gradient and
+    # _log_softmax_backward_data's fp32 output, all alive at once (aten derivatives.yaml; traced)
+    bwd = (4 + 4 + 4) * TV
     return int(fwd), int(bwd)
 
 
@@ -218,14 +242,21 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
     L = model.num_layers
     T = plan.micro_batch * plan.seq_len
     h = model.hidden_size
-    final_norm = 4 * T * h + 4 * T
+    # final norm: fp32 input and rsqrt; its bf16 normalized input too when the norm weight trains
+    final_norm = 4 * T * h + 4 * T + (p * T * h if plan.method == "full" else 0)
     head_input = p * T * h if plan.method == "full" else 0
     if plan.gradient_checkpointing:
-        # HF checkpointing keeps each layer's input and recomputes one layer during its backward
-        # (Chen et al. 2016; transformers GradientCheckpointingLayer)
-        acts = L * p * T * h + layer_acts + final_norm + head_input
+        # HF checkpointing keeps each layer's input; one layer is recomputed at a time in backward,
+        # after the loss's backward (Chen et al. 2016; transformers GradientCheckpointingLayer)
+        acts = L * p * T * h + final_norm + head_input
+        recomputed = layer_acts
+        if plan.quantization == "int8":
+            # MatMul8bitLt keeps its input on ctx.tensors, not save_for_backward, so checkpointing cannot drop
+            # it: every layer keeps its linears' inputs (bitsandbytes/autograd/_functions.py MatMul8bitLt.forward)
+            acts += L * p * T * (2 * h + model.q_dim + model.intermediate_size)
     else:
         acts = L * layer_acts + final_norm + head_input
+        recomputed = 0
     logits_fwd, logits_bwd = logits_bytes(model, plan)
 
     # the largest dequantized weight of a 4/8-bit layer exists during its matmul (bitsandbytes dequantize_4bit)
@@ -234,18 +265,31 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
     # (torch/csrc/autograd/autocast_mode.cpp cached_cast); weights that do not train are cast each time
     autocast_cache = pb.linear * p if plan.precision.startswith("mixed") and plan.method == "full" else 0
     grads_held = grads if plan.grad_accum > 1 else 0
-    # foreach AdamW materialises sqrt(exp_avg_sq) for the whole group (torch/optim/adamw.py _multi_tensor_adamw)
-    opt_temp = pb.trainable * tb if plan.optimizer == "adamw_torch" and plan.offload == "none" else 0
+    opt_temp = optimizer_transient_bytes(model, plan, pb) if plan.offload == "none" else 0
     # backward of one layer: gradients of its largest activations (MLP intermediate and its input)
     layer_bwd_temp = 2 * p * T * model.intermediate_size + dequant
+    # full fine-tuning: embedding_dense_backward makes a vocab x hidden gradient, added into the tied /
+    # existing one at the end of backward (aten embedding_backward; traced)
+    emb_bwd_temp = model.embedding_params * DTYPE_BYTES[plan.param_dtype] if plan.method == "full" else 0
 
     phases = {
         "loss": dict(gradients=grads_held, activations=acts, transient=logits_fwd + autocast_cache),
         "backward": dict(gradients=grads_held, activations=acts, transient=logits_bwd + autocast_cache),
-        "backward-end": dict(gradients=grads, activations=layer_acts if not plan.gradient_checkpointing else 0,
-                             transient=layer_bwd_temp + autocast_cache),
+        "backward-end": dict(gradients=grads, activations=(p * T * h + recomputed) if plan.gradient_checkpointing
+                             else layer_acts, transient=layer_bwd_temp + autocast_cache),
+        # after the first layer's backward: the embedding's gradient, no activations left
+        "backward-embedding": dict(gradients=grads, activations=0, transient=emb_bwd_temp + autocast_cache),
         "optimizer": dict(gradients=grads, activations=0, transient=opt_temp),
     }
+    if plan.gradient_checkpointing:
+        # the last layer is recomputed first, while every layer's input is still held and before most
+        # gradients exist; each layer input is released after its backward (torch.utils.checkpoint)
+        phases["backward-recompute"] = dict(gradients=grads_held, activations=L * p * T * h + recomputed,
+                                            transient=layer_bwd_temp + autocast_cache)
+    else:
+        # the last layer's backward, every layer's activations still held (the logits are gone by then)
+        phases["backward-layers"] = dict(gradients=grads_held, activations=acts,
+                                         transient=layer_bwd_temp + autocast_cache)
     peak_phase, at_peak = max(phases.items(), key=lambda kv: sum(kv[1].values()))
 
     device = empty()

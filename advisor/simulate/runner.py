@@ -23,6 +23,7 @@ from advisor.ledger import CATEGORIES
 from advisor.plan import Plan
 
 PHASES = ("forward", "backward", "optimizer")
+LARGEST = 16  # storages listed in PhasePeak.largest
 
 
 @dataclass
@@ -32,6 +33,8 @@ class PhasePeak:
     phase: str
     bytes: int
     ledger: dict[str, int]
+    largest: list = field(default_factory=list)
+    """The largest live storages at the peak: (bytes, category, op that made it, phase it was made in)."""
 
 
 @dataclass
@@ -181,9 +184,12 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
         phases = {}
         for phase, (nbytes, clock) in phase_peaks.items():
             ledger = {c: 0 for c in CATEGORIES}
-            for rec in tracker.live_at(clock):
+            live = tracker.live_at(clock)
+            for rec in live:
                 ledger[groups.get(rec.uid, "transient")] += rec.nbytes
-            phases[phase] = PhasePeak(phase, nbytes, ledger)
+            largest = sorted(((r.nbytes, groups.get(r.uid, "transient"), r.op, r.phase) for r in live
+                              if groups.get(r.uid) not in ("weights", "quant_constants")), reverse=True)[:LARGEST]
+            phases[phase] = PhasePeak(phase, nbytes, ledger, largest)
         notes = list(setup.notes)
         layers = len(_decoder_layers(setup.model))
     top = max(phases.values(), key=lambda p: p.bytes)

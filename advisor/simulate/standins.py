@@ -147,6 +147,11 @@ def quantize_model(model, spec: ModelSpec, plan: Plan, *, device: str, impl: str
     from advisor.build import is_fake, torch_dtype
 
     Standin4, Standin8 = _classes()
+    if plan.quantization == "int8":
+        import logging
+
+        # MatMul8bitLt warns on every call that bf16 inputs are cast to fp16 (the cast is counted, the line is noise)
+        logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
     compute = torch_dtype(plan.compute_dtype)
     fake = is_fake(next(iter(model.parameters())))
     for name in quantized_linear_names(model, spec):

@@ -31,6 +31,8 @@ class Record:
     born: int
     phase: str
     died: int | None = None
+    op: str = ""
+    """The op that allocated it (for explaining a peak)."""
 
 
 @dataclass
@@ -81,7 +83,7 @@ def _make_mode_class():
                 rec.died = self._tick()
                 self.live_bytes -= rec.nbytes
 
-        def track(self, t) -> None:
+        def track(self, t, op: str = "") -> None:
             """Record ``t``'s storage if it is new (also used for tensors made outside the mode)."""
             if not isinstance(t, torch.Tensor) or t.device.type == "meta":
                 return
@@ -90,6 +92,7 @@ def _make_mode_class():
             if key in self.by_id and self._refs[key]() is st:
                 return
             rec = self._alloc(st.nbytes())
+            rec.op = op
             self.by_id[key] = rec
 
             def released(_ref, key=key, rec=rec, self_ref=weakref.ref(self)):
@@ -121,14 +124,17 @@ def _make_mode_class():
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            phantom = self.phantoms.get(str(func.name())) if not self.paused else None
+            name = func.name()
+            phantom = self.phantoms.get(name) if not self.paused else None
             extra = self._alloc(phantom(args, kwargs)) if phantom else None
+            if extra is not None:
+                extra.op = name + " (inside)"
             out = func(*args, **kwargs)
             if extra is not None:
                 self._free(extra)
             if not self.paused:
                 for t in tree_flatten(out)[0]:
-                    self.track(t)
+                    self.track(t, name)
             return out
 
     return LiveBytes
