@@ -21,10 +21,12 @@ def spec():
     return tiny_spec("qwen2", num_layers=2, vocab_size=512)
 
 
+# LoRA dropout 0: the CPU's F.dropout saves noise in the input's dtype where CUDA saves a bool mask, and
+# the simulation reproduces CUDA (advisor.simulate.runner.cuda_semantics); without dropout both are the same
 PLANS = {
     "full": Plan(method="full", seq_len=SEQ, micro_batch=2),
-    "lora": Plan(method="lora", seq_len=SEQ, grad_accum=2),
-    "qlora": Plan(method="qlora", quantization="nf4", seq_len=SEQ, gradient_checkpointing=True),
+    "lora": Plan(method="lora", seq_len=SEQ, grad_accum=2, lora_dropout=0.0),
+    "qlora": Plan(method="qlora", quantization="nf4", seq_len=SEQ, gradient_checkpointing=True, lora_dropout=0.0),
 }
 
 
@@ -51,6 +53,12 @@ def test_real_probe_runs_and_measures(spec, name):
     assert r.peak_reserved_bytes is None and r.nvml_peak_bytes is None and r.gpu_name is None
     assert r.fidelity_kl is None and any("random weights" in n for n in r.notes)
     assert ProbeResult.from_json(r.to_json()) == r
+    from advisor.backends import available, get_backend
+
+    if "simulate" in available():  # the same step traced under FakeTensorMode: the same peak within 2%
+        sim = get_backend("simulate")(spec, plan, None)
+        assert r.peak_allocated_bytes == pytest.approx(sim.tensor_peak_bytes, rel=0.02)
+        assert r.peak_phase == sim.peak_phase
 
 
 def test_probe_trains_on_a_jsonl_file_with_the_byte_fallback(spec, tmp_path):

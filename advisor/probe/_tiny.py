@@ -5,7 +5,7 @@ learned something (here: English byte statistics of probes/train/*.txt) does, so
 and eval loss mean something on it. It is written as a local model directory (config.json and
 safetensors weights, no tokenizer: the probe's byte-level fallback tokenizes for it, one byte one
 id, vocabulary 256) that ``advisor probe --model DIR --weights DIR`` and the tests can use.
-Training is seeded with a fixed step count (the same machine gives the same weights); the result is cached in
+Training is seeded, on one thread, with a fixed step count (the same machine gives the same weights); the result is cached in
 the temp directory under a key of the texts and settings, so a test session trains it once.
 """
 
@@ -24,7 +24,7 @@ TINY_CONFIG = {
     "rms_norm_eps": 1e-6, "hidden_act": "silu", "tie_word_embeddings": False, "rope_theta": 10000.0,
     "bos_token_id": 0, "eos_token_id": 0,
 }
-TRAIN = {"steps": 150, "seq_len": 128, "batch": 16, "lr": 3e-3, "seed": 0}
+TRAIN = {"steps": 150, "seq_len": 128, "batch": 8, "lr": 3e-3, "seed": 0}
 
 
 def _key(texts: list[Path], config: dict, train: dict) -> str:
@@ -50,6 +50,8 @@ def train_tiny_model(out_dir: str | Path, *, config: dict | None = None, train: 
     for p in texts:
         stream += list(p.read_text(encoding="utf-8").encode("utf-8")) + [BYTE_EOS]
     data = torch.tensor(stream, dtype=torch.long)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a model this small trains faster on one thread, and reproducibly
     torch.manual_seed(train["seed"])
     model = AutoModelForCausalLM.from_config(build_hf_config(config), dtype=torch.float32)
     opt = torch.optim.AdamW(model.parameters(), lr=train["lr"], weight_decay=0.0)
@@ -65,6 +67,7 @@ def train_tiny_model(out_dir: str | Path, *, config: dict | None = None, train: 
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
+    torch.set_num_threads(threads)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)

@@ -102,10 +102,13 @@ def run(req: ProbeRequest, events: Events) -> dict[str, Any]:
     device = req.device
     notes: list[str] = []
     out: dict[str, Any] = {"versions": versions(), "notes": notes, "gpu_name": None}
+    cuda_mem = None
     if device == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError("device cuda asked for, but torch sees no CUDA GPU (torch.cuda.is_available() is False)")
+        cuda_mem = _memory.CudaMemory(0)  # before CUDA creates its context: NVML's baseline is the GPU without us
         out["gpu_name"] = torch.cuda.get_device_name(0)
+        cuda_mem.start_sampler()
     torch.manual_seed(req.seed)
 
     events.emit("phase", phase="import")
@@ -124,13 +127,11 @@ def run(req: ProbeRequest, events: Events) -> dict[str, Any]:
         events.emit("phase", phase="reference")
         eval_ids = _data.eval_ids(list(req.eval_texts), req.weights_dir, spec.vocab_size, req.max_eval_tokens)
         ref = _fidelity.reference_logprobs(req.weights_dir, eval_ids, window, device)
+        if cuda_mem is not None:
+            cuda_mem.nvml_peak = 0  # the reference model is gone (empty_cache): it is not the plan's memory
     elif not req.weights_dir:
         notes.append("random weights: eval fidelity and eval loss not measured")
 
-    cuda_mem = None
-    if device == "cuda":
-        cuda_mem = _memory.CudaMemory(0)
-        cuda_mem.start_sampler()
     if req.memory_limit_bytes:
         events.emit("phase", phase="limit")
         limits = (_limits.limit_cuda(req.memory_limit_bytes, cuda_mem) if device == "cuda"
@@ -149,7 +150,9 @@ def run(req: ProbeRequest, events: Events) -> dict[str, Any]:
         if tracker is not None:
             return {"peak": tracker.peak, "reserved": None, "nvml": None, "phase": tracker.peak_phase}
         _sync(device)
-        return {"peak": cuda_mem.peak_allocated(), "reserved": cuda_mem.peak_reserved(), "nvml": cuda_mem.sample()}
+        cuda_mem.sample()
+        return {"peak": cuda_mem.peak_allocated(), "reserved": cuda_mem.peak_reserved(),
+                "nvml": cuda_mem.nvml_peak or None}  # the sampler's running maximum
 
     if tracker is not None:
         tracker.__enter__()
