@@ -35,6 +35,7 @@ class TrialRecord:
     seconds: float = 0.0
     ladder: str = ""               # the ladder rung that proposed it, if any
     losses: list[float] = field(default_factory=list)
+    duplicate_of: int | None = None  # a repeat proposal, answered from this earlier trial
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,7 +83,8 @@ def pareto_front(records: list[TrialRecord]) -> list[TrialRecord]:
 def select(records: list[TrialRecord], budget_bytes: int, headroom: float, tolerance: float,
            unit: str = "GiB") -> Selection:
     """Highest throughput among feasible trials within the accuracy tolerance; ties → more headroom."""
-    done = [t for t in records if t.state == "complete" and t.peak_bytes is not None and t.tokens_per_s]
+    done = [t for t in records if t.state == "complete" and t.peak_bytes is not None and t.tokens_per_s
+            and t.duplicate_of is None]
     feasible = [t for t in done if fits(t.peak_bytes, budget_bytes, headroom)]
     accurate = [t for t in feasible if (t.accuracy_loss or 0.0) <= tolerance]
     ranked = sorted(accurate, key=lambda t: -(t.tokens_per_s or 0))
@@ -90,7 +92,8 @@ def select(records: list[TrialRecord], budget_bytes: int, headroom: float, toler
     if ranked:
         top = ranked[0].tokens_per_s
         ties = [t for t in ranked if t.tokens_per_s >= top * (1 - TIE)]
-        best = min(ties, key=lambda t: t.peak_bytes)
+        # ties: CPU offload only as the last resort (the seeds' priority order), then more headroom
+        best = min(ties, key=lambda t: (t.plan.get("offload", "none") != "none", t.peak_bytes))
     runner_up = next((t for t in ranked if best and t.plan_short != best.plan_short), None)
     pareto = pareto_front(feasible)
     return Selection(best, runner_up, feasible, pareto,

@@ -29,10 +29,11 @@ from advisor.space import SearchSpace, plan_from_params
 from advisor.storage import Heartbeat, is_sqlite, make_storage, study_lock
 from advisor.throughput import predict_throughput
 from advisor.units import Budget, format_bytes
-from advisor.versions import library_versions
+from advisor.versions import gpu_environment, library_versions
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
-PRESCREEN_MARGIN = 0.10  # an estimate this far over the budget is pruned without simulating (the ledger is within 5%)
+PRESCREEN_MARGIN = 0.10
+EXHAUSTED_AFTER = 50  # consecutive repeat proposals after which the space counts as used up  # an estimate this far over the budget is pruned without simulating (the ledger is within 5%)
 FINISHED = ("COMPLETE", "PRUNED")
 
 
@@ -65,7 +66,7 @@ class TuneSettings:
                 "budget": {"bytes": self.budget.bytes, "text": self.budget.text, "unit": self.budget.unit},
                 "space": self.space.to_dict(), "backend": self.backend, "headroom": self.headroom,
                 "tolerance": self.tolerance, "seed": self.seed, "trials": self.trials, "gpus": self.gpus,
-                "sharding": self.sharding, "versions": library_versions()}
+                "sharding": self.sharding, "versions": library_versions(), "environment": gpu_environment()}
 
 
 def default_study_name(model: ModelSpec, budget: Budget, space: SearchSpace) -> str:
@@ -108,7 +109,9 @@ def record_from_trial(trial) -> TrialRecord:
     data.setdefault("plan_short", "")
     data.pop("number", None)
     data.pop("state", None)
-    return TrialRecord(number=trial.number, state=state, **data)
+    data.setdefault("duplicate_of", trial.user_attrs.get("duplicate_of"))
+    known = set(TrialRecord.__dataclass_fields__)
+    return TrialRecord(number=trial.number, state=state, **{k: v for k, v in data.items() if k in known})
 
 
 class Tuner:
@@ -180,7 +183,16 @@ class Tuner:
         self.study.set_user_attr("retried", sorted(retried))
 
     def finished_count(self) -> int:
-        return sum(1 for t in self.study.get_trials(deepcopy=False) if t.state.name in FINISHED)
+        """Finished trials that evaluated a plan of their own (a repeat proposal is answered from the
+        first and does not count: it cost nothing)."""
+        return sum(1 for t in self.study.get_trials(deepcopy=False)
+                   if t.state.name in FINISHED and "duplicate_of" not in t.user_attrs)
+
+    def _exhausted(self, trials) -> bool:
+        """The sampler keeps proposing plans already evaluated: the space is (nearly) used up."""
+        done = sorted((t for t in trials if t.state.name in FINISHED), key=lambda t: t.number)
+        tail = done[-EXHAUSTED_AFTER:]
+        return len(tail) == EXHAUSTED_AFTER and all("duplicate_of" in t.user_attrs for t in tail)
 
     # -- running -------------------------------------------------------------
 
@@ -217,9 +229,10 @@ class Tuner:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # experimental API; "heartbeat is meant for optimize()"
                     fail_stale_trials(self.study)  # dead workers' trials: failed and enqueued again
-            states = [t.state for t in self.study.get_trials(deepcopy=False)]
-            busy = sum(1 for st in states if st.name in FINISHED or st == TrialState.RUNNING)
-            if busy >= self.s.trials:
+            trials = self.study.get_trials(deepcopy=False)
+            busy = sum(1 for t in trials if t.state == TrialState.RUNNING
+                       or (t.state.name in FINISHED and "duplicate_of" not in t.user_attrs))
+            if busy >= self.s.trials or self._exhausted(trials):
                 return None
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # heartbeats are recorded by advisor.storage.Heartbeat
@@ -288,10 +301,12 @@ class Tuner:
         self.on_event(TrialStarted(trial.number, plan.short()))
         previous = self._finished_with(key, trial.number)
         if previous is not None:
+            trial.set_user_attr("duplicate_of", previous.number)
             rec = dict(previous.user_attrs["record"], reason=previous.user_attrs["record"].get("reason", ""))
             rec["ladder"] = trial.user_attrs.get("ladder", "")
             rec["seconds"] = 0.0
             rec["reason"] = (rec["reason"] + f" (same plan as #{previous.number})").strip()
+            rec["duplicate_of"] = previous.number
             return self._finish(trial, rec, pruned=previous.state.name == "PRUNED", values=previous.values)
         rec = self._evaluate(plan, trial.user_attrs.get("ladder", ""))
         rec["seconds"] = time.perf_counter() - start
@@ -317,7 +332,7 @@ class Tuner:
     def _finished_with(self, key: str, number: int):
         for t in self.study.get_trials(deepcopy=False):
             if t.number != number and t.state.name in FINISHED and t.user_attrs.get("plan_key") == key \
-                    and "record" in t.user_attrs:
+                    and "record" in t.user_attrs and "duplicate_of" not in t.user_attrs:
                 return t
         return None
 

@@ -15,3 +15,29 @@ def library_versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             out[name] = None
     return out
+
+
+def gpu_environment() -> dict[str, str | None]:
+    """NVIDIA driver (NVML) and the CUDA version torch was built with, where there are any."""
+    env: dict[str, str | None] = {"driver": None, "cuda": None, "python": None}
+    import platform
+
+    env["python"] = platform.python_version()
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            drv = pynvml.nvmlSystemGetDriverVersion()
+            env["driver"] = drv.decode() if isinstance(drv, bytes) else drv
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVIDIA driver
+        pass
+    try:
+        import torch
+
+        env["cuda"] = torch.version.cuda
+    except ImportError:
+        pass
+    return env
