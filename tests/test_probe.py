@@ -114,3 +114,16 @@ def test_shipped_texts_exist_and_differ():
     assert len(train) >= 3 and len(ev) >= 3
     assert sum(p.stat().st_size for p in ev) > 2000
     assert not {p.read_text() for p in train} & {p.read_text() for p in ev}
+
+
+def test_the_model_directorys_tokenizer_is_used_when_present(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<eos>": 0, "[UNK]": 1, "the": 2, "river": 3, "rises": 4}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>", unk_token="[UNK]").save_pretrained(tmp_path)
+    tok = _data.load_tokenizer(str(tmp_path), 512)
+    assert tok.kind == "model" and tok.eos_id == 0
+    assert _data.token_stream(["the river rises", "the sea"], tok) == [2, 3, 4, 0, 2, 1, 0]
