@@ -36,6 +36,7 @@ class TrialRecord:
     ladder: str = ""               # the ladder rung that proposed it, if any
     losses: list[float] = field(default_factory=list)
     duplicate_of: int | None = None  # a repeat proposal, answered from this earlier trial
+    note: str = ""                 # e.g. why a later stage was skipped
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -24,7 +24,7 @@ from advisor.catalog import GpuSpec, ModelSpec
 from advisor.errors import AdvisorInputError
 from advisor.ladder import ladder, quant_param_name
 from advisor.plan import Plan, lora_target_modules
-from advisor.select import Selection, TrialRecord, fits, select
+from advisor.select import TIE, Selection, TrialRecord, fits, select
 from advisor.space import SearchSpace, plan_from_params
 from advisor.storage import Heartbeat, is_sqlite, make_storage, study_lock
 from advisor.throughput import predict_throughput
@@ -336,6 +336,11 @@ class Tuner:
                 return t
         return None
 
+    def _incumbent(self) -> TrialRecord | None:
+        """The answer so far (simulated or measured trials only)."""
+        records = [r for r in self.records() if r.source != "estimated"]
+        return select(records, self.s.budget.bytes, self.s.headroom, self.s.tolerance).best
+
     def _per_gpu(self, report, plan: Plan):
         """The ledger of one GPU of the target run (sharded when it has several)."""
         return _shard(self.s, report, plan)
@@ -371,6 +376,21 @@ class Tuner:
         if report.peak_bytes > (limit if last_stage else s.budget.bytes * (1 + PRESCREEN_MARGIN)):
             return {**rec, "reason": f"estimated peak {fmt(report.peak_bytes)} over the budget "
                                      f"{fmt(s.budget.bytes)}{' less headroom' if last_stage else ''}"}
+        tps = predict_throughput(s.model, plan, s.gpu, s.gpus, s.sharding)
+        prediction = dict(tokens_per_s=tps.tokens_per_s, tokens_per_s_source="predicted",
+                          accuracy_loss=accuracy_prior(plan), accuracy_source="prior")
+        if s.backend == "simulate":
+            incumbent = self._incumbent()
+            if incumbent is not None and tps.tokens_per_s < incumbent.tokens_per_s * (1 - TIE):
+                # cannot become the answer: the estimate (within a few % of the simulation) decides,
+                # and the seconds of a simulation go to plans that could win
+                rec.update(prediction)
+                if report.peak_bytes > limit:
+                    return {**rec, "reason": f"estimated peak {fmt(report.peak_bytes)} leaves less than "
+                                             f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
+                rec["note"] = (f"not simulated: predicted {tps.tokens_per_s:,.0f} tokens/s cannot beat "
+                               f"#{incumbent.number} ({incumbent.tokens_per_s:,.0f})")
+                return rec
         if s.backend in ("simulate", "cpu", "cuda"):
             from advisor.backends import get_backend
 
@@ -380,9 +400,7 @@ class Tuner:
             if not fits(report.peak_bytes, s.budget.bytes, s.headroom):
                 return {**rec, "reason": f"simulated peak {fmt(report.peak_bytes)} leaves less than "
                                          f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
-        tps = predict_throughput(s.model, plan, s.gpu, s.gpus, s.sharding)
-        rec.update(tokens_per_s=tps.tokens_per_s, tokens_per_s_source="predicted")
-        rec.update(accuracy_loss=accuracy_prior(plan), accuracy_source="prior")
+        rec.update(prediction)
         if s.backend in ("cpu", "cuda"):
             from advisor.backends import get_backend
 
