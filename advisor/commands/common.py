@@ -10,16 +10,21 @@ from advisor.plan import (ATTENTION, DTYPES, METHODS, OFFLOADS, OPTIMIZERS, PREC
                           default_quantization, normalize_targets)
 
 
-def positive_int(flag: str):
+def whole_number(flag: str, minimum: int = 1):
+    """argparse type: an int of at least ``minimum`` (argparse names the flag in its message)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a whole number (got {text!r})") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"must be at least 1 (got {text!r})")
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum} (got {text!r})")
         return value
     return parse
+
+
+def positive_int(flag: str):
+    return whole_number(flag, 1)
 
 
 def number(flag: str, low: float | None = None, low_inclusive: bool = False, high: float | None = None):

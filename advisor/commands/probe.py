@@ -5,17 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from advisor.commands.common import add_model_flags, add_plan_flags, number, positive_int
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number (got {text!r})") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0 (got {text!r})")
-    return value
+from advisor.commands.common import add_model_flags, add_plan_flags, number, positive_int, whole_number
 
 
 def add_parser(subs) -> None:
@@ -30,7 +20,7 @@ def add_parser(subs) -> None:
     g = p.add_argument_group("probe")
     g.add_argument("--device", choices=("cuda", "cpu"), help="where to run (default: cuda when a GPU is detected, else cpu)")
     g.add_argument("--steps", type=positive_int("--steps"), default=3, help="measured optimizer steps")
-    g.add_argument("--warmup", type=_non_negative_int, default=1, help="untimed warm-up optimizer steps")
+    g.add_argument("--warmup", type=whole_number("--warmup", 0), default=1, help="untimed warm-up optimizer steps")
     g.add_argument("--timeout", type=number("--timeout", low=0), default=300.0, help="seconds before the child is killed")
     g.add_argument("--data", help='JSONL (field "text") or text file to train on (default: synthetic token ids)')
     g.add_argument("--weights", metavar="DIR", help="load real weights from DIR (then eval fidelity is measured)")
