@@ -20,6 +20,7 @@ COMMANDS = {
     "probe": "probe",
     "tune": "tune",
     "worker": "worker",
+    "export": "export",
     "report": "report",
     "tui": "tui",
     "preflight": "preflight",

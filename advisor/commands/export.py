@@ -1,0 +1,63 @@
+"""`advisor export`: write a study's chosen plan (or any trial's) as configs other tools run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_parser(subs) -> None:
+    p = subs.add_parser("export", help="write a study's plan as advisor.yaml, train.py, DeepSpeed, axolotl, LLaMA-Factory",
+                        description="Export the plan the study chose (or --trial N) in the given formats.")
+    p.add_argument("study", nargs="?", metavar="STUDY", help="study folder (reports/<study>/), its study.db, or a name")
+    p.add_argument("--storage", help="Optuna storage URL instead of STUDY")
+    p.add_argument("--study", dest="study_name", metavar="NAME", help="study name inside the storage")
+    p.add_argument("--reports-dir", default="reports", help="where a bare STUDY name is looked up")
+    p.add_argument("--format", action="append", metavar="FORMAT",
+                   help="advisor, train, deepspeed, axolotl, llamafactory (repeat or comma-separate; default: all "
+                        "that can express the plan)")
+    p.add_argument("--trial", type=int, metavar="N", help="export trial N instead of the chosen plan")
+    p.add_argument("--out", metavar="DIR", help="output folder (default: <study folder>/export)")
+    p.add_argument("--json", action="store_true", help="print the written paths as one JSON object")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from advisor.catalog import GpuSpec, resolve_model
+    from advisor.errors import AdvisorInputError
+    from advisor.export import export_plan
+    from advisor.plan import Plan
+    from advisor.report import open_study, resolve_storage
+    from advisor.select import select
+
+    storage, folder = resolve_storage(args.study, args.storage, args.study_name, args.reports_dir)
+    snap = open_study(storage, args.study_name, folder)
+    st = snap.settings
+    if args.trial is not None:
+        chosen = next((r for r in snap.records if r.number == args.trial), None)
+        if chosen is None or chosen.state != "complete":
+            raise AdvisorInputError("--trial", "no complete trial with this number in the study", args.trial)
+    else:
+        chosen = select(snap.records, st["budget"]["bytes"], st["headroom"], st["tolerance"], st["budget"]["unit"]).best
+        if chosen is None:
+            raise AdvisorInputError("STUDY", "the study has no feasible plan to export yet", snap.name)
+    formats = [f.strip() for item in (args.format or []) for f in item.split(",") if f.strip()] or None
+    model = st["model"]
+    spec = resolve_model(model.get("path") or model["name"])
+    out = Path(args.out) if args.out else (folder or Path(args.reports_dir) / snap.name) / "export"
+    written = export_plan(spec, Plan.from_dict(chosen.plan), out, formats, gpu=GpuSpec(**st["gpu"]),
+                          extra={"peak_bytes": chosen.peak_bytes, "source": chosen.source,
+                                 "tokens_per_s": chosen.tokens_per_s, "study": snap.name, "trial": chosen.number})
+    paths = {k: str(v) for k, v in written.items()}
+    if args.json:
+        print(json.dumps({"trial": chosen.number, "plan": chosen.plan_short, "written": paths,
+                          "skipped": getattr(written, "skipped", {})}, indent=2))
+    else:
+        print(f"trial #{chosen.number}: {chosen.plan_short}")
+        for kind, path in paths.items():
+            print(f"  {kind:13} {path}")
+        for kind, why in getattr(written, "skipped", {}).items():
+            print(f"  {kind:13} skipped: {why}")
+    return 0
