@@ -79,4 +79,6 @@ def test_checkpointing_lowers_activations(name, plan):
     off = estimate_training(spec, plan.with_(gradient_checkpointing=False))
     on = estimate_training(spec, plan.with_(gradient_checkpointing=True))
     assert on.extra["saved_activations_bytes"] < off.extra["saved_activations_bytes"]
-    assert on.tensor_peak_bytes <= off.tensor_peak_bytes
+    # the peak itself can only grow by the one layer recomputed in backward (when gradients and
+    # optimizer states, not activations, set the peak)
+    assert on.tensor_peak_bytes <= off.tensor_peak_bytes + on.extra["activations_per_layer_bytes"]
