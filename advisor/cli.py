@@ -65,11 +65,26 @@ def _join_negative_values(argv: list[str]) -> list[str]:
     return out
 
 
+def _quiet_libraries() -> None:
+    """Keep library chatter out of the advisor's output (--debug shows it): bitsandbytes' optional
+    CPU-kernel notice, DeepSpeed's accelerator notice, deprecation warnings of transformers/peft."""
+    import logging
+    import warnings
+
+    for name in ("bitsandbytes", "DeepSpeed", "deepspeed", "transformers", "peft", "accelerate"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = _join_negative_values(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     args = parser.parse_args(argv)
     debug = args.debug or "--debug" in argv
+    if not debug:
+        _quiet_libraries()
     if not args.command:
         parser.print_help()
         return 2

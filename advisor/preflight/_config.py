@@ -47,8 +47,9 @@ def check_learning_rate(plan: Plan, training: dict[str, Any]) -> list[Finding]:
 
 
 def check_use_cache(plan: Plan, model_section: dict[str, Any], spec: ModelSpec) -> list[Finding]:
-    use_cache = model_section.get("use_cache", spec.config.get("use_cache", True))
-    if plan.gradient_checkpointing and use_cache:
+    """A config that asks for the KV cache while checkpointing (train.py, axolotl and LLaMA-Factory
+    turn it off themselves; only an explicit use_cache: true is worth a word)."""
+    if plan.gradient_checkpointing and model_section.get("use_cache") is True:
         return [Finding("config.use-cache", "info", "use_cache is on with gradient checkpointing",
                         "transformers turns it off with a warning; the KV cache is useless in training",
                         ("set model.config.use_cache = False",), "config")]
