@@ -337,7 +337,9 @@ class Tuner:
         return None
 
     def _incumbent(self) -> TrialRecord | None:
-        """The answer so far (simulated or measured trials only)."""
+        """The answer so far (simulated or measured trials only); None outside a study."""
+        if self.study is None:
+            return None
         records = [r for r in self.records() if r.source != "estimated"]
         return select(records, self.s.budget.bytes, self.s.headroom, self.s.tolerance).best
 
