@@ -115,5 +115,5 @@ def test_advisor_tui_opens_a_study_directory_by_name(tmp_path, monkeypatch):
 
     from advisor.errors import AdvisorInputError
 
-    with pytest.raises(AdvisorInputError, match="--study: no such study there"):
+    with pytest.raises(AdvisorInputError, match="--study: no such study in the storage"):
         resolve(args)
