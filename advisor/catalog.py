@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -202,13 +202,7 @@ def _spec_from_config(name: str, hf_id: str, config: dict, source: str, path: st
                                 show_value=False) from None
     if params_total is None:
         params_total = spec.count_params() if spec.arch else _count_params_meta(config, name, trust_remote_code)
-    return _replace(spec, params_total=params_total)
-
-
-def _replace(spec: ModelSpec, **changes: Any) -> ModelSpec:
-    from dataclasses import replace
-
-    return replace(spec, **changes)
+    return replace(spec, params_total=params_total)
 
 
 def _count_params_meta(config: dict, name: str, trust_remote_code: bool) -> int:
@@ -412,16 +406,10 @@ def detect_gpu(index: int = 0) -> GpuSpec | None:
         pynvml.nvmlShutdown()
     known = match_gpu_name(name)
     if known is not None:
-        return _replace_gpu(known, memory_bytes=total, detected=True, index=index)
+        return replace(known, memory_bytes=total, detected=True, index=index)
     return GpuSpec(key="detected", name=name, memory_bytes=total, bf16=True, bf16_tflops=None,
                    fp16_tflops=0.0, mem_bw_gbs=0.0, host_link_gbs=16.0,
                    source="NVML (not in the catalog: speed unknown)", detected=True, index=index)
-
-
-def _replace_gpu(gpu: GpuSpec, **changes: Any) -> GpuSpec:
-    from dataclasses import replace
-
-    return replace(gpu, **changes)
 
 
 def gpu_for_budget(budget_bytes: int) -> GpuSpec:

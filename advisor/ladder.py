@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from advisor.space import QUANT_FOR_METHOD, SearchSpace
+from advisor.space import SearchSpace
 
 
 def _pick(values: list, preferred: list) -> Any:
@@ -78,4 +78,4 @@ def quant_param_name(method: str) -> str:
     return f"quantization_{method}"
 
 
-__all__ = ["ladder", "quant_param_name", "QUANT_FOR_METHOD"]
+__all__ = ["ladder", "quant_param_name"]
