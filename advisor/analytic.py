@@ -237,7 +237,6 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
             weights = int(min(model.params_total, live) * DTYPE_BYTES[plan.param_dtype])
         notes.append("offload: optimizer states, fp32 masters and gradients in host memory")
 
-    static = weights + consts + adapters + states + masters
     layer_acts = layer_activation_bytes(model, plan, pb)
     L = model.num_layers
     T = plan.micro_batch * plan.seq_len

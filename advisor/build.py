@@ -158,7 +158,6 @@ def chunked_causal_lm_loss(model, input_ids, labels, chunk_tokens: int = CE_CHUN
     Same value as transformers' ``ForCausalLMLoss`` (labels shifted by one, fp32 logits, mean over
     the tokens that count), but never more than ``chunk_tokens`` tokens of logits alive at once.
     """
-    import torch
     import torch.nn.functional as F
     from torch.utils.checkpoint import checkpoint
 

@@ -208,7 +208,7 @@ def _spec_from_config(name: str, hf_id: str, config: dict, source: str, path: st
 def _count_params_meta(config: dict, name: str, trust_remote_code: bool) -> int:
     """Count parameters of an architecture the ledger does not know by building it on the meta device."""
     import torch  # late: only for unknown architectures
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     try:
         cfg = build_hf_config(config, trust_remote_code=trust_remote_code)

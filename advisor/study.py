@@ -28,7 +28,7 @@ from advisor.select import TIE, Selection, TrialRecord, fits, select
 from advisor.space import SearchSpace, plan_from_params
 from advisor.storage import Heartbeat, is_sqlite, make_storage, study_lock
 from advisor.throughput import predict_throughput
-from advisor.units import Budget, format_bytes
+from advisor.units import Budget
 from advisor.versions import gpu_environment, library_versions
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
@@ -291,8 +291,6 @@ class Tuner:
         return p
 
     def _objective(self, trial):
-        import optuna
-
         start = time.perf_counter()
         params = self._suggest(trial)
         plan = plan_from_params(params, self.s.space, self.s.model.arch or {})

@@ -60,7 +60,7 @@ def _script_args(path: Path) -> dict[str, str]:
 
 def test_vllm_script_consistent_with_plan(plan_7b_24gb):
     d, out = plan_7b_24gb
-    best, plan, led = d["best"], d["best"]["plan"], d["best"]["ledger"]
+    plan, led = d["best"]["plan"], d["best"]["ledger"]
     args = _script_args(out / "serve_vllm.sh")
     assert args == {k: str(v) for k, v in json.loads((out / "vllm_args.json").read_text())["args"].items()}
     assert int(args["--max-model-len"]) == plan["context_len"]

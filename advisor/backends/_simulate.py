@@ -7,7 +7,6 @@ and moved the way DeepSpeed documents it (see ``_offload``).
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 from advisor.catalog import GpuSpec, ModelSpec
 from advisor.errors import AdvisorInputError

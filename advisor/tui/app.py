@@ -17,7 +17,6 @@ from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, Tab
 
 from advisor.select import TrialRecord
 from advisor.tui import messages as m
-from advisor.tui.draw import LEGEND
 from advisor.tui.exporting import export_record, exporter_unavailable
 from advisor.tui.screens import DetailsScreen, ExportScreen
 from advisor.tui.state import Board, StudyInfo, next_sort, sort_label
