@@ -44,14 +44,15 @@ def verdict(findings: list[Finding]) -> str:
 
 def print_findings(findings: list[Finding], header: str | None = None) -> None:
     from rich.console import Console
+    from rich.markup import escape
 
     console = Console()
     if header:
         console.print(header)
     style = {"ok": "green", "info": "cyan", "warning": "yellow", "error": "red"}
     for f in findings:
-        console.print(f"[{style[f.severity]}]{f.severity.upper():8}[/] [bold]{f.title}[/]", highlight=False)
+        console.print(f"[{style[f.severity]}]{f.severity.upper():8}[/] [bold]{escape(f.title)}[/]", highlight=False)
         if f.evidence:
-            console.print(f"         {f.evidence}", highlight=False)
+            console.print(f"         {escape(f.evidence)}", highlight=False)
         for fix in f.fixes:
-            console.print(f"         → {fix}", highlight=False)
+            console.print(f"         → {escape(fix)}", highlight=False)

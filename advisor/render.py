@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.markup import escape
+
 from advisor.ledger import LABELS, MemoryReport
 from advisor.units import Budget, format_bytes
 
@@ -61,7 +63,7 @@ def print_estimate(result: dict[str, Any], report: MemoryReport, budget: Budget 
     model = result["model"]
     head = f"[bold]{model['name']}[/] ({model['params_total']:,} parameters)"
     if result.get("plan_short"):
-        head += f" · {result['plan_short']}"
+        head += f" · {escape(result['plan_short'])}"
     if result.get("gpu"):
         head += f" · {result['gpu']['name']}"
     console.print(head)
@@ -97,7 +99,7 @@ def trials_table(records, budget: Budget, limit: int | None = None, title: str =
         tps = f"{r.tokens_per_s:,.0f} [dim]{SOURCE_MARK.get(r.tokens_per_s_source, '')}[/]" if r.tokens_per_s else ""
         acc = f"{r.accuracy_loss:.3f} [dim]{SOURCE_MARK.get(r.accuracy_source, '')}[/]" \
             if r.accuracy_loss is not None and r.state == "complete" else ""
-        t.add_row(str(r.number), f"[{style}]{r.state}[/]", r.plan_short, peak, tps, acc, r.reason)
+        t.add_row(str(r.number), f"[{style}]{r.state}[/]", escape(r.plan_short), peak, tps, acc, escape(r.reason))
     return t
 
 
@@ -144,7 +146,7 @@ class TuneProgress:
         from advisor.study import TrialFinished, TrialStarted
 
         if isinstance(event, TrialStarted):
-            self._progress.update(self._task, description=f"#{event.number} {event.plan_short}")
+            self._progress.update(self._task, description=escape(f"#{event.number} {event.plan_short}"))
         elif isinstance(event, TrialFinished):
             self.records.append(event.record)
             self._progress.advance(self._task)
@@ -172,7 +174,7 @@ def print_tune_result(settings, records, selection, exports) -> None:
         for col in ("#", "plan", "peak", "tok/s", "acc. loss"):
             t.add_column(col, justify="left" if col == "plan" else "right")
         for r in selection.pareto:
-            t.add_row(str(r.number), r.plan_short, budget.format(r.peak_bytes), f"{r.tokens_per_s:,.0f}",
+            t.add_row(str(r.number), escape(r.plan_short), budget.format(r.peak_bytes), f"{r.tokens_per_s:,.0f}",
                       f"{r.accuracy_loss:.3f}")
         console.print(t)
     best = selection.best
@@ -180,9 +182,9 @@ def print_tune_result(settings, records, selection, exports) -> None:
         ledger = {k: v for k, v in best.ledger.items()}
         report = MemoryReport(source=best.source, backend=settings.backend, device=ledger, host={},
                               tensor_peak_bytes=best.tensor_peak_bytes or 0, peak_bytes=best.peak_bytes)
-        console.print(ledger_table(report, budget, title=f"Winner #{best.number}: {best.plan_short}"))
+        console.print(ledger_table(report, budget, title=f"Winner #{best.number}: {escape(best.plan_short)}"))
     for line in selection.explanation:
-        console.print(("[bold green]" if line.startswith("Chosen") else "") + line + ("[/]" if line.startswith("Chosen") else ""),
-                      highlight=False)
+        style = "bold green" if line.startswith("Chosen") else None
+        console.print(escape(line), style=style, highlight=False)
     for kind, path in exports.items():
         console.print(f"exported {kind}: {path}")

@@ -45,8 +45,10 @@ def run_preflight_cmd(args: argparse.Namespace) -> int:
         from advisor.findings import print_findings
 
         color = {"GO": "green", "RISKY": "yellow", "NO-GO": "red"}[result.verdict]
+        from rich.markup import escape
+
         print_findings(result.findings, header=f"[bold {color}]{result.verdict}[/] {result.model.name} · "
-                                               f"{result.plan.short()}" + (f" · budget {result.budget}" if result.budget else ""))
+                                               f"{escape(result.plan.short())}" + (f" · budget {result.budget}" if result.budget else ""))
     return result.exit_code
 
 
