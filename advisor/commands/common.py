@@ -123,3 +123,14 @@ def check_plan_against_model(model, plan) -> None:
     if model.max_position_embeddings and plan.seq_len > model.max_position_embeddings:
         raise AdvisorInputError("--seq-len", f"longer than {model.name}'s context of {model.max_position_embeddings:,} tokens",
                                 plan.seq_len)
+
+
+def add_study_flags(p: argparse.ArgumentParser) -> None:
+    """STUDY or --storage/--study, as advisor.studies.resolve_storage reads them (report, export)."""
+    p.add_argument("study", nargs="?", metavar="STUDY",
+                   help="study folder holding study.db (reports/<study>/), its study.db, or a study name under "
+                        "--reports-dir")
+    p.add_argument("--storage", help="Optuna storage URL instead of STUDY (e.g. postgresql://user@host/db)")
+    p.add_argument("--study", dest="study_name", metavar="NAME",
+                   help="study name inside the storage (needed when it holds more than one)")
+    p.add_argument("--reports-dir", default="reports", help="where a bare STUDY name is looked up")

@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
+from advisor.commands.common import add_study_flags
+
 
 def add_parser(subs) -> None:
     p = subs.add_parser("export", help="write a study's plan as advisor.yaml, train.py, DeepSpeed, axolotl, LLaMA-Factory",
                         description="Export the plan the study chose (or --trial N) in the given formats.")
-    p.add_argument("study", nargs="?", metavar="STUDY", help="study folder (reports/<study>/), its study.db, or a name")
-    p.add_argument("--storage", help="Optuna storage URL instead of STUDY")
-    p.add_argument("--study", dest="study_name", metavar="NAME", help="study name inside the storage")
-    p.add_argument("--reports-dir", default="reports", help="where a bare STUDY name is looked up")
+    add_study_flags(p)
     p.add_argument("--format", action="append", metavar="FORMAT",
                    help="advisor, train, deepspeed, axolotl, llamafactory (repeat or comma-separate; default: all "
                         "that can express the plan)")

@@ -5,20 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 
+from advisor.commands.common import add_study_flags
+
 
 def add_parser(subs) -> None:
     p = subs.add_parser(
         "report", help="write an HTML / Markdown / CSV report of a study",
         description="Render a study made by `advisor tune` as report.html (one self-contained file: plots inline, "
                     "no network), report.md and trials.csv, in the study's folder unless --out is given.")
-    p.add_argument("study", nargs="?", metavar="STUDY",
-                   help="study folder holding study.db (reports/<study>/), its study.db, or a study name under "
-                        "--reports-dir")
+    add_study_flags(p)
     p.add_argument("--out", metavar="DIR", help="where to write the report (default: the study's folder)")
-    p.add_argument("--storage", help="Optuna storage URL instead of STUDY (e.g. postgresql://user@host/db)")
-    p.add_argument("--study", dest="study_name", metavar="NAME",
-                   help="study name inside the storage (needed when it holds more than one)")
-    p.add_argument("--reports-dir", default="reports", help="where a bare STUDY name is looked up")
     p.add_argument("--json", action="store_true", help="print the written paths as one JSON object")
     p.set_defaults(run=run)
 
