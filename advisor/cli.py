@@ -12,7 +12,7 @@ import re
 import sys
 
 from advisor import __version__
-from advisor.errors import AdvisorInputError
+from advisor.core.errors import AdvisorInputError
 
 # subcommand name -> module under advisor.commands (one line each; add yours here)
 COMMANDS = {

@@ -16,9 +16,9 @@ from typing import Callable
 
 from transformers import TrainerCallback
 
-from advisor.catalog import ModelSpec
-from advisor.plan import Plan
-from advisor.units import format_bytes
+from advisor.core.catalog import ModelSpec
+from advisor.core.plan import Plan
+from advisor.core.units import format_bytes
 
 
 def cuda_peak_reader() -> Callable[[], int] | None:
@@ -49,7 +49,7 @@ class MemoryGuardCallback(TrainerCallback):
         self.measured_peak: int | None = None
 
     def _predict(self, seq_len: int) -> int:
-        from advisor.backends import get_backend
+        from advisor.runtime.backends import get_backend
 
         return get_backend(self.backend)(self.spec, self.plan.with_(seq_len=seq_len), None).tensor_peak_bytes
 

@@ -5,7 +5,7 @@
 
 For each model (random initialization from the catalog config: nothing is downloaded) and each plan
 of the matrix (full, LoRA, QLoRA x gradient checkpointing x micro-batch), it runs a real probe in a
-child process (advisor.probe.run_probe: warm-up step, measured steps, peak memory from the caching
+child process (advisor.runtime.probe.run_probe: warm-up step, measured steps, peak memory from the caching
 allocator and NVML) and compares the peak with the simulate backend (a fake-tensor trace of the
 same step, when registered) and the estimate backend (the closed-form ledger). Errors are
 (predicted - measured) / measured: tensors against torch.cuda.max_memory_allocated (on the CPU
@@ -44,7 +44,7 @@ class Row:
 
 def matrix(tiny: bool) -> list[Any]:
     """full / lora / qlora x checkpointing x micro-batch (seq 1024 on a GPU, 64 on tiny CPU models)."""
-    from advisor.plan import Plan
+    from advisor.core.plan import Plan
 
     if tiny:
         seq = 64
@@ -60,10 +60,10 @@ def matrix(tiny: bool) -> list[Any]:
 
 
 def models(tiny: bool) -> list[Any]:
-    from advisor.catalog import resolve_model
+    from advisor.core.catalog import resolve_model
 
     if tiny:
-        from advisor.simulate.tiny import tiny_spec
+        from advisor.runtime.simulate.tiny import tiny_spec
 
         return [tiny_spec("qwen2", num_layers=2, vocab_size=512)]
     return [resolve_model(m) for m in GPU_MODELS]
@@ -71,7 +71,7 @@ def models(tiny: bool) -> list[Any]:
 
 def simulate_one(spec: Any, plan: Any, gpu: Any) -> Any:
     """The simulate backend's report (None when it is not registered)."""
-    from advisor.backends import available, get_backend
+    from advisor.runtime.backends import available, get_backend
 
     if "simulate" not in available():
         return None
@@ -147,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-minutes", type=float, default=7.5, help="wall-clock budget; later probes are skipped")
     args = ap.parse_args(argv)
 
-    from advisor.backends import get_backend
-    from advisor.catalog import detect_gpu
-    from advisor.probe import run_probe
+    from advisor.runtime.backends import get_backend
+    from advisor.core.catalog import detect_gpu
+    from advisor.runtime.probe import run_probe
 
     t0 = time.monotonic()
     gpu = detect_gpu() if args.device == "cuda" else None

@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from advisor.backends import available, get_backend
-from advisor.catalog import resolve_gpu, resolve_model
-from advisor.plan import Plan
+from advisor.runtime.backends import available, get_backend
+from advisor.core.catalog import resolve_gpu, resolve_model
+from advisor.core.plan import Plan
 
 GiB = 2**30
 QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")

@@ -50,7 +50,7 @@ def accelerate_peak(spec) -> int:
     from accelerate.commands.estimate import calculate_maximum_sizes, estimate_training_usage
     from transformers import AutoModelForCausalLM
 
-    from advisor.catalog import build_hf_config
+    from advisor.core.catalog import build_hf_config
 
     with init_empty_weights():
         model = AutoModelForCausalLM.from_config(build_hf_config(spec.config), dtype="float32")
@@ -77,10 +77,10 @@ def deepspeed_gpu(spec, plan) -> tuple[int, int]:
 
 
 def run(rows, out: str | None) -> str:
-    from advisor.analytic import estimate_training
-    from advisor.backends import get_backend
-    from advisor.catalog import resolve_model
-    from advisor.plan import Plan
+    from advisor.memory.training import estimate_training
+    from advisor.runtime.backends import get_backend
+    from advisor.core.catalog import resolve_model
+    from advisor.core.plan import Plan
 
     simulate = get_backend("simulate")
     lines = ["| model | plan | simulated GiB | analytic GiB | analytic error | sim s | accelerate GiB | "

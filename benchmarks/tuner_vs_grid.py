@@ -17,11 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from advisor.catalog import gpu_for_budget, resolve_model
-from advisor.select import TIE, TrialRecord, select
-from advisor.space import load_space, plan_from_params
-from advisor.study import Tuner, TuneSettings
-from advisor.units import parse_budget
+from advisor.core.catalog import gpu_for_budget, resolve_model
+from advisor.search.select import TIE, TrialRecord, select
+from advisor.search.space import load_space, plan_from_params
+from advisor.search.tuner import Tuner, TuneSettings
+from advisor.core.units import parse_budget
 
 CASES = {
     "estimate": [("qwen7b", "24GB", "default", ()), ("qwen7b", "16GB", "qlora", ()), ("llama8b", "48GB", "default", ()),

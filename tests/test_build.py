@@ -1,4 +1,4 @@
-"""advisor.build: the plan applied to a real model, on real CPU tensors and under FakeTensorMode."""
+"""advisor.runtime.build: the plan applied to a real model, on real CPU tensors and under FakeTensorMode."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from advisor.analytic import param_breakdown  # noqa: E402
-from advisor.build import build_training_setup, chunked_causal_lm_loss  # noqa: E402
-from advisor.errors import AdvisorInputError  # noqa: E402
-from advisor.plan import Plan  # noqa: E402
-from advisor.simulate.tiny import tiny_spec  # noqa: E402
+from advisor.memory.training import param_breakdown  # noqa: E402
+from advisor.runtime.build import build_training_setup, chunked_causal_lm_loss  # noqa: E402
+from advisor.core.errors import AdvisorInputError  # noqa: E402
+from advisor.core.plan import Plan  # noqa: E402
+from advisor.runtime.simulate.tiny import tiny_spec  # noqa: E402
 
 SPEC = tiny_spec("qwen2")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from advisor.catalog import detect_gpu, gpu_catalog, gpu_for_budget, resolve_gpu
-from advisor.errors import AdvisorInputError
+from advisor.core.catalog import detect_gpu, gpu_catalog, gpu_for_budget, resolve_gpu
+from advisor.core.errors import AdvisorInputError
 
 REQUIRED = ["rtx-3090", "rtx-4090", "rtx-5090", "t4", "v100-16gb", "a10g", "l4", "l40s", "a100-40gb", "a100-80gb",
             "h100-sxm", "h100-pcie", "h200"]

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from advisor.catalog import model_catalog, resolve_model
-from advisor.errors import AdvisorInputError
+from advisor.core.catalog import model_catalog, resolve_model
+from advisor.core.errors import AdvisorInputError
 
 KEYS = list(model_catalog())
 REQUIRED = [
@@ -45,7 +45,7 @@ def test_meta_device_build_matches_catalog(key):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from advisor.catalog import build_hf_config
+    from advisor.core.catalog import build_hf_config
 
     spec = resolve_model(key)
     with torch.device("meta"):

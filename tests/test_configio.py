@@ -11,12 +11,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from advisor.catalog import resolve_model
-from advisor.configio import canonical, detect_format, read_config
-from advisor.errors import AdvisorInputError, ConfigErrors
-from advisor.export import FILENAMES, export_plan
-from advisor.export._base import Unsupported
-from advisor.plan import ATTENTION, OFFLOADS, OPTIMIZERS, PRECISIONS, Plan
+from advisor.core.catalog import resolve_model
+from advisor.configs.read import canonical, detect_format, read_config
+from advisor.core.errors import AdvisorInputError, ConfigErrors
+from advisor.configs.export import FILENAMES, export_plan
+from advisor.configs.export._base import Unsupported
+from advisor.core.plan import ATTENTION, OFFLOADS, OPTIMIZERS, PRECISIONS, Plan
 
 SPEC = resolve_model("qwen7b")
 LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from advisor.analytic import estimate_training
-from advisor.catalog import resolve_model
-from advisor.doctor import diagnose, knowledge, parse_oom
-from advisor.plan import Plan
+from advisor.memory.training import estimate_training
+from advisor.core.catalog import resolve_model
+from advisor.diagnosis.doctor import diagnose, knowledge, parse_oom
+from advisor.core.plan import Plan
 
 # verbatim from PyTorch 2.x's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp)
 REAL_OOM = """Traceback (most recent call last):

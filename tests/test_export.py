@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from advisor.catalog import resolve_model
-from advisor.errors import AdvisorInputError, ConfigErrors
-from advisor.export import EXPORTERS, FILENAMES, export_plan, export_sections
-from advisor.export._deepspeed import PREFETCH_BUCKET_SIZE, REDUCE_BUCKET_SIZE
-from advisor.plan import Plan
+from advisor.core.catalog import resolve_model
+from advisor.core.errors import AdvisorInputError, ConfigErrors
+from advisor.configs.export import EXPORTERS, FILENAMES, export_plan, export_sections
+from advisor.configs.export._deepspeed import PREFETCH_BUCKET_SIZE, REDUCE_BUCKET_SIZE
+from advisor.core.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -218,7 +218,7 @@ def test_train_py_is_the_template_verbatim(qwen7b, tmp_path):
     from importlib import resources
 
     written = export_plan(qwen7b, PLANS["qlora-seed"], tmp_path, ["train"])
-    template = resources.files("advisor.export.templates").joinpath("train.py").read_bytes()
+    template = resources.files("advisor.configs.export.templates").joinpath("train.py").read_bytes()
     assert written["train"].read_bytes() == template
     assert os.access(written["train"], os.X_OK)
 
@@ -313,7 +313,7 @@ def test_chunked_loss_equals_the_models_own_loss(tiny_model):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from advisor.export.templates.train import chunked_causal_lm_loss
+    from advisor.configs.export.templates.train import chunked_causal_lm_loss
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     ids = torch.randint(0, model.config.vocab_size, (2, 19), generator=torch.Generator().manual_seed(1))

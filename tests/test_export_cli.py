@@ -7,7 +7,7 @@ import json
 import pytest
 
 from advisor.cli import main
-from advisor.configio import read_config
+from advisor.configs.read import read_config
 
 
 @pytest.fixture(scope="module")

@@ -29,9 +29,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from advisor.catalog import resolve_model
-from advisor.export import export_plan
-from advisor.plan import Plan
+from advisor.core.catalog import resolve_model
+from advisor.configs.export import export_plan
+from advisor.core.plan import Plan
 
 DATA = Path(__file__).parent / "data"
 

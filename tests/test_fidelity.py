@@ -11,10 +11,10 @@ import math
 
 import pytest
 
-from advisor.catalog import resolve_model
-from advisor.plan import Plan
-from advisor.probe import run_probe
-from advisor.probe._tiny import tiny_model_dir
+from advisor.core.catalog import resolve_model
+from advisor.core.plan import Plan
+from advisor.runtime.probe import run_probe
+from advisor.runtime.probe._tiny import tiny_model_dir
 
 SEQ = 64
 

@@ -9,9 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from advisor.catalog import resolve_model  # noqa: E402
+from advisor.core.catalog import resolve_model  # noqa: E402
 from advisor.integrations import MemoryGuardCallback  # noqa: E402
-from advisor.plan import Plan  # noqa: E402
+from advisor.core.plan import Plan  # noqa: E402
 
 TINY = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "tie_word_embeddings": True,
@@ -34,7 +34,7 @@ class Batches(torch.utils.data.Dataset):
 
 
 def _run(tmp_path, budget_bytes):
-    from advisor.simulate.tracker import LiveBytes
+    from advisor.runtime.simulate.tracker import LiveBytes
 
     d = tmp_path / "tiny"
     d.mkdir(exist_ok=True)
@@ -57,7 +57,7 @@ def _run(tmp_path, budget_bytes):
 
 
 def _predicted(seq_len):
-    from advisor.analytic import estimate_training
+    from advisor.memory.training import estimate_training
 
     return estimate_training(resolve_model_tiny(), Plan(method="full", precision="fp32", seq_len=seq_len)).tensor_peak_bytes
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from advisor.analytic import estimate_training
-from advisor.catalog import model_catalog, resolve_model
-from advisor.plan import OPTIMIZERS, Plan
+from advisor.memory.training import estimate_training
+from advisor.core.catalog import model_catalog, resolve_model
+from advisor.core.plan import OPTIMIZERS, Plan
 
 MODELS = st.sampled_from(list(model_catalog()))
 METHOD_QUANT = st.sampled_from([("full", "none"), ("lora", "none"), ("lora", "int8"), ("qlora", "nf4"), ("qlora", "fp4")])

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from advisor.errors import AdvisorInputError, ConfigErrors
-from advisor.plan import ALL_LINEAR, Plan, lora_target_modules
+from advisor.core.errors import AdvisorInputError, ConfigErrors
+from advisor.core.plan import ALL_LINEAR, Plan, lora_target_modules
 
 
 def test_defaults_are_valid_and_round_trip():

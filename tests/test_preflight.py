@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from advisor.catalog import resolve_model
-from advisor.export import export_plan
-from advisor.plan import Plan
+from advisor.core.catalog import resolve_model
+from advisor.configs.export import export_plan
+from advisor.core.plan import Plan
 
 QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")
 SEED_FULL = Plan(method="full", precision="bf16", optimizer="adamw_torch", micro_batch=1, gradient_checkpointing=True,

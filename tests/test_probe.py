@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from advisor.errors import AdvisorInputError
-from advisor.plan import Plan
-from advisor.probe import ProbeResult, run_probe
-from advisor.probe import _data
-from advisor.simulate.tiny import tiny_spec
+from advisor.core.errors import AdvisorInputError
+from advisor.core.plan import Plan
+from advisor.runtime.probe import ProbeResult, run_probe
+from advisor.runtime.probe import _data
+from advisor.runtime.simulate.tiny import tiny_spec
 
 SEQ = 32
 
@@ -22,7 +22,7 @@ def spec():
 
 
 # LoRA dropout 0: the CPU's F.dropout saves noise in the input's dtype where CUDA saves a bool mask, and
-# the simulation reproduces CUDA (advisor.simulate.runner.cuda_semantics); without dropout both are the same
+# the simulation reproduces CUDA (advisor.runtime.simulate.runner.cuda_semantics); without dropout both are the same
 PLANS = {
     "full": Plan(method="full", seq_len=SEQ, micro_batch=2),
     "lora": Plan(method="lora", seq_len=SEQ, grad_accum=2, lora_dropout=0.0),
@@ -53,7 +53,7 @@ def test_real_probe_runs_and_measures(spec, name):
     assert r.peak_reserved_bytes is None and r.nvml_peak_bytes is None and r.gpu_name is None
     assert r.fidelity_kl is None and any("random weights" in n for n in r.notes)
     assert ProbeResult.from_json(r.to_json()) == r
-    from advisor.backends import available, get_backend
+    from advisor.runtime.backends import available, get_backend
 
     if "simulate" in available():  # the same step traced under FakeTensorMode: the same peak within 2%
         sim = get_backend("simulate")(spec, plan, None)

@@ -23,7 +23,7 @@ def test_gpu_validation_tiny_cpu_writes_the_report(tmp_path):
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[2] == "ok" and cells[3].endswith("MiB")
         assert "%" in cells[8]  # the analytic error was computed against a measured peak
-        from advisor.backends import available
+        from advisor.runtime.backends import available
 
         if "simulate" in available():
             err = float(cells[6].split("(")[1].rstrip("%)"))

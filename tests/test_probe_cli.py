@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from advisor.catalog import resolve_model
+from advisor.core.catalog import resolve_model
 from advisor.cli import main
-from advisor.plan import Plan
-from advisor.probe import ProbeResult, run_probe
-from advisor.probe._tiny import tiny_model_dir
+from advisor.core.plan import Plan
+from advisor.runtime.probe import ProbeResult, run_probe
+from advisor.runtime.probe._tiny import tiny_model_dir
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,9 @@ import time
 import psutil
 import pytest
 
-from advisor.plan import Plan
-from advisor.probe import run_probe
-from advisor.simulate.tiny import tiny_spec
+from advisor.core.plan import Plan
+from advisor.runtime.probe import run_probe
+from advisor.runtime.simulate.tiny import tiny_spec
 
 SEQ = 32
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from advisor.catalog import resolve_model
-from advisor.plan import Plan
-from advisor.probe import run_probe
-from advisor.probe._classify import essence, status_of_exception
+from advisor.core.catalog import resolve_model
+from advisor.core.plan import Plan
+from advisor.runtime.probe import run_probe
+from advisor.runtime.probe._classify import essence, status_of_exception
 
 
 def _cuda() -> bool:

@@ -17,7 +17,7 @@ import optuna
 import pytest
 
 from advisor.cli import main
-from advisor.ledger import CATEGORIES
+from advisor.memory.ledger import CATEGORIES
 
 
 def _run(argv: list[str]) -> tuple[int, str]:
@@ -207,14 +207,14 @@ def test_out_dir_and_storage_url(study, tmp_path):
     assert code == 0
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["report.html", "report.md", "trials.csv"]
     # a bare study name is looked up under --reports-dir
-    from advisor.report import resolve_storage
+    from advisor.ui.report import resolve_storage
 
     url, folder = resolve_storage(study["tuned"]["study"], None, None, study["root"])
     assert folder == study["folder"].resolve() and url == f"sqlite:///{folder / 'study.db'}"
 
 
 def test_exports_beside_the_study_are_shown(study, tmp_path):
-    pytest.importorskip("advisor.export")
+    pytest.importorskip("advisor.configs.export")
     export = study["folder"] / "export"
     code, _ = _run(["tune", "--gpu-budget", "24GB", "--model", "qwen7b", "--backend", "estimate", "--reports-dir",
                     str(study["root"]), "--trials", "12", "--json", "--export", str(export)])

@@ -18,11 +18,11 @@ import re
 import optuna
 import pytest
 
-from advisor.analytic import estimate_training
+from advisor.memory.training import estimate_training
 from advisor.cli import main
-from advisor.plan import Plan
-from advisor.report import gather, open_study, resolve_storage
-from advisor.throughput import predict_throughput
+from advisor.core.plan import Plan
+from advisor.ui.report import gather, open_study, resolve_storage
+from advisor.speed.throughput import predict_throughput
 
 QLORA = Plan(method="qlora", quantization="nf4", double_quant=True, gradient_checkpointing=True,
              optimizer="paged_adamw_8bit", micro_batch=1, grad_accum=8, seq_len=1024)

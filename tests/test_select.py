@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from advisor.select import TrialRecord, fits, pareto_front, select
+from advisor.search.select import TrialRecord, fits, pareto_front, select
 
 GiB = 2**30
 

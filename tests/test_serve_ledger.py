@@ -1,13 +1,13 @@
 """The serving ledger: GQA-aware KV cache, whole blocks, weight formats, and the analytic transformers ledger
-against the fake-tensor simulation at real sizes (validated against: advisor/serve/simulate.py)."""
+against the fake-tensor simulation at real sizes (validated against: advisor/runtime/simulate/inference.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from advisor.catalog import resolve_model
-from advisor.errors import AdvisorInputError
-from advisor.serving import (ServePlan, estimate_inference, kv_cache_bytes_per_token, kv_tokens, serve_weight_bytes,
+from advisor.core.catalog import resolve_model
+from advisor.core.errors import AdvisorInputError
+from advisor.memory.inference import (ServePlan, estimate_inference, kv_cache_bytes_per_token, kv_tokens, serve_weight_bytes,
                              vllm_memory_utilization)
 
 
@@ -55,7 +55,7 @@ CASES = [("qwen7b", 4, 2048, 1024), ("llama-3.1-8b-instruct", 2, 4096, 512), ("q
 
 @pytest.mark.parametrize("name,B,C,new", CASES)
 def test_analytic_hf_ledger_matches_simulation(name, B, C, new):
-    from advisor.serve.simulate import trace_serving_extrapolated
+    from advisor.runtime.simulate.inference import trace_serving_extrapolated
 
     m = resolve_model(name)
     plan = ServePlan(concurrency=B, context_len=C, max_new_tokens=new)

@@ -9,9 +9,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def test_static_cache_generation_peak_matches_ledger():
-    from advisor.catalog import resolve_model
-    from advisor.serve.probe import probe_generate
-    from advisor.serving import ServePlan, estimate_inference
+    from advisor.core.catalog import resolve_model
+    from advisor.runtime.probe.inference import probe_generate
+    from advisor.memory.inference import ServePlan, estimate_inference
 
     m = resolve_model("qwen2.5-0.5b-instruct")
     plan = ServePlan(concurrency=8, context_len=2048, max_new_tokens=64)
@@ -25,12 +25,12 @@ def test_static_cache_generation_peak_matches_ledger():
 
 
 def test_vllm_runs_the_exported_plan():
-    from advisor.serve.probe import probe_vllm, vllm_available
+    from advisor.runtime.probe.inference import probe_vllm, vllm_available
 
     if not vllm_available():
         pytest.skip("vLLM is not installed")
-    from advisor.catalog import resolve_model
-    from advisor.serving import ServePlan
+    from advisor.core.catalog import resolve_model
+    from advisor.memory.inference import ServePlan
 
     m = resolve_model("qwen2.5-0.5b-instruct")
     got = probe_vllm(m, ServePlan(concurrency=8, context_len=2048), gpu_memory_utilization=0.3)

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from advisor.serving import ServePlan
+from advisor.memory.inference import ServePlan
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_fake_equals_real_cpu_tiny(arch):
-    from advisor.serve.simulate import trace_serving
-    from advisor.simulate.tiny import tiny_spec
+    from advisor.runtime.simulate.inference import trace_serving
+    from advisor.runtime.simulate.tiny import tiny_spec
 
     spec = tiny_spec(arch, num_layers=2)
     plan = ServePlan(concurrency=3, context_len=96, max_new_tokens=32)
@@ -25,8 +25,8 @@ def test_fake_equals_real_cpu_tiny(arch):
 
 
 def test_extrapolation_equals_full_depth():
-    from advisor.catalog import resolve_model
-    from advisor.serve.simulate import trace_serving, trace_serving_extrapolated
+    from advisor.core.catalog import resolve_model
+    from advisor.runtime.simulate.inference import trace_serving, trace_serving_extrapolated
 
     m = resolve_model("qwen2.5-0.5b-instruct")
     plan = ServePlan(concurrency=2, context_len=512, max_new_tokens=128)

@@ -157,7 +157,7 @@ def test_bad_input_is_one_line_exit_2(capsys, argv, flag):
 
 
 def test_space_file_loads_and_is_headed():
-    from advisor.serve.space import SPACES_DIR, load_serve_space
+    from advisor.search.serve_space import SPACES_DIR, load_serve_space
 
     text = (SPACES_DIR / "inference.yaml").read_text()
     assert text.startswith("#") and "advisor tune --task inference" in text.split("name:")[0]
@@ -167,8 +167,8 @@ def test_space_file_loads_and_is_headed():
 
 
 def test_priors_cover_every_choice_of_the_space():
-    from advisor.serve.priors import quality_prior
-    from advisor.serve.space import load_serve_space
+    from advisor.core.serve_priors import quality_prior
+    from advisor.search.serve_space import load_serve_space
 
     s = load_serve_space("inference")
     for wf in s.search["weight_format"]:

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from advisor.analytic import estimate_training
-from advisor.catalog import resolve_model
+from advisor.memory.training import estimate_training
+from advisor.core.catalog import resolve_model
 from advisor.cli import main
-from advisor.errors import AdvisorInputError
-from advisor.plan import Plan
-from advisor.sharding import comm_bytes_per_step, shard_report
+from advisor.core.errors import AdvisorInputError
+from advisor.core.plan import Plan
+from advisor.memory.sharding import comm_bytes_per_step, shard_report
 
 FULL = Plan(method="full", gradient_checkpointing=True)
 

@@ -10,14 +10,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from advisor.analytic import optimizer_state_bytes, param_breakdown  # noqa: E402
-from advisor.backends import get_backend  # noqa: E402
-from advisor.catalog import resolve_model  # noqa: E402
+from advisor.memory.training import optimizer_state_bytes, param_breakdown  # noqa: E402
+from advisor.runtime.backends import get_backend  # noqa: E402
+from advisor.core.catalog import resolve_model  # noqa: E402
 from advisor.cli import main  # noqa: E402
-from advisor.ledger import CATEGORIES  # noqa: E402
-from advisor.plan import Plan  # noqa: E402
-from advisor.simulate.runner import trace_step  # noqa: E402
-from advisor.simulate.tiny import tiny_spec  # noqa: E402
+from advisor.memory.ledger import CATEGORIES  # noqa: E402
+from advisor.core.plan import Plan  # noqa: E402
+from advisor.runtime.simulate.runner import trace_step  # noqa: E402
+from advisor.runtime.simulate.tiny import tiny_spec  # noqa: E402
 
 SPEC = tiny_spec("qwen2", num_layers=2)
 METHODS = {"full": dict(method="full"), "lora": dict(method="lora", lora_targets="all-linear"),
@@ -56,7 +56,7 @@ def test_standins_equal_real_bitsandbytes(plan, target):
 @pytest.mark.parametrize("optimizer", ["adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit", "adamw_torch", "adafactor"])
 def test_optimizer_state_sizes_are_bitsandbytes_real_ones(optimizer):
     """The state bitsandbytes (real, on the CPU) allocates equals the analytic formula."""
-    from advisor.build import build_training_setup
+    from advisor.runtime.build import build_training_setup
 
     spec = tiny_spec("llama", num_layers=2, hidden_size=128, intermediate_size=256)
     plan = Plan(method="lora", lora_r=64, lora_targets="all-linear", seq_len=32, optimizer=optimizer)

@@ -6,9 +6,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from advisor.plan import Plan  # noqa: E402
-from advisor.simulate.extrapolate import simulate  # noqa: E402
-from advisor.simulate.tiny import tiny_spec  # noqa: E402
+from advisor.core.plan import Plan  # noqa: E402
+from advisor.runtime.simulate.extrapolate import simulate  # noqa: E402
+from advisor.runtime.simulate.tiny import tiny_spec  # noqa: E402
 
 PLANS = [
     ("qwen2", Plan(method="full", seq_len=128)),

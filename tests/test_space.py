@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from advisor.catalog import resolve_model
-from advisor.errors import AdvisorInputError, ConfigErrors
-from advisor.space import SPACES_DIR, list_spaces, load_space, plan_from_params
+from advisor.core.catalog import resolve_model
+from advisor.core.errors import AdvisorInputError, ConfigErrors
+from advisor.search.space import SPACES_DIR, list_spaces, load_space, plan_from_params
 
 
 def test_required_spaces_exist():

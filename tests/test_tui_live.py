@@ -36,7 +36,7 @@ async def wait_for(pilot, condition, timeout=60.0):
 
 
 def open_tuner(settings):
-    from advisor.study import Tuner
+    from advisor.search.tuner import Tuner
 
     tuner = Tuner(settings)
     tuner.open_study()
@@ -45,8 +45,8 @@ def open_tuner(settings):
 
 @sync
 async def test_live_study_pause_resume_and_quit_after_the_current_trial(tmp_path):
-    from advisor.tui.app import AdvisorApp
-    from advisor.tui.controller import TunerController
+    from advisor.ui.tui.app import AdvisorApp
+    from advisor.ui.tui.controller import TunerController
 
     settings = settings_for(tmp_path, trials=30)
     tuner = open_tuner(settings)
@@ -81,7 +81,7 @@ async def test_live_study_pause_resume_and_quit_after_the_current_trial(tmp_path
 
 @sync
 async def test_watching_a_study_run_elsewhere_picks_up_new_trials(tmp_path):
-    from advisor.tui import open_study_app
+    from advisor.ui.tui import open_study_app
 
     settings = settings_for(tmp_path, trials=4)
     open_tuner(settings).run()
@@ -113,7 +113,7 @@ def test_advisor_tui_opens_a_study_directory_by_name(tmp_path, monkeypatch):
     args.study = "other"
     import pytest
 
-    from advisor.errors import AdvisorInputError
+    from advisor.core.errors import AdvisorInputError
 
     with pytest.raises(AdvisorInputError, match="--study: no such study in the storage"):
         resolve(args)

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from advisor.errors import AdvisorInputError
-from advisor.units import format_bytes, parse_budget
+from advisor.core.errors import AdvisorInputError
+from advisor.core.units import format_bytes, parse_budget
 
 
 @pytest.mark.parametrize("text,expected,unit", [

@@ -16,7 +16,7 @@ def add_parser(subs) -> None:
 
 
 def run_models(args: argparse.Namespace) -> int:
-    from advisor.catalog import model_catalog
+    from advisor.core.catalog import model_catalog
 
     rows = [{"name": k, "hf_id": e["hf_id"], "aliases": e.get("aliases", []), "params_total": e["params_total"],
              "model_type": e["config"]["model_type"]} for k, e in model_catalog().items()]
@@ -36,7 +36,7 @@ def run_models(args: argparse.Namespace) -> int:
 
 
 def run_gpus(args: argparse.Namespace) -> int:
-    from advisor.catalog import detect_gpu, gpu_catalog, resolve_gpu
+    from advisor.core.catalog import detect_gpu, gpu_catalog, resolve_gpu
 
     gpus = [resolve_gpu(k) for k in gpu_catalog()]
     detected = detect_gpu()
@@ -47,7 +47,7 @@ def run_gpus(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from advisor.units import format_bytes
+    from advisor.core.units import format_bytes
 
     t = Table(title="GPU catalog")
     for col in ("key", "name", "memory", "bf16 TFLOP/s", "fp16 TFLOP/s", "GB/s", "host GB/s"):

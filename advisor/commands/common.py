@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from advisor.errors import AdvisorInputError
-from advisor.plan import (ATTENTION, DTYPES, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS, QUANTIZATIONS, Plan,
+from advisor.core.errors import AdvisorInputError
+from advisor.core.plan import (ATTENTION, DTYPES, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS, QUANTIZATIONS, Plan,
                           default_quantization, normalize_targets)
 
 
@@ -105,8 +105,8 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
 
 def resolve_gpu_and_budget(args: argparse.Namespace) -> tuple[Any, Any]:
     """(GpuSpec or None, Budget or None) from --gpu / --gpu-budget / NVML."""
-    from advisor.catalog import detect_gpu, resolve_gpu
-    from advisor.units import parse_budget
+    from advisor.core.catalog import detect_gpu, resolve_gpu
+    from advisor.core.units import parse_budget
 
     gpu = resolve_gpu(args.gpu) if getattr(args, "gpu", None) else detect_gpu()
     budget = None
@@ -117,7 +117,7 @@ def resolve_gpu_and_budget(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def check_plan_against_model(model, plan) -> None:
     """Model-dependent rules (LoRA targets that exist, sequence within the model's context)."""
-    from advisor.plan import lora_target_modules
+    from advisor.core.plan import lora_target_modules
 
     lora_target_modules(plan, list(model.linear_shapes()))
     if model.max_position_embeddings and plan.seq_len > model.max_position_embeddings:
@@ -126,7 +126,7 @@ def check_plan_against_model(model, plan) -> None:
 
 
 def add_study_flags(p: argparse.ArgumentParser) -> None:
-    """STUDY or --storage/--study, as advisor.studies.resolve_storage reads them (report, export)."""
+    """STUDY or --storage/--study, as advisor.search.locate.resolve_storage reads them (report, export)."""
     p.add_argument("study", nargs="?", metavar="STUDY",
                    help="study folder holding study.db (reports/<study>/), its study.db, or a study name under "
                         "--reports-dir")

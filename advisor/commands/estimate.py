@@ -29,7 +29,7 @@ def add_parser(subs) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from advisor.catalog import resolve_model
+    from advisor.core.catalog import resolve_model
     from advisor.commands.common import check_plan_against_model, plan_from_args, resolve_gpu_and_budget
 
     model = resolve_model(args.model, trust_remote_code=args.trust_remote_code)
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
                               "source": model.source},
                     "gpu": gpu.to_dict() if gpu else None, "task": args.task}
     if args.task == "inference":
-        from advisor.serving import ServePlan, estimate_inference
+        from advisor.memory.inference import ServePlan, estimate_inference
 
         splan = ServePlan(weight_format=args.weight_format, kv_dtype=args.kv_dtype, context_len=args.context_len,
                           concurrency=args.concurrency).validate()
@@ -46,14 +46,14 @@ def run(args: argparse.Namespace) -> int:
         result["plan"] = splan.to_dict()
         result["kv_cache_bytes_per_token"] = report.extra["kv_cache_bytes_per_token"]
     else:
-        from advisor.backends import get_backend
+        from advisor.runtime.backends import get_backend
 
         plan = plan_from_args(args)
         check_plan_against_model(model, plan)
         measure = get_backend(args.backend)
         report = measure(model, plan, gpu)
         if args.gpus > 1:
-            from advisor.sharding import shard_report
+            from advisor.memory.sharding import shard_report
 
             report = shard_report(report, model, plan, args.gpus, args.sharding, gpu)
         result["plan"] = plan.to_dict()
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        from advisor.render import print_estimate
+        from advisor.ui.render import print_estimate
 
         print_estimate(result, report, budget)
     return 0

@@ -24,12 +24,12 @@ def add_parser(subs) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from advisor.catalog import GpuSpec, resolve_model
-    from advisor.errors import AdvisorInputError
-    from advisor.export import export_plan
-    from advisor.plan import Plan
-    from advisor.report import open_study, resolve_storage
-    from advisor.select import select
+    from advisor.core.catalog import GpuSpec, resolve_model
+    from advisor.core.errors import AdvisorInputError
+    from advisor.configs.export import export_plan
+    from advisor.core.plan import Plan
+    from advisor.ui.report import open_study, resolve_storage
+    from advisor.search.select import select
 
     storage, folder = resolve_storage(args.study, args.storage, args.study_name, args.reports_dir)
     snap = open_study(storage, args.study_name, folder)

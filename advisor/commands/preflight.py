@@ -33,7 +33,7 @@ def add_parser(subs) -> None:
 
 
 def run_preflight_cmd(args: argparse.Namespace) -> int:
-    from advisor.preflight import PreflightInput, run_preflight
+    from advisor.diagnosis.preflight import PreflightInput, run_preflight
 
     result = run_preflight(PreflightInput(
         config=args.config, gpu_budget=args.gpu_budget, gpu=args.gpu, data=args.data, probe=args.probe,
@@ -42,7 +42,7 @@ def run_preflight_cmd(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, default=str))
     else:
-        from advisor.findings import print_findings
+        from advisor.diagnosis.findings import print_findings
 
         color = {"GO": "green", "RISKY": "yellow", "NO-GO": "red"}[result.verdict]
         from rich.markup import escape
@@ -56,8 +56,8 @@ def run_doctor_cmd(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from advisor.doctor import diagnose
-    from advisor.errors import AdvisorInputError
+    from advisor.diagnosis.doctor import diagnose
+    from advisor.core.errors import AdvisorInputError
 
     if args.logfile == "-":
         text = sys.stdin.read()
@@ -68,9 +68,9 @@ def run_doctor_cmd(args: argparse.Namespace) -> int:
         text = p.read_text(encoding="utf-8", errors="replace")
     report = None
     if args.config:
-        from advisor.backends import get_backend
-        from advisor.catalog import resolve_model
-        from advisor.configio import read_config
+        from advisor.runtime.backends import get_backend
+        from advisor.core.catalog import resolve_model
+        from advisor.configs.read import read_config
 
         name, plan, _ = read_config(args.config)
         report = get_backend("estimate")(resolve_model(name), plan, None)
@@ -78,7 +78,7 @@ def run_doctor_cmd(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"findings": [f.to_dict() for f in findings]}, indent=2))
     else:
-        from advisor.findings import print_findings
+        from advisor.diagnosis.findings import print_findings
 
         if not findings:
             print("No known problem recognised in this log.")

@@ -32,9 +32,9 @@ def add_parser(subs) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from advisor.catalog import detect_gpu, resolve_model
+    from advisor.core.catalog import detect_gpu, resolve_model
     from advisor.commands.common import check_plan_against_model, plan_from_args, resolve_gpu_and_budget
-    from advisor.probe import run_probe
+    from advisor.runtime.probe import run_probe
 
     model = resolve_model(args.model, trust_remote_code=args.trust_remote_code)
     plan = plan_from_args(args)
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
 def render(result, budget=None) -> str:
     """A plain-text summary of a ProbeResult (every figure measured)."""
-    from advisor.units import format_bytes
+    from advisor.core.units import format_bytes
 
     unit = budget.unit if budget else None
 
@@ -94,6 +94,6 @@ def render(result, budget=None) -> str:
 
 
 def _short(plan: dict) -> str:
-    from advisor.plan import Plan
+    from advisor.core.plan import Plan
 
     return Plan.from_dict(plan).short()

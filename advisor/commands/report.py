@@ -22,8 +22,8 @@ def add_parser(subs) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from advisor.errors import AdvisorInputError
-    from advisor.report import gather, open_study, resolve_storage, write_report
+    from advisor.core.errors import AdvisorInputError
+    from advisor.ui.report import gather, open_study, resolve_storage, write_report
 
     storage, folder = resolve_storage(args.study, args.storage, args.study_name, args.reports_dir)
     snap = open_study(storage, args.study_name, folder)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from advisor.errors import AdvisorInputError
+from advisor.core.errors import AdvisorInputError
 
 
 def add_parser(subs) -> None:
@@ -25,7 +25,7 @@ def add_parser(subs) -> None:
 
 def resolve(args: argparse.Namespace) -> tuple[str, str]:
     """(storage URL, study name) from STUDY or --storage/--study; AdvisorInputError naming the flag."""
-    from advisor.studies import resolve_storage, study_name
+    from advisor.search.locate import resolve_storage, study_name
 
     if args.poll <= 0:
         raise AdvisorInputError("--poll", "must be greater than 0 seconds", args.poll)
@@ -34,7 +34,7 @@ def resolve(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from advisor.tui import open_study_app
+    from advisor.ui.tui import open_study_app
 
     storage, name = resolve(args)
     app = open_study_app(storage, name, export_dir=args.export, poll_s=args.poll)

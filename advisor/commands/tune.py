@@ -50,12 +50,12 @@ def add_parser(subs) -> None:
 
 
 def build_settings(args: argparse.Namespace):
-    from advisor.backends import available
-    from advisor.catalog import detect_gpu, gpu_for_budget, resolve_gpu, resolve_model
-    from advisor.errors import AdvisorInputError
-    from advisor.space import load_space
-    from advisor.study import TuneSettings, default_storage, default_study_name
-    from advisor.units import parse_budget
+    from advisor.runtime.backends import available
+    from advisor.core.catalog import detect_gpu, gpu_for_budget, resolve_gpu, resolve_model
+    from advisor.core.errors import AdvisorInputError
+    from advisor.search.space import load_space
+    from advisor.search.tuner import TuneSettings, default_storage, default_study_name
+    from advisor.core.units import parse_budget
 
     model = resolve_model(args.model, trust_remote_code=args.trust_remote_code)
     space = load_space(args.space, args.overrides)
@@ -83,8 +83,8 @@ def build_settings(args: argparse.Namespace):
 
 
 def check_budget_reachable(settings) -> None:
-    from advisor.errors import AdvisorInputError
-    from advisor.study import smallest_plan_report
+    from advisor.core.errors import AdvisorInputError
+    from advisor.search.tuner import smallest_plan_report
 
     smallest = smallest_plan_report(settings)
     if smallest is None:
@@ -98,17 +98,17 @@ def check_budget_reachable(settings) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.task == "inference":
-        from advisor.serve.cli import run_inference
+        from advisor.commands._inference import run_inference
         return run_inference(args)
-    from advisor.study import Tuner
+    from advisor.search.tuner import Tuner
 
     settings = build_settings(args)
     check_budget_reachable(settings)
     if args.tui:
-        from advisor.tui import run_tui
+        from advisor.ui.tui import run_tui
 
         return run_tui(settings, export_dir=args.export)
-    from advisor.render import TuneProgress, print_tune_result
+    from advisor.ui.render import TuneProgress, print_tune_result
 
     progress = TuneProgress(settings, enabled=not args.json)
     tuner = Tuner(settings, on_event=progress.on_event)
@@ -139,10 +139,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def export_best(settings, best, out_dir: str) -> dict[str, str]:
-    from advisor.plan import Plan
+    from advisor.core.plan import Plan
 
     try:
-        from advisor.export import export_plan
+        from advisor.configs.export import export_plan
     except ImportError:  # the exporters are not installed in this tree yet
         return {}
     plan = Plan.from_dict(best.plan)
@@ -177,6 +177,6 @@ def tune_result(settings, records, selection, exports) -> dict:
 
 
 def _redact(url: str) -> str:
-    from advisor.storage import redact
+    from advisor.search.storage import redact
 
     return redact(url)

@@ -27,8 +27,8 @@ def add_parser(subs) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(args.gpu)
-    from advisor.storage import redact
-    from advisor.study import Tuner, WORKER_ID, settings_from_study
+    from advisor.search.storage import redact
+    from advisor.search.tuner import Tuner, WORKER_ID, settings_from_study
 
     settings = settings_from_study(args.storage, args.study, args.backend, args.heartbeat)
     tuner = Tuner(settings)

@@ -1,0 +1,122 @@
+"""`advisor tune --task inference`: the serving plan for a model on a memory budget, and its exports."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+
+
+def _gpu_and_budget(args):
+    from advisor.core.catalog import detect_gpu, gpu_for_budget, resolve_gpu
+    from advisor.core.units import parse_budget
+
+    detected = detect_gpu()
+    gpu = resolve_gpu(args.gpu) if getattr(args, "gpu", None) else detected
+    budget = parse_budget(args.gpu_budget, "--gpu-budget", gpu.memory_bytes if gpu else None)
+    assumed = gpu is None
+    if assumed:
+        gpu = gpu_for_budget(budget.bytes)
+    return gpu, assumed, budget
+
+
+def _simulate_check(model, cand) -> dict:
+    """Cross-check the transformers (static cache) ledger of the chosen plan against a fake-tensor trace."""
+    from advisor.runtime.simulate.inference import trace_serving_extrapolated
+    from advisor.memory.inference import estimate_inference
+
+    plan = replace(cand.plan, weight_format="bf16", kv_dtype="bf16")
+    est = estimate_inference(model, plan, None, engine="hf")
+    sim = trace_serving_extrapolated(model, plan)
+    est_peak = est.tensor_peak_bytes
+    return {"engine": "hf (transformers generate, static cache, bf16)", "plan": plan.short(),
+            "estimated_tensor_peak_bytes": est_peak, "simulated_peak_bytes": sim.peak_bytes,
+            "simulated_ledger": sim.prefill.ledger, "relative_error": (est_peak - sim.peak_bytes) / sim.peak_bytes,
+            "seconds": round(sim.seconds, 2)}
+
+
+def run_inference(args: argparse.Namespace) -> int:
+    from advisor.core.catalog import resolve_model
+    from advisor.core.errors import AdvisorInputError
+    from advisor.search.serve_grid import search
+    from advisor.search.serve_select import select
+    from advisor.search.serve_space import load_serve_space
+    from advisor.memory.inference import vllm_memory_utilization
+
+    model = resolve_model(args.model, trust_remote_code=getattr(args, "trust_remote_code", False))
+    space_ref = args.space if getattr(args, "space", "default") not in (None, "default") else "inference"
+    space = load_serve_space(space_ref, getattr(args, "overrides", None) or [])
+    gpu, assumed, budget = _gpu_and_budget(args)
+    ctx, conc = getattr(args, "context_len", None), getattr(args, "concurrency", None)
+    if ctx is not None and model.max_position_embeddings and ctx > model.max_position_embeddings:
+        raise AdvisorInputError("--context-len", f"longer than {model.name}'s maximum context "
+                                f"{model.max_position_embeddings}", ctx)
+    headroom = getattr(args, "headroom", 0.05)
+    util = vllm_memory_utilization(budget.bytes, gpu.memory_bytes, headroom)
+    if util <= 0:
+        raise AdvisorInputError("--gpu-budget", "leaves nothing for vLLM after the headroom", budget.text)
+    limit = int(util * gpu.memory_bytes)
+    cands = search(model, space, gpu, limit, util, context_len=ctx, concurrency=conc)
+    if not any(c.fits for c in cands):
+        smallest = min(cands, key=lambda c: c.report.peak_bytes)
+        raise AdvisorInputError(
+            "--gpu-budget", f"no serving plan fits: the smallest, {smallest.plan.short()}, needs "
+            f"{budget.format(smallest.report.peak_bytes)} (estimated) and vLLM may use {budget.format(limit)} "
+            f"(gpu_memory_utilization {util:.2f} of {gpu.name})", budget.text)
+    selection = select(cands, space.fixed["quality_floor"], space.fixed["tie_tolerance"])
+    best = selection.best
+    check = None
+    if best is not None and getattr(args, "backend", "auto") in ("auto", "simulate"):
+        check = _simulate_check(model, best)
+    exports = {}
+    if best is not None and getattr(args, "export", None):
+        from advisor.configs.export._vllm import export_serving
+
+        paths = export_serving(model, best, args.export,
+                               extra={"model": model.name, "gpu": gpu.name, "budget": budget.text,
+                                      "simulation_check": check})
+        exports = {k: str(v) for k, v in paths.items()}
+    result = {
+        "task": "inference", "model": {"name": model.name, "hf_id": model.hf_id, "params_total": model.params_total},
+        "gpu": {"name": gpu.name, "memory_bytes": gpu.memory_bytes, "assumed": assumed},
+        "budget": {"bytes": budget.bytes, "text": budget.text}, "headroom": headroom,
+        "gpu_memory_utilization": util, "limit_bytes": limit, "space": space.to_dict(),
+        "best": best.to_dict() if best else None,
+        "kv_cache_bytes_per_token": best.report.extra["kv_cache_bytes_per_token"] if best else None,
+        "tokens_in_flight": best.report.extra["tokens_in_flight"] if best else None,
+        "explanation": selection.explanation, "rejected": selection.rejected,
+        "pareto": [c.to_dict() for c in selection.pareto[:12]],
+        "n_candidates": len(cands), "simulation_check": check, "exports": exports,
+    }
+    if getattr(args, "json", False):
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        _print(result, budget)
+    return 0 if best is not None else 1
+
+
+def _print(result: dict, budget) -> None:
+    gib = 2**30
+    g = result["gpu"]
+    print(f"serving {result['model']['name']} on {g['name']}{' (assumed from the budget)' if g['assumed'] else ''}, "
+          f"budget {result['budget']['text']}: vLLM may use {result['limit_bytes'] / gib:.2f} GiB "
+          f"(--gpu-memory-utilization {result['gpu_memory_utilization']:.2f})")
+    best = result["best"]
+    if best is None:
+        print(f"no plan: {result['explanation']}")
+        return
+    print(f"best: {result['explanation']}")
+    print("ledger (estimated, vLLM):")
+    for k, v in best["ledger"].items():
+        print(f"  {k:<16} {v / gib:8.2f} GiB")
+    print(f"  {'total':<16} {best['peak_bytes'] / gib:8.2f} GiB  "
+          f"(KV {result['tokens_in_flight']:,} tokens x {result['kv_cache_bytes_per_token']:,} B)")
+    print("pareto front (served tokens, tokens/s predicted, quality prior):")
+    for c in result["pareto"][:8]:
+        print(f"  {c['plan_short']:<48} {c['served_tokens']:>9,}  {c['tokens_per_s']:>8,.0f}  {c['quality']:.3f}")
+    if result["simulation_check"]:
+        s = result["simulation_check"]
+        print(f"simulated check ({s['engine']}): estimate {s['estimated_tensor_peak_bytes'] / gib:.2f} GiB vs "
+              f"simulation {s['simulated_peak_bytes'] / gib:.2f} GiB ({s['relative_error']:+.2%})")
+    for k, v in result["exports"].items():
+        print(f"  wrote {k}: {v}")

@@ -1,0 +1,96 @@
+"""Exporters: a Plan written as files that other tools run.
+
+One module per format, a writer each (``write(ctx, out_dir) -> Path``), registered in
+``EXPORTERS``:
+
+- ``advisor``       advisor.yaml: BitsAndBytesConfig / LoraConfig / TrainingArguments / DeepSpeed sections
+- ``deepspeed``     deepspeed.json (plans with CPU offload only)
+- ``train``         train.py, a runnable Trainer + peft script reading advisor.yaml
+- ``axolotl``       axolotl.yaml
+- ``llamafactory``  llamafactory.yaml
+
+The inverse, reading any of these back into a Plan, is ``advisor.configs.read.read_config``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+from advisor.core.errors import AdvisorInputError, ConfigErrors
+from advisor.configs.export import _advisor_yaml, _axolotl, _deepspeed, _llamafactory, _train_script
+from advisor.configs.export._base import ExportContext, Unsupported, Writer
+
+__all__ = ["EXPORTERS", "FILENAMES", "ExportResult", "ExportContext", "Unsupported", "export_plan", "export_sections"]
+
+EXPORTERS: dict[str, Writer] = {
+    "advisor": _advisor_yaml.write,
+    "deepspeed": _deepspeed.write,
+    "train": _train_script.write,
+    "axolotl": _axolotl.write,
+    "llamafactory": _llamafactory.write,
+}
+FILENAMES = {
+    "advisor": _advisor_yaml.FILENAME,
+    "deepspeed": "deepspeed.json",
+    "train": _train_script.FILENAME,
+    "axolotl": _axolotl.FILENAME,
+    "llamafactory": _llamafactory.FILENAME,
+}
+# A file that names another needs it beside it.
+_NEEDS = {"train": ("advisor",)}
+_NEEDS_DS = ("advisor", "axolotl", "llamafactory")
+
+
+class ExportResult(dict):
+    """{format: path written}; ``skipped`` holds {format: why} for formats that cannot express the plan."""
+
+    def __init__(self, written: dict[str, Path], skipped: dict[str, str]):
+        super().__init__(written)
+        self.skipped = skipped
+
+
+def export_sections(spec, plan, *, gpu=None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """advisor.yaml's content as a dict, without writing anything (for --json output, the TUI)."""
+    return _advisor_yaml.sections(ExportContext(spec, plan.validate(), gpu, dict(extra or {})))
+
+
+def export_plan(spec, plan, out_dir, formats: Iterable[str] | None = None, *, gpu=None,
+                extra: dict[str, Any] | None = None) -> ExportResult:
+    """Write ``plan`` for ``spec`` into ``out_dir`` in the given formats (default: every one).
+
+    With ``formats=None`` a format that cannot express the plan (say, axolotl for a mixed_bf16 plan,
+    deepspeed.json for a plan without offload) is skipped and listed in ``result.skipped``; a format
+    asked for by name that cannot express it raises, all such formats in one ConfigErrors.
+    Files another needs come along: train → advisor.yaml; an offload plan → deepspeed.json.
+    """
+    plan = plan.validate()
+    explicit = formats is not None
+    wanted = list(EXPORTERS) if formats is None else list(dict.fromkeys(formats))
+    unknown = [f for f in wanted if f not in EXPORTERS]
+    if unknown:
+        raise AdvisorInputError("--format", f"unknown format(s) {', '.join(unknown)}; known: {', '.join(EXPORTERS)}",
+                                unknown, show_value=False)
+    for fmt in list(wanted):
+        for dep in _NEEDS.get(fmt, ()):
+            if dep not in wanted:
+                wanted.insert(0, dep)
+    if plan.offload != "none" and "deepspeed" not in wanted and any(f in wanted for f in _NEEDS_DS):
+        wanted.append("deepspeed")
+    ctx = ExportContext(spec, plan, gpu, dict(extra or {}))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    skipped: dict[str, str] = {}
+    errors: list[AdvisorInputError] = []
+    for fmt in wanted:
+        try:
+            written[fmt] = EXPORTERS[fmt](ctx, out)
+        except Unsupported as e:
+            if explicit:
+                errors.append(e)
+            else:
+                skipped[fmt] = e.rule
+    if errors:
+        raise errors[0] if len(errors) == 1 else ConfigErrors(errors)
+    return ExportResult(written, skipped)

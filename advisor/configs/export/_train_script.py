@@ -1,0 +1,24 @@
+"""train.py: a runnable transformers Trainer + peft script that reads advisor.yaml beside it.
+
+The script is data, not generated code: ``templates/train.py`` is copied byte for byte, so what
+the tests run is exactly what a user gets. It reads every setting from advisor.yaml.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from advisor.configs.export._base import ExportContext, write_text
+
+FILENAME = "train.py"
+
+
+def template_text() -> str:
+    return resources.files("advisor.configs.export.templates").joinpath("train.py").read_text(encoding="utf-8")
+
+
+def write(ctx: ExportContext, out_dir: Path) -> Path:
+    path = write_text(out_dir / FILENAME, template_text())
+    path.chmod(0o755)
+    return path

@@ -1,0 +1,112 @@
+"""Export a serving plan: the `vllm serve` command line and the matching transformers generation settings.
+
+The flags written here were checked against vLLM's documented CLI (docs.vllm.ai "Engine Arguments" and
+vllm/engine/arg_utils.py, vllm/config/cache.py, vllm/model_executor/layers/quantization/__init__.py);
+tests/data/vllm_serve_flags.yaml keeps that list with its sources and tests/test_serve_export.py holds
+every exported flag and value to it.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+from advisor.core.catalog import ModelSpec
+from advisor.search.serve_grid import Candidate
+from advisor.memory.inference import ServePlan
+
+KV_FLAG = {"bf16": "auto", "fp16": "auto", "fp8": "fp8"}
+"""--kv-cache-dtype: auto = the model dtype (vllm/config/cache.py CacheDType); fp8 = fp8_e4m3 on CUDA."""
+DTYPE_FLAG = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def quantization_flag(plan: ServePlan) -> str | None:
+    """--quantization for the plan's weight format (vllm QUANTIZATION_METHODS).
+
+    fp8: dynamic per-channel FP8 from a 16-bit checkpoint (``fp8``); int8: a W8A16 checkpoint in the
+    compressed-tensors format (llm-compressor); int4: an AWQ or GPTQ checkpoint served by the Marlin kernels."""
+    return {"bf16": None, "fp16": None, "fp8": "fp8", "int8": "compressed-tensors",
+            "int4": f"{plan.quant_method}_marlin"}[plan.weight_format]
+
+
+def vllm_args(model: ModelSpec, cand: Candidate) -> dict[str, Any]:
+    """The `vllm serve` flags of a plan, in order."""
+    plan = cand.plan
+    args: dict[str, Any] = {
+        "--dtype": DTYPE_FLAG.get(plan.weight_format, "bfloat16"),
+        "--gpu-memory-utilization": f"{cand.gpu_memory_utilization:.2f}",
+        "--max-model-len": plan.context_len,
+        "--max-num-seqs": plan.concurrency,
+        "--max-num-batched-tokens": plan.batched_tokens,
+        "--kv-cache-dtype": KV_FLAG[plan.kv_dtype],
+        "--block-size": plan.block_size,
+    }
+    q = quantization_flag(plan)
+    if q:
+        args["--quantization"] = q
+    return args
+
+
+def vllm_script(model: ModelSpec, cand: Candidate) -> str:
+    plan, rep = cand.plan, cand.report
+    gib = 2**30
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# Serve {model.name} with vLLM: {plan.short()}  (advisor tune --task inference)",
+        f"# ledger (estimated): weights {rep.device['weights'] / gib:.2f} GiB"
+        f" + constants {rep.device['quant_constants'] / gib:.2f} + KV cache {rep.device['kv_cache'] / gib:.2f}"
+        f" ({rep.extra['tokens_in_flight']:,} tokens x {rep.extra['kv_cache_bytes_per_token']:,} B)"
+        f" + activations {rep.device['transient'] / gib:.2f} + CUDA graphs {rep.device['cuda_graphs'] / gib:.2f}"
+        f" + overhead {rep.device['overhead'] / gib:.2f} = {rep.peak_bytes / gib:.2f} GiB",
+        f"# vLLM may use gpu_memory_utilization x total = {cand.limit_bytes / gib:.2f} GiB; it gives the KV cache "
+        "all of it that weights and activations leave, so capacity is at least the plan's.",
+        "set -euo pipefail",
+    ]
+    if plan.weight_format in ("int4", "int8"):
+        kind = {"int4": f"{plan.quant_method.upper()} 4-bit (group {plan.group_size})",
+                "int8": "compressed-tensors W8A16"}[plan.weight_format]
+        lines.append(f"# needs a checkpoint in {kind} format of this model: set MODEL to it")
+    lines.append(f'MODEL="${{MODEL:-{model.hf_id}}}"')
+    parts = ['exec vllm serve "$MODEL"'] + [f"  {k} {shlex.quote(str(v))}" for k, v in vllm_args(model, cand).items()]
+    parts.append('  "$@"')
+    lines.append(" \\\n".join(parts))
+    return "\n".join(lines) + "\n"
+
+
+def generation_settings(model: ModelSpec, cand: Candidate) -> dict[str, Any]:
+    """transformers GenerationConfig fields for the same plan (static cache of concurrency x context)."""
+    plan = cand.plan
+    return {"cache_implementation": "static", "max_new_tokens": plan.new_tokens, "do_sample": False,
+            "use_cache": True}
+
+
+def transformers_settings(model: ModelSpec, cand: Candidate) -> dict[str, Any]:
+    plan = cand.plan
+    notes = ["StaticCache preallocates batch_size x max_cache_len tokens of K and V in every layer"]
+    if plan.kv_dtype == "fp8":
+        notes.append("transformers' static cache stores K/V in the model dtype: the fp8 KV cache is vLLM-only, "
+                     "so with transformers halve batch_size or max_cache_len")
+    if plan.weight_format in ("int4", "int8", "fp8"):
+        notes.append(f"load a {plan.weight_format} checkpoint (its quantization_config is read from config.json)")
+    return {"model": model.hf_id, "dtype": "bfloat16", "attn_implementation": "sdpa",
+            "batch_size": plan.concurrency, "max_cache_len": plan.context_len,
+            "max_prompt_tokens": plan.prompt_len, "generation_config": generation_settings(model, cand),
+            "notes": notes}
+
+
+def export_serving(model: ModelSpec, cand: Candidate, out_dir: str | Path, extra: dict | None = None) -> dict[str, Path]:
+    """Write serve_vllm.sh, vllm_args.json, generation_config.json, transformers_serving.json, plan.json."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {k: out / n for k, n in (("vllm_script", "serve_vllm.sh"), ("vllm_args", "vllm_args.json"),
+                                     ("generation_config", "generation_config.json"),
+                                     ("transformers", "transformers_serving.json"), ("plan", "plan.json"))}
+    paths["vllm_script"].write_text(vllm_script(model, cand), encoding="utf-8")
+    paths["vllm_script"].chmod(0o755)
+    paths["vllm_args"].write_text(json.dumps({"model": model.hf_id, "args": vllm_args(model, cand)}, indent=2) + "\n")
+    paths["generation_config"].write_text(json.dumps(generation_settings(model, cand), indent=2) + "\n")
+    paths["transformers"].write_text(json.dumps(transformers_settings(model, cand), indent=2) + "\n")
+    paths["plan"].write_text(json.dumps({**cand.to_dict(), **(extra or {})}, indent=2, default=str) + "\n")
+    return paths

@@ -1,0 +1,250 @@
+"""The Plan: every knob the search turns, frozen, validated, and round-tripped through JSON.
+
+A Plan says *how* to fine-tune; the ModelSpec says *what*. Invalid combinations are rejected
+with the rule they break (``Plan.validate``), all rules at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from advisor.core.errors import AdvisorInputError, ConfigErrors
+
+METHODS = ("full", "lora", "qlora")
+QUANTIZATIONS = ("none", "int8", "nf4", "fp4")
+DTYPES = ("bf16", "fp16", "fp32")
+PRECISIONS = ("bf16", "fp16", "fp32", "mixed_bf16", "mixed_fp16")
+OPTIMIZERS = ("adamw_torch", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit", "adafactor", "sgd")
+ATTENTION = ("sdpa", "eager", "flash_attention_2")
+OFFLOADS = ("none", "zero2_cpu", "zero3_cpu")
+ALL_LINEAR = "all-linear"
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One way to fine-tune a model: method, memory techniques and shapes of a step."""
+
+    method: str = "lora"
+    """full (every weight trained), lora (adapters on a bf16/fp16 or 8-bit base), qlora (adapters on a 4-bit base)."""
+    quantization: str = "none"
+    """How the frozen base weights are stored: none, int8 (LLM.int8), nf4 or fp4 (bitsandbytes 4-bit)."""
+    double_quant: bool = False
+    """Quantize the 4-bit absmax constants again (bnb_4bit_use_double_quant)."""
+    compute_dtype: str = "bf16"
+    """dtype quantized weights are dequantized to for the matmul (bnb_4bit_compute_dtype)."""
+    precision: str = "bf16"
+    """Weights and training math: bf16/fp16/fp32 (pure), mixed_bf16/mixed_fp16 (fp32 weights, autocast)."""
+    lora_r: int = 16
+    """LoRA rank: more capacity, more adapter memory."""
+    lora_alpha: float = 32.0
+    """LoRA scaling numerator (scale = alpha / r)."""
+    lora_dropout: float = 0.05
+    """Dropout on the adapter input (0 saves the dropout mask and copy)."""
+    lora_targets: tuple[str, ...] | str = ("q_proj", "k_proj", "v_proj", "o_proj")
+    """Module names that get adapters, or "all-linear"."""
+    gradient_checkpointing: bool = False
+    """Keep only each decoder layer's input and recompute the rest in backward (~1/3 more compute)."""
+    optimizer: str = "adamw_torch"
+    """Optimizer (TrainingArguments.optim names)."""
+    micro_batch: int = 1
+    """Sequences per forward/backward."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step (gradients held between them)."""
+    seq_len: int = 1024
+    """Tokens per sequence."""
+    attn_impl: str = "sdpa"
+    """Attention implementation: sdpa, eager (materializes the scores), flash_attention_2."""
+    offload: str = "none"
+    """none, zero2_cpu (DeepSpeed ZeRO-2, optimizer on the CPU), zero3_cpu (ZeRO-3, parameters and optimizer on the CPU)."""
+    chunked_ce: bool = False
+    """Compute the loss over chunks of the sequence, never holding all logits at once."""
+
+    # ------------------------------------------------------------------ derived
+
+    @property
+    def peft(self) -> bool:
+        return self.method in ("lora", "qlora")
+
+    @property
+    def quantized(self) -> bool:
+        return self.quantization != "none"
+
+    @property
+    def four_bit(self) -> bool:
+        return self.quantization in ("nf4", "fp4")
+
+    @property
+    def param_dtype(self) -> str:
+        """dtype the unquantized weights are held in."""
+        return "fp32" if self.precision.startswith("mixed") or self.precision == "fp32" else self.precision
+
+    @property
+    def activation_dtype(self) -> str:
+        """dtype the forward pass computes in."""
+        if self.precision.startswith("mixed"):
+            return self.precision.split("_")[1]
+        return self.precision
+
+    @property
+    def tokens_per_micro_batch(self) -> int:
+        return self.micro_batch * self.seq_len
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.micro_batch * self.seq_len * self.grad_accum
+
+    # ------------------------------------------------------------------ validation
+
+    def problems(self) -> list[AdvisorInputError]:
+        """Every rule this plan breaks (empty when it is valid)."""
+        errs: list[AdvisorInputError] = []
+
+        def bad(key: str, rule: str, value: Any) -> None:
+            errs.append(AdvisorInputError(flag_of(key), rule, value))
+
+        for key, allowed in (("method", METHODS), ("quantization", QUANTIZATIONS), ("compute_dtype", DTYPES),
+                             ("precision", PRECISIONS), ("optimizer", OPTIMIZERS), ("attn_impl", ATTENTION),
+                             ("offload", OFFLOADS)):
+            if getattr(self, key) not in allowed:
+                bad(key, f"must be one of {', '.join(allowed)}", getattr(self, key))
+        for key in ("micro_batch", "grad_accum", "seq_len"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                bad(key, "must be a whole number of at least 1", v)
+        if errs:
+            return errs
+        if self.method == "qlora" and not self.four_bit:
+            bad("quantization", "qlora trains adapters on a 4-bit base: quantization must be nf4 or fp4",
+                self.quantization)
+        if self.method == "lora" and self.four_bit:
+            bad("quantization", "a 4-bit base with adapters is method qlora, not lora", self.quantization)
+        if self.method == "full" and self.quantized:
+            bad("quantization", "full fine-tuning trains every weight, which cannot stay quantized: use none",
+                self.quantization)
+        if self.double_quant and not self.four_bit:
+            bad("double_quant", "double quantization applies to 4-bit (nf4/fp4) weights only", self.double_quant)
+        if self.peft:
+            if not isinstance(self.lora_r, int) or isinstance(self.lora_r, bool) or self.lora_r < 1:
+                bad("lora_r", "the LoRA rank must be a whole number of at least 1", self.lora_r)
+            if not isinstance(self.lora_alpha, (int, float)) or self.lora_alpha <= 0:
+                bad("lora_alpha", "LoRA alpha must be greater than 0", self.lora_alpha)
+            if not isinstance(self.lora_dropout, (int, float)) or not 0 <= self.lora_dropout < 1:
+                bad("lora_dropout", "LoRA dropout must be in [0, 1)", self.lora_dropout)
+            targets = self.lora_targets
+            if targets != ALL_LINEAR and (not isinstance(targets, tuple) or not targets
+                                          or not all(isinstance(t, str) and t for t in targets)):
+                bad("lora_targets", f"must be a list of module names or {ALL_LINEAR}", targets)
+        if self.attn_impl == "flash_attention_2" and self.activation_dtype == "fp32":
+            bad("attn_impl", "flash_attention_2 computes in fp16/bf16 only; use sdpa or eager with fp32",
+                self.attn_impl)
+        if self.offload != "none":
+            if self.optimizer != "adamw_torch":
+                bad("optimizer", "DeepSpeed CPU offload runs its own CPU Adam: use adamw_torch with offload",
+                    self.optimizer)
+            if self.quantization == "int8":
+                bad("offload", "DeepSpeed ZeRO cannot partition bitsandbytes 8-bit weights", self.offload)
+            if self.offload == "zero3_cpu" and self.four_bit:
+                bad("offload", "ZeRO-3 parameter offload of 4-bit bitsandbytes weights is not planned here; "
+                    "use zero2_cpu with qlora", self.offload)
+        if self.precision in ("fp16",) and self.method == "full":
+            bad("precision", "pure fp16 full fine-tuning diverges (no fp32 master weights): use mixed_fp16 or bf16",
+                self.precision)
+        return errs
+
+    def validate(self) -> "Plan":
+        """Return self, or raise every broken rule at once."""
+        errs = self.problems()
+        if len(errs) == 1:
+            raise errs[0]
+        if errs:
+            raise ConfigErrors(errs)
+        return self
+
+    # ------------------------------------------------------------------ (de)serialization
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["lora_targets"] = self.lora_targets if isinstance(self.lora_targets, str) else list(self.lora_targets)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Plan":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise AdvisorInputError("plan", f"unknown key(s) {', '.join(unknown)}", unknown, show_value=False)
+        data = dict(data)
+        if "lora_targets" in data:
+            data["lora_targets"] = normalize_targets(data["lora_targets"])
+        return cls(**data)
+
+    def with_(self, **changes: Any) -> "Plan":
+        return replace(self, **changes)
+
+    def short(self) -> str:
+        """A one-line summary, for tables."""
+        parts = [self.method]
+        if self.quantized:
+            parts.append(self.quantization + ("+dq" if self.double_quant else ""))
+        if self.peft:
+            targets = self.lora_targets if isinstance(self.lora_targets, str) else ",".join(
+                t.removesuffix("_proj") for t in self.lora_targets)
+            parts.append(f"r{self.lora_r}[{targets}]")
+        parts.append(self.precision)
+        if self.gradient_checkpointing:
+            parts.append("ckpt")
+        parts.append(self.optimizer)
+        if self.offload != "none":
+            parts.append(self.offload)
+        parts.append(f"b{self.micro_batch}x{self.grad_accum} s{self.seq_len}")
+        if self.attn_impl != "sdpa":
+            parts.append(self.attn_impl)
+        if self.chunked_ce:
+            parts.append("chunked-ce")
+        return " ".join(parts)
+
+
+_FLAGS = {
+    "micro_batch": "--micro-batch", "grad_accum": "--grad-accum", "seq_len": "--seq-len",
+    "lora_r": "--lora-r", "lora_alpha": "--lora-alpha", "lora_dropout": "--lora-dropout",
+    "lora_targets": "--lora-targets", "gradient_checkpointing": "--gradient-checkpointing",
+    "attn_impl": "--attn-impl", "compute_dtype": "--compute-dtype", "double_quant": "--double-quant",
+    "chunked_ce": "--chunked-ce",
+}
+
+
+def flag_of(key: str) -> str:
+    """The CLI flag a Plan field is set with."""
+    return _FLAGS.get(key, "--" + key.replace("_", "-"))
+
+
+def normalize_targets(value: Any) -> tuple[str, ...] | str:
+    """"all-linear", "q_proj,v_proj" or a list → the Plan's form."""
+    if isinstance(value, str):
+        if value.strip() == ALL_LINEAR:
+            return ALL_LINEAR
+        return tuple(t.strip() for t in value.split(",") if t.strip())
+    if isinstance(value, (list, tuple)):
+        return tuple(str(t) for t in value)
+    return value
+
+
+def default_quantization(method: str) -> str:
+    return "nf4" if method == "qlora" else "none"
+
+
+def lora_target_modules(plan: Plan, layer_linears: list[str]) -> list[str]:
+    """The decoder-layer linear modules that get adapters under ``plan`` (all-linear → every one)."""
+    if not plan.peft:
+        return []
+    if plan.lora_targets == ALL_LINEAR:
+        return list(layer_linears)
+    missing = [t for t in plan.lora_targets if t not in layer_linears]
+    if missing:
+        raise AdvisorInputError(
+            "--lora-targets", f"module(s) {', '.join(missing)} not in this model's layers "
+            f"(it has {', '.join(layer_linears)})", ",".join(plan.lora_targets), show_value=False)
+    return [t for t in layer_linears if t in plan.lora_targets]

@@ -1,0 +1,88 @@
+"""`advisor doctor`: match an error log to causes and fixes (troubleshooting.yaml), with the
+advisor's own numbers where it can (for an OOM: which ledger categories exceed the card)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from advisor.core.catalog import _load_data
+from advisor.diagnosis.findings import Finding
+from advisor.core.units import format_bytes
+
+_UNIT = {"b": 1, "kb": 2**10, "mb": 2**20, "gb": 2**30, "tb": 2**40}  # PyTorch prints binary units
+# PyTorch's OOM message (c10/cuda/CUDACachingAllocator.cpp): "Tried to allocate 1.95 GiB. GPU 0 has a
+# total capacity of 23.65 GiB of which 1.05 GiB is free. ... this process has 22.58 GiB memory in use.
+# Of the allocated memory 21.90 GiB is allocated by PyTorch, and 256.60 MiB is reserved by PyTorch but unallocated."
+_OOM_FIELDS = {
+    "tried": r"Tried to allocate ([\d.]+) ([KMGT]?i?B)",
+    "total": r"total capacity of ([\d.]+) ([KMGT]?i?B)",
+    "free": r"of which ([\d.]+) ([KMGT]?i?B) is free",
+    "in_use": r"this process has ([\d.]+) ([KMGT]?i?B) memory in use",
+    "allocated": r"([\d.]+) ([KMGT]?i?B) is allocated by PyTorch",
+    "reserved_unallocated": r"([\d.]+) ([KMGT]?i?B) is reserved by PyTorch but unallocated",
+}
+
+
+def knowledge() -> list[dict[str, Any]]:
+    return _load_data("troubleshooting.yaml")
+
+
+def parse_oom(text: str) -> dict[str, int]:
+    """The byte counts PyTorch's CUDA OOM message states."""
+    out = {}
+    for key, pattern in _OOM_FIELDS.items():
+        m = re.search(pattern, text)
+        if m:
+            out[key] = int(float(m.group(1)) * _UNIT[m.group(2).lower().replace("ib", "b")])
+    return out
+
+
+def diagnose(text: str, report=None) -> list[Finding]:
+    """Findings for every known symptom the log shows; ``report`` (a MemoryReport of the run's plan)
+    adds the ledger's view of an OOM."""
+    findings = []
+    for entry in knowledge():
+        hits = [m for p in entry["patterns"] for m in [re.search(p, text, re.IGNORECASE)] if m]
+        if not hits:
+            continue
+        line = _line_of(text, hits[0].start())
+        evidence = f"log: {line.strip()[:200]}"
+        data: dict[str, Any] = {"matched": hits[0].group(0)}
+        fixes = list(entry["fixes"])
+        if entry["id"] in ("cuda-oom", "fragmentation"):
+            numbers = parse_oom(text)
+            data["oom"] = numbers
+            if numbers:
+                evidence += "; " + ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}" for k, v in numbers.items())
+            if entry["id"] == "fragmentation" and numbers.get("reserved_unallocated", 0) < numbers.get("tried", 1):
+                continue  # fragmentation matters only when the free-but-reserved memory could have served it
+            if entry["id"] == "cuda-oom" and report is not None:
+                over = ledger_over(report, numbers.get("total"))
+                if over:
+                    evidence += f"; advisor ledger: {over}"
+        findings.append(Finding(check=f"log.{entry['id']}", severity="error", title=f"{entry['symptom']}: {entry['cause']}",
+                                evidence=evidence, fixes=tuple(fixes), area="log",
+                                data={**data, "source": entry.get("source", "")}))
+    return findings
+
+
+def ledger_over(report, capacity: int | None, fmt=format_bytes) -> str:
+    """Which ledger categories alone fill the card: the largest ones, added until they pass ``capacity``."""
+    items = sorted(((k, v) for k, v in report.device.items() if v > 0), key=lambda kv: -kv[1])
+    if not items:
+        return ""
+    running, used = 0, []
+    for k, v in items:
+        running += v
+        used.append(f"{k.replace('_', ' ')} {fmt(v)}")
+        if capacity and running > capacity:
+            what = f"{used[0]} alone exceeds" if len(used) == 1 else f"{' + '.join(used)} = {fmt(running)} exceed"
+            return f"{what} the card's {fmt(capacity)} (predicted peak {fmt(report.peak_bytes)}, {report.source})"
+    return f"predicted peak {fmt(report.peak_bytes)} ({report.source}); largest: " + ", ".join(used[:3])
+
+
+def _line_of(text: str, pos: int) -> str:
+    start = text.rfind("\n", 0, pos) + 1
+    end = text.find("\n", pos)
+    return text[start:end if end >= 0 else len(text)]

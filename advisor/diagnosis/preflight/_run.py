@@ -1,0 +1,203 @@
+"""Gather the checks of a preflight and give the verdict."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from advisor.core.catalog import GpuSpec, ModelSpec, detect_gpu, resolve_gpu, resolve_model
+from advisor.diagnosis.doctor import ledger_over
+from advisor.diagnosis.findings import Finding, verdict
+from advisor.memory.ledger import LABELS, MemoryReport
+from advisor.core.plan import Plan
+from advisor.diagnosis.preflight import _config, _env
+from advisor.diagnosis.preflight._data import DataStats, data_stats
+from advisor.search.select import fits
+from advisor.core.units import Budget, format_bytes, parse_budget
+
+
+@dataclass(frozen=True)
+class PreflightInput:
+    config: str
+    gpu_budget: str | None = None
+    gpu: str | None = None
+    data: str | None = None
+    probe: bool = False
+    max_seq_len: int | None = None
+    headroom: float = 0.05
+    epochs: float | None = None
+    trust_remote_code: bool = False
+
+
+@dataclass
+class PreflightResult:
+    verdict: str
+    findings: list[Finding]
+    model: ModelSpec
+    plan: Plan
+    budget: Budget | None
+    gpu: GpuSpec | None
+    report: MemoryReport | None
+    data: DataStats | None = None
+    hours: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.verdict == "GO" else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict, "exit_code": self.exit_code,
+            "model": {"name": self.model.name, "params_total": self.model.params_total},
+            "plan": self.plan.to_dict(), "plan_short": self.plan.short(),
+            "gpu": self.gpu.to_dict() if self.gpu else None,
+            "budget": {"bytes": self.budget.bytes, "text": self.budget.text} if self.budget else None,
+            "memory": self.report.to_dict() if self.report else None,
+            "data": self.data.__dict__ if self.data else None, "hours": self.hours,
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+def _load(path: str):
+    from advisor.configs.read import read_config
+
+    return read_config(path)
+
+
+def run_preflight(inp: PreflightInput) -> PreflightResult:
+    name_or_path, plan, extras = _load(inp.config)
+    model = resolve_model(name_or_path, trust_remote_code=inp.trust_remote_code)
+    sections = extras.get("sections", extras) if isinstance(extras, dict) else {}
+    training = dict(sections.get("training") or {})
+    model_section = dict(sections.get("model") or {})
+    detected = detect_gpu()
+    gpu = resolve_gpu(inp.gpu) if inp.gpu else detected
+    budget = None
+    if inp.gpu_budget:
+        budget = parse_budget(inp.gpu_budget, "--gpu-budget", gpu.memory_bytes if gpu else None)
+    elif gpu is not None:
+        budget = Budget(gpu.memory_bytes, "GiB", gpu.name)
+
+    findings: list[Finding] = []
+    findings += _config.check_plan_rules(plan)
+    findings += _config.check_targets(model, plan)
+    findings += _config.check_learning_rate(plan, training)
+    findings += _config.check_use_cache(plan, model_section, model)
+    findings += _config.check_pad_token(model)
+    findings += _env.check_versions(plan)
+    findings += _env.check_gpu(plan, gpu, budget.bytes if budget else None)
+
+    stats = data_stats(inp.data, model.path) if inp.data else None
+    seq = inp.max_seq_len or plan.seq_len
+    if stats is not None and stats.longest_tokens:
+        seq = min(seq, max(1, stats.longest_tokens))
+    mem_plan = plan.with_(seq_len=seq)
+    report = None
+    if not any(f.severity == "error" and f.area == "config" for f in findings):
+        report = _memory(model, mem_plan, gpu)
+        findings += memory_findings(report, budget, inp.headroom, seq, stats)
+        if inp.probe:
+            findings += _probe(model, mem_plan, gpu, budget)
+        ckpt = _checkpoint_bytes(model, plan, report)
+        findings += _env.check_host(report.host_bytes, ckpt, training.get("output_dir", "outputs"))
+        hours, time_finding = _time(model, mem_plan, gpu, stats, training, inp.epochs)
+        findings += time_finding
+    else:
+        hours = None
+    order = {"error": 0, "warning": 1, "info": 2, "ok": 3}
+    findings.sort(key=lambda f: order[f.severity])
+    return PreflightResult(verdict(findings), findings, model, plan, budget, gpu, report, stats, hours)
+
+
+def _memory(model: ModelSpec, plan: Plan, gpu: GpuSpec | None) -> MemoryReport:
+    from advisor.runtime.backends import available, get_backend
+
+    backend = "simulate" if "simulate" in available() else "estimate"
+    return get_backend(backend)(model, plan, gpu)
+
+
+def memory_findings(report: MemoryReport, budget: Budget | None, headroom: float, seq: int,
+                    stats: DataStats | None) -> list[Finding]:
+    if budget is None:
+        return [Finding("memory.fit", "info", f"peak {format_bytes(report.peak_bytes)} ({report.source}); "
+                        "no budget to check against", "", ("pass --gpu-budget or --gpu",), "memory")]
+    top = sorted(((k, v) for k, v in report.device.items() if v >= 0.02 * budget.bytes), key=lambda kv: -kv[1])
+    ledger = ", ".join(f"{LABELS.get(k, k).lower()} {budget.format(v)}" for k, v in top)
+    where = f"at seq {seq:,}" + (" (the longest sequence in the data)" if stats else "")
+    data = {"peak_bytes": report.peak_bytes, "budget_bytes": budget.bytes, "seq_len": seq}
+    if report.peak_bytes > budget.bytes:
+        over = ledger_over(report, budget.bytes, budget.format).replace("the card's", "the budget of")
+        return [Finding("memory.fit", "error",
+                        f"does not fit: peak {budget.format(report.peak_bytes)} ({report.source}) > {budget} {where}",
+                        f"ledger: {ledger}. {over}",
+                        _memory_fixes(report), "memory", data)]
+    if not fits(report.peak_bytes, budget.bytes, headroom):
+        return [Finding("memory.fit", "warning",
+                        f"tight: peak {budget.format(report.peak_bytes)} ({report.source}) leaves less than "
+                        f"{headroom:.0%} of {budget} {where}", f"ledger: {ledger}",
+                        ("lower the micro-batch or turn on gradient checkpointing for headroom",), "memory", data)]
+    left = budget.bytes - report.peak_bytes
+    return [Finding("memory.fit", "ok", f"fits: peak {budget.format(report.peak_bytes)} ({report.source}) of {budget}, "
+                    f"{budget.format(left)} left {where}", f"ledger: {ledger}", (), "memory", data)]
+
+
+def _memory_fixes(report: MemoryReport) -> tuple[str, ...]:
+    d = report.device
+    fixes = []
+    if d.get("optimizer_states", 0) + d.get("gradients", 0) > d.get("activations", 0):
+        fixes.append("train LoRA/QLoRA adapters instead of every weight (gradients and optimizer states shrink ~100x)")
+        fixes.append("use an 8-bit optimizer (paged_adamw_8bit): states cost 1/4")
+    if d.get("weights", 0) > 0.3 * report.peak_bytes:
+        fixes.append("load the base in 4-bit (QLoRA nf4 + double quantization): weights cost ~1/4")
+    if d.get("activations", 0) > 0.2 * report.peak_bytes:
+        fixes.append("turn on gradient checkpointing or lower the micro-batch")
+    if d.get("transient", 0) > 0.1 * report.peak_bytes:
+        fixes.append("use a chunked cross-entropy loss (large vocabulary logits)")
+    fixes.append("or run `advisor tune` for the fastest plan that fits")
+    return tuple(fixes)
+
+
+def _probe(model, plan, gpu, budget) -> list[Finding]:
+    from advisor.runtime.backends import available, get_backend
+
+    device = "cuda" if gpu is not None and gpu.detected else "cpu"
+    if device not in available():
+        return [Finding("memory.probe", "warning", f"--probe asked but no {device} probe backend is installed", "", (),
+                        "memory")]
+    rep = get_backend(device)(model, plan, gpu, budget_bytes=budget.bytes if budget else None)
+    status = rep.extra.get("status", "ok")
+    if status != "ok":
+        return [Finding("memory.probe", "error", f"probe {status}: {rep.extra.get('message', '')}", "", (), "memory")]
+    return [Finding("memory.probe", "ok", f"probe ran: peak {format_bytes(rep.peak_bytes)} measured, "
+                    f"{rep.extra.get('tokens_per_s', 0):,.0f} tokens/s", "", (), "memory", rep.extra)]
+
+
+def _checkpoint_bytes(model: ModelSpec, plan: Plan, report: MemoryReport) -> int:
+    """One checkpoint: the trainable weights in bf16/fp32 plus the optimizer states (Trainer saves both)."""
+    d = report.device
+    if plan.peft:
+        return int(d.get("adapter_weights", 0) + d.get("optimizer_states", 0) + report.host.get("optimizer_states", 0))
+    return int(model.params_total * 2 + d.get("optimizer_states", 0) + report.host.get("optimizer_states", 0))
+
+
+def _time(model, plan, gpu, stats, training, epochs):
+    from advisor.core.catalog import gpu_for_budget
+    from advisor.speed.throughput import predict_throughput
+
+    target = gpu or gpu_for_budget(24 * 2**30)
+    tps = predict_throughput(model, plan, target)
+    epochs = epochs or training.get("num_train_epochs") or 1
+    if stats is not None:
+        tokens = stats.total_tokens * float(epochs)
+        how = f"{stats.total_tokens:,} tokens{' (approx. chars/4)' if not stats.measured else ''} × {epochs} epochs"
+    elif training.get("max_steps") and int(training["max_steps"]) > 0:
+        tokens = int(training["max_steps"]) * plan.tokens_per_step
+        how = f"{training['max_steps']} steps × {plan.tokens_per_step:,} tokens"
+    else:
+        return None, [Finding("time.estimate", "info", "no --data and no max_steps: training time not estimated", "",
+                              ("pass --data FILE",), "time")]
+    hours = tokens / tps.tokens_per_s / 3600
+    return hours, [Finding("time.estimate", "info", f"about {hours:,.1f} h on a {target.name} "
+                           f"({tps.tokens_per_s:,.0f} tokens/s predicted)", how, (), "time",
+                           {"hours": hours, "tokens": tokens, "tokens_per_s": tps.tokens_per_s})]

@@ -1,0 +1,88 @@
+"""Plans for several GPUs: data parallel with ZeRO-2, ZeRO-3 or FSDP sharding, per-GPU ledger and
+communication volume.
+
+Each GPU runs the plan's micro-batch (data parallel), so saved activations and transients stay
+per GPU; what sharding divides is the model state (Rajbhandari et al. 2020, ZeRO §5, fig. 1):
+
+| strategy     | weights        | gradients | optimizer states, masters |
+|--------------|----------------|-----------|---------------------------|
+| ddp          | replicated     | replicated | replicated               |
+| zero2        | replicated     | 1/N       | 1/N                       |
+| zero3, fsdp  | 1/N + gathered | 1/N       | 1/N                       |
+
+Communication per optimizer step, bytes each GPU sends (ring collectives move (N-1)/N of the
+buffer per reduce-scatter or all-gather; ZeRO §7.2): ddp and zero2 2Ψ(N-1)/N (reduce-scatter +
+all-gather of gradients/parameters), zero3/fsdp 3Ψ(N-1)/N (parameters gathered in forward and
+again in backward), Ψ = bytes of the trainable parameters (all parameters for zero3's gathers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from advisor.core.catalog import GpuSpec, ModelSpec
+from advisor.core.errors import AdvisorInputError
+from advisor.memory.ledger import MemoryReport
+from advisor.memory.overhead import framework_overhead
+from advisor.core.plan import DTYPE_BYTES, Plan
+
+STRATEGIES = ("ddp", "zero2", "zero3", "fsdp")
+NVLINK_GBS = {"h100-sxm": 450.0, "h200": 450.0, "a100-80gb": 300.0, "a100-40gb": 300.0, "v100-16gb": 150.0,
+              "v100-32gb": 150.0}  # per-direction NVLink bandwidth (NVIDIA datasheets); others: PCIe host link
+
+
+def _check(gpus: int, strategy: str) -> None:
+    if not isinstance(gpus, int) or gpus < 1:
+        raise AdvisorInputError("--gpus", "must be a whole number of at least 1", gpus)
+    if strategy not in STRATEGIES:
+        raise AdvisorInputError("--sharding", f"must be one of {', '.join(STRATEGIES)}", strategy)
+
+
+def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, strategy: str,
+                 gpu: GpuSpec | None = None) -> MemoryReport:
+    """The per-GPU ledger of ``report`` (one GPU's step) when N GPUs shard the model state."""
+    _check(gpus, strategy)
+    if gpus == 1 or strategy == "ddp":
+        return replace(report, extra={**report.extra, "gpus": gpus, "sharding": strategy,
+                                      "comm_bytes_per_step": comm_bytes_per_step(model, plan, gpus, strategy)})
+    d = dict(report.device)
+    d.pop("overhead", None)
+    for cat in ("gradients", "optimizer_states", "master_weights"):
+        d[cat] = d.get(cat, 0) // gpus
+    if strategy in ("zero3", "fsdp"):
+        p = DTYPE_BYTES[plan.param_dtype]
+        # one decoder layer gathered at a time plus the next one prefetched (FSDP forward_prefetch,
+        # DeepSpeed stage3_prefetch_bucket_size), and the embedding when it is gathered
+        gathered = max(2 * model.layer_params(), model.embedding_params) * p
+        d["weights"] = d.get("weights", 0) // gpus + gathered
+        d["quant_constants"] = d.get("quant_constants", 0) // gpus
+    tensor_peak = sum(d.values())
+    overhead, _ = framework_overhead(tensor_peak, gpu)
+    d["overhead"] = overhead
+    host = {k: v // gpus for k, v in report.host.items()}
+    notes = (*report.notes, f"{strategy} over {gpus} GPUs: per-GPU ledger; collectives are modelled, not traced")
+    return replace(report, device=d, host=host, tensor_peak_bytes=int(tensor_peak),
+                   peak_bytes=int(tensor_peak + overhead), notes=notes,
+                   extra={**report.extra, "gpus": gpus, "sharding": strategy,
+                          "comm_bytes_per_step": comm_bytes_per_step(model, plan, gpus, strategy)})
+
+
+def comm_bytes_per_step(model: ModelSpec, plan: Plan, gpus: int, strategy: str) -> int:
+    """Bytes each GPU sends per optimizer step (ZeRO §7.2 communication analysis)."""
+    if gpus == 1:
+        return 0
+    from advisor.memory.training import param_breakdown
+
+    pb = param_breakdown(model, plan)
+    grad_b = 4 if plan.peft else DTYPE_BYTES[plan.param_dtype]
+    ring = (gpus - 1) / gpus
+    grads = pb.trainable * grad_b
+    if strategy in ("zero3", "fsdp"):
+        params = model.params_total * DTYPE_BYTES[plan.param_dtype] if not plan.peft else pb.trainable * grad_b
+        # all-gather in forward and backward, reduce-scatter of gradients
+        return int(ring * (2 * params + grads))
+    return int(ring * 2 * grads)  # all-reduce = reduce-scatter + all-gather
+
+
+def interconnect_gbs(gpu: GpuSpec) -> float:
+    return NVLINK_GBS.get(gpu.key, gpu.host_link_gbs)

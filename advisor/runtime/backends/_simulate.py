@@ -1,0 +1,86 @@
+"""The simulate backend: one real training step under FakeTensorMode, every storage tracked.
+
+Device bytes are the traced tensors at the peak (``tensor_peak_bytes``) plus the GPU-side overhead
+the trace cannot see (advisor.memory.overhead, per GPU model). Offload plans are traced without DeepSpeed
+and moved the way DeepSpeed documents it (see ``_offload``).
+"""
+
+from __future__ import annotations
+
+
+from advisor.core.catalog import GpuSpec, ModelSpec
+from advisor.core.errors import AdvisorInputError
+from advisor.memory.ledger import MemoryReport, empty
+from advisor.core.plan import DTYPE_BYTES, Plan
+
+
+def measure(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *, layers: str | int = "auto",
+            **_: object) -> MemoryReport:
+    from advisor.memory.overhead import framework_overhead
+    from advisor.runtime.simulate.extrapolate import simulate
+
+    plan.validate()
+    if model.arch is None:
+        raise AdvisorInputError("--model", f"the simulate backend needs an architecture it knows "
+                                f"(architectures.yaml); {model.model_type!r} is not one", model.model_type)
+    traced = plan.with_(offload="none") if plan.offload != "none" else plan
+    sim = simulate(model, traced, layers=layers)
+    notes = list(sim.notes)
+    if sim.extrapolated:
+        notes.append(f"traced {sim.layers_traced[0]} and {sim.layers_traced[1]} decoder layers, "
+                     f"extrapolated to {model.num_layers}")
+    device, phase, host = dict(sim.ledger), sim.peak_phase, empty()
+    if plan.offload != "none":
+        device, phase, host, more = _offload(model, plan, sim)
+        notes += more
+    if plan.optimizer.startswith("paged"):
+        notes.append("paged optimizer states are counted on the GPU (resident); under memory pressure "
+                     "bitsandbytes pages them to host memory")
+    tensor_peak = sum(device.values())
+    overhead, parts = framework_overhead(tensor_peak, gpu)
+    device = {**empty(), **device, "overhead": overhead}
+    return MemoryReport(
+        source="simulated", backend="simulate", device=device, host=host, tensor_peak_bytes=int(tensor_peak),
+        peak_bytes=int(tensor_peak + overhead), peak_phase=phase, notes=tuple(notes),
+        extra={"simulation_seconds": round(sim.seconds, 3), "layers_traced": list(sim.layers_traced),
+               "extrapolated": sim.extrapolated, "overhead_parts": parts,
+               "phase_peaks": {k: v.bytes for k, v in sim.phases.items()}},
+    )
+
+
+def _offload(model: ModelSpec, plan: Plan, sim):
+    """DeepSpeed ZeRO-Offload / ZeRO-3 offload applied to a traced step without offload.
+
+    ZeRO-Offload keeps fp32 master weights, fp32 Adam moments and fp32 gradients in host memory and
+    runs the optimizer there (DeepSpeedCPUAdam); the GPU holds the low-precision parameters, the
+    activations and gradient buckets of ``reduce_bucket_size`` elements on their way out
+    (deepspeed.ai/tutorials/zero-offload, deepspeed.ai/docs/config-json "offload_optimizer",
+    Ren et al. 2021 §4). ZeRO-3 ``offload_param`` keeps the parameters on the host and gathers them
+    a layer at a time plus ``stage3_prefetch_bucket_size`` (deepspeed.ai/docs/config-json
+    "offload_param", Rajbhandari et al. 2021).
+    """
+    from advisor.memory.training import ZERO2_REDUCE_BUCKET, ZERO3_PREFETCH, param_breakdown, weight_bytes
+
+    pb = param_breakdown(model, plan)
+    tb = 4 if plan.peft else DTYPE_BYTES[plan.param_dtype]
+    host = empty()
+    host.update(optimizer_states=pb.trainable * 8, master_weights=pb.trainable * 4, gradients=pb.trainable * 4)
+    bucket = int(min(pb.trainable, ZERO2_REDUCE_BUCKET) * tb)
+    best, best_phase = None, ""
+    for name, peak in sim.phases.items():
+        if name == "optimizer":
+            continue  # the optimizer step runs on the CPU
+        d = dict(peak.ledger)
+        d["optimizer_states"] = 0
+        d["gradients"] = min(d["gradients"], bucket) if name == "forward" else bucket
+        if best is None or sum(d.values()) > sum(best.values()):
+            best, best_phase = d, name
+    notes = ["offload: optimizer states, fp32 master weights and fp32 gradients in host memory (DeepSpeed "
+             "ZeRO-Offload); gradients on the GPU only as reduce buckets"]
+    if plan.offload == "zero3_cpu":
+        weights, _ = weight_bytes(model, plan, pb)
+        host["weights"] = weights
+        live = max(model.layer_params(), model.embedding_params) * 2 + ZERO3_PREFETCH
+        best["weights"] = int(min(model.params_total, live) * DTYPE_BYTES[plan.param_dtype])
+        notes.append("zero3_cpu: parameters in host memory, gathered a layer at a time (+ prefetch bucket)")
+    return best, best_phase, host, notes

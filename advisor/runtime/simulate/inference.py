@@ -1,0 +1,148 @@
+"""Prefill and decode peaks of transformers generation with a static KV cache, traced with fake tensors.
+
+Measurement protocol (as nanoGPT's bench.py writes its own down):
+1. build the model from its config (no weights) in bf16 with sdpa attention, inside the live-bytes tracker
+   (advisor/runtime/simulate/tracker.py ``LiveBytes``); every parameter and buffer is a recorded storage;
+2. make a ``StaticCache(max_cache_len=context_len)``; its K/V tensors are allocated by the first forward
+   (transformers cache_utils ``StaticLayer.lazy_initialization``), B x n_kv x context x d per layer;
+3. prefill: one forward of ``concurrency x prompt_len`` tokens with ``logits_to_keep=1`` under
+   ``torch.no_grad`` (what ``generate`` does); its peak is the prefill peak;
+4. decode: one forward of ``concurrency x 1`` tokens at position ``prompt_len``; its peak is the decode peak;
+5. the ledger at each peak: parameters and buffers are weights, the static cache's tensors are the KV
+   cache, everything else is transient.
+
+With ``fake=False`` the same code runs real CPU tensors (the proof that the fake run equals execution).
+Decoder layers are identical, so ``trace_serving_extrapolated`` traces two depths and extends linearly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import asdict, dataclass, field
+
+from advisor.core.catalog import ModelSpec
+from advisor.memory.inference import ServePlan
+
+
+@dataclass(frozen=True)
+class PhasePeak:
+    phase: str
+    bytes: int
+    ledger: dict[str, int]
+    """weights, kv_cache, transient at the phase's peak."""
+
+
+@dataclass(frozen=True)
+class ServeTrace:
+    """What a traced prefill + decode says about memory."""
+
+    num_layers: int
+    prefill: PhasePeak
+    decode: PhasePeak
+    seconds: float
+    fake: bool
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(self.prefill.bytes, self.decode.bytes)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["peak_bytes"] = self.peak_bytes
+        return d
+
+
+def _hf_model(spec: ModelSpec, num_layers: int | None):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from advisor.core.catalog import build_hf_config
+
+    cfg = build_hf_config(spec.config)
+    if num_layers is not None:
+        cfg.num_hidden_layers = num_layers
+        if getattr(cfg, "layer_types", None):
+            cfg.layer_types = cfg.layer_types[:num_layers]
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
+    return model.eval(), cfg
+
+
+def trace_serving(spec: ModelSpec, plan: ServePlan, *, fake: bool = True, num_layers: int | None = None,
+                  seed: int = 0) -> ServeTrace:
+    """Trace the prefill of ``plan.concurrency x plan.prompt_len`` tokens and one decode step."""
+    import torch
+    from torch._subclasses import FakeTensorMode
+
+    from advisor.runtime.simulate.tracker import LiveBytes
+
+    plan.validate()
+    notes = []
+    if plan.weight_format not in ("bf16", "fp16") or plan.kv_dtype not in ("bf16", "fp16"):
+        notes.append(f"traced with bf16 weights and KV cache (plan: {plan.weight_format} weights, "
+                     f"{plan.kv_dtype} KV); compare transients, not weights")
+    start = time.perf_counter()
+    torch.manual_seed(seed)
+    tracker = LiveBytes()
+    B, P = plan.concurrency, plan.prompt_len
+    peaks: dict[str, tuple[int, int]] = {}
+    fake_mode = FakeTensorMode() if fake else contextlib.nullcontext()
+    with fake_mode, tracker, torch.no_grad():
+        from transformers import StaticCache
+
+        model, cfg = _hf_model(spec, num_layers)
+        cache = StaticCache(config=cfg, max_cache_len=plan.context_len)
+        ids = torch.randint(0, spec.vocab_size, (B, P))
+        tracker.phase = "prefill"
+        tracker.reset_peak()
+        out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1, cache_position=torch.arange(P))
+        peaks["prefill"] = (tracker.peak.bytes, tracker.peak.clock)
+        nxt = out.logits[:, -1:].argmax(-1)
+        del out, ids
+        tracker.phase = "decode"
+        tracker.reset_peak()
+        out = model(input_ids=nxt, cache=cache, use_cache=True, logits_to_keep=1,
+                    cache_position=torch.tensor([P]))
+        peaks["decode"] = (tracker.peak.bytes, tracker.peak.clock)
+        groups: dict[int, str] = {}
+        for t in [*model.parameters(), *model.buffers()]:
+            rec = tracker.record_of(t)
+            if rec is not None:
+                groups[rec.uid] = "weights"
+        for layer in cache.layers:
+            for t in (layer.keys, layer.values):
+                rec = tracker.record_of(t)
+                if rec is not None:
+                    groups[rec.uid] = "kv_cache"
+        phases = {}
+        for phase, (nbytes, clock) in peaks.items():
+            ledger = {"weights": 0, "kv_cache": 0, "transient": 0}
+            for rec in tracker.live_at(clock):
+                ledger[groups.get(rec.uid, "transient")] += rec.nbytes
+            phases[phase] = PhasePeak(phase, nbytes, ledger)
+        layers = cfg.num_hidden_layers
+        del out, model, cache
+    return ServeTrace(num_layers=layers, prefill=phases["prefill"], decode=phases["decode"],
+                      seconds=time.perf_counter() - start, fake=fake, notes=notes)
+
+
+def trace_serving_extrapolated(spec: ModelSpec, plan: ServePlan, *, depths: tuple[int, int] = (2, 3),
+                               fake: bool = True) -> ServeTrace:
+    """Trace ``depths`` layers and extend linearly to the model's depth: weights and KV grow by one layer's
+    share per layer; the transient peak (one layer's working set, the logits) does not depend on depth."""
+    a, b = depths
+    ta = trace_serving(spec, plan, fake=fake, num_layers=a)
+    tb = trace_serving(spec, plan, fake=fake, num_layers=b)
+    L = spec.num_layers
+
+    def extend(pa: PhasePeak, pb: PhasePeak) -> PhasePeak:
+        ledger = {}
+        for k in pb.ledger:
+            per_layer = (pb.ledger[k] - pa.ledger[k]) / (b - a)
+            ledger[k] = int(round(pb.ledger[k] + per_layer * (L - b)))
+        return PhasePeak(pb.phase, sum(ledger.values()), ledger)
+
+    return ServeTrace(num_layers=L, prefill=extend(ta.prefill, tb.prefill), decode=extend(ta.decode, tb.decode),
+                      seconds=ta.seconds + tb.seconds, fake=fake,
+                      notes=[*tb.notes, f"extrapolated linearly from {a} and {b} layers"])

@@ -1,0 +1,225 @@
+"""Run one training step under the tracker: warm-up step, then one measured step, ledger at the peak.
+
+Measurement protocol (written down, as nanoGPT's bench.py does):
+1. build the setup inside the tracker (every parameter, buffer and constant is a recorded storage);
+2. warm-up: one full step (``grad_accum`` micro-steps and the optimizer step), so optimizer state
+   exists and lazy buffers are made, as in every step after the first;
+3. reset the peak; run the measured step with phase marks (forward, backward, optimizer, zero_grad);
+4. classify the storages live at each phase's peak: parameters, quantization constants, gradients
+   and optimizer states by identity; saved activations by autograd's saved-tensor hook (and anything
+   made in the forward that outlives it); the rest is transient.
+
+``cuda_semantics`` makes the CPU run the ops CUDA would run where the two differ in memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+from advisor.core.catalog import ModelSpec
+from advisor.memory.ledger import CATEGORIES
+from advisor.core.plan import Plan
+
+PHASES = ("forward", "backward", "optimizer")
+LARGEST = 16  # storages listed in PhasePeak.largest
+
+
+@dataclass
+class PhasePeak:
+    """The highest live bytes within one phase of the measured step, and the ledger at that moment."""
+
+    phase: str
+    bytes: int
+    ledger: dict[str, int]
+    largest: list = field(default_factory=list)
+    """The largest live storages at the peak: (bytes, category, op that made it, phase it was made in)."""
+
+
+@dataclass
+class StepTrace:
+    """What one traced step says about memory."""
+
+    num_layers: int
+    peak_bytes: int
+    peak_phase: str
+    ledger: dict[str, int]
+    phases: dict[str, PhasePeak]
+    baseline_bytes: int
+    """Live bytes when the measured step begins (weights, constants, optimizer states)."""
+    seconds: float
+    fake: bool
+    notes: list[str] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def cuda_semantics():
+    """Where the CPU build of torch decomposes an op differently from CUDA, run CUDA's op.
+
+    - ``F.dropout`` on the CPU is ``bernoulli_`` noise in the input's dtype, saved for backward (4 B per
+    element for fp32 LoRA inputs); on CUDA it is the fused ``native_dropout`` that saves a bool mask
+    (aten/src/ATen/native/Dropout.cpp ``is_fused_kernel_acceptable``). ``native_dropout`` has a CPU
+    kernel too, so call it.
+    - transformers' causal mask: see ``ignore_causal_mask`` below.
+    """
+    import torch
+    import torch.nn.functional as F
+    from transformers import masking_utils
+
+    original = F.dropout
+    original_skip = masking_utils._ignore_causal_mask_sdpa
+
+    def ignore_causal_mask(padding_mask, q_length, kv_length, q_offset, kv_offset, local_attention_size=None):
+        # transformers builds an explicit s x s causal mask when the cache position is a fake tensor (it
+        # cannot read it) where a real run passes is_causal=True to sdpa; without padding and without a
+        # cache, decide as the real run does (masking_utils._ignore_causal_mask_sdpa)
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        if (padding_mask is None and isinstance(q_offset, FakeTensor) and q_length == kv_length
+                and (local_attention_size is None or kv_length < local_attention_size)):
+            return True
+        return original_skip(padding_mask, q_length, kv_length, q_offset, kv_offset, local_attention_size)
+
+    original_packed = masking_utils.find_packed_sequence_indices
+
+    def find_packed_sequence_indices(position_ids):
+        # the same for packed sequences: a real run reads the position ids and finds none (we pass none)
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        return None if isinstance(position_ids, FakeTensor) else original_packed(position_ids)
+
+    def dropout(input, p=0.5, training=True, inplace=False):
+        if training and 0 < p < 1 and not inplace and input.numel() > 0:
+            return torch.native_dropout(input, p, True)[0]
+        return original(input, p, training, inplace)
+
+    F.dropout = dropout
+    masking_utils._ignore_causal_mask_sdpa = ignore_causal_mask
+    masking_utils.find_packed_sequence_indices = find_packed_sequence_indices
+    try:
+        yield
+    finally:
+        F.dropout = original
+        masking_utils._ignore_causal_mask_sdpa = original_skip
+        masking_utils.find_packed_sequence_indices = original_packed
+
+
+def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: int | None = None,
+               target_device: str = "cuda", quant_impl: str = "auto", seed: int = 0) -> StepTrace:
+    """Trace warm-up + one measured step of ``plan`` on ``spec`` (``num_layers`` decoder layers)."""
+    import torch
+    from torch._subclasses import FakeTensorMode
+
+    from advisor.runtime.build import build_training_setup
+    from advisor.runtime.simulate.standins import quant_constant_tensors
+    from advisor.runtime.simulate.tracker import LiveBytes
+
+    start = time.perf_counter()
+    tracker = LiveBytes()
+    saved: set[int] = set()
+
+    def pack(t):
+        rec = tracker.record_of(t)
+        if rec is not None:
+            saved.add(rec.uid)
+        return t
+
+    fake_mode = FakeTensorMode() if fake else contextlib.nullcontext()
+    marks: dict[str, int] = {}
+    ids: dict[str, set[int]] = {"gradients": set(), "optimizer_states": set()}
+    phase_peaks: dict[str, tuple[int, int]] = {}
+    measuring = {"on": False}
+    forward_begin = {"clock": 0}
+
+    def close_phase():
+        if measuring["on"] and tracker.phase in PHASES:
+            best = phase_peaks.get(tracker.phase)
+            if best is None or tracker.peak.bytes > best[0]:
+                phase_peaks[tracker.phase] = (tracker.peak.bytes, tracker.peak.clock)
+
+    def hook(name: str) -> None:
+        close_phase()
+        if name == "backward":
+            # whatever the forward made and is still alive is held for backward (graph, loss)
+            for rec in tracker.live_at(tracker.clock):
+                if rec.born > forward_begin["clock"]:
+                    saved.add(rec.uid)
+        if name == "zero_grad" and measuring["on"]:
+            for p in setup.model.parameters():
+                rec = tracker.record_of(p.grad) if p.grad is not None else None
+                if rec is not None:
+                    ids["gradients"].add(rec.uid)
+            for state in setup.optimizer.state.values():
+                for v in state.values():
+                    rec = tracker.record_of(v)
+                    if rec is not None:
+                        ids["optimizer_states"].add(rec.uid)
+        if name == "forward":
+            forward_begin["clock"] = tracker.clock
+        tracker.phase = name if name in PHASES else tracker.phase
+        tracker.reset_peak()
+        marks.setdefault(name, tracker.clock)
+
+    with cuda_semantics(), fake_mode, tracker, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        setup = build_training_setup(spec, plan, device="cpu", num_layers=num_layers, quant_impl=quant_impl,
+                                     seed=seed, target_device=target_device)
+        batches = [setup.make_batch(i) for i in range(plan.grad_accum)]
+        setup.phase_hook = hook
+        setup.train_step(batches)  # warm-up
+        measuring["on"] = True
+        tracker.phase = "baseline"
+        baseline = tracker.live_bytes
+        setup.train_step(batches)  # measured
+        close_phase()
+        measuring["on"] = False
+        # identities of what persists, while the setup is alive
+        groups = _identity_groups(tracker, setup, quant_constant_tensors(setup.model), plan)
+        for rec_uid in ids["gradients"]:
+            groups.setdefault(rec_uid, "gradients")
+        for rec_uid in ids["optimizer_states"]:
+            groups.setdefault(rec_uid, "optimizer_states")
+        for rec_uid in saved:
+            groups.setdefault(rec_uid, "activations")
+        phases = {}
+        for phase, (nbytes, clock) in phase_peaks.items():
+            ledger = {c: 0 for c in CATEGORIES}
+            live = tracker.live_at(clock)
+            for rec in live:
+                ledger[groups.get(rec.uid, "transient")] += rec.nbytes
+            largest = sorted(((r.nbytes, groups.get(r.uid, "transient"), r.op, r.phase) for r in live
+                              if groups.get(r.uid) not in ("weights", "quant_constants")), reverse=True)[:LARGEST]
+            phases[phase] = PhasePeak(phase, nbytes, ledger, largest)
+        notes = list(setup.notes)
+        layers = len(_decoder_layers(setup.model))
+    top = max(phases.values(), key=lambda p: p.bytes)
+    return StepTrace(num_layers=layers, peak_bytes=top.bytes, peak_phase=top.phase, ledger=top.ledger,
+                     phases=phases, baseline_bytes=baseline, seconds=time.perf_counter() - start, fake=fake,
+                     notes=notes)
+
+
+def _decoder_layers(model):
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.model.layers
+
+
+def _identity_groups(tracker, setup, constants, plan: Plan) -> dict[int, str]:
+    """uid -> category for parameters, buffers and quantization constants."""
+    groups: dict[int, str] = {}
+    for t in constants:
+        rec = tracker.record_of(t)
+        if rec is not None:
+            groups[rec.uid] = "quant_constants"
+    for p in setup.model.parameters():
+        rec = tracker.record_of(p)
+        if rec is None:
+            continue
+        if p.requires_grad and plan.peft:
+            groups.setdefault(rec.uid, "adapter_weights")
+        else:
+            groups.setdefault(rec.uid, "weights")
+    for b in setup.model.buffers():
+        rec = tracker.record_of(b)
+        if rec is not None:
+            groups.setdefault(rec.uid, "weights")
+    return groups

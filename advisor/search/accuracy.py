@@ -1,0 +1,19 @@
+"""Accuracy of a plan: measured when a probe had real weights, else a documented prior."""
+
+from __future__ import annotations
+
+from advisor.core.catalog import _load_data
+from advisor.core.plan import ALL_LINEAR, Plan
+
+
+def accuracy_prior(plan: Plan) -> float:
+    """Expected accuracy loss (KL nats/token of the base + adapter capacity penalty), accuracy_priors.yaml."""
+    priors = _load_data("accuracy_priors.yaml")
+    kl = priors["quantization_kl"][plan.quantization]
+    if plan.method == "full":
+        penalty = priors["adapter_penalty"]["full"]
+    elif plan.lora_targets == ALL_LINEAR:
+        penalty = priors["adapter_penalty"]["all-linear"]
+    else:
+        penalty = priors["adapter_penalty"]["partial"]
+    return float(kl + penalty)

@@ -1,0 +1,81 @@
+"""The ladder: candidates in the seeds' priority order, tried before the sampler explores.
+
+0. the reference: a full fine-tune without techniques (shows what the techniques are for)
+1. quantized loading and PEFT (QLoRA on a 4-bit base; LoRA on a 16-bit base)
+2. the same with gradient checkpointing
+3. CPU offload (DeepSpeed ZeRO-2) as the last resort
+
+For each rung the micro-batch is the largest the closed-form ledger says fits, so that the
+first trials already land near the feasible frontier.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from advisor.search.space import SearchSpace
+
+
+def _pick(values: list, preferred: list) -> Any:
+    for v in preferred:
+        if v in values:
+            return v
+    return values[0]
+
+
+def ladder(space: SearchSpace, fits_with_micro_batch: Callable[[dict[str, Any]], bool]) -> list[tuple[str, dict]]:
+    """(rung name, params) in priority order, restricted to the space."""
+    s = space.search
+    base = {
+        "double_quant": _pick(s["double_quant"], [True]),
+        "lora_r": _pick(s["lora_r"], [16, 8, 32]),
+        "lora_targets": _pick(s["lora_targets"], ["attention"]),
+        "precision": _pick(s["precision"], ["bf16", "mixed_bf16", "fp16"]),
+        "attn_impl": _pick(s["attn_impl"], ["sdpa", "flash_attention_2"]),
+        "chunked_ce": _pick(s["chunked_ce"], [False]),
+        "offload": _pick(s["offload"], ["none"]),
+    }
+    rungs: list[tuple[str, dict]] = []
+    methods = space.methods()
+
+    def add(name: str, method: str, **changes: Any) -> None:
+        if method not in methods:
+            return
+        quants = space.quantizations_for(method)
+        quant = _pick(quants, ["nf4", "int8", "none"] if method != "lora" else ["none", "int8"])
+        params = {**base, "method": method, "quantization": quant, **changes}
+        if method == "full" or quant not in ("nf4", "fp4"):
+            params["double_quant"] = False
+        if "optimizer" not in changes:
+            params["optimizer"] = _pick(s["optimizer"], ["paged_adamw_8bit", "adamw_8bit", "adamw_torch"]
+                                        if method == "qlora" else ["adamw_torch", "adamw_8bit"])
+        if params["offload"] != "none":
+            params["optimizer"] = "adamw_torch"
+            if "adamw_torch" not in s["optimizer"]:
+                return
+        if any(params[k] not in s[k] for k in ("gradient_checkpointing", "offload", "optimizer")):
+            return
+        sizes = sorted(s["micro_batch"])
+        fitting = [mb for mb in sizes if fits_with_micro_batch({**params, "micro_batch": mb})]
+        params["micro_batch"] = fitting[-1] if fitting else sizes[0]
+        if params not in [p for _, p in rungs]:
+            rungs.append((name, params))
+
+    ckpt_off = _pick(s["gradient_checkpointing"], [False])
+    add("0 reference: full fine-tune", "full", gradient_checkpointing=ckpt_off, offload="none")
+    for method in ("qlora", "lora"):
+        add(f"1 quantized loading + PEFT ({method})", method, gradient_checkpointing=ckpt_off)
+    for method in ("qlora", "lora"):
+        add(f"2 + gradient checkpointing ({method})", method, gradient_checkpointing=True)
+    if "zero2_cpu" in s["offload"]:
+        for method in ("lora", "full"):
+            add(f"3 + CPU offload ({method})", method, gradient_checkpointing=True, offload="zero2_cpu")
+    return rungs
+
+
+def quant_param_name(method: str) -> str:
+    """Optuna parameter name of the quantization knob of one method (its choices differ per method)."""
+    return f"quantization_{method}"
+
+
+__all__ = ["ladder", "quant_param_name"]

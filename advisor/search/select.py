@@ -1,0 +1,141 @@
+"""Choosing the answer from a study's trials: feasibility, the best balance, the Pareto front,
+and an explanation built from the numbers. Pure functions over plain records (no Optuna here),
+so the CLI, the TUI and the report render the same selection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from advisor.core.units import format_bytes
+
+TIE = 0.02  # throughputs within 2% are a tie, broken by more headroom
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One trial as the advisor shows it."""
+
+    number: int
+    state: str                     # complete, pruned, failed, running, waiting
+    plan: dict[str, Any]
+    plan_short: str
+    stage: str = ""                # how far it went: plan, estimate, simulate, probe
+    reason: str = ""               # why it was pruned (or failed)
+    peak_bytes: int | None = None
+    tensor_peak_bytes: int | None = None
+    source: str = ""               # estimated, simulated, measured
+    ledger: dict[str, int] = field(default_factory=dict)
+    host_bytes: int = 0
+    tokens_per_s: float | None = None
+    tokens_per_s_source: str = ""  # predicted or measured
+    accuracy_loss: float | None = None
+    accuracy_source: str = ""      # prior or measured
+    seconds: float = 0.0
+    ladder: str = ""               # the ladder rung that proposed it, if any
+    losses: list[float] = field(default_factory=list)
+    duplicate_of: int | None = None  # a repeat proposal, answered from this earlier trial
+    note: str = ""                 # e.g. why a later stage was skipped
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def fits(peak_bytes: float, budget_bytes: int, headroom: float) -> bool:
+    """Feasible: the peak plus a headroom (a fraction of the budget) fits the budget."""
+    return peak_bytes <= budget_bytes * (1 - headroom)
+
+
+@dataclass(frozen=True)
+class Selection:
+    best: TrialRecord | None
+    runner_up: TrialRecord | None
+    feasible: list[TrialRecord]
+    pareto: list[TrialRecord]
+    explanation: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"best": self.best.to_dict() if self.best else None,
+                "runner_up": self.runner_up.to_dict() if self.runner_up else None,
+                "pareto": [t.to_dict() for t in self.pareto], "explanation": self.explanation}
+
+
+def _key(t: TrialRecord) -> tuple:
+    return (t.tokens_per_s or 0.0, -(t.peak_bytes or 0))
+
+
+def pareto_front(records: list[TrialRecord]) -> list[TrialRecord]:
+    """Trials no other trial beats on throughput, accuracy loss and memory at once."""
+    def dominates(a: TrialRecord, b: TrialRecord) -> bool:
+        ge = (a.tokens_per_s >= b.tokens_per_s and a.accuracy_loss <= b.accuracy_loss and a.peak_bytes <= b.peak_bytes)
+        gt = (a.tokens_per_s > b.tokens_per_s or a.accuracy_loss < b.accuracy_loss or a.peak_bytes < b.peak_bytes)
+        return ge and gt
+    front = [t for t in records if not any(dominates(o, t) for o in records if o is not t)]
+    seen, unique = set(), []
+    for t in sorted(front, key=lambda t: -(t.tokens_per_s or 0)):
+        k = (t.plan_short, round(t.tokens_per_s or 0, 3))
+        if k not in seen:
+            seen.add(k)
+            unique.append(t)
+    return unique
+
+
+def select(records: list[TrialRecord], budget_bytes: int, headroom: float, tolerance: float,
+           unit: str = "GiB") -> Selection:
+    """Highest throughput among feasible trials within the accuracy tolerance; ties → more headroom."""
+    done = [t for t in records if t.state == "complete" and t.peak_bytes is not None and t.tokens_per_s
+            and t.duplicate_of is None]
+    feasible = [t for t in done if fits(t.peak_bytes, budget_bytes, headroom)]
+    accurate = [t for t in feasible if (t.accuracy_loss or 0.0) <= tolerance]
+    ranked = sorted(accurate, key=lambda t: -(t.tokens_per_s or 0))
+    best = None
+    if ranked:
+        top = ranked[0].tokens_per_s
+        ties = [t for t in ranked if t.tokens_per_s >= top * (1 - TIE)]
+        # ties: CPU offload only as the last resort (the seeds' priority order), then more headroom
+        best = min(ties, key=lambda t: (t.plan.get("offload", "none") != "none", t.peak_bytes))
+    runner_up = next((t for t in ranked if best and t.plan_short != best.plan_short), None)
+    pareto = pareto_front(feasible)
+    return Selection(best, runner_up, feasible, pareto,
+                     explain(best, runner_up, records, feasible, budget_bytes, headroom, tolerance, unit))
+
+
+def explain(best, runner_up, records, feasible, budget_bytes, headroom, tolerance, unit) -> list[str]:
+    fmt = lambda n: format_bytes(n, unit)  # noqa: E731
+    lines: list[str] = []
+    pruned = [t for t in records if t.state == "pruned"]
+    if best is None:
+        lines.append(f"No plan fits {fmt(budget_bytes)} with {headroom:.0%} headroom and an accuracy loss "
+                     f"within {tolerance}: {len(pruned)} pruned, {len(feasible)} feasible.")
+        smallest = min((t for t in records if t.peak_bytes), key=lambda t: t.peak_bytes, default=None)
+        if smallest:
+            lines.append(f"The smallest plan seen, #{smallest.number} {smallest.plan_short}, needs "
+                         f"{fmt(smallest.peak_bytes)} ({smallest.source}).")
+        return lines
+    left = budget_bytes - best.peak_bytes
+    lines.append(f"Chosen #{best.number} {best.plan_short}: {best.tokens_per_s:,.0f} tokens/s "
+                 f"({best.tokens_per_s_source}), peak {fmt(best.peak_bytes)} ({best.source}) of {fmt(budget_bytes)}, "
+                 f"{fmt(left)} ({left / budget_bytes:.0%}) left; accuracy loss {best.accuracy_loss:.3f} "
+                 f"({best.accuracy_source}, tolerance {tolerance}).")
+    if runner_up:
+        d_tps = (runner_up.tokens_per_s / best.tokens_per_s - 1) * 100
+        d_mem = runner_up.peak_bytes - best.peak_bytes
+        lines.append(f"Runner-up #{runner_up.number} {runner_up.plan_short}: {d_tps:+.0f}% throughput, "
+                     f"{'+' if d_mem >= 0 else '-'}{fmt(abs(d_mem))} memory, accuracy loss {runner_up.accuracy_loss:.3f}.")
+    faster = [t for t in feasible if t.tokens_per_s > best.tokens_per_s and (t.accuracy_loss or 0) > tolerance]
+    if faster:
+        f = max(faster, key=lambda t: t.tokens_per_s)
+        lines.append(f"Faster but rejected for accuracy: #{f.number} {f.plan_short} ({f.tokens_per_s:,.0f} tokens/s, "
+                     f"loss {f.accuracy_loss:.3f} > {tolerance}).")
+    over = [t for t in records if t.state == "pruned" and t.plan.get("method") == "full" and t.peak_bytes]
+    if over:
+        reference = [t for t in over if t.ladder.startswith("0")]
+        t = reference[0] if reference else min(over, key=lambda t: t.peak_bytes)
+        lines.append(f"Full fine-tuning rejected: #{t.number} {t.plan_short}: {t.reason}.")
+    if pruned:
+        by_stage: dict[str, int] = {}
+        for t in pruned:
+            by_stage[t.stage or "plan"] = by_stage.get(t.stage or "plan", 0) + 1
+        lines.append("Pruned: " + ", ".join(f"{n} at {s}" for s, n in sorted(by_stage.items())) + ".")
+    return lines

@@ -1,0 +1,137 @@
+"""Search the serving space: every discrete choice, with the largest concurrency that fits found by bisection.
+
+Why a grid and not an Optuna study: the space is small (at most 4 weight formats x 3 group sizes x 2 KV
+dtypes x 2 block sizes x 5 contexts = a few hundred points), each point is scored by the analytic ledger
+in microseconds, and concurrency need not be sampled at all: the ledger grows monotonically with it, so
+bisection finds the largest that fits exactly (8 steps for 256). Enumerating everything is exact and
+faster than any sampler; an Optuna study (as the training tuner keeps) would add storage for nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from itertools import product
+from typing import Any, Iterator
+
+from advisor.core.catalog import GpuSpec, ModelSpec
+from advisor.memory.ledger import MemoryReport
+from advisor.core.serve_priors import load_priors, quality_prior
+from advisor.search.serve_space import ServeSpace
+from advisor.memory.inference import ServePlan, estimate_inference, kv_cache_bytes_per_token, serve_weight_bytes
+
+
+@dataclass(frozen=True)
+class DecodeThroughput:
+    """Predicted decode throughput from a roofline (labelled "predicted")."""
+
+    tokens_per_s: float
+    step_seconds: float
+    memory_seconds: float
+    compute_seconds: float
+    bytes_per_step: float
+    source: str = "predicted"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def decode_throughput(model: ModelSpec, plan: ServePlan, gpu: GpuSpec) -> DecodeThroughput:
+    """tokens/s = B / max(bytes read per step / bandwidth, FLOPs per step / FLOP/s).
+
+    A decode step reads every weight byte once and each sequence's KV cache up to its position (on average
+    ``mean_context_fraction`` of the context): Pope et al. 2022 §2 (memory time = bytes / HBM bandwidth);
+    FLOPs 2 per matmul parameter per token plus attention 4 x L x position x q_dim (Kaplan et al. 2020 §2.1).
+    """
+    d = load_priors()["decode"]
+    weights, consts = serve_weight_bytes(model, plan.weight_format, plan.group_size)
+    embed_rows_only = model.embedding_params  # the input embedding is a lookup, not a read of the whole table
+    weight_read = weights + consts - embed_rows_only * 2 + model.hidden_size * plan.concurrency * 2
+    pos = plan.context_len * d["mean_context_fraction"]
+    kv_read = plan.concurrency * pos * kv_cache_bytes_per_token(model, plan.kv_dtype)
+    bw = gpu.mem_bw_gbs * 1e9 * d["bandwidth_efficiency"]
+    memory = (weight_read + kv_read) / bw
+    matmul_params = model.num_layers * model.layer_linear_params() + model.vocab_size * model.hidden_size
+    flops = plan.concurrency * (2 * matmul_params + 4 * model.num_layers * pos * model.q_dim)
+    compute = flops / ((gpu.bf16_tflops or gpu.fp16_tflops) * 1e12 * d["matmul_efficiency"])
+    step = max(memory, compute)
+    return DecodeThroughput(plan.concurrency / step, step, memory, compute, weight_read + kv_read)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One scored serving plan."""
+
+    plan: ServePlan
+    report: MemoryReport
+    """The vLLM ledger of the plan (estimated)."""
+    limit_bytes: int
+    """What vLLM may use: gpu_memory_utilization x total memory."""
+    gpu_memory_utilization: float
+    fits: bool
+    quality: float
+    """Expected accuracy recovery (prior)."""
+    throughput: DecodeThroughput
+
+    @property
+    def served_tokens(self) -> int:
+        return self.plan.concurrency * self.plan.context_len
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"plan": self.plan.to_dict(), "plan_short": self.plan.short(), "peak_bytes": self.report.peak_bytes,
+                "ledger": self.report.device, "limit_bytes": self.limit_bytes,
+                "gpu_memory_utilization": self.gpu_memory_utilization, "fits": self.fits,
+                "served_tokens": self.served_tokens, "quality": self.quality, "quality_source": "prior",
+                "tokens_per_s": round(self.throughput.tokens_per_s, 1), "tokens_per_s_source": "predicted",
+                "source": self.report.source}
+
+
+def score(model: ModelSpec, plan: ServePlan, gpu: GpuSpec, limit_bytes: int, util: float) -> Candidate:
+    report = estimate_inference(model, plan, gpu, engine="vllm")
+    return Candidate(plan=plan, report=report, limit_bytes=limit_bytes, gpu_memory_utilization=util,
+                     fits=report.peak_bytes <= limit_bytes,
+                     quality=quality_prior(plan.weight_format, plan.group_size, plan.kv_dtype),
+                     throughput=decode_throughput(model, plan, gpu))
+
+
+def base_plans(model: ModelSpec, space: ServeSpace, context_len: int | None) -> Iterator[ServePlan]:
+    """Every discrete combination (group size and method only vary for int4)."""
+    s = space.search
+    limit = model.max_position_embeddings or max(s["context_len"])
+    contexts = [context_len] if context_len else sorted(c for c in set(s["context_len"]) if c <= limit) or [limit]
+    for wf, kv, block, ctx in product(s["weight_format"], s["kv_dtype"], s["block_size"], contexts):
+        quant = product(s["group_size"], s["quant_method"]) if wf == "int4" else [(128, "awq")]
+        for group, method in quant:
+            yield ServePlan(weight_format=wf, group_size=group, quant_method=method, kv_dtype=kv, block_size=block,
+                            context_len=ctx, concurrency=1,
+                            max_num_batched_tokens=space.fixed["max_num_batched_tokens"])
+
+
+def largest_concurrency(model: ModelSpec, plan: ServePlan, gpu: GpuSpec, limit_bytes: int, util: float,
+                        cap: int) -> Candidate:
+    """The candidate with the most sequences that fits (bisection: the ledger grows with concurrency);
+    the one-sequence candidate, marked not fitting, when even that does not fit."""
+    one = score(model, replace(plan, concurrency=1), gpu, limit_bytes, util)
+    if not one.fits:
+        return one
+    lo, hi = 1, cap
+    best = one
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        c = score(model, replace(plan, concurrency=mid), gpu, limit_bytes, util)
+        if c.fits:
+            lo, best = mid, c
+        else:
+            hi = mid - 1
+    return best
+
+
+def search(model: ModelSpec, space: ServeSpace, gpu: GpuSpec, limit_bytes: int, util: float,
+           context_len: int | None = None, concurrency: int | None = None) -> list[Candidate]:
+    """Score every point of the space; with ``concurrency`` given it is pinned, else maximised."""
+    out = []
+    for plan in base_plans(model, space, context_len):
+        if concurrency:
+            out.append(score(model, replace(plan, concurrency=concurrency), gpu, limit_bytes, util))
+        else:
+            out.append(largest_concurrency(model, plan, gpu, limit_bytes, util, space.fixed["max_concurrency"]))
+    return out

@@ -1,0 +1,43 @@
+"""Pick the serving plan: feasible, above the quality floor, most served tokens, then throughput, then quality."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from advisor.search.serve_grid import Candidate
+
+
+@dataclass(frozen=True)
+class ServeSelection:
+    best: Candidate | None
+    pareto: list[Candidate] = field(default_factory=list)
+    """Feasible plans above the floor that no other beats on served tokens, tokens/s and quality at once."""
+    explanation: str = ""
+    rejected: dict[str, int] = field(default_factory=dict)
+    """How many candidates were dropped, by reason."""
+
+
+def _dominated(a: Candidate, b: Candidate) -> bool:
+    """b is at least as good as a everywhere and better somewhere."""
+    ka = (a.served_tokens, a.throughput.tokens_per_s, a.quality)
+    kb = (b.served_tokens, b.throughput.tokens_per_s, b.quality)
+    return all(y >= x for x, y in zip(ka, kb)) and kb != ka
+
+
+def select(cands: list[Candidate], quality_floor: float, tie_tolerance: float) -> ServeSelection:
+    fitting = [c for c in cands if c.fits]
+    good = [c for c in fitting if c.quality >= quality_floor]
+    rejected = {"over_budget": len(cands) - len(fitting), "below_quality_floor": len(fitting) - len(good)}
+    if not good:
+        why = ("no plan fits the budget" if not fitting else
+               f"every plan that fits is below the quality floor {quality_floor}")
+        return ServeSelection(None, [], why, rejected)
+    top = max(c.served_tokens for c in good)
+    near = [c for c in good if c.served_tokens >= (1 - tie_tolerance) * top]
+    best = max(near, key=lambda c: (c.throughput.tokens_per_s, c.quality, -c.report.peak_bytes))
+    pareto = [c for c in good if not any(_dominated(c, o) for o in good)]
+    pareto.sort(key=lambda c: (-c.served_tokens, -c.throughput.tokens_per_s))
+    text = (f"{best.plan.short()}: {best.served_tokens:,} tokens in flight (within {tie_tolerance:.0%} of the most, "
+            f"{top:,}), {best.throughput.tokens_per_s:,.0f} tokens/s predicted, quality prior {best.quality:.3f} "
+            f">= floor {quality_floor}")
+    return ServeSelection(best, pareto, text, rejected)

@@ -1,0 +1,521 @@
+"""The tuner: an Optuna study over a search space, each trial going estimate → simulate → probe.
+
+Storage is any Optuna RDB URL; by default a SQLite file under ``reports/<study>/``. The study is
+resumable: re-running the same command continues to the planned number of *finished* trials
+(complete or pruned); a trial cut off by Ctrl-C or kill -9 is run again, never counted twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from advisor.search.accuracy import accuracy_prior
+from advisor.memory.training import estimate_training
+from advisor.core.catalog import GpuSpec, ModelSpec
+from advisor.core.errors import AdvisorInputError
+from advisor.search.ladder import ladder, quant_param_name
+from advisor.core.plan import Plan, lora_target_modules
+from advisor.search.select import TIE, Selection, TrialRecord, fits, select
+from advisor.search.space import SearchSpace, plan_from_params
+from advisor.search.storage import Heartbeat, is_sqlite, make_storage, study_lock
+from advisor.speed.throughput import predict_throughput
+from advisor.core.units import Budget
+from advisor.core.versions import gpu_environment, library_versions
+
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+PRESCREEN_MARGIN = 0.10
+EXHAUSTED_AFTER = 50  # consecutive repeat proposals after which the space counts as used up  # an estimate this far over the budget is pruned without simulating (the ledger is within 5%)
+FINISHED = ("COMPLETE", "PRUNED")
+
+
+@dataclass
+class TuneSettings:
+    model: ModelSpec
+    space: SearchSpace
+    budget: Budget
+    gpu: GpuSpec
+    """The GPU throughput is predicted for (detected, named with --gpu, or assumed from the budget)."""
+    gpu_assumed: bool
+    backend: str
+    """estimate, simulate, cpu or cuda: the last stage each trial goes through."""
+    storage: str
+    study_name: str
+    trials: int
+    headroom: float = 0.05
+    tolerance: float = 0.05
+    seed: int = 0
+    probe_options: dict[str, Any] = field(default_factory=dict)
+    heartbeat_seconds: int = 10
+    """Heartbeat of running trials in a shared (non-SQLite) storage; stale after 3 missed beats."""
+    gpus: int = 1
+    """Data-parallel GPUs of the target run (the budget is per GPU)."""
+    sharding: str = "zero3"
+    """How model state is split across ``gpus`` (advisor.memory.sharding)."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"model": self.model.to_dict(), "gpu": self.gpu.to_dict(), "gpu_assumed": self.gpu_assumed,
+                "budget": {"bytes": self.budget.bytes, "text": self.budget.text, "unit": self.budget.unit},
+                "space": self.space.to_dict(), "backend": self.backend, "headroom": self.headroom,
+                "tolerance": self.tolerance, "seed": self.seed, "trials": self.trials, "gpus": self.gpus,
+                "sharding": self.sharding, "versions": library_versions(), "environment": gpu_environment()}
+
+
+def default_study_name(model: ModelSpec, budget: Budget, space: SearchSpace) -> str:
+    raw = f"{model.name}-{budget.text}-{space.name}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "", raw.replace(" ", "")).lower()
+
+
+def default_storage(study_name: str, reports_dir: str | Path = "reports") -> str:
+    folder = Path(reports_dir) / study_name
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{(folder / 'study.db').resolve()}"
+
+
+def plan_key(plan: Plan) -> str:
+    return json.dumps(plan.to_dict(), sort_keys=True)
+
+
+# ----------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class TrialStarted:
+    number: int
+    plan_short: str
+
+
+@dataclass(frozen=True)
+class TrialFinished:
+    record: TrialRecord
+
+
+# ----------------------------------------------------------------------------- records
+
+
+def record_from_trial(trial) -> TrialRecord:
+    """A TrialRecord from an Optuna FrozenTrial (its user attribute "record")."""
+    data = dict(trial.user_attrs.get("record") or {})
+    state = trial.state.name.lower()
+    data.setdefault("plan", {})
+    data.setdefault("plan_short", "")
+    data.pop("number", None)
+    data.pop("state", None)
+    data.setdefault("duplicate_of", trial.user_attrs.get("duplicate_of"))
+    known = set(TrialRecord.__dataclass_fields__)
+    return TrialRecord(number=trial.number, state=state, **{k: v for k, v in data.items() if k in known})
+
+
+class Tuner:
+    """Runs (or resumes) one study. Posts TrialStarted / TrialFinished to ``on_event``."""
+
+    def __init__(self, settings: TuneSettings, on_event: Callable[[Any], None] | None = None):
+        self.s = settings
+        self.on_event = on_event or (lambda event: None)
+        self.study = None
+        self._stop = threading.Event()
+        self._pause = threading.Event()
+
+    # -- study ---------------------------------------------------------------
+
+    def open_study(self):
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            # multivariate TPE over the conditional space (group=True), constraints set per trial
+            sampler = optuna.samplers.TPESampler(seed=self.s.seed, multivariate=True, group=True, n_startup_trials=8)
+        self.storage = make_storage(self.s.storage, self.s.heartbeat_seconds)
+        study = optuna.create_study(study_name=self.s.study_name, storage=self.storage, sampler=sampler,
+                                    directions=["maximize", "minimize"], load_if_exists=True)
+        stored = study.user_attrs.get("advisor")
+        mine = self.s.describe()
+        if stored is None:
+            study.set_user_attr("advisor", mine)
+        else:
+            for key in ("space", "backend"):
+                if _comparable(stored[key]) != _comparable(mine[key]):
+                    raise AdvisorInputError(
+                        "--study", f"study {self.s.study_name!r} was made with another {key}; "
+                        "name a new study with --study (the existing one is kept as it is)", self.s.study_name)
+            if stored["model"]["name"] != mine["model"]["name"] or stored["budget"]["bytes"] != mine["budget"]["bytes"]:
+                raise AdvisorInputError("--study", f"study {self.s.study_name!r} is for {stored['model']['name']} at "
+                                        f"{stored['budget']['text']}; name a new study with --study", self.s.study_name)
+        self.study = study
+        self._recover_interrupted()
+        with study_lock(self.storage, self.s.storage, self.s.study_name):
+            if not study.user_attrs.get("ladder_enqueued"):
+                for rung, params in ladder(self.s.space, self._fits_by_estimate):
+                    study.enqueue_trial(_optuna_params(params), user_attrs={"ladder": rung}, skip_if_exists=True)
+                study.set_user_attr("ladder_enqueued", True)
+        return study
+
+    def _recover_interrupted(self) -> None:
+        """Trials left RUNNING (kill -9) or FAILED by an interruption are failed and enqueued again, once.
+
+        Only for a single-process SQLite study; with a shared RDB, Optuna's heartbeat does this.
+        """
+        from optuna.trial import TrialState
+
+        if not is_sqlite(self.s.storage):
+            return
+        retried = set(self.study.user_attrs.get("retried", []))
+        finished_keys = {t.user_attrs.get("plan_key") for t in self.study.get_trials(deepcopy=False)
+                         if t.state.name in FINISHED}
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.FAIL)):
+            if t.number in retried:
+                continue
+            if t.state == TrialState.RUNNING:
+                self.study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            if t.params and t.user_attrs.get("plan_key") not in finished_keys:
+                self.study.enqueue_trial(t.params, user_attrs={k: v for k, v in t.user_attrs.items()
+                                                               if k == "ladder"})
+            retried.add(t.number)
+        self.study.set_user_attr("retried", sorted(retried))
+
+    def finished_count(self) -> int:
+        """Finished trials that evaluated a plan of their own (a repeat proposal is answered from the
+        first and does not count: it cost nothing)."""
+        return sum(1 for t in self.study.get_trials(deepcopy=False)
+                   if t.state.name in FINISHED and "duplicate_of" not in t.user_attrs)
+
+    def _exhausted(self, trials) -> bool:
+        """The sampler keeps proposing plans already evaluated: the space is (nearly) used up."""
+        done = sorted((t for t in trials if t.state.name in FINISHED), key=lambda t: t.number)
+        tail = done[-EXHAUSTED_AFTER:]
+        return len(tail) == EXHAUSTED_AFTER and all("duplicate_of" in t.user_attrs for t in tail)
+
+    # -- running -------------------------------------------------------------
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def pause(self, paused: bool) -> None:
+        (self._pause.set if paused else self._pause.clear)()
+
+    @property
+    def paused(self) -> bool:
+        return self._pause.is_set()
+
+    def run(self) -> None:
+        """Run trials until the study holds ``trials`` finished ones (this worker and others together)."""
+        if self.study is None:
+            self.open_study()
+        while not self._stop.is_set():
+            if self._pause.is_set():
+                time.sleep(0.1)
+                continue
+            trial = self._ask()
+            if trial is None:
+                return
+            self._run_trial(trial)
+
+    def _ask(self):
+        """A new trial, unless finished + running trials already reach the plan (checked under the study lock)."""
+        from optuna.storages import fail_stale_trials
+        from optuna.trial import TrialState
+
+        with study_lock(self.storage, self.s.storage, self.s.study_name):
+            if not is_sqlite(self.s.storage):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # experimental API; "heartbeat is meant for optimize()"
+                    fail_stale_trials(self.study)  # dead workers' trials: failed and enqueued again
+            trials = self.study.get_trials(deepcopy=False)
+            busy = sum(1 for t in trials if t.state == TrialState.RUNNING
+                       or (t.state.name in FINISHED and "duplicate_of" not in t.user_attrs))
+            if busy >= self.s.trials or self._exhausted(trials):
+                return None
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # heartbeats are recorded by advisor.search.storage.Heartbeat
+                trial = self.study.ask()
+            trial.set_user_attr("worker", WORKER_ID)
+            return trial
+
+    def wait_until_finished(self, poll_seconds: float = 1.0) -> None:
+        """For a process that only watches: post the trials other workers finish until the plan is reached."""
+        seen: set[int] = set()
+        while not self._stop.is_set():
+            for t in self.study.get_trials(deepcopy=False):
+                if t.state.name in FINISHED and t.number not in seen:
+                    seen.add(t.number)
+                    self.on_event(TrialFinished(record_from_trial(t)))
+            if self.finished_count() >= self.s.trials:
+                return
+            time.sleep(poll_seconds)
+
+    def _run_trial(self, trial) -> None:
+        import optuna
+        from optuna.trial import TrialState
+
+        try:
+            with Heartbeat(self.storage, trial._trial_id):
+                values = self._objective(trial)
+        except optuna.TrialPruned:
+            self.study.tell(trial, state=TrialState.PRUNED)
+        except BaseException:
+            self.study.tell(trial, state=TrialState.FAIL)
+            raise
+        else:
+            self.study.tell(trial, values=list(values))
+
+    def records(self) -> list[TrialRecord]:
+        return [record_from_trial(t) for t in self.study.get_trials(deepcopy=False)]
+
+    def selection(self) -> Selection:
+        return select(self.records(), self.s.budget.bytes, self.s.headroom, self.s.tolerance, self.s.budget.unit)
+
+    # -- one trial -----------------------------------------------------------
+
+    def _suggest(self, trial) -> dict[str, Any]:
+        s = self.s.space.search
+        p: dict[str, Any] = {"method": trial.suggest_categorical("method", self.s.space.methods())}
+        method = p["method"]
+        p["quantization"] = trial.suggest_categorical(quant_param_name(method), self.s.space.quantizations_for(method))
+        p["double_quant"] = (trial.suggest_categorical("double_quant", s["double_quant"])
+                             if p["quantization"] in ("nf4", "fp4") else False)
+        if method != "full":
+            p["lora_r"] = trial.suggest_categorical("lora_r", s["lora_r"])
+            p["lora_targets"] = trial.suggest_categorical("lora_targets", s["lora_targets"])
+        for key in ("gradient_checkpointing", "optimizer", "micro_batch", "precision", "attn_impl", "offload",
+                    "chunked_ce"):
+            p[key] = trial.suggest_categorical(key, s[key])
+        return p
+
+    def _objective(self, trial):
+        start = time.perf_counter()
+        params = self._suggest(trial)
+        plan = plan_from_params(params, self.s.space, self.s.model.arch or {})
+        key = plan_key(plan)
+        trial.set_user_attr("plan_key", key)
+        self.on_event(TrialStarted(trial.number, plan.short()))
+        previous = self._finished_with(key, trial.number)
+        if previous is not None:
+            trial.set_user_attr("duplicate_of", previous.number)
+            rec = dict(previous.user_attrs["record"], reason=previous.user_attrs["record"].get("reason", ""))
+            rec["ladder"] = trial.user_attrs.get("ladder", "")
+            rec["seconds"] = 0.0
+            rec["reason"] = (rec["reason"] + f" (same plan as #{previous.number})").strip()
+            rec["duplicate_of"] = previous.number
+            return self._finish(trial, rec, pruned=previous.state.name == "PRUNED", values=previous.values)
+        rec = self._evaluate(plan, trial.user_attrs.get("ladder", ""))
+        rec["seconds"] = time.perf_counter() - start
+        if rec.get("reason"):
+            return self._finish(trial, rec, pruned=True)
+        return self._finish(trial, rec, pruned=False, values=(rec["tokens_per_s"], rec["accuracy_loss"]))
+
+    def _finish(self, trial, rec: dict[str, Any], pruned: bool, values=None):
+        import optuna
+
+        peak = rec.get("peak_bytes")
+        invalid = rec.pop("invalid", False)
+        # constraint for the sampler: > 0 when the peak (with headroom) exceeds the budget
+        limit = self.s.budget.bytes * (1 - self.s.headroom)
+        trial.set_constraint("memory", 1.0 if invalid or peak is None else (peak - limit) / limit)
+        trial.set_user_attr("record", rec)
+        state = "pruned" if pruned else "complete"
+        self.on_event(TrialFinished(TrialRecord(number=trial.number, state=state, **rec)))
+        if pruned:
+            raise optuna.TrialPruned(rec.get("reason", ""))
+        return tuple(values)
+
+    def _finished_with(self, key: str, number: int):
+        for t in self.study.get_trials(deepcopy=False):
+            if t.number != number and t.state.name in FINISHED and t.user_attrs.get("plan_key") == key \
+                    and "record" in t.user_attrs and "duplicate_of" not in t.user_attrs:
+                return t
+        return None
+
+    def _incumbent(self) -> TrialRecord | None:
+        """The answer so far (simulated or measured trials only); None outside a study."""
+        if self.study is None:
+            return None
+        records = [r for r in self.records() if r.source != "estimated"]
+        return select(records, self.s.budget.bytes, self.s.headroom, self.s.tolerance).best
+
+    def _per_gpu(self, report, plan: Plan):
+        """The ledger of one GPU of the target run (sharded when it has several)."""
+        return _shard(self.s, report, plan)
+
+    def _fits_by_estimate(self, params: dict[str, Any]) -> bool:
+        plan = plan_from_params(params, self.s.space, self.s.model.arch or {})
+        if plan.problems():
+            return False
+        try:
+            rep = self._per_gpu(estimate_training(self.s.model, plan, self.s.gpu), plan)
+        except AdvisorInputError:
+            return False
+        return fits(rep.peak_bytes, self.s.budget.bytes, self.s.headroom)
+
+    def _evaluate(self, plan: Plan, rung: str) -> dict[str, Any]:
+        """estimate → (simulate) → (probe); a dict of TrialRecord fields, with "reason" when pruned."""
+        s = self.s
+        fmt = s.budget.format
+        rec: dict[str, Any] = {"plan": plan.to_dict(), "plan_short": plan.short(), "ladder": rung, "stage": "plan"}
+        problems = plan.problems()
+        if problems:
+            return {**rec, "reason": f"invalid: {problems[0].rule}", "invalid": True}
+        try:
+            lora_target_modules(plan, list(s.model.linear_shapes()))
+        except AdvisorInputError as e:
+            return {**rec, "reason": f"invalid: {e.rule}", "invalid": True}
+
+        rec["stage"] = "estimate"
+        report = self._per_gpu(estimate_training(s.model, plan, s.gpu), plan)
+        rec.update(_memory_fields(report))
+        limit = s.budget.bytes * (1 - s.headroom)
+        last_stage = s.backend == "estimate"
+        if report.peak_bytes > (limit if last_stage else s.budget.bytes * (1 + PRESCREEN_MARGIN)):
+            return {**rec, "reason": f"estimated peak {fmt(report.peak_bytes)} over the budget "
+                                     f"{fmt(s.budget.bytes)}{' less headroom' if last_stage else ''}"}
+        tps = predict_throughput(s.model, plan, s.gpu, s.gpus, s.sharding)
+        prediction = dict(tokens_per_s=tps.tokens_per_s, tokens_per_s_source="predicted",
+                          accuracy_loss=accuracy_prior(plan), accuracy_source="prior")
+        if s.backend == "simulate":
+            incumbent = self._incumbent()
+            if incumbent is not None and tps.tokens_per_s < incumbent.tokens_per_s * (1 - TIE):
+                # cannot become the answer: the estimate (within a few % of the simulation) decides,
+                # and the seconds of a simulation go to plans that could win
+                rec.update(prediction)
+                if report.peak_bytes > limit:
+                    return {**rec, "reason": f"estimated peak {fmt(report.peak_bytes)} leaves less than "
+                                             f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
+                rec["note"] = (f"not simulated: predicted {tps.tokens_per_s:,.0f} tokens/s cannot beat "
+                               f"#{incumbent.number} ({incumbent.tokens_per_s:,.0f})")
+                return rec
+        if s.backend in ("simulate", "cpu", "cuda"):
+            from advisor.runtime.backends import get_backend
+
+            rec["stage"] = "simulate"
+            report = self._per_gpu(get_backend("simulate")(s.model, plan, s.gpu), plan)
+            rec.update(_memory_fields(report))
+            if not fits(report.peak_bytes, s.budget.bytes, s.headroom):
+                return {**rec, "reason": f"simulated peak {fmt(report.peak_bytes)} leaves less than "
+                                         f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
+        rec.update(prediction)
+        if s.backend in ("cpu", "cuda"):
+            from advisor.runtime.backends import get_backend
+
+            from advisor.runtime.probe._backend import ProbeFailed
+
+            rec["stage"] = "probe"
+            options = dict(s.probe_options)
+            if s.backend == "cuda":
+                # the budget enforced for real: torch.cuda.set_per_process_memory_fraction in the child
+                options.setdefault("memory_limit_bytes", s.budget.bytes)
+            try:
+                report = self._per_gpu(get_backend(s.backend)(s.model, plan, s.gpu, **options), plan)
+            except ProbeFailed as e:
+                return {**rec, "reason": f"probe {e.result.status}: {e.result.message}"[:300]}
+            rec.update(_memory_fields(report))
+            if report.extra.get("tokens_per_s"):
+                rec.update(tokens_per_s=float(report.extra["tokens_per_s"]) * s.gpus, tokens_per_s_source="measured")
+            if report.extra.get("losses"):
+                rec["losses"] = [float(x) for x in report.extra["losses"]]
+            if report.extra.get("fidelity_kl") is not None:
+                rec.update(accuracy_loss=float(report.extra["fidelity_kl"]), accuracy_source="measured")
+            if s.backend == "cuda" and not fits(report.peak_bytes, s.budget.bytes, s.headroom):
+                return {**rec, "reason": f"measured peak {fmt(report.peak_bytes)} leaves less than "
+                                         f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
+        return rec
+
+
+def _shard(settings: TuneSettings, report, plan: Plan):
+    if settings.gpus == 1:
+        return report
+    from advisor.memory.sharding import shard_report
+
+    return shard_report(report, settings.model, plan, settings.gpus, settings.sharding, settings.gpu)
+
+
+def _memory_fields(report) -> dict[str, Any]:
+    return {"peak_bytes": int(report.peak_bytes), "tensor_peak_bytes": int(report.tensor_peak_bytes),
+            "source": report.source, "ledger": {k: int(v) for k, v in report.device.items()},
+            "host_bytes": int(report.host_bytes)}
+
+
+def _optuna_params(params: dict[str, Any]) -> dict[str, Any]:
+    """Ladder params under the Optuna parameter names the objective suggests."""
+    out = dict(params)
+    out[quant_param_name(params["method"])] = out.pop("quantization")
+    if params["quantization"] not in ("nf4", "fp4"):
+        out.pop("double_quant", None)
+    if params["method"] == "full":
+        out.pop("lora_r", None)
+        out.pop("lora_targets", None)
+    return out
+
+
+def _comparable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _comparable(v) for k, v in value.items() if k not in ("source", "overrides", "trials")}
+    return value
+
+
+def smallest_plan_report(settings: TuneSettings):
+    """The most frugal plan of the space and its estimated peak (to fail fast under tiny budgets)."""
+    space = settings.space
+    best = None
+    for params in _frugal_candidates(space):
+        plan = plan_from_params(params, space, settings.model.arch or {})
+        if plan.problems():
+            continue
+        try:
+            rep = _shard(settings, estimate_training(settings.model, plan, settings.gpu), plan)
+        except AdvisorInputError:
+            continue
+        if best is None or rep.peak_bytes < best[1].peak_bytes:
+            best = (plan, rep)
+    return best
+
+
+def _frugal_candidates(space: SearchSpace):
+    s = space.search
+    for method in space.methods():
+        for quant in space.quantizations_for(method):
+            for offload in s["offload"]:
+                for opt in s["optimizer"]:
+                    yield {"method": method, "quantization": quant, "double_quant": True in s["double_quant"],
+                           "lora_r": min(s["lora_r"]), "lora_targets": s["lora_targets"][0],
+                           "gradient_checkpointing": True in s["gradient_checkpointing"], "optimizer": opt,
+                           "micro_batch": min(s["micro_batch"]), "precision": s["precision"][0],
+                           "attn_impl": s["attn_impl"][0], "offload": offload,
+                           "chunked_ce": True in s["chunked_ce"]}
+
+
+def settings_from_study(storage_url: str, study_name: str, backend: str | None = None,
+                        heartbeat_seconds: int = 10) -> TuneSettings:
+    """The settings a study was created with (its "advisor" attribute), for a worker that joins it."""
+    import optuna
+
+    from advisor.core.catalog import GpuSpec, resolve_model
+    from advisor.core.units import Budget
+
+    storage = make_storage(storage_url, heartbeat_seconds)
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        raise AdvisorInputError("--study", "no such study in this storage (create it with advisor tune --storage ...)",
+                                study_name) from None
+    d = study.user_attrs.get("advisor")
+    if not d:
+        raise AdvisorInputError("--study", "this study was not made by advisor tune", study_name)
+    m = d["model"]
+    model = resolve_model(m["path"] or m["name"])
+    sp = d["space"]
+    space = SearchSpace(name=sp["name"], trials=sp["trials"], fixed=sp["fixed"], search=sp["search"],
+                        source=sp.get("source", ""), overrides=tuple(sp.get("overrides", ())))
+    b = d["budget"]
+    return TuneSettings(model=model, space=space, budget=Budget(b["bytes"], b["unit"], b["text"]),
+                        gpu=GpuSpec(**d["gpu"]), gpu_assumed=d["gpu_assumed"], backend=backend or d["backend"],
+                        storage=storage_url, study_name=study_name, trials=d["trials"], headroom=d["headroom"],
+                        tolerance=d["tolerance"], seed=d["seed"], heartbeat_seconds=heartbeat_seconds,
+                        gpus=d.get("gpus", 1), sharding=d.get("sharding", "zero3"))

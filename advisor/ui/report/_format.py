@@ -1,0 +1,62 @@
+"""Numbers as text, each with the word that says where it comes from (shared by HTML and Markdown)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from advisor.search.select import TrialRecord
+
+SOURCE_HELP = {
+    "estimated": "closed-form memory ledger (advisor/memory/training.py)",
+    "simulated": "fake-tensor trace of one real training step on the CPU",
+    "measured": "a real probe run: NVML / allocator peak, timed steps",
+    "predicted": "roofline model of the GPU (advisor/speed/throughput.py)",
+    "prior": "documented prior per quantization and adapter (advisor/data/accuracy_priors.yaml)",
+}
+
+PLAN_LABELS = {
+    "method": "Method", "quantization": "Base weights", "double_quant": "Double quantization",
+    "compute_dtype": "Compute dtype", "precision": "Precision", "lora_r": "LoRA rank", "lora_alpha": "LoRA alpha",
+    "lora_dropout": "LoRA dropout", "lora_targets": "LoRA targets", "gradient_checkpointing": "Gradient checkpointing",
+    "optimizer": "Optimizer", "micro_batch": "Micro-batch", "grad_accum": "Gradient accumulation",
+    "seq_len": "Sequence length", "attn_impl": "Attention", "offload": "Offload", "chunked_ce": "Chunked cross-entropy",
+}
+
+
+def value_text(v: Any) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, (list, tuple)):
+        return ", ".join(map(str, v))
+    return str(v)
+
+
+def tps_text(r: TrialRecord) -> str:
+    return f"{r.tokens_per_s:,.0f}" if r.tokens_per_s else ""
+
+
+def acc_text(r: TrialRecord) -> str:
+    return f"{r.accuracy_loss:.3f}" if r.accuracy_loss is not None else ""
+
+
+def plan_rows(plan: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) for the plan fields that apply to it (no LoRA rows for a full fine-tune)."""
+    rows = []
+    peft = plan.get("method") != "full"
+    for key, value in plan.items():
+        if not peft and key.startswith("lora_"):
+            continue
+        if key == "double_quant" and plan.get("quantization") not in ("nf4", "fp4"):
+            continue
+        rows.append((PLAN_LABELS.get(key, key), value_text(value)))
+    return rows
+
+
+def gpu_line(settings: dict[str, Any]) -> str:
+    from advisor.core.units import format_bytes
+
+    gpu = settings.get("gpu") or {}
+    mem = format_bytes(gpu.get("memory_bytes") or 0, "GiB", 0)
+    how = ("assumed: none detected or named; the catalog GPU the budget matches" if settings.get("gpu_assumed")
+           else "detected through NVML" if gpu.get("detected") else "named with --gpu")
+    return f"{gpu.get('name', '?')} ({mem}; {how})"

@@ -1,0 +1,87 @@
+"""Reading a study for a report: the only module here that touches Optuna storage or the disk.
+
+``open_study`` turns what the user typed (a study directory, a study.db, or --storage/--study)
+into a ``StudySnapshot`` of plain data; everything after that is pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from advisor.core.errors import AdvisorInputError
+from advisor.search.select import TrialRecord
+from advisor.search.storage import redact
+from advisor.search.locate import DB_NAME, resolve_storage, study_name  # noqa: F401 (re-exported)
+
+EXPORT_FILES = ("advisor.yaml", "deepspeed.json", "train.py", "axolotl.yaml", "llamafactory.yaml")
+EXPORT_TEXT_LIMIT = 20_000  # characters of an exported file inlined in the report
+
+
+@dataclass(frozen=True)
+class TrialTiming:
+    """When a trial ran (None while it has not started or finished)."""
+
+    start: datetime | None
+    end: datetime | None
+
+
+@dataclass(frozen=True)
+class StudySnapshot:
+    """One study as read from its storage: settings, trials and where it lives."""
+
+    name: str
+    """The Optuna study name."""
+    storage: str
+    """The storage URL, password redacted."""
+    settings: dict[str, Any]
+    """The study's "advisor" user attribute (model, gpu, budget, space, backend, versions...)."""
+    records: list[TrialRecord]
+    """Every trial of the study, in trial-number order."""
+    timings: dict[int, TrialTiming]
+    """Start and end of each trial, by trial number."""
+    directory: Path | None = None
+    """The folder holding study.db (None for a non-SQLite storage)."""
+    exports: list[dict[str, Any]] = field(default_factory=list)
+    """Export folders found beside the study: {"dir", "files": [{"name", "path", "text"}]}."""
+
+
+def open_study(storage: str, name: str | None, folder: Path | None) -> StudySnapshot:
+    """Load a study written by `advisor tune` (read only)."""
+    import optuna
+
+    from advisor.search.tuner import record_from_trial
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    name = study_name(storage, name, folder)
+    study = optuna.load_study(study_name=name, storage=storage)
+    settings = study.user_attrs.get("advisor")
+    if not isinstance(settings, dict):
+        raise AdvisorInputError("--study", "this study was not made by `advisor tune` (no advisor settings recorded)",
+                                name)
+    trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
+    records = [record_from_trial(t) for t in trials]
+    timings = {t.number: TrialTiming(t.datetime_start, t.datetime_complete) for t in trials}
+    return StudySnapshot(name=name, storage=redact(storage), settings=settings, records=records, timings=timings,
+                         directory=folder, exports=find_exports(folder) if folder else [])
+
+
+def find_exports(folder: Path) -> list[dict[str, Any]]:
+    """Folders at or under the study folder (one level) holding files `advisor tune --export` writes."""
+    found = []
+    candidates = [folder, *sorted(p for p in folder.iterdir() if p.is_dir())]
+    for d in candidates:
+        files = []
+        for fname in EXPORT_FILES:
+            p = d / fname
+            if p.is_file():
+                try:
+                    text = p.read_text(encoding="utf-8")[:EXPORT_TEXT_LIMIT]
+                except (OSError, UnicodeDecodeError):
+                    text = None
+                files.append({"name": fname, "path": str(p), "text": text})
+        if files:
+            found.append({"dir": str(d), "files": files})
+    return found

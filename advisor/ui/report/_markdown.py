@@ -1,0 +1,84 @@
+"""report.md: the same report as text, for a pull request, a wiki or a terminal (plots stay in report.html)."""
+
+from __future__ import annotations
+
+from advisor.memory.ledger import CATEGORIES, LABELS
+from advisor.ui.report._data import ReportData
+from advisor.ui.report._format import SOURCE_HELP, acc_text, gpu_line, plan_rows, tps_text, value_text
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return out + [""]
+
+
+def render_markdown(d: ReportData) -> str:
+    s = d.settings
+    m = s["model"]
+    space = s.get("space") or {}
+    best = d.best
+    lines = [f"# vram-advisor report: {d.study}", "",
+             "Where each number comes from: " + "; ".join(f"*{k}*: {v}" for k, v in SOURCE_HELP.items()) + ".", ""]
+    lines += [f"- {n}" for n in d.notes] + ([""] if d.notes else [])
+    lines += ["## The question", "",
+              f"- Model: **{m['name']}** ({m.get('hf_id', '')}, {m.get('params_total', 0):,} parameters)",
+              f"- GPU: {gpu_line(s)}",
+              f"- Memory budget: **{s['budget']['text']}** = {s['budget']['bytes']:,} bytes, {d.headroom:.0%} kept free",
+              f"- Accuracy tolerance: {s.get('tolerance', 0.05)} (KL nats/token)",
+              f"- Backend: {s.get('backend', '')}; trials: {len(d.records)} in the study, {s.get('trials', '?')} planned",
+              f"- Search space: {space.get('name', '')} ({space.get('source', '')})", ""]
+    knobs = [[k, value_text(v)] for k, v in (space.get("search") or {}).items()]
+    knobs += [[k, value_text(v) + " (fixed)"] for k, v in (space.get("fixed") or {}).items()]
+    lines += _table(["knob", "values"], knobs)
+    lines += ["## The answer", ""]
+    if best is None:
+        lines += ["**No plan fits.**", ""]
+    else:
+        lines += [f"**Winner #{best.number}: `{best.plan_short}`**: {tps_text(best)} tokens/s "
+                  f"({best.tokens_per_s_source}), peak {d.fmt(best.peak_bytes)} ({best.source}) of "
+                  f"{d.fmt(d.budget_bytes)}, accuracy loss {acc_text(best)} ({best.accuracy_source}).", ""]
+    lines += [f"- {line}" for line in d.selection.explanation] + [""]
+    if best is not None:
+        lines += ["### Plan", ""] + _table(["setting", "value"], [list(r) for r in plan_rows(best.plan)])
+        rows = [[LABELS[c], f"{d.fmt(best.ledger[c])} ({best.source})",
+                 f"{100 * best.ledger[c] / best.peak_bytes:.1f}%"] for c in CATEGORIES if best.ledger.get(c)]
+        rows.append(["**Peak on the GPU**", f"**{d.fmt(best.peak_bytes)}** ({best.source})", "100%"])
+        if best.host_bytes:
+            rows.append(["Host memory (offloaded)", f"{d.fmt(best.host_bytes)} ({best.source})", ""])
+        lines += ["### Memory ledger of the winner", ""] + _table(["category", "bytes", "share"], rows)
+    if d.exports:
+        lines += ["### Exports", ""]
+        for e in d.exports:
+            lines += [f"- `{e['dir']}`: " + ", ".join(f"`{f['name']}`" for f in e["files"])]
+        lines += [""]
+    lines += ["## Trials", "", "Plots (Pareto front, ledger per trial, timeline, loss curves) are in report.html.", ""]
+    rows = []
+    for r in d.records:
+        rows.append([f"#{r.number}" + (" (winner)" if best and r.number == best.number else ""), r.state, r.stage,
+                     r.plan_short, f"{d.fmt(r.peak_bytes)} ({r.source})" if r.peak_bytes else "",
+                     f"{tps_text(r)} ({r.tokens_per_s_source})" if r.tokens_per_s else "",
+                     f"{acc_text(r)} ({r.accuracy_source})" if r.accuracy_loss is not None else "", r.reason])
+    lines += _table(["#", "state", "stage", "plan", "peak", "tokens/s", "acc. loss", "why pruned"], rows)
+    lines += ["## Predicted vs simulated vs measured", ""]
+    if not d.comparisons:
+        lines += ["Only one kind of number exists for each trial of this study: nothing to compare.", ""]
+    else:
+        rows = [[f"#{c.number}", c.plan_short,
+                 *[d.fmt(c.peak[k]) if k in c.peak else "" for k in ("estimated", "simulated", "measured")],
+                 *[f"{c.tokens_per_s[k]:,.0f}" if k in c.tokens_per_s else "" for k in ("predicted", "measured")]]
+                for c in d.comparisons]
+        lines += _table(["#", "plan", "peak estimated", "peak simulated", "peak measured", "tokens/s predicted",
+                         "tokens/s measured"], rows)
+    e = d.environment
+    lines += ["## Environment and how to reproduce", "",
+              f"- GPU: {e['gpu']} ({e['gpu_key']}){' (assumed)' if e['gpu_assumed'] else ''}; "
+              f"detected: {'yes' if e['gpu_detected'] else 'no'}",
+              f"- NVIDIA driver: {e['driver']}", f"- CUDA: {e['cuda']}"]
+    lines += [f"- {k}: {v or 'not installed'}" for k, v in e["versions"].items()]
+    lines += ["", "```sh", d.reproduce, "```", "", f"Storage: `{d.storage}`", ""]
+    return "\n".join(lines)

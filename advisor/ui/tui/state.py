@@ -1,0 +1,138 @@
+"""What the app shows, as plain data: the study's description and its trials, sorted and filtered.
+
+No Textual here: the widgets render a ``Board`` and the tests can check it directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from advisor.search.select import Selection, TrialRecord, fits, select
+from advisor.core.units import Budget
+
+# (key, label shown in the status line); `s` cycles through them
+SORTS = (
+    ("number", "#"),
+    ("tokens", "tok/s ↓"),
+    ("peak", "peak ↑"),
+    ("accuracy", "acc.loss ↑"),
+)
+FINISHED = ("complete", "pruned")
+
+
+@dataclass(frozen=True)
+class StudyInfo:
+    """The study as its stored description (``study.user_attrs["advisor"]``) tells it."""
+
+    study_name: str
+    model_name: str
+    gpu_name: str
+    budget: Budget
+    headroom: float
+    tolerance: float
+    backend: str
+    trials: int
+    """Finished trials the study is planned to reach."""
+    description: dict
+
+    @classmethod
+    def from_description(cls, study_name: str, d: dict[str, Any]) -> "StudyInfo":
+        b = d["budget"]
+        return cls(study_name=study_name, model_name=d["model"]["name"], gpu_name=(d.get("gpu") or {}).get("name", ""),
+                   budget=Budget(int(b["bytes"]), b.get("unit") or "GiB", b.get("text") or ""),
+                   headroom=float(d.get("headroom", 0.05)), tolerance=float(d.get("tolerance", 0.05)),
+                   backend=d.get("backend", ""), trials=int(d.get("trials") or 0), description=d)
+
+    def fmt(self, n_bytes: float) -> str:
+        return self.budget.format(n_bytes)
+
+
+class Board:
+    """The trials of one study, keyed by number, with the selection kept up to date."""
+
+    def __init__(self, info: StudyInfo, records: Iterable[TrialRecord] = ()):
+        self.info = info
+        self.records: dict[int, TrialRecord] = {}
+        self._selection: Selection | None = None
+        self.replace(records)
+
+    # -- updates -------------------------------------------------------------
+
+    def replace(self, records: Iterable[TrialRecord]) -> None:
+        self.records = {r.number: r for r in records}
+        self._selection = None
+
+    def started(self, number: int, plan_short: str) -> None:
+        self.records[number] = TrialRecord(number=number, state="running", plan={}, plan_short=plan_short)
+        self._selection = None
+
+    def finished(self, record: TrialRecord) -> None:
+        self.records[record.number] = record
+        self._selection = None
+
+    def signature(self) -> tuple:
+        """Changes whenever something shown changes (to skip redraws on idle polls)."""
+        return tuple((r.number, r.state, r.plan_short) for r in self.ordered())
+
+    # -- reading -------------------------------------------------------------
+
+    def ordered(self) -> list[TrialRecord]:
+        return [self.records[n] for n in sorted(self.records)]
+
+    @property
+    def selection(self) -> Selection:
+        if self._selection is None:
+            i = self.info
+            self._selection = select(self.ordered(), i.budget.bytes, i.headroom, i.tolerance, i.budget.unit)
+        return self._selection
+
+    @property
+    def best(self) -> TrialRecord | None:
+        return self.selection.best
+
+    def finished_count(self) -> int:
+        return sum(1 for r in self.records.values() if r.state in FINISHED)
+
+    def pruned(self) -> list[TrialRecord]:
+        return [r for r in self.ordered() if r.state == "pruned"]
+
+    def fit(self, record: TrialRecord) -> str:
+        """ok (peak + headroom fits), tight (fits, not the headroom), over, or "" (no peak)."""
+        if record.peak_bytes is None:
+            return ""
+        if fits(record.peak_bytes, self.info.budget.bytes, self.info.headroom):
+            return "ok"
+        return "tight" if record.peak_bytes <= self.info.budget.bytes else "over"
+
+    def view(self, sort: str = "number", query: str = "") -> list[TrialRecord]:
+        """The trials to list: those matching every word of ``query``, in ``sort`` order."""
+        rows = [r for r in self.ordered() if matches(r, query)]
+        if sort == "tokens":
+            rows.sort(key=lambda r: (r.tokens_per_s is None, -(r.tokens_per_s or 0), r.number))
+        elif sort == "peak":
+            rows.sort(key=lambda r: (r.peak_bytes is None, r.peak_bytes or 0, r.number))
+        elif sort == "accuracy":
+            rows.sort(key=lambda r: (r.accuracy_loss is None or r.state != "complete", r.accuracy_loss or 0, r.number))
+        elif sort != "number":
+            raise ValueError(f"sort must be one of {[k for k, _ in SORTS]}, but got {sort!r}")
+        return rows
+
+
+def haystack(r: TrialRecord) -> str:
+    return " ".join((f"#{r.number}", r.state, r.plan_short, r.stage, r.source, r.reason, r.ladder)).lower()
+
+
+def matches(r: TrialRecord, query: str) -> bool:
+    """Every whitespace-separated word of ``query`` occurs in the trial's number, state, plan, stage or reason."""
+    text = haystack(r)
+    return all(word in text for word in query.lower().split())
+
+
+def next_sort(current: str) -> str:
+    keys = [k for k, _ in SORTS]
+    return keys[(keys.index(current) + 1) % len(keys)]
+
+
+def sort_label(key: str) -> str:
+    return dict(SORTS)[key]
