@@ -48,7 +48,7 @@ def plans(draw) -> Plan:
         gradient_checkpointing=draw(st.booleans()),
         optimizer="adamw_torch" if offload != "none" else draw(st.sampled_from(OPTIMIZERS)),
         micro_batch=draw(st.integers(1, 64)), grad_accum=draw(st.integers(1, 128)),
-        seq_len=draw(st.integers(1, 131072)), attn_impl=attn, offload=offload, chunked_ce=draw(st.booleans()),
+        seq_len=draw(st.integers(1, 131072)), attn_impl=attn, offload=offload, loss=draw(st.sampled_from(["plain", "chunked", "fused-linear"])),
     )
     assert not plan.problems(), plan.problems()
     return plan

@@ -32,7 +32,7 @@ PLANS = {
     "lora-int8-all": Plan(method="lora", quantization="int8", lora_targets="all-linear", optimizer="adamw_8bit",
                           attn_impl="eager", precision="fp16", lora_alpha=12.5),
     "full-mixed-zero2": Plan(method="full", precision="mixed_bf16", offload="zero2_cpu", micro_batch=2, grad_accum=4,
-                             chunked_ce=True, attn_impl="flash_attention_2"),
+                             loss="chunked", attn_impl="flash_attention_2"),
     "full-bf16-zero3": Plan(method="full", precision="bf16", offload="zero3_cpu", gradient_checkpointing=True),
     "qlora-fp4-zero2-fp16": Plan(method="qlora", quantization="fp4", compute_dtype="fp16", precision="mixed_fp16",
                                  offload="zero2_cpu", seq_len=4096),
@@ -258,7 +258,7 @@ RUNS = {
     "qlora": Plan(method="qlora", quantization="nf4", double_quant=True, optimizer="paged_adamw_8bit", micro_batch=2,
                   grad_accum=2, gradient_checkpointing=True, seq_len=32),
     # full fine-tune, fp32 masters, ZeRO-2 offload (dropped on the CPU), chunked loss, flash-attn (→ sdpa)
-    "full-zero2-chunked": Plan(method="full", precision="mixed_bf16", offload="zero2_cpu", chunked_ce=True,
+    "full-zero2-chunked": Plan(method="full", precision="mixed_bf16", offload="zero2_cpu", loss="chunked",
                                micro_batch=2, seq_len=32, gradient_checkpointing=True,
                                attn_impl="flash_attention_2"),
     # LoRA on an LLM.int8 base, every linear, 8-bit AdamW, eager attention

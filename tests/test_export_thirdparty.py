@@ -39,7 +39,7 @@ PLANS = [
     Plan(method="qlora", quantization="nf4", double_quant=True, optimizer="paged_adamw_8bit", grad_accum=8,
          gradient_checkpointing=True),
     Plan(method="qlora", quantization="fp4", precision="fp16", compute_dtype="fp16", lora_targets="all-linear",
-         offload="zero2_cpu", chunked_ce=True, attn_impl="flash_attention_2"),
+         offload="zero2_cpu", loss="chunked", attn_impl="flash_attention_2"),
     Plan(method="lora", quantization="int8", lora_r=8, lora_alpha=16.0, optimizer="adamw_8bit", attn_impl="eager",
          lora_dropout=0.0),
     Plan(method="full", precision="bf16", optimizer="adafactor", micro_batch=4, seq_len=2048),

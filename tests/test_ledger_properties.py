@@ -24,7 +24,7 @@ def plans(draw):
         gradient_checkpointing=draw(st.booleans()), optimizer=optimizer,
         micro_batch=draw(st.integers(1, 8)), grad_accum=draw(st.integers(1, 4)),
         seq_len=draw(st.sampled_from([128, 512, 1024, 2048, 4096])),
-        chunked_ce=draw(st.booleans()),
+        loss=draw(st.sampled_from(["plain", "chunked", "fused-linear"])),
     )
 
 

@@ -11,7 +11,7 @@ from advisor.core.plan import ALL_LINEAR, Plan, lora_target_modules
 def test_defaults_are_valid_and_round_trip():
     for plan in (Plan(), Plan(method="full", optimizer="adafactor"),
                  Plan(method="qlora", quantization="nf4", double_quant=True, lora_targets=ALL_LINEAR),
-                 Plan(method="lora", quantization="int8", offload="none", chunked_ce=True)):
+                 Plan(method="lora", quantization="int8", offload="none", loss="chunked")):
         plan.validate()
         assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
 

@@ -6,8 +6,8 @@ import argparse
 from typing import Any
 
 from advisor.core.errors import AdvisorInputError
-from advisor.core.plan import (ATTENTION, DTYPES, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS, QUANTIZATIONS, Plan,
-                          default_quantization, normalize_targets)
+from advisor.core.plan import (ATTENTION, DTYPES, LOSSES, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS, QUANTIZATIONS,
+                               Plan, default_quantization, normalize_targets)
 
 
 def whole_number(flag: str, minimum: int = 1):
@@ -67,8 +67,29 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj", help="comma-separated module names, or all-linear")
     g.add_argument("--attn-impl", choices=ATTENTION, default="sdpa", help="attention implementation (default sdpa)")
     g.add_argument("--offload", choices=OFFLOADS, default="none", help="DeepSpeed CPU offload (default none)")
-    g.add_argument("--chunked-ce", action="store_true", help="chunked cross-entropy: never hold all logits at once")
+    add_lever_flags(g)
     add_gpus_flags(p)
+
+
+def add_lever_flags(g) -> None:
+    """--loss (--chunked-ce), --dora, --packing."""
+    g.add_argument("--loss", choices=LOSSES, default=None,
+                   help="plain (all logits), chunked (chunks recomputed in backward) or fused-linear (Liger's fused "
+                        "linear cross-entropy: no logits) (default plain)")
+    g.add_argument("--chunked-ce", action="store_true", help="the same as --loss chunked")
+    g.add_argument("--dora", action="store_true", help="DoRA adapters (peft use_dora): magnitude vectors, more memory")
+    g.add_argument("--packing", action="store_true",
+                   help="pack documents into full sequences of --seq-len (no padding; position_ids per document)")
+
+
+def loss_from_args(args: argparse.Namespace) -> str:
+    """--loss, or chunked for the --chunked-ce alias; the two must agree."""
+    loss = getattr(args, "loss", None)
+    if getattr(args, "chunked_ce", False):
+        if loss not in (None, "chunked"):
+            raise AdvisorInputError("--chunked-ce", f"is --loss chunked, which contradicts --loss {loss}", loss)
+        return "chunked"
+    return loss or "plain"
 
 
 def add_gpus_flags(p: argparse.ArgumentParser) -> None:
@@ -98,7 +119,9 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         seq_len=args.seq_len,
         attn_impl=args.attn_impl,
         offload=args.offload,
-        chunked_ce=args.chunked_ce,
+        loss=loss_from_args(args),
+        dora=bool(getattr(args, "dora", False)),
+        packing=bool(getattr(args, "packing", False)),
     )
     return plan.validate()
 

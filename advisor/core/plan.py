@@ -18,6 +18,10 @@ PRECISIONS = ("bf16", "fp16", "fp32", "mixed_bf16", "mixed_fp16")
 OPTIMIZERS = ("adamw_torch", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit", "adafactor", "sgd")
 ATTENTION = ("sdpa", "eager", "flash_attention_2")
 OFFLOADS = ("none", "zero2_cpu", "zero3_cpu")
+LOSSES = ("plain", "chunked", "fused-linear")
+"""plain: the model's own loss over all logits; chunked: the output projection and loss over chunks of
+tokens, each recomputed in backward; fused-linear: the projection fused with cross-entropy, gradients
+computed in the forward (Liger's fused linear cross-entropy, Apple's cut cross-entropy)."""
 ALL_LINEAR = "all-linear"
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -45,6 +49,9 @@ class Plan:
     """Dropout on the adapter input (0 saves the dropout mask and copy)."""
     lora_targets: tuple[str, ...] | str = ("q_proj", "k_proj", "v_proj", "o_proj")
     """Module names that get adapters, or "all-linear"."""
+    dora: bool = False
+    """DoRA (peft use_dora): a trained magnitude vector per adapted module; its forward re-runs the base
+    matmul on the dropped-out input and keeps an fp32 copy of the weight for backward."""
     gradient_checkpointing: bool = False
     """Keep only each decoder layer's input and recompute the rest in backward (~1/3 more compute)."""
     optimizer: str = "adamw_torch"
@@ -54,19 +61,27 @@ class Plan:
     grad_accum: int = 1
     """Micro-batches per optimizer step (gradients held between them)."""
     seq_len: int = 1024
-    """Tokens per sequence."""
+    """Tokens per sequence (the padded length of the longest batch, or the packed length)."""
+    packing: bool = False
+    """Pack several documents into each sequence of seq_len tokens (position_ids restart per document:
+    no padding, no cross-document attention); without it a batch is padded to its longest document."""
     attn_impl: str = "sdpa"
     """Attention implementation: sdpa, eager (materializes the scores), flash_attention_2."""
     offload: str = "none"
     """none, zero2_cpu (DeepSpeed ZeRO-2, optimizer on the CPU), zero3_cpu (ZeRO-3, parameters and optimizer on the CPU)."""
-    chunked_ce: bool = False
-    """Compute the loss over chunks of the sequence, never holding all logits at once."""
+    loss: str = "plain"
+    """How the loss is computed: plain, chunked or fused-linear (see LOSSES)."""
 
     # ------------------------------------------------------------------ derived
 
     @property
     def peft(self) -> bool:
         return self.method in ("lora", "qlora")
+
+    @property
+    def chunked_ce(self) -> bool:
+        """The chunked loss (the field this knob had before ``loss``; old configs and studies use it)."""
+        return self.loss == "chunked"
 
     @property
     def quantized(self) -> bool:
@@ -107,7 +122,7 @@ class Plan:
 
         for key, allowed in (("method", METHODS), ("quantization", QUANTIZATIONS), ("compute_dtype", DTYPES),
                              ("precision", PRECISIONS), ("optimizer", OPTIMIZERS), ("attn_impl", ATTENTION),
-                             ("offload", OFFLOADS)):
+                             ("offload", OFFLOADS), ("loss", LOSSES)):
             if getattr(self, key) not in allowed:
                 bad(key, f"must be one of {', '.join(allowed)}", getattr(self, key))
         for key in ("micro_batch", "grad_accum", "seq_len"):
@@ -137,6 +152,7 @@ class Plan:
             if targets != ALL_LINEAR and (not isinstance(targets, tuple) or not targets
                                           or not all(isinstance(t, str) and t for t in targets)):
                 bad("lora_targets", f"must be a list of module names or {ALL_LINEAR}", targets)
+        errs += self._lever_problems()
         if self.attn_impl == "flash_attention_2" and self.activation_dtype == "fp32":
             bad("attn_impl", "flash_attention_2 computes in fp16/bf16 only; use sdpa or eager with fp32",
                 self.attn_impl)
@@ -152,6 +168,22 @@ class Plan:
         if self.precision in ("fp16",) and self.method == "full":
             bad("precision", "pure fp16 full fine-tuning diverges (no fp32 master weights): use mixed_fp16 or bf16",
                 self.precision)
+        return errs
+
+    def _lever_problems(self) -> list[AdvisorInputError]:
+        """The rules of the loss, DoRA and packing knobs."""
+        errs: list[AdvisorInputError] = []
+        if not isinstance(self.dora, bool):
+            errs.append(AdvisorInputError(flag_of("dora"), "must be true or false", self.dora))
+        elif self.dora and not self.peft:
+            errs.append(AdvisorInputError(flag_of("dora"), "DoRA decomposes LoRA adapters: use method lora "
+                                          "(a full fine-tune has none)", self.method))
+        elif self.dora and self.quantized:
+            errs.append(AdvisorInputError(flag_of("dora"), "DoRA over a quantized base is not planned here (peft "
+                                          "dequantizes the base weight in each forward): use quantization none",
+                                          self.quantization))
+        if not isinstance(self.packing, bool):
+            errs.append(AdvisorInputError(flag_of("packing"), "must be true or false", self.packing))
         return errs
 
     def validate(self) -> "Plan":
@@ -172,11 +204,15 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} | {"chunked_ce"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise AdvisorInputError("plan", f"unknown key(s) {', '.join(unknown)}", unknown, show_value=False)
         data = dict(data)
+        if "chunked_ce" in data:  # configs and studies written before the loss knob
+            legacy = data.pop("chunked_ce")
+            if legacy and "loss" not in data:
+                data["loss"] = "chunked"
         if "lora_targets" in data:
             data["lora_targets"] = normalize_targets(data["lora_targets"])
         return cls(**data)
@@ -192,7 +228,7 @@ class Plan:
         if self.peft:
             targets = self.lora_targets if isinstance(self.lora_targets, str) else ",".join(
                 t.removesuffix("_proj") for t in self.lora_targets)
-            parts.append(f"r{self.lora_r}[{targets}]")
+            parts.append(f"r{self.lora_r}[{targets}]" + ("+dora" if self.dora else ""))
         parts.append(self.precision)
         if self.gradient_checkpointing:
             parts.append("ckpt")
@@ -202,8 +238,12 @@ class Plan:
         parts.append(f"b{self.micro_batch}x{self.grad_accum} s{self.seq_len}")
         if self.attn_impl != "sdpa":
             parts.append(self.attn_impl)
-        if self.chunked_ce:
-            parts.append("chunked-ce")
+        if self.loss == "chunked":
+            parts.append("chunked-ce")  # the name short() used before the loss knob (kept: studies key on it)
+        elif self.loss != "plain":
+            parts.append(self.loss + "-ce")
+        if self.packing:
+            parts.append("packed")
         return " ".join(parts)
 
 
@@ -212,7 +252,7 @@ _FLAGS = {
     "lora_r": "--lora-r", "lora_alpha": "--lora-alpha", "lora_dropout": "--lora-dropout",
     "lora_targets": "--lora-targets", "gradient_checkpointing": "--gradient-checkpointing",
     "attn_impl": "--attn-impl", "compute_dtype": "--compute-dtype", "double_quant": "--double-quant",
-    "chunked_ce": "--chunked-ce",
+    "loss": "--loss", "dora": "--dora", "packing": "--packing",
 }
 
 

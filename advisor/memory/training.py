@@ -12,6 +12,7 @@ from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.memory.ledger import MemoryReport, empty
 from advisor.memory.overhead import framework_overhead
 from advisor.core.plan import DTYPE_BYTES, Plan, lora_target_modules
+from advisor.memory import levers
 
 NF4_BLOCK = 64            # bitsandbytes Params4bit default blocksize (bitsandbytes/nn/modules.py)
 DQ_BLOCK = 256            # nested (double) quantization block of the absmax (bitsandbytes functional.quantize_4bit)
@@ -39,6 +40,7 @@ def param_breakdown(model: ModelSpec, plan: Plan) -> ParamBreakdown:
     targets = lora_target_modules(plan, list(shapes))
     # LoRA adds A (r x in) and B (out x r) to each targeted module (Hu et al. 2021, eq. 3)
     adapter = model.num_layers * sum(plan.lora_r * (shapes[m][0] + shapes[m][1]) for m in targets)
+    adapter += levers.dora_magnitude_params(model, plan, tuple(targets))
     trainable = adapter if plan.peft else model.params_total
     return ParamBreakdown(linear, model.params_total - linear, adapter, tuple(targets), trainable)
 
@@ -99,7 +101,9 @@ def _small_tensor_params(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> in
     if plan.peft:
         shapes = model.linear_shapes()
         return model.num_layers * sum(
-            plan.lora_r * d for m in pb.lora_modules for d in shapes[m] if plan.lora_r * d < OPT8_MIN_SIZE)
+            plan.lora_r * d for m in pb.lora_modules for d in shapes[m] if plan.lora_r * d < OPT8_MIN_SIZE) + (
+            model.num_layers * sum(shapes[m][1] for m in pb.lora_modules if shapes[m][1] < OPT8_MIN_SIZE)
+            if plan.dora else 0)  # DoRA magnitudes: one vector per module
     norms_biases = model.num_layers * (model.layer_norm_params() + sum(model.layer_bias_params().values()))
     return norms_biases + model.hidden_size
 
@@ -108,7 +112,8 @@ def _adafactor_elems(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
     shapes = model.linear_shapes()
     if plan.peft:
         return model.num_layers * sum(plan.lora_r + shapes[m][0] + plan.lora_r + shapes[m][1]
-                                      for m in pb.lora_modules)
+                                      for m in pb.lora_modules) + levers.dora_magnitude_params(
+            model, plan, pb.lora_modules)  # a vector's second moment is not factored (Adafactor._get_options)
     per_layer = sum(i + o for i, o in shapes.values()) + model.layer_norm_params() + sum(
         model.layer_bias_params().values())
     emb = model.vocab_size + model.hidden_size
@@ -186,11 +191,14 @@ def layer_activation_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> 
         saved += 4 * T * fan_in + 4 * T * plan.lora_r
         if plan.lora_dropout > 0:
             saved += T * fan_in  # dropout mask, 1 byte per element
+    saved += levers.dora_layer_activation_bytes(model, plan, pb.lora_modules)
     return int(saved)
 
 
 def logits_bytes(model: ModelSpec, plan: Plan) -> tuple[int, int]:
     """(forward, backward) transient of the logits and the loss."""
+    if plan.loss == "fused-linear":
+        return levers.fused_linear_loss_bytes(model, plan)
     p = DTYPE_BYTES[plan.activation_dtype]
     T = plan.micro_batch * plan.seq_len
     if plan.chunked_ce:
@@ -205,6 +213,24 @@ def logits_bytes(model: ModelSpec, plan: Plan) -> tuple[int, int]:
     # _log_softmax_backward_data's fp32 output, all alive at once (aten derivatives.yaml; traced)
     bwd = (4 + 4 + 4) * TV
     return int(fwd), int(bwd)
+
+
+def _lever_activation_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
+    """Held through forward and backward by the levers: the packed-documents mask, less DoRA's first layer."""
+    return levers.packed_mask_bytes(model, plan) - levers.dora_first_layer_saving(model, plan, pb.lora_modules)
+
+
+def _add_lever_phases(phases: dict, model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> None:
+    """DoRA's forward spike: at the last layer's forward, every activation held (loss phase's), no logits yet;
+    with checkpointing again when the last layer is recomputed."""
+    spike = levers.dora_forward_spike(model, plan, pb.lora_modules)
+    if not spike:
+        return
+    loss = phases["loss"]
+    phases["forward"] = dict(gradients=loss["gradients"], activations=loss["activations"], transient=spike)
+    if "backward-recompute" in phases:
+        rec = phases["backward-recompute"]
+        rec["transient"] = max(rec["transient"], spike)
 
 
 def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) -> MemoryReport:
@@ -256,6 +282,7 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
     else:
         acts = L * layer_acts + final_norm + head_input
         recomputed = 0
+    acts += _lever_activation_bytes(model, plan, pb)
     logits_fwd, logits_bwd = logits_bytes(model, plan)
 
     # the largest dequantized weight of a 4/8-bit layer exists during its matmul (bitsandbytes dequantize_4bit)
@@ -289,6 +316,7 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
         # the last layer's backward, every layer's activations still held (the logits are gone by then)
         phases["backward-layers"] = dict(gradients=grads_held, activations=acts,
                                          transient=layer_bwd_temp + autocast_cache)
+    _add_lever_phases(phases, model, plan, pb)
     peak_phase, at_peak = max(phases.items(), key=lambda kv: sum(kv[1].values()))
 
     device = empty()

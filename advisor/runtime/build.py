@@ -10,12 +10,13 @@ and by the real probes (real tensors, CPU or CUDA), so that what is simulated is
   functions where ``Params4bit`` cannot wrap a fake tensor;
 - activation checkpointing enabled the way ``transformers.Trainer`` does
   (``activation_checkpointing_enable``: non-reentrant ``torch.utils.checkpoint``, input grads on);
-- peft LoRA (``get_peft_model``, fp32 adapters by peft's ``autocast_adapter_dtype``);
+- peft LoRA or DoRA (``get_peft_model``, ``use_dora``; fp32 adapters by peft's ``autocast_adapter_dtype``);
 - the optimizer built by ``Trainer.get_optimizer_cls_and_kwargs`` from the ``TrainingArguments``
   name, with Trainer's weight-decay parameter groups, and the foreach / fused choice the
   *target* device would make (CUDA's defaults when simulating a GPU on the CPU);
 - a step as ``Trainer.training_step`` runs it: forward with labels (the model's own causal-LM
-  loss; chunked and recomputed when ``plan.chunked_ce``), backward, gradient clipping to 1.0,
+  loss; chunked and recomputed when ``plan.loss`` is chunked, fused with the output projection when it
+  is fused-linear: liger's kernel on CUDA, its stand-in elsewhere), backward, gradient clipping to 1.0,
   ``optimizer.step()``, ``zero_grad(set_to_none=True)``.
 
 DeepSpeed offload is not built here (the probe wraps the model with DeepSpeed itself).
@@ -78,8 +79,10 @@ class TrainingSetup:
         """Forward with labels, the model's causal-LM loss, backward; returns the loss (detached)."""
         self._phase("forward")
         with self._autocast():
-            if self.plan.chunked_ce:
+            if self.plan.loss == "chunked":
                 loss = chunked_causal_lm_loss(self.model, input_ids, labels)
+            elif self.plan.loss == "fused-linear":
+                loss = fused_linear_loss(self.model, input_ids, labels, self.device, self.target_device)
             else:
                 # the output (and its logits) is dropped at once, as Trainer.compute_loss returns only the loss
                 loss = self.model(input_ids=input_ids, labels=labels).loss
@@ -167,6 +170,17 @@ def chunked_causal_lm_loss(model, input_ids, labels, chunk_tokens: int = CE_CHUN
                           use_reentrant=False)
         total = part if total is None else total + part
     return total / n_valid
+
+
+def fused_linear_loss(model, input_ids, labels, device: str, target: str):
+    """Liger's fused linear cross-entropy: the real Triton kernel on a CUDA device with liger_kernel
+    installed, else its stand-in (advisor.runtime.simulate.fused_loss, same chunks and saved tensors)."""
+    import importlib.util
+
+    from advisor.runtime.simulate.fused_loss import fused_linear_causal_lm_loss
+
+    real = device.startswith("cuda") and importlib.util.find_spec("liger_kernel") is not None
+    return fused_linear_causal_lm_loss(model, input_ids, labels, impl="liger" if real else "standin")
 
 
 # --------------------------------------------------------------------------- building
@@ -281,7 +295,7 @@ def _apply_lora(model, spec: ModelSpec, plan: Plan, fake: bool):
 
     targets = lora_target_modules(plan, list(spec.linear_shapes()))
     config = LoraConfig(r=plan.lora_r, lora_alpha=plan.lora_alpha, lora_dropout=plan.lora_dropout,
-                        target_modules=targets, bias="none", task_type="CAUSAL_LM")
+                        target_modules=targets, bias="none", task_type="CAUSAL_LM", use_dora=plan.dora)
     with _module_to_is_noop() if fake else contextlib.nullcontext():
         peft_model = get_peft_model(model, config)
     if fake:

@@ -34,7 +34,7 @@ def analytic_matrix() -> list[tuple[str, Plan]]:
         ("qwen2.5-0.5b-instruct", Plan(method="lora", quantization="int8", gradient_checkpointing=True, grad_accum=4,
                                        seq_len=512)),
         ("qwen2.5-0.5b-instruct", Plan(method="full", precision="mixed_bf16", seq_len=512)),
-        ("llama-3.2-1b-instruct", Plan(method="lora", chunked_ce=True, gradient_checkpointing=True, seq_len=4096)),
+        ("llama-3.2-1b-instruct", Plan(method="lora", loss="chunked", gradient_checkpointing=True, seq_len=4096)),
         ("qwen3-4b", Plan(method="lora", attn_impl="eager", seq_len=512, optimizer="sgd")),
     ]
     return rows

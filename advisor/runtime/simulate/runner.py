@@ -161,18 +161,21 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
         tracker.reset_peak()
         marks.setdefault(name, tracker.clock)
 
-    with cuda_semantics(), fake_mode, tracker, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with cuda_semantics(), fake_mode, tracker:
+        # built outside the saved-tensor hook: a graph made while building (DoRA's weight norm at peft's
+        # init, never backpropagated) would stay alive through the hook's reference to its own output
         setup = build_training_setup(spec, plan, device="cpu", num_layers=num_layers, quant_impl=quant_impl,
                                      seed=seed, target_device=target_device)
-        batches = [setup.make_batch(i) for i in range(plan.grad_accum)]
-        setup.phase_hook = hook
-        setup.train_step(batches)  # warm-up
-        measuring["on"] = True
-        tracker.phase = "baseline"
-        baseline = tracker.live_bytes
-        setup.train_step(batches)  # measured
-        close_phase()
-        measuring["on"] = False
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            batches = [setup.make_batch(i) for i in range(plan.grad_accum)]
+            setup.phase_hook = hook
+            setup.train_step(batches)  # warm-up
+            measuring["on"] = True
+            tracker.phase = "baseline"
+            baseline = tracker.live_bytes
+            setup.train_step(batches)  # measured
+            close_phase()
+            measuring["on"] = False
         # identities of what persists, while the setup is alive
         groups = _identity_groups(tracker, setup, quant_constant_tensors(setup.model), plan)
         for rec_uid in ids["gradients"]:

@@ -11,7 +11,7 @@ from advisor.ui.report._data import ReportData
 
 PLAN_KEYS = ("method", "quantization", "double_quant", "compute_dtype", "precision", "lora_r", "lora_alpha",
              "lora_dropout", "lora_targets", "gradient_checkpointing", "optimizer", "micro_batch", "grad_accum",
-             "seq_len", "attn_impl", "offload", "chunked_ce")
+             "seq_len", "attn_impl", "offload", "loss", "dora", "packing")
 COLUMNS = (["number", "state", "stage", "ladder", "plan_short", "peak_bytes", "tensor_peak_bytes", "host_bytes",
             "memory_source", "tokens_per_s", "tokens_per_s_source", "accuracy_loss", "accuracy_source", "seconds",
             "started", "ended", "winner", "pareto", "reason"]

@@ -19,7 +19,8 @@ PLAN_LABELS = {
     "compute_dtype": "Compute dtype", "precision": "Precision", "lora_r": "LoRA rank", "lora_alpha": "LoRA alpha",
     "lora_dropout": "LoRA dropout", "lora_targets": "LoRA targets", "gradient_checkpointing": "Gradient checkpointing",
     "optimizer": "Optimizer", "micro_batch": "Micro-batch", "grad_accum": "Gradient accumulation",
-    "seq_len": "Sequence length", "attn_impl": "Attention", "offload": "Offload", "chunked_ce": "Chunked cross-entropy",
+    "seq_len": "Sequence length", "attn_impl": "Attention", "offload": "Offload", "loss": "Loss", "dora": "DoRA",
+    "packing": "Packing",
 }
 
 

@@ -1,0 +1,119 @@
+"""Ledger terms of the loss, DoRA, packing and attention levers (closed form, one citation each).
+
+The training ledger (advisor.memory.training) adds these to its categories; each function returns
+bytes. Notation: T = micro_batch * seq_len tokens, h hidden, V vocabulary, p = bytes of the
+activation dtype, (i, o) a linear module's fan-in and fan-out, r the LoRA rank.
+"""
+
+from __future__ import annotations
+
+from advisor.core.catalog import ModelSpec
+from advisor.core.plan import DTYPE_BYTES, Plan
+
+
+# --------------------------------------------------------------------------- the loss
+
+
+def liger_chunk_tokens(tokens: int, hidden: int, vocab: int) -> int:
+    """Tokens per chunk of Liger's fused linear cross-entropy: logits of one chunk ~ BT x H elements
+    (liger_kernel/ops/fused_linear_cross_entropy.py: inc_factor = cdiv(V, H); next_power_of_2(cdiv(BT, inc)))."""
+    inc = -(-vocab // hidden)
+    per = -(-tokens // inc)
+    return max(1, min(1 << max(0, (per - 1).bit_length()), tokens))
+
+
+def hidden_state_bytes(plan: Plan) -> int:
+    """Bytes per element of the last hidden state: the final RMSNorm multiplies by its weight, fp32 under
+    mixed precision (transformers Qwen2RMSNorm.forward: weight * hidden.to(input_dtype))."""
+    return DTYPE_BYTES[plan.param_dtype] if plan.precision.startswith("mixed") else DTYPE_BYTES[plan.activation_dtype]
+
+
+def fused_linear_loss_bytes(model: ModelSpec, plan: Plan) -> tuple[int, int]:
+    """(forward, backward) transient of the fused linear cross-entropy: no logits, gradients made in forward.
+
+    Forward: grad_input (BT x H, the hidden state's dtype) and, when the head trains, grad_weight (V x H)
+    allocated before the chunk loop and saved for backward; one chunk's logits (chunk x V); the fp32
+    loss_1d, the target mask and the shifted labels (LigerFusedLinearCrossEntropyFunction.forward,
+    LigerForCausalLMLoss). Backward: grad_input and grad_weight handed to autograd as they are.
+    """
+    T = plan.micro_batch * plan.seq_len
+    h, V = model.hidden_size, model.vocab_size
+    hb = hidden_state_bytes(plan)
+    chunk = liger_chunk_tokens(T, h, V)
+    grad_input = hb * T * h
+    head_grad = V * h * DTYPE_BYTES[plan.param_dtype] if plan.method == "full" else 0
+    # chunk logits in the hidden dtype; loss_1d fp32, mask bool, padded + shifted int64 labels
+    fwd = grad_input + head_grad + chunk * V * hb + 4 * T + T + 2 * 8 * T
+    bwd = grad_input + head_grad
+    return int(fwd), int(bwd)
+
+
+# --------------------------------------------------------------------------- DoRA
+
+
+def dora_magnitude_params(model: ModelSpec, plan: Plan, modules: tuple[str, ...]) -> int:
+    """DoRA's trained magnitude: one value per output feature of each adapted module
+    (Liu et al. 2024, eq. 5; peft DoraLinearLayer.update_layer: nn.Parameter(weight_norm))."""
+    if not plan.dora:
+        return 0
+    shapes = model.linear_shapes()
+    return model.num_layers * sum(shapes[m][1] for m in modules)
+
+
+def dora_layer_activation_bytes(model: ModelSpec, plan: Plan, modules: tuple[str, ...]) -> int:
+    """What one layer's DoRA modules save for backward on top of LoRA's (peft DoraLinearLayer.forward).
+
+    With dropout the base matmul is re-run on the dropped-out input with an fp32 copy of the weight
+    (weight.to(x.dtype)), which F.linear keeps for the input's gradient (4 o i); the two products with the
+    trained magnitude keep base_result and lora_result (fp32, T x o each). Without dropout base_result is
+    the base layer's own output (p T o). The magnitude / weight-norm vectors: 3 x 4 o.
+    """
+    if not plan.dora:
+        return 0
+    shapes = model.linear_shapes()
+    T = plan.micro_batch * plan.seq_len
+    p = DTYPE_BYTES[plan.activation_dtype]
+    total = 0
+    for m in modules:
+        i, o = shapes[m]
+        if plan.lora_dropout > 0:
+            total += 4 * o * i + 8 * T * o
+        else:
+            total += p * T * o + 4 * T * o
+        total += 3 * 4 * o
+    return total
+
+
+def dora_first_layer_saving(model: ModelSpec, plan: Plan, modules: tuple[str, ...]) -> int:
+    """The fp32 weight copies the first layer does not keep: its input needs no gradient (frozen embedding,
+    no checkpointing), so F.linear saves nothing for it (aten linear backward needs the weight only for
+    grad_input)."""
+    if not plan.dora or plan.lora_dropout <= 0 or plan.gradient_checkpointing:
+        return 0
+    shapes = model.linear_shapes()
+    return sum(4 * shapes[m][0] * shapes[m][1] for m in modules)
+
+
+def dora_forward_spike(model: ModelSpec, plan: Plan, modules: tuple[str, ...]) -> int:
+    """The largest transient of one DoRA module's forward: lora_B(lora_A(eye(i))) builds the i x o update
+    from an fp32 identity (kept with lora_A's input until the forward ends), then the weight norm of
+    W + scaling * BA (fp32 W copy, the scaled update, the sum) (peft dora.py get_lora_weight, get_weight_norm)."""
+    if not plan.dora:
+        return 0
+    shapes = model.linear_shapes()
+    return max(4 * (i * i + i * plan.lora_r + 3 * i * o) for i, o in (shapes[m] for m in modules))
+
+
+# --------------------------------------------------------------------------- packing and attention
+
+
+def packed_mask_bytes(model: ModelSpec, plan: Plan) -> int:
+    """The block-diagonal mask of packed documents, built once per forward and held to the end of backward:
+    sdpa takes a bool (b, 1, s, s) mask, eager an additive one in the compute dtype; flash-attention 2
+    runs varlen on cu_seqlens and needs none (transformers masking_utils.find_packed_sequence_indices,
+    sdpa_mask / eager_mask, _flash_attention_forward)."""
+    if not plan.packing or plan.attn_impl == "flash_attention_2":
+        return 0
+    b, s = plan.micro_batch, plan.seq_len
+    per = 1 if plan.attn_impl == "sdpa" else DTYPE_BYTES[plan.activation_dtype]
+    return b * s * s * per
