@@ -49,6 +49,7 @@ def plans(draw) -> Plan:
         optimizer="adamw_torch" if offload != "none" else draw(st.sampled_from(OPTIMIZERS)),
         micro_batch=draw(st.integers(1, 64)), grad_accum=draw(st.integers(1, 128)),
         seq_len=draw(st.integers(1, 131072)), attn_impl=attn, offload=offload, loss=draw(st.sampled_from(["plain", "chunked", "fused-linear"])),
+        dora=method == "lora" and q == "none" and draw(st.booleans()), packing=draw(st.booleans()),
     )
     assert not plan.problems(), plan.problems()
     return plan
@@ -63,7 +64,7 @@ def _expressible(fmt: str, plan: Plan) -> bool:
         ok_prec = plan.precision in (("mixed_bf16", "mixed_fp16", "bf16") if plan.method == "full" else ("bf16", "fp16"))
         pure_z3 = plan.method == "full" and plan.precision == "bf16" and plan.offload == "zero3_cpu"
         cd_ok = not plan.four_bit or plan.compute_dtype == plan.activation_dtype
-        return int_alpha and ok_prec and not pure_z3 and cd_ok
+        return int_alpha and ok_prec and not pure_z3 and cd_ok and plan.loss != "chunked"
     return True
 
 

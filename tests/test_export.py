@@ -32,7 +32,8 @@ PLANS = {
     "lora-int8-all": Plan(method="lora", quantization="int8", lora_targets="all-linear", optimizer="adamw_8bit",
                           attn_impl="eager", precision="fp16", lora_alpha=12.5),
     "full-mixed-zero2": Plan(method="full", precision="mixed_bf16", offload="zero2_cpu", micro_batch=2, grad_accum=4,
-                             loss="chunked", attn_impl="flash_attention_2"),
+                             loss="fused-linear", attn_impl="flash_attention_2"),
+    "lora-dora-packed-chunked": Plan(method="lora", lora_targets="all-linear", dora=True, packing=True, loss="chunked"),
     "full-bf16-zero3": Plan(method="full", precision="bf16", offload="zero3_cpu", gradient_checkpointing=True),
     "qlora-fp4-zero2-fp16": Plan(method="qlora", quantization="fp4", compute_dtype="fp16", precision="mixed_fp16",
                                  offload="zero2_cpu", seq_len=4096),
@@ -264,6 +265,9 @@ RUNS = {
     # LoRA on an LLM.int8 base, every linear, 8-bit AdamW, eager attention
     "lora-int8": Plan(method="lora", quantization="int8", lora_targets="all-linear", optimizer="adamw_8bit",
                       attn_impl="eager", seq_len=24, lora_r=4, lora_alpha=8.0),
+    # DoRA on every linear, packed documents (position_ids per document), fused-linear loss (Liger: off on the CPU)
+    "dora-packed-fused": Plan(method="lora", lora_targets="all-linear", dora=True, packing=True, loss="fused-linear",
+                              micro_batch=2, seq_len=32, lora_r=4, lora_alpha=8.0),
 }
 
 
@@ -294,6 +298,9 @@ def test_train_py_runs_one_step_on_cpu(name, tiny_model, qwen7b, tmp_path):
         assert s["linear4bit_modules"] > 0
     if plan.quantization == "int8":
         assert s["linear8bit_modules"] > 0
+    assert s["loss"] == plan.loss and s["packing"] == plan.packing and s["liger"] is False
+    if plan.loss == "fused-linear":
+        assert "Liger's fused linear cross-entropy off" in out
     if plan.peft:
         assert s["lora_modules"] > 0
         n_targets = 7 if plan.lora_targets == "all-linear" else len(plan.lora_targets)

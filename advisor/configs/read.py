@@ -369,7 +369,7 @@ def _read_hf(data: dict, c: _Collect, fmt: str) -> tuple[str | None, dict, dict]
         seq = 1024
         c.defaulted.append("max_seq_length")
     f["seq_len"] = seq
-    f["chunked_ce"] = c.get(advisor, "chunked_ce", "advisor.chunked_ce", "bool", False, record=False)
+    f.update(_hf_levers(advisor, training, lora, c, sect))
     for key in ("prediction", "gpu"):
         if key in advisor:
             extras[key] = advisor[key]
@@ -378,6 +378,26 @@ def _read_hf(data: dict, c: _Collect, fmt: str) -> tuple[str | None, dict, dict]
     extras["sections"] = {"model": model, "quantization": quant, "lora": lora, "training": training,
                           "deepspeed": ds}
     return name, f, extras
+
+
+def _hf_levers(advisor: dict, training: dict, lora: dict | None, c: _Collect, sect: str) -> dict[str, Any]:
+    """loss / dora / packing from advisor.yaml's advisor section, TrainingArguments' Liger flags and
+    LoraConfig.use_dora (the ``chunked_ce`` key of files written before the loss knob is read too)."""
+    from advisor.core.plan import LOSSES
+
+    out: dict[str, Any] = {}
+    if "loss" in advisor:
+        out["loss"] = c.choice(advisor.get("loss"), {k: k for k in LOSSES}, "advisor.loss")
+    elif c.get(advisor, "chunked_ce", "advisor.chunked_ce", "bool", False, record=False):
+        out["loss"] = "chunked"
+    elif training.get("use_liger_kernel") and (training.get("liger_kernel_config") or {}).get(
+            "fused_linear_cross_entropy", True):
+        out["loss"] = "fused-linear"  # Trainer applies Liger's fused linear cross-entropy (its default: on)
+    else:
+        out["loss"] = "plain"
+    out["dora"] = bool(c.get(lora or {}, "use_dora", "lora.use_dora", "bool", False, record=False)) if lora else False
+    out["packing"] = c.get(advisor, "packing", "advisor.packing", "bool", False, record=False)
+    return out
 
 
 def _read_axolotl(data: dict, c: _Collect) -> tuple[str | None, dict, dict]:
@@ -448,7 +468,10 @@ def _read_axolotl(data: dict, c: _Collect) -> tuple[str | None, dict, dict]:
         attn = ("flash_attention_2" if data.get("flash_attention") else "eager" if data.get("eager_attention")
                 else "sdpa")
     f["attn_impl"] = c.choice(attn, ATTN, "attn_implementation")
-    f["chunked_ce"] = bool(data.get("chunked_cross_entropy"))
+    f["loss"] = ("fused-linear" if data.get("liger_fused_linear_cross_entropy") or data.get("cut_cross_entropy")
+                 else "chunked" if data.get("chunked_cross_entropy") else "plain")
+    f["dora"] = bool(data.get("peft_use_dora")) and f["method"] != "full"
+    f["packing"] = bool(data.get("sample_packing"))
     f["offload"], _ = c.deepspeed(data.get("deepspeed"), "deepspeed")
     return name, f, {}
 
@@ -508,7 +531,9 @@ def _read_llamafactory(data: dict, c: _Collect) -> tuple[str | None, dict, dict]
     f["attn_impl"] = c.choice(data.get("flash_attn", "auto"),
                               {"auto": "sdpa", "sdpa": "sdpa", "disabled": "eager", "fa2": "flash_attention_2"},
                               "flash_attn")
-    f["chunked_ce"] = bool(data.get("enable_liger_kernel"))
+    f["loss"] = "fused-linear" if data.get("enable_liger_kernel") else "plain"
+    f["dora"] = bool(data.get("use_dora")) and not full
+    f["packing"] = bool(data.get("packing"))
     f["offload"], _ = c.deepspeed(data.get("deepspeed"), "deepspeed")
     return name, f, {}
 
@@ -522,21 +547,22 @@ _KEYS = {
                 "optimizer": "training.optim", "micro_batch": "training.per_device_train_batch_size",
                 "grad_accum": "training.gradient_accumulation_steps", "seq_len": "advisor.max_seq_length",
                 "attn_impl": "model.attn_implementation", "offload": "training.deepspeed",
-                "chunked_ce": "advisor.chunked_ce"},
+                "loss": "advisor.loss", "dora": "lora.use_dora", "packing": "advisor.packing"},
     "axolotl": {"method": "adapter", "quantization": "load_in_4bit", "double_quant": "bnb_config_kwargs",
                 "compute_dtype": "bnb_config_kwargs", "precision": "bf16", "lora_r": "lora_r",
                 "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout", "lora_targets": "lora_target_modules",
                 "gradient_checkpointing": "gradient_checkpointing", "optimizer": "optimizer",
                 "micro_batch": "micro_batch_size", "grad_accum": "gradient_accumulation_steps",
                 "seq_len": "sequence_len", "attn_impl": "attn_implementation", "offload": "deepspeed",
-                "chunked_ce": "chunked_cross_entropy"},
+                "loss": "chunked_cross_entropy", "dora": "peft_use_dora", "packing": "sample_packing"},
     "llamafactory": {"method": "finetuning_type", "quantization": "quantization_bit",
                      "double_quant": "double_quantization", "compute_dtype": "bf16", "precision": "bf16",
                      "lora_r": "lora_rank", "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout",
                      "lora_targets": "lora_target", "gradient_checkpointing": "disable_gradient_checkpointing",
                      "optimizer": "optim", "micro_batch": "per_device_train_batch_size",
                      "grad_accum": "gradient_accumulation_steps", "seq_len": "cutoff_len", "attn_impl": "flash_attn",
-                     "offload": "deepspeed", "chunked_ce": "enable_liger_kernel"},
+                     "offload": "deepspeed", "loss": "enable_liger_kernel", "dora": "use_dora",
+                     "packing": "packing"},
 }
 _KEYS["hf"] = _KEYS["advisor"]
 

@@ -10,7 +10,7 @@ Sections (each is passed with ``**section`` by the exported train.py, so the nam
 - ``training``: ``transformers.TrainingArguments`` fields.
 - ``deepspeed``: the DeepSpeed config (also written to deepspeed.json, which
   ``training.deepspeed`` names), or null.
-- ``advisor``: what the libraries have no field for (``max_seq_length``, ``chunked_ce``), the
+- ``advisor``: what the libraries have no field for (``max_seq_length``, ``loss``, ``packing``), the
   Plan itself, and the prediction it was chosen on.
 
 Field names checked against transformers 5.x / peft 0.17+ by constructing the classes in
@@ -22,7 +22,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from advisor.configs.export._base import (ADAM, DEEPSPEED_FILE, LEARNING_RATE, LR_SCHEDULER, PRECISION_FLAGS,
+from advisor.configs.export._base import (ADAM, DEEPSPEED_FILE, LEARNING_RATE, LIGER_FUSED_LOSS_ONLY, LR_SCHEDULER,
+                                          PRECISION_FLAGS,
                                   TORCH_DTYPE, WARMUP_STEPS, ExportContext, comment_block, dump_yaml,
                                   lora_alpha_value, plan_summary, write_text)
 
@@ -65,6 +66,7 @@ def lora_section(plan) -> dict[str, Any] | None:
         "target_modules": targets,
         "bias": "none",
         "task_type": "CAUSAL_LM",
+        **({"use_dora": True} if plan.dora else {}),
     }
 
 
@@ -90,6 +92,9 @@ def training_section(plan, output_dir: str = "outputs") -> dict[str, Any]:
         "report_to": "none",
         "deepspeed": DEEPSPEED_FILE if plan.offload != "none" else None,
     }
+    if plan.loss == "fused-linear":
+        section["use_liger_kernel"] = True
+        section["liger_kernel_config"] = dict(LIGER_FUSED_LOSS_ONLY)
     return section
 
 
@@ -101,7 +106,9 @@ def sections(ctx: ExportContext) -> dict[str, Any]:
     advisor: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "max_seq_length": plan.seq_len,
-        "chunked_ce": bool(plan.chunked_ce),
+        "loss": plan.loss,
+        "chunked_ce": bool(plan.chunked_ce),  # read by train.py files written before the loss knob
+        "packing": bool(plan.packing),
         "plan": plan.to_dict(),
     }
     if ctx.gpu is not None:

@@ -64,7 +64,7 @@ def axolotl_config(ctx: ExportContext) -> dict[str, Any]:
         "output_dir": "./outputs",
         "sequence_len": plan.seq_len,
         "pad_to_sequence_len": True,
-        "sample_packing": False,
+        "sample_packing": bool(plan.packing),
         "micro_batch_size": plan.micro_batch,
         "gradient_accumulation_steps": plan.grad_accum,
         "num_epochs": 1.0,
@@ -82,13 +82,29 @@ def axolotl_config(ctx: ExportContext) -> dict[str, Any]:
     if plan.gradient_checkpointing:
         cfg["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
     cfg["attn_implementation"] = plan.attn_impl
-    if plan.chunked_ce:
-        cfg["chunked_cross_entropy"] = True
+    cfg.update(_lever_fields(plan))
     if plan.offload != "none":
         cfg["deepspeed"] = DEEPSPEED_FILE
     cfg["logging_steps"] = 10
     cfg["save_steps"] = 500
     return cfg
+
+
+LIGER_PLUGIN = "axolotl.integrations.liger.LigerPlugin"
+
+
+def _lever_fields(plan) -> dict[str, Any]:
+    """The loss and DoRA: chunked_cross_entropy; Liger's plugin with only its fused linear cross-entropy
+    (src/axolotl/integrations/liger/README.md: plugins, liger_fused_linear_cross_entropy); peft_use_dora."""
+    out: dict[str, Any] = {}
+    if plan.loss == "chunked":
+        out["chunked_cross_entropy"] = True
+    elif plan.loss == "fused-linear":
+        out["plugins"] = [LIGER_PLUGIN]
+        out["liger_fused_linear_cross_entropy"] = True
+    if plan.dora:
+        out["peft_use_dora"] = True
+    return out
 
 
 def write(ctx: ExportContext, out_dir: Path) -> Path:

@@ -45,6 +45,13 @@ ADAM = {"adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8, "weight_de
 """TrainingArguments' own defaults, written out because the DeepSpeed optimizer section repeats them."""
 
 
+LIGER_FUSED_LOSS_ONLY = {"fused_linear_cross_entropy": True, "cross_entropy": False, "rms_norm": False,
+                         "swiglu": False, "rope": False}
+"""TrainingArguments.liger_kernel_config for --loss fused-linear: only the fused linear cross-entropy (the
+lever the plan models), not Liger's RMSNorm/SwiGLU/RoPE kernels (transformers Trainer passes it to
+liger_kernel.transformers._apply_liger_kernel_to_instance)."""
+
+
 class Unsupported(AdvisorInputError):
     """A format cannot express this plan (e.g. axolotl has no fp32-master mixed precision)."""
 

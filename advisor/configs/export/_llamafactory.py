@@ -20,8 +20,10 @@ dtype is the autocast dtype. Hence full + ``bf16: true`` is the Plan's mixed_bf1
 ``pure_bf16`` its bf16, LoRA + ``bf16: true`` its bf16 (fp32 adapters, as peft keeps them). Refused:
 fp32 training (LLaMA-Factory picks a 16-bit dtype itself), LoRA over fp32 base weights, a compute
 dtype other than the autocast dtype, a non-integer lora_alpha, pure_bf16 with ZeRO-3.
-Chunked cross-entropy maps to ``enable_liger_kernel`` (Liger's fused linear cross-entropy never
-holds all logits; it also swaps in Liger's RMSNorm/SwiGLU/RoPE kernels).
+The fused-linear loss maps to ``enable_liger_kernel`` (Liger's fused linear cross-entropy never
+holds all logits; it also swaps in Liger's RMSNorm/SwiGLU/RoPE kernels, which only lower the memory
+the plan was sized for); the chunked loss has no LLaMA-Factory field and is refused. DoRA is
+``use_dora``; packing is ``packing`` with ``neat_packing`` (no attention across packed documents).
 """
 
 from __future__ import annotations
@@ -72,7 +74,9 @@ def llamafactory_config(ctx: ExportContext) -> dict[str, Any]:
             cfg["double_quantization"] = bool(plan.double_quant)
     cfg["flash_attn"] = FLASH_ATTN[plan.attn_impl]
     cfg["disable_gradient_checkpointing"] = not plan.gradient_checkpointing
-    if plan.chunked_ce:
+    if plan.loss == "chunked":
+        raise Unsupported(FORMAT, "LLaMA-Factory has no chunked loss: use --loss fused-linear (enable_liger_kernel)")
+    if plan.loss == "fused-linear":
         cfg["enable_liger_kernel"] = True
     cfg.update({"stage": "sft", "do_train": True, "finetuning_type": "lora" if plan.peft else "full"})
     if plan.peft:
@@ -80,12 +84,15 @@ def llamafactory_config(ctx: ExportContext) -> dict[str, Any]:
         cfg["lora_alpha"] = alpha
         cfg["lora_dropout"] = float(plan.lora_dropout)
         cfg["lora_target"] = "all" if plan.lora_targets == "all-linear" else ",".join(plan.lora_targets)
+        if plan.dora:
+            cfg["use_dora"] = True
     if flags["pure_bf16"]:
         cfg["pure_bf16"] = True
     cfg.update({
         "dataset": "alpaca_en_demo",
         "template": "default",
         "cutoff_len": plan.seq_len,
+        **({"packing": True, "neat_packing": True} if plan.packing else {}),
         "output_dir": "saves/advisor",
         "logging_steps": 10,
         "save_steps": 500,

@@ -16,7 +16,7 @@ fp32 weights instead of bf16/fp16, no autocast, SDPA instead of flash-attention,
 For DeepSpeed on several GPUs launch it with ``deepspeed train.py --data ...`` or ``torchrun``.
 
 Requires: torch, transformers, peft, PyYAML; bitsandbytes for quantized or 8-bit/paged plans;
-deepspeed for offload plans.
+deepspeed for offload plans; liger-kernel (and a CUDA GPU) for the fused-linear loss.
 """
 
 from __future__ import annotations
@@ -69,10 +69,13 @@ def load_texts(path: Path) -> list[str]:
 
 
 class PackedBlocks:
-    """Token blocks of exactly seq_len tokens (a torch-style map dataset)."""
+    """Token blocks of exactly seq_len tokens (a torch-style map dataset). With ``positions`` (advisor.packing)
+    each block carries position_ids that restart at every document and no attention_mask, so transformers
+    masks attention per document (masking_utils.find_packed_sequence_indices) instead of across the block."""
 
-    def __init__(self, blocks):
+    def __init__(self, blocks, positions=None):
         self.blocks = blocks
+        self.positions = positions
 
     def __len__(self):
         return len(self.blocks)
@@ -81,26 +84,41 @@ class PackedBlocks:
         import torch
 
         ids = torch.tensor(self.blocks[i], dtype=torch.long)
+        if self.positions is not None:
+            return {"input_ids": ids, "position_ids": torch.tensor(self.positions[i], dtype=torch.long),
+                    "labels": ids.clone()}
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
 
 
-def pack(tokenizer, texts: list[str], seq_len: int, min_blocks: int) -> PackedBlocks:
+def pack(tokenizer, texts: list[str], seq_len: int, min_blocks: int, per_document: bool = False) -> PackedBlocks:
     ids: list[int] = []
+    pos: list[int] = []
     for text in texts:
-        ids.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
+        doc = tokenizer(text, add_special_tokens=False)["input_ids"]
         if tokenizer.eos_token_id is not None:
-            ids.append(tokenizer.eos_token_id)
+            doc = doc + [tokenizer.eos_token_id]
+        ids.extend(doc)
+        pos.extend(range(len(doc)))
     if not ids:
         sys.exit("the data holds no tokens")
     need = seq_len * min_blocks
     if len(ids) < need:
         say(f"the data has {len(ids)} tokens, fewer than {min_blocks} block(s) of {seq_len}: repeating it")
-        ids = ids * (need // len(ids) + 1)
+        ids, pos = ids * (need // len(ids) + 1), pos * (need // len(ids) + 1)
     n = len(ids) // seq_len
-    return PackedBlocks([ids[i * seq_len:(i + 1) * seq_len] for i in range(n)])
+    blocks = [ids[i * seq_len:(i + 1) * seq_len] for i in range(n)]
+    if not per_document:
+        return PackedBlocks(blocks)
+    # a document cut by a block boundary restarts its positions at the block's start
+    positions = []
+    for i in range(n):
+        block = pos[i * seq_len:(i + 1) * seq_len]
+        first_start = next((k for k, v in enumerate(block) if v == 0), seq_len)
+        positions.append(list(range(first_start)) + block[first_start:])
+    return PackedBlocks(blocks, positions)
 
 
-def chunked_causal_lm_loss(model, input_ids, attention_mask, labels, chunk_tokens: int = 1024):
+def chunked_causal_lm_loss(model, input_ids, attention_mask, labels, chunk_tokens: int = 1024, position_ids=None):
     """Next-token cross-entropy without holding all logits: the output projection and the loss run
     over chunks of positions, each recomputed in backward (torch.utils.checkpoint), so at most one
     chunk's logits (and their fp32 copy) live at a time. Equal to the model's own mean loss."""
@@ -110,7 +128,7 @@ def chunked_causal_lm_loss(model, input_ids, attention_mask, labels, chunk_token
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     backbone, head = base.get_decoder(), base.get_output_embeddings()
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
     h = hidden[:, :-1, :].reshape(-1, hidden.size(-1))
     y = labels[:, 1:].reshape(-1)
 
@@ -133,6 +151,10 @@ def adapt_to_cpu(model_s: dict, quant: dict | None, training: dict) -> None:
         say("no CUDA GPU: bf16/fp16 autocast off (use_cpu=True)")
     training["bf16"] = training["fp16"] = False
     training["use_cpu"] = True
+    if training.get("use_liger_kernel"):
+        say("no CUDA GPU: Liger's fused linear cross-entropy off (Triton kernels need a GPU); the model's own loss")
+        training["use_liger_kernel"] = False
+        training.pop("liger_kernel_config", None)
     if model_s.get("attn_implementation") == "flash_attention_2":
         say("no CUDA GPU: attention sdpa instead of flash_attention_2")
         model_s["attn_implementation"] = "sdpa"
@@ -160,7 +182,9 @@ def main(argv=None) -> dict:
     training = dict(cfg["training"])
     advisor = cfg.get("advisor") or {}
     seq_len = int(advisor.get("max_seq_length") or 1024)
-    chunked_ce = bool(advisor.get("chunked_ce"))
+    loss_kind = advisor.get("loss") or ("chunked" if advisor.get("chunked_ce") else "plain")
+    chunked_ce = loss_kind == "chunked"
+    packing = bool(advisor.get("packing"))
 
     cuda = torch.cuda.is_available()
     if not cuda:
@@ -205,7 +229,7 @@ def main(argv=None) -> dict:
         model.print_trainable_parameters()
 
     data = pack(tokenizer, load_texts(Path(args.data)), seq_len,
-                min_blocks=targs.per_device_train_batch_size * targs.gradient_accumulation_steps)
+                min_blocks=targs.per_device_train_batch_size * targs.gradient_accumulation_steps, per_document=packing)
     say(f"{len(data)} block(s) of {seq_len} tokens; micro batch {targs.per_device_train_batch_size}, "
         f"accumulation {targs.gradient_accumulation_steps}")
 
@@ -214,7 +238,8 @@ def main(argv=None) -> dict:
             if not chunked_ce or return_outputs:
                 return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                             num_items_in_batch=num_items_in_batch)
-            return chunked_causal_lm_loss(model, inputs["input_ids"], inputs.get("attention_mask"), inputs["labels"])
+            return chunked_causal_lm_loss(model, inputs["input_ids"], inputs.get("attention_mask"), inputs["labels"],
+                                          position_ids=inputs.get("position_ids"))
 
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -224,6 +249,7 @@ def main(argv=None) -> dict:
     kinds = [type(m).__name__ for m in model.modules()]
     summary = {"steps": trainer.state.global_step, "train_loss": result.training_loss,
                "device": "cuda" if cuda else "cpu", "chunked_ce": chunked_ce, "seq_len": seq_len,
+               "loss": loss_kind, "packing": packing, "liger": bool(targs.use_liger_kernel),
                "linear4bit_modules": kinds.count("Linear4bit"), "linear8bit_modules": kinds.count("Linear8bitLt"),
                "lora_modules": sum(k.startswith("Linear") and hasattr(m, "lora_A") for k, m in zip(kinds, model.modules())),
                "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
