@@ -8,6 +8,7 @@ One module per format, a writer each (``write(ctx, out_dir) -> Path``), register
 - ``train``         train.py, a runnable Trainer + peft script reading advisor.yaml
 - ``axolotl``       axolotl.yaml
 - ``llamafactory``  llamafactory.yaml
+- ``trl``           trl.yaml (SFTConfig + ModelConfig fields) and train_trl.py, a runnable SFTTrainer script
 
 The inverse, reading any of these back into a Plan, is ``advisor.configs.read.read_config``.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from advisor.core.errors import AdvisorInputError, ConfigErrors
-from advisor.configs.export import _advisor_yaml, _axolotl, _deepspeed, _llamafactory, _train_script
+from advisor.configs.export import _advisor_yaml, _axolotl, _deepspeed, _llamafactory, _train_script, _trl
 from advisor.configs.export._base import ExportContext, Unsupported, Writer
 
 __all__ = ["EXPORTERS", "FILENAMES", "ExportResult", "ExportContext", "Unsupported", "export_plan", "export_sections"]
@@ -29,6 +30,7 @@ EXPORTERS: dict[str, Writer] = {
     "train": _train_script.write,
     "axolotl": _axolotl.write,
     "llamafactory": _llamafactory.write,
+    "trl": _trl.write,
 }
 FILENAMES = {
     "advisor": _advisor_yaml.FILENAME,
@@ -36,10 +38,11 @@ FILENAMES = {
     "train": _train_script.FILENAME,
     "axolotl": _axolotl.FILENAME,
     "llamafactory": _llamafactory.FILENAME,
+    "trl": _trl.FILENAME,
 }
 # A file that names another needs it beside it.
 _NEEDS = {"train": ("advisor",)}
-_NEEDS_DS = ("advisor", "axolotl", "llamafactory")
+_NEEDS_DS = ("advisor", "axolotl", "llamafactory", "trl")
 
 
 class ExportResult(dict):

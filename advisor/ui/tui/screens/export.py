@@ -21,6 +21,7 @@ FORMATS = {
     "deepspeed": "deepspeed.json (offload plans)",
     "axolotl": "axolotl.yaml",
     "llamafactory": "llamafactory.yaml",
+    "trl": "trl.yaml + train_trl.py (TRL SFTTrainer)",
 }
 
 

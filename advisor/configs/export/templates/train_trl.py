@@ -1,0 +1,158 @@
+#!/usr/bin/env python
+"""Fine-tune a causal language model with TRL's SFTTrainer and the plan in trl.yaml (written by vram-advisor).
+
+    python train_trl.py --data my_data.jsonl                 # JSONL with a "text" field, or a .txt file
+    python train_trl.py --data my_data.jsonl --max-steps 200 --model-path /models/Qwen2.5-7B-Instruct
+
+trl.yaml holds SFTConfig and ModelConfig fields side by side, as ``trl sft --config trl.yaml`` reads
+them; this script splits them by the two classes' fields, builds the quantization and LoRA/DoRA
+configs with TRL's own helpers (get_quantization_config, get_peft_config) and trains on --data.
+
+Without a CUDA GPU the script still runs (slowly, for a smoke test) and says what it changed:
+fp32 weights instead of bf16/fp16, no autocast, SDPA instead of flash-attention, no DeepSpeed.
+
+Requires: torch, transformers, trl, datasets, peft, PyYAML; bitsandbytes for quantized or 8-bit/paged
+plans; deepspeed for offload plans.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default=str(Path(__file__).resolve().with_name("trl.yaml")),
+                   help="trl.yaml to read (default: the one next to this script)")
+    p.add_argument("--data", required=True, help="training texts: .jsonl with a 'text' field per line, or .txt")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
+    p.add_argument("--model-path", default=None, help="load the model from here instead of model_name_or_path")
+    p.add_argument("--output-dir", default=None, help="where checkpoints go (default: output_dir)")
+    p.add_argument("--no-save", action="store_true", help="do not save the trained weights at the end")
+    return p.parse_args(argv)
+
+
+def say(msg: str) -> None:
+    print(f"[train_trl.py] {msg}", flush=True)
+
+
+def load_texts(path: Path) -> list[str]:
+    if path.suffix in (".jsonl", ".json"):
+        texts = []
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                row = json.loads(line)
+                if "text" not in row:
+                    sys.exit(f"{path}:{n}: no 'text' field")
+                texts.append(str(row["text"]))
+        return texts
+    return [path.read_text(encoding="utf-8")]
+
+
+def split_config(cfg: dict) -> tuple[dict, dict]:
+    """trl.yaml's keys → (SFTConfig kwargs, ModelConfig kwargs); an unknown key stops the script."""
+    from trl import ModelConfig, SFTConfig
+
+    sft_fields = {f.name for f in dataclasses.fields(SFTConfig)}
+    model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    sft, model = {}, {}
+    for key, value in cfg.items():
+        if key in model_fields:
+            model[key] = value
+        elif key in sft_fields:
+            sft[key] = value
+        else:
+            sys.exit(f"trl.yaml: {key} is neither an SFTConfig nor a ModelConfig field")
+    return sft, model
+
+
+def adapt_to_cpu(sft: dict, model: dict) -> None:
+    """No CUDA: keep the plan's structure, change only what a CPU cannot do (and say so)."""
+    if model.get("dtype") not in (None, "float32", "auto"):
+        say(f"no CUDA GPU: loading weights in float32 instead of {model['dtype']}")
+        model["dtype"] = "float32"  # TRL's 4-bit compute dtype follows it
+    if sft.get("bf16") or sft.get("fp16"):
+        say("no CUDA GPU: bf16/fp16 autocast off (use_cpu=True)")
+    sft["bf16"] = sft["fp16"] = False
+    sft["use_cpu"] = True
+    if model.get("attn_implementation") == "flash_attention_2":
+        say("no CUDA GPU: attention sdpa instead of flash_attention_2")
+        model["attn_implementation"] = "sdpa"
+    if sft.get("deepspeed"):
+        say("no CUDA GPU: DeepSpeed ZeRO offload skipped (it needs a GPU); training with the plain optimizer")
+        sft["deepspeed"] = None
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    cfg_path = Path(args.config).resolve()
+    import yaml
+
+    cfg = yaml.safe_load(cfg_path.read_text(encoding="utf-8")) or {}
+    sft, model_kw = split_config(cfg)
+
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config, get_quantization_config
+
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        adapt_to_cpu(sft, model_kw)
+    if args.max_steps is not None:
+        sft["max_steps"] = args.max_steps
+    if args.output_dir:
+        sft["output_dir"] = args.output_dir
+    for key in ("output_dir", "deepspeed"):  # relative paths are relative to trl.yaml
+        if sft.get(key) and not Path(sft[key]).is_absolute():
+            sft[key] = str(cfg_path.parent / sft[key])
+    sft_args = SFTConfig(**sft)
+    model_args = ModelConfig(**model_kw)
+
+    source = args.model_path or model_args.model_name_or_path
+    load = {"dtype": getattr(torch, model_args.dtype or "float32"),
+            "attn_implementation": model_args.attn_implementation}
+    quant = get_quantization_config(model_args)
+    if quant is not None:
+        load["quantization_config"] = quant
+        if cuda and not sft_args.deepspeed:
+            load["device_map"] = {"": sft_args.local_process_index}
+    say(f"loading {source}")
+    model = AutoModelForCausalLM.from_pretrained(source, **load)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+    texts = load_texts(Path(args.data))
+    data = Dataset.from_list([{sft_args.dataset_text_field: t} for t in texts])
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    trainer = SFTTrainer(model=model, args=sft_args, train_dataset=data, processing_class=tokenizer,
+                         peft_config=get_peft_config(model_args))
+    result = trainer.train()
+    trained = trainer.model
+    kinds = [type(m).__name__ for m in trained.modules()]
+    summary = {"steps": trainer.state.global_step, "train_loss": result.training_loss,
+               "device": "cuda" if cuda else "cpu", "max_length": sft_args.max_length, "packing": sft_args.packing,
+               "dora_modules": sum(1 for m in trained.modules() if getattr(m, "lora_magnitude_vector", None)),
+               "lora_modules": sum(1 for m in trained.modules() if hasattr(m, "lora_A")),
+               "linear4bit_modules": kinds.count("Linear4bit"), "linear8bit_modules": kinds.count("Linear8bitLt"),
+               "trainable_params": sum(p.numel() for p in trained.parameters() if p.requires_grad),
+               "optimizer": "{0.__module__}.{0.__name__}".format(type(getattr(trainer.optimizer, "optimizer",
+                                                                                   trainer.optimizer)))}
+    if cuda:
+        summary["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+        summary["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+    if not args.no_save:
+        trainer.save_model()
+        summary["saved_to"] = sft_args.output_dir
+    print("ADVISOR_TRAIN_SUMMARY " + json.dumps(summary), flush=True)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
