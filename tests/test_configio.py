@@ -65,6 +65,8 @@ def _expressible(fmt: str, plan: Plan) -> bool:
         pure_z3 = plan.method == "full" and plan.precision == "bf16" and plan.offload == "zero3_cpu"
         cd_ok = not plan.four_bit or plan.compute_dtype == plan.activation_dtype
         return int_alpha and ok_prec and not pure_z3 and cd_ok and plan.loss != "chunked"
+    if fmt == "trl":
+        return int_alpha and (not plan.four_bit or plan.compute_dtype == plan.param_dtype)
     return True
 
 
@@ -76,12 +78,14 @@ def test_every_export_reads_back_to_the_same_plan(plan):
         for fmt in ("axolotl", "llamafactory"):
             assert (fmt in written) == _expressible(fmt, plan), (fmt, written.skipped.get(fmt))
         assert ("deepspeed" in written) == (plan.offload != "none")
-        for fmt in ("advisor", "axolotl", "llamafactory"):
+        assert ("trl" in written) == _expressible("trl", plan), written.skipped.get("trl")
+        for fmt in ("advisor", "axolotl", "llamafactory", "trl"):
             if fmt not in written:
                 continue
             name, back, extras = read_config(written[fmt], check_fields=False)
             assert name == SPEC.hf_id
-            assert back == canonical(plan), fmt
+            # TRL fuses the LM head into the loss whatever the plan said: read back as what runs
+            assert back == canonical(plan.with_(loss="fused-linear") if fmt == "trl" else plan), fmt
             assert extras["format"] == fmt and extras["defaulted"] == []
             if fmt == "advisor":
                 assert extras["edited"] == {}

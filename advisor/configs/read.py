@@ -34,7 +34,12 @@ from advisor.core.plan import ALL_LINEAR, Plan, flag_of
 
 __all__ = ["read_config", "detect_format", "load_mapping", "canonical", "FORMATS"]
 
-FORMATS = ("advisor", "hf", "axolotl", "llamafactory")
+FORMATS = ("advisor", "hf", "axolotl", "llamafactory", "trl")
+TRL_MARKERS = ("use_peft", "dataset_text_field", "max_length", "packing_strategy", "lora_target_modules")
+TRL_MODEL_KEYS = {"model_name_or_path", "dtype", "attn_implementation", "use_peft", "lora_r", "lora_alpha",
+                  "lora_dropout", "lora_target_modules", "use_dora", "load_in_4bit", "load_in_8bit",
+                  "bnb_4bit_quant_type", "use_bnb_nested_quant", "lora_task_type", "use_rslora", "trust_remote_code",
+                  "model_revision", "lora_modules_to_save", "lora_target_parameters", "bnb_4bit_quant_storage"}
 
 TORCH_TO_PLAN = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "bf16": "bf16", "fp16": "fp16",
                  "fp32": "fp32", "half": "fp16", "float": "fp32", "torch.bfloat16": "bf16",
@@ -101,6 +106,8 @@ def detect_format(data: dict[str, Any]) -> str:
         return "axolotl"
     if "model_name_or_path" in data and any(k in data for k in ("finetuning_type", "stage", "cutoff_len")):
         return "llamafactory"
+    if "model_name_or_path" in data and any(k in data for k in TRL_MARKERS):
+        return "trl"
     if any(k in data for k in TRAINING_MARKERS):
         return "hf"
     raise AdvisorInputError(
@@ -400,6 +407,30 @@ def _hf_levers(advisor: dict, training: dict, lora: dict | None, c: _Collect, se
     return out
 
 
+def _trl_as_sections(data: dict) -> dict:
+    """A flat trl.yaml (SFTConfig + ModelConfig keys, as ``trl sft --config`` reads it) as advisor.yaml-style
+    sections: ModelConfig's model / quantization / LoRA keys, the rest TrainingArguments (trl get_peft_config,
+    get_quantization_config: the 4-bit compute dtype is ``dtype``)."""
+    dtype = data.get("dtype") or "float32"
+    model = {"name_or_path": data.get("model_name_or_path"), "torch_dtype": dtype,
+             "attn_implementation": data.get("attn_implementation") or "sdpa"}
+    quant = None
+    if data.get("load_in_4bit"):
+        quant = {"load_in_4bit": True, "bnb_4bit_quant_type": data.get("bnb_4bit_quant_type", "nf4"),
+                 "bnb_4bit_use_double_quant": bool(data.get("use_bnb_nested_quant")), "bnb_4bit_compute_dtype": dtype}
+    elif data.get("load_in_8bit"):
+        quant = {"load_in_8bit": True}
+    lora = None
+    if data.get("use_peft"):
+        lora = {"r": data.get("lora_r", 16), "lora_alpha": data.get("lora_alpha", 32),
+                "lora_dropout": data.get("lora_dropout", 0.05), "target_modules": data.get("lora_target_modules"),
+                "use_dora": bool(data.get("use_dora"))}  # ModelConfig's defaults
+    training = {k: v for k, v in data.items() if k not in TRL_MODEL_KEYS and k not in
+                ("max_length", "packing", "packing_strategy", "padding_free", "dataset_text_field", "loss_type")}
+    advisor = {"max_seq_length": data.get("max_length", 1024), "packing": bool(data.get("packing"))}
+    return {"model": model, "quantization": quant, "lora": lora, "training": training, "advisor": advisor}
+
+
 def _read_axolotl(data: dict, c: _Collect) -> tuple[str | None, dict, dict]:
     f: dict[str, Any] = {}
     name = c.get(data, "base_model", "base_model", "str")
@@ -565,6 +596,13 @@ _KEYS = {
                      "packing": "packing"},
 }
 _KEYS["hf"] = _KEYS["advisor"]
+_KEYS["trl"] = {"method": "use_peft", "quantization": "load_in_4bit", "double_quant": "use_bnb_nested_quant",
+                "compute_dtype": "dtype", "precision": "bf16", "lora_r": "lora_r", "lora_alpha": "lora_alpha",
+                "lora_dropout": "lora_dropout", "lora_targets": "lora_target_modules",
+                "gradient_checkpointing": "gradient_checkpointing", "optimizer": "optim",
+                "micro_batch": "per_device_train_batch_size", "grad_accum": "gradient_accumulation_steps",
+                "seq_len": "max_length", "attn_impl": "attn_implementation", "offload": "deepspeed",
+                "loss": "loss_type", "dora": "use_dora", "packing": "packing"}
 
 
 def read_config(path: str | Path, *, check_fields: bool = True) -> tuple[str, Plan, dict[str, Any]]:
@@ -589,6 +627,10 @@ def read_config(path: str | Path, *, check_fields: bool = True) -> tuple[str, Pl
                           _class_fields("training"))
             _unknown_keys(c, secs["lora"], "lora", _class_fields("lora"))
             _unknown_keys(c, secs["quantization"], "quantization", _class_fields("quantization"))
+    elif fmt == "trl":
+        name, f, extras = _read_hf(_trl_as_sections(data), c, "hf")
+        f["loss"] = "fused-linear"  # TRL's SFTTrainer always fuses the LM head into the loss (add_fused_lm_head)
+        extras.pop("sections", None)
     elif fmt == "axolotl":
         name, f, extras = _read_axolotl(data, c)
     else:
