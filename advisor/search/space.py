@@ -1,4 +1,4 @@
-"""Search spaces: YAML files in ``search_spaces/`` (or the user's), validated with every error at once.
+"""Search spaces: YAML files in ``advisor/data/spaces/`` (or the user's), validated with every error at once.
 
 A space has ``fixed`` values (the job: sequence length, global batch...) and ``search`` choices
 (the knobs). ``key=value`` overrides on the command line set either: a single value pins a knob.
@@ -17,7 +17,8 @@ import yaml
 from advisor.core.errors import AdvisorInputError, ConfigErrors
 from advisor.core.plan import ATTENTION, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS, QUANTIZATIONS, Plan
 
-SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
+SPACES_DIR = Path(__file__).resolve().parents[1] / "data" / "spaces"
+"""The shipped search spaces (package data: they travel in the wheel)."""
 
 # knob -> allowed values (None: any positive int)
 SEARCH_KEYS: dict[str, tuple | None] = {
