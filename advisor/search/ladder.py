@@ -32,7 +32,9 @@ def ladder(space: SearchSpace, fits_with_micro_batch: Callable[[dict[str, Any]],
         "lora_targets": _pick(s["lora_targets"], ["attention"]),
         "precision": _pick(s["precision"], ["bf16", "mixed_bf16", "fp16"]),
         "attn_impl": _pick(s["attn_impl"], ["sdpa", "flash_attention_2"]),
-        "chunked_ce": _pick(s["chunked_ce"], [False]),
+        "loss": _pick(s["loss"], ["plain"]),
+        "dora": False,
+        "packing": _pick(s["packing"], [False]),
         "offload": _pick(s["offload"], ["none"]),
     }
     rungs: list[tuple[str, dict]] = []
@@ -70,6 +72,11 @@ def ladder(space: SearchSpace, fits_with_micro_batch: Callable[[dict[str, Any]],
     if "zero2_cpu" in s["offload"]:
         for method in ("lora", "full"):
             add(f"3 + CPU offload ({method})", method, gradient_checkpointing=True, offload="zero2_cpu")
+    if "fused-linear" in s["loss"]:
+        # today's stacks: the loss fused into the output projection (no logits), a 16-bit base without
+        # recomputation first (Liger / cut cross-entropy in TRL, axolotl, LLaMA-Factory)
+        for method in ("lora", "qlora"):
+            add(f"4 fused linear loss ({method})", method, gradient_checkpointing=ckpt_off, loss="fused-linear")
     return rungs
 
 

@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterator
 import yaml
 
 from advisor.core.errors import AdvisorInputError, ConfigErrors
-from advisor.core.plan import ATTENTION, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS, QUANTIZATIONS, Plan, flag_of
+from advisor.core.plan import (ATTENTION, LOSSES, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS, QUANTIZATIONS, Plan,
+                               flag_of)
 
 SPACES_DIR = Path(__file__).resolve().parents[1] / "data" / "spaces"
 """The shipped search spaces (package data: they travel in the wheel)."""
@@ -29,9 +30,14 @@ SPACES_DIR = Path(__file__).resolve().parents[1] / "data" / "spaces"
 # a knob comes after every knob its plan rules involve.
 SEARCH_KEYS: dict[str, tuple | None] = {
     "method": METHODS, "quantization": QUANTIZATIONS, "double_quant": (True, False), "lora_r": None,
-    "lora_targets": None, "gradient_checkpointing": (True, False), "optimizer": OPTIMIZERS, "micro_batch": None,
-    "precision": PRECISIONS, "attn_impl": ATTENTION, "offload": OFFLOADS, "chunked_ce": (True, False),
+    "lora_targets": None, "dora": (True, False), "gradient_checkpointing": (True, False), "optimizer": OPTIMIZERS,
+    "micro_batch": None, "precision": PRECISIONS, "attn_impl": ATTENTION, "offload": OFFLOADS, "loss": LOSSES,
+    "packing": (True, False),
 }
+LEVER_KNOBS: dict[str, list] = {"dora": [False], "loss": ["plain"], "packing": [False]}
+"""Knobs a space file may leave out (spaces written before them): the Plan's default."""
+LEGACY_KNOBS = {"chunked_ce": ("loss", lambda v: "chunked" if v else "plain")}
+"""Knobs of older space files → (the knob now, the value now)."""
 FIXED_KEYS = {"seq_len": "int", "global_batch": "int", "lora_dropout": "dropout", "lora_alpha_ratio": "positive"}
 
 # Where a knob applies at all, and the value it takes where it does not (it is then never asked).
@@ -49,6 +55,7 @@ WHEN: dict[str, tuple[Callable[[dict[str, Any]], bool], Any]] = {
     "double_quant": (lambda p: p.get("quantization") in FOUR_BIT, False),  # constants of 4-bit weights only
     "lora_r": (lambda p: p.get("method") != "full", None),  # adapters only
     "lora_targets": (lambda p: p.get("method") != "full", None),
+    "dora": (lambda p: p.get("method") != "full", False),  # decomposes adapters: none in a full fine-tune
 }
 
 
@@ -130,7 +137,7 @@ def load_space(ref: str = "default", overrides: list[str] | tuple[str, ...] = ()
     """Load, apply ``key=value`` overrides, validate (all errors at once)."""
     data, source = _read_space_file(ref)
     fixed = dict(data.get("fixed") or {})
-    search = dict(data.get("search") or {})
+    search = _lever_defaults(dict(data.get("search") or {}))
     errors: list[AdvisorInputError] = []
     for text in overrides:
         try:
@@ -138,6 +145,9 @@ def load_space(ref: str = "default", overrides: list[str] | tuple[str, ...] = ()
         except AdvisorInputError as e:
             errors.append(e)
             continue
+        if key in LEGACY_KNOBS:
+            key, value = LEGACY_KNOBS[key][0], [LEGACY_KNOBS[key][1](v) for v in
+                                                (value if isinstance(value, list) else [value])]
         if key in SEARCH_KEYS:
             search[key] = value if isinstance(value, list) else [value]
         elif key in FIXED_KEYS or key == "trials":
@@ -155,6 +165,24 @@ def load_space(ref: str = "default", overrides: list[str] | tuple[str, ...] = ()
         raise ConfigErrors(errors)
     return SearchSpace(name=str(data.get("name") or Path(source).stem), trials=int(data.get("trials", 40)),
                        fixed=fixed, search=search, source=source, overrides=tuple(overrides))
+
+
+def _lever_defaults(search: dict) -> dict:
+    """Fill the knobs a space may leave out; read an older space's knobs as today's (chunked_ce → loss)."""
+    for old, (new, convert) in LEGACY_KNOBS.items():
+        if old in search and new not in search:
+            values = search.pop(old)
+            search[new] = list(dict.fromkeys(convert(v) for v in values)) if isinstance(values, list) else values
+    return {**{k: v for k, v in LEVER_KNOBS.items() if k not in search}, **search}
+
+
+def _lever_point(params: dict[str, Any]) -> dict[str, Any]:
+    """A point with the lever knobs' defaults filled in and older knobs read as today's."""
+    params = dict(params)
+    for old, (new, convert) in LEGACY_KNOBS.items():
+        if old in params:
+            params.setdefault(new, convert(params.pop(old)))
+    return {**{k: v[0] for k, v in LEVER_KNOBS.items()}, **params}
 
 
 def _check(data: dict, fixed: dict, search: dict) -> list[AdvisorInputError]:
@@ -359,6 +387,7 @@ class Conditions:
     def optuna_params(self, params: dict[str, Any]) -> dict[str, Any] | None:
         """A point under the Optuna parameter names a walk asks, for ``enqueue_trial`` (None: no walk reaches it)."""
         named: dict[str, Any] = {}
+        params = _lever_point(params)  # a point written before the lever knobs
 
         def ask(name: str, knob: str, offered: list) -> Any:
             if params.get(knob) not in offered:

@@ -491,7 +491,8 @@ def _frugal_candidates(space: SearchSpace):
                            "gradient_checkpointing": True in s["gradient_checkpointing"], "optimizer": opt,
                            "micro_batch": min(s["micro_batch"]), "precision": s["precision"][0],
                            "attn_impl": s["attn_impl"][0], "offload": offload,
-                           "chunked_ce": True in s["chunked_ce"]}
+                           "loss": next((v for v in ("fused-linear", "chunked") if v in s["loss"]), s["loss"][0]),
+                           "dora": False, "packing": s["packing"][0]}
 
 
 def settings_from_study(storage_url: str, study_name: str, backend: str | None = None,
