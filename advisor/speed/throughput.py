@@ -6,7 +6,7 @@ time per step = max(matmul FLOPs / achievable FLOP/s, bytes / achievable bandwid
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from advisor.memory.training import param_breakdown, trainable_dtype_bytes
 from advisor.core.catalog import GpuSpec, ModelSpec, _load_data
@@ -25,6 +25,10 @@ class ThroughputPrediction:
     offload_seconds: float
     gpu: str
     comm_seconds: float = 0.0
+    levers_seconds: float = 0.0
+    """The loss, DoRA and eager-attention kernels (advisor.speed.levers)."""
+    real_token_fraction: float = 1.0
+    """Real tokens / tokens computed on (padding excluded: --data without packing)."""
     source: str = "predicted"
 
     def to_dict(self) -> dict:
@@ -49,8 +53,15 @@ def step_flops(model: ModelSpec, plan: Plan) -> float:
 
 
 def predict_throughput(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1,
-                       sharding: str = "ddp") -> ThroughputPrediction:
-    """Tokens per second of the whole job (all ``gpus`` data-parallel replicas)."""
+                       sharding: str = "ddp", data=None) -> ThroughputPrediction:
+    """Tokens per second of the whole job (all ``gpus`` data-parallel replicas); with ``data`` (a
+    DataProfile) real tokens only: an average batch is padded to its longest document unless packed."""
+    if data is not None and not plan.packing:
+        # time an average padded batch (E[max] of micro_batch lengths), count only its real tokens
+        padded = max(1, round(data.expected_padded(plan.seq_len, plan.micro_batch)))
+        base = predict_throughput(model, plan.with_(seq_len=padded), gpu, gpus, sharding)
+        frac = data.mean_tokens(plan.seq_len) / padded
+        return replace(base, tokens_per_s=base.tokens_per_s * frac, real_token_fraction=frac)
     a = _load_data("throughput.yaml")
     peak_tflops = (gpu.bf16_tflops if plan.activation_dtype == "bf16" and gpu.bf16 else gpu.fp16_tflops)
     if plan.activation_dtype == "fp32":
@@ -88,8 +99,22 @@ def predict_throughput(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1
         comm = comm_bytes_per_step(model, plan, gpus, sharding) / (interconnect_gbs(gpu) * 1e9 * a["host_link_efficiency"])
         if sharding in ("zero2", "zero3", "fsdp"):
             optimizer /= gpus  # each GPU updates its shard
-    step = max(compute, memory) + dequant + optimizer + offload + comm
+    levers_s = _lever_seconds(model, plan, data, peak_tflops * 1e12 * a["matmul_efficiency"], bw)
+    step = max(compute, memory) + dequant + optimizer + offload + comm + levers_s
     return ThroughputPrediction(
         tokens_per_s=gpus * plan.tokens_per_step / step, step_seconds=step, flops_per_step=flops,
         compute_seconds=compute, memory_seconds=memory, dequant_seconds=dequant, optimizer_seconds=optimizer,
-        offload_seconds=offload, gpu=gpu.name, comm_seconds=comm)
+        offload_seconds=offload, gpu=gpu.name, comm_seconds=comm, levers_seconds=levers_s)
+
+
+def _lever_seconds(model: ModelSpec, plan: Plan, data, flops_per_s: float, bytes_per_s: float) -> float:
+    """The levers' own kernels, and packed attention's smaller score blocks (advisor.speed.levers)."""
+    from advisor.speed.levers import attention_flops_scale, lever_cost
+
+    cost = lever_cost(model, plan)
+    scale = attention_flops_scale(list(data.lengths) if data is not None else None, plan)
+    # step_flops' attention term, in every pass that runs it (forward, input gradient, weight gradient
+    # when full, recompute), shrunk to the documents' own blocks when packed
+    attn_passes = 2 + (1 if plan.method == "full" else 0) + (1 if plan.gradient_checkpointing else 0)
+    attn = plan.tokens_per_step * 2 * model.num_layers * plan.seq_len * model.q_dim * attn_passes
+    return max(0.0, (cost.flops + attn * (scale - 1)) / flops_per_s + cost.bytes / bytes_per_s)

@@ -148,3 +148,27 @@ def eval_ids(paths: list[str], model_dir: str | None, vocab_size: int, max_token
     docs = [d for p in paths for d in read_documents(p, flag="eval texts")]
     stream = token_stream(docs, tok)[:max_tokens]
     return torch.tensor(stream, dtype=torch.long).unsqueeze(0)
+
+
+def data_profile(path: str | Path, model_dir: str | None, *, flag: str = "--data"):
+    """Token lengths of a data file: a lengths file (one whole number per line: "given"), or JSONL / text
+    tokenized with the model directory's tokenizer ("measured"), else characters / 4 ("estimated",
+    advisor.diagnosis.preflight's rule for a model without a local tokenizer)."""
+    from advisor.core.data_profile import DataProfile
+
+    p = Path(path).expanduser()
+    if p.is_file():
+        try:
+            lines = [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
+        except (UnicodeDecodeError, OSError):
+            lines = []
+        if lines and all(ln.isdigit() for ln in lines):
+            lengths = tuple(int(ln) for ln in lines)
+            if min(lengths) < 1:
+                raise AdvisorInputError(flag, f"{p}: token lengths must be at least 1", str(path), show_value=False)
+            return DataProfile(lengths, str(p), "given")
+    docs = read_documents(path, flag)
+    if model_dir and any((Path(model_dir) / f).is_file() for f in TOKENIZER_FILES):
+        tok = load_tokenizer(model_dir, 1 << 20)
+        return DataProfile(tuple(len(tok.encode(d)) + 1 for d in docs), str(p), "measured")
+    return DataProfile(tuple(int(len(d) / 4) + 1 + 1 for d in docs), str(p), "estimated")
