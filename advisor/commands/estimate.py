@@ -23,6 +23,9 @@ def add_parser(subs) -> None:
     g.add_argument("--concurrency", type=positive_int("--concurrency"), default=1, help="sequences at once")
     g.add_argument("--weight-format", default="bf16", help="bf16, fp16, fp8, int8, int4")
     g.add_argument("--kv-dtype", default="bf16", help="bf16, fp16, fp8")
+    p.add_argument("--data", metavar="FILE",
+                   help="your training documents (JSONL with \"text\", text, or one token length per line): the "
+                        "peak is that of the longest batch unless --packing")
     p.add_argument("--backend", default="estimate", help="estimate (closed form) or simulate (fake-tensor trace)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
@@ -50,6 +53,14 @@ def run(args: argparse.Namespace) -> int:
 
         plan = plan_from_args(args)
         check_plan_against_model(model, plan)
+        if getattr(args, "data", None):
+            from advisor.runtime.probe._data import data_profile
+
+            data = data_profile(args.data, model.path)
+            result["data"] = {**data.to_dict(), "seq_len_for_memory": data.memory_seq_len(plan.seq_len, plan.packing),
+                              "real_token_fraction": data.real_token_fraction(plan.seq_len, plan.micro_batch,
+                                                                              plan.packing)}
+            plan = data.sized(plan)
         measure = get_backend(args.backend)
         report = measure(model, plan, gpu)
         if args.gpus > 1:

@@ -34,6 +34,9 @@ def add_parser(subs) -> None:
     p.add_argument("--storage", help="Optuna storage URL (default: SQLite under --reports-dir/<study>/)")
     p.add_argument("--reports-dir", default="reports", help="where studies, reports and exports land")
     p.add_argument("--export", metavar="DIR", help="write the winner's configs (advisor.yaml, DeepSpeed, train.py...)")
+    p.add_argument("--data", metavar="FILE",
+                   help="your training documents (JSONL with \"text\", text, or one token length per line): memory at "
+                        "the longest batch unless packed, tokens/s in real tokens; adds packing to the search")
     p.add_argument("--probe-steps", type=positive_int("--probe-steps"), default=3, help="measured steps per probe")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
     add_gpus_flags(p)
@@ -59,6 +62,13 @@ def build_settings(args: argparse.Namespace):
 
     model = resolve_model(args.model, trust_remote_code=args.trust_remote_code)
     space = load_space(args.space, args.overrides)
+    data = None
+    if getattr(args, "data", None):
+        from advisor.runtime.probe._data import data_profile
+
+        data = data_profile(args.data, model.path)
+        if not any(o.split("=", 1)[0].strip() == "packing" for o in args.overrides):
+            space.search["packing"] = [False, True]  # with real lengths packing is a real trade-off
     detected = detect_gpu()
     gpu = resolve_gpu(args.gpu) if args.gpu else detected
     budget = parse_budget(args.gpu_budget, "--gpu-budget", gpu.memory_bytes if gpu else None)
@@ -79,7 +89,7 @@ def build_settings(args: argparse.Namespace):
                         storage=storage, study_name=name, trials=args.trials or space.trials,
                         headroom=args.headroom, tolerance=args.accuracy_tolerance, seed=args.seed,
                         probe_options={"steps": args.probe_steps}, heartbeat_seconds=args.heartbeat,
-                        gpus=args.gpus, sharding=args.sharding)
+                        gpus=args.gpus, sharding=args.sharding, data=data)
 
 
 def check_budget_reachable(settings) -> None:

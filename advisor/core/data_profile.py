@@ -48,6 +48,10 @@ class DataProfile:
             return 1.0
         return self.mean_tokens(seq_len) / self.expected_padded(seq_len, micro_batch)
 
+    def sized(self, plan):
+        """``plan`` with the sequence length its memory peak is set by (the longest batch unless packed)."""
+        return plan.with_(seq_len=self.memory_seq_len(plan.seq_len, plan.packing))
+
     def to_dict(self) -> dict:
         return {"source": self.source, "how": self.how, "documents": len(self.lengths),
                 "total_tokens": sum(self.lengths), "longest_tokens": max(self.lengths),

@@ -60,13 +60,17 @@ class TuneSettings:
     """Data-parallel GPUs of the target run (the budget is per GPU)."""
     sharding: str = "zero3"
     """How model state is split across ``gpus`` (advisor.memory.sharding)."""
+    data: Any = None
+    """The user's documents (advisor.core.data_profile.DataProfile, --data): memory at the longest batch
+    unless packed, tokens/s in real tokens."""
 
     def describe(self) -> dict[str, Any]:
         return {"model": self.model.to_dict(), "gpu": self.gpu.to_dict(), "gpu_assumed": self.gpu_assumed,
                 "budget": {"bytes": self.budget.bytes, "text": self.budget.text, "unit": self.budget.unit},
                 "space": self.space.to_dict(), "backend": self.backend, "headroom": self.headroom,
                 "tolerance": self.tolerance, "seed": self.seed, "trials": self.trials, "gpus": self.gpus,
-                "sharding": self.sharding, "versions": library_versions(), "environment": gpu_environment()}
+                "sharding": self.sharding, "versions": library_versions(), "environment": gpu_environment(),
+                **({"data": self.data.to_dict()} if self.data is not None else {})}
 
 
 def default_study_name(model: ModelSpec, budget: Budget, space: SearchSpace) -> str:
@@ -308,7 +312,7 @@ class Tuner:
             rec = {"plan": {}, "plan_short": "", "ladder": trial.user_attrs.get("ladder", ""), "stage": "plan",
                    "reason": f"invalid: no value of {e.knob} is allowed after the knobs chosen", "invalid": True}
             return self._finish(trial, rec, pruned=True)
-        plan = plan_from_params(params, self.s.space, self.s.model.arch or {})
+        plan = _sized(self.s, plan_from_params(params, self.s.space, self.s.model.arch or {}))
         key = plan_key(plan)
         trial.set_user_attr("plan_key", key)
         self.on_event(TrialStarted(trial.number, plan.short()))
@@ -361,7 +365,7 @@ class Tuner:
         return _shard(self.s, report, plan)
 
     def _fits_by_estimate(self, params: dict[str, Any]) -> bool:
-        plan = plan_from_params(params, self.s.space, self.s.model.arch or {})
+        plan = _sized(self.s, plan_from_params(params, self.s.space, self.s.model.arch or {}))
         if plan.problems():
             return False
         try:
@@ -391,7 +395,7 @@ class Tuner:
         if report.peak_bytes > (limit if last_stage else s.budget.bytes * (1 + PRESCREEN_MARGIN)):
             return {**rec, "reason": f"estimated peak {fmt(report.peak_bytes)} over the budget "
                                      f"{fmt(s.budget.bytes)}{' less headroom' if last_stage else ''}"}
-        tps = predict_throughput(s.model, plan, s.gpu, s.gpus, s.sharding)
+        tps = predict_throughput(s.model, plan, s.gpu, s.gpus, s.sharding, data=s.data)
         prediction = dict(tokens_per_s=tps.tokens_per_s, tokens_per_s_source="predicted",
                           accuracy_loss=accuracy_prior(plan), accuracy_source="prior")
         if s.backend == "simulate":
@@ -461,6 +465,11 @@ def _comparable(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _comparable(v) for k, v in value.items() if k not in ("source", "overrides", "trials")}
     return value
+
+
+def _sized(settings: TuneSettings, plan: Plan) -> Plan:
+    """With --data, the plan at the sequence length its peak is set by (the longest batch unless packed)."""
+    return settings.data.sized(plan) if settings.data is not None else plan
 
 
 def smallest_plan_report(settings: TuneSettings):

@@ -90,7 +90,8 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
 
     stats = data_stats(inp.data, model.path) if inp.data else None
     seq = inp.max_seq_len or plan.seq_len
-    if stats is not None and stats.longest_tokens:
+    if stats is not None and stats.longest_tokens and not plan.packing:
+        # padded batches: the longest one sets the peak; packed rows are always seq_len tokens
         seq = min(seq, max(1, stats.longest_tokens))
     mem_plan = plan.with_(seq_len=seq)
     report = None
@@ -124,7 +125,8 @@ def memory_findings(report: MemoryReport, budget: Budget | None, headroom: float
                         "no budget to check against", "", ("pass --gpu-budget or --gpu",), "memory")]
     top = sorted(((k, v) for k, v in report.device.items() if v >= 0.02 * budget.bytes), key=lambda kv: -kv[1])
     ledger = ", ".join(f"{LABELS.get(k, k).lower()} {budget.format(v)}" for k, v in top)
-    where = f"at seq {seq:,}" + (" (the longest sequence in the data)" if stats else "")
+    where = f"at seq {seq:,}" + (" (the longest sequence in the data)" if stats and not plan.packing
+                                  else " (packed rows)" if plan.packing else "")
     data = {"peak_bytes": report.peak_bytes, "budget_bytes": budget.bytes, "seq_len": seq}
     if report.peak_bytes > budget.bytes:
         over = ledger_over(report, budget.bytes, budget.format).replace("the card's", "the budget of")
