@@ -108,12 +108,21 @@ def dora_forward_spike(model: ModelSpec, plan: Plan, modules: tuple[str, ...]) -
 
 
 def packed_mask_bytes(model: ModelSpec, plan: Plan) -> int:
-    """The block-diagonal mask of packed documents, built once per forward and held to the end of backward:
-    sdpa takes a bool (b, 1, s, s) mask, eager an additive one in the compute dtype; flash-attention 2
-    runs varlen on cu_seqlens and needs none (transformers masking_utils.find_packed_sequence_indices,
-    sdpa_mask / eager_mask, _flash_attention_forward)."""
-    if not plan.packing or plan.attn_impl == "flash_attention_2":
+    """The block-diagonal mask of packed documents, built once per forward (bool b x 1 x s x s) and held to the
+    end of backward; eager builds its additive mask with or without packing, flash-attention 2 runs varlen on
+    cu_seqlens and needs none (transformers masking_utils.find_packed_sequence_indices, sdpa_mask)."""
+    if not plan.packing or plan.attn_impl != "sdpa":
         return 0
-    b, s = plan.micro_batch, plan.seq_len
-    per = 1 if plan.attn_impl == "sdpa" else DTYPE_BYTES[plan.activation_dtype]
-    return b * s * s * per
+    return plan.micro_batch * plan.seq_len ** 2
+
+
+def packed_layer_bytes(model: ModelSpec, plan: Plan) -> int:
+    """What each layer keeps for packed documents under sdpa: the bool mask made an additive bias in the
+    compute dtype, saved by the memory-efficient kernel (aten convert_boolean_attn_mask,
+    _scaled_dot_product_efficient_attention), and k, v expanded by repeat_kv (transformers uses sdpa's
+    enable_gqa only without a mask: integrations/sdpa_attention.use_gqa_in_sdpa)."""
+    if not plan.packing or plan.attn_impl != "sdpa":
+        return 0
+    p = DTYPE_BYTES[plan.activation_dtype]
+    T = plan.micro_batch * plan.seq_len
+    return p * plan.micro_batch * plan.seq_len ** 2 + p * T * 2 * (model.q_dim - model.kv_dim)

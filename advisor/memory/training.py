@@ -192,6 +192,7 @@ def layer_activation_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> 
         if plan.lora_dropout > 0:
             saved += T * fan_in  # dropout mask, 1 byte per element
     saved += levers.dora_layer_activation_bytes(model, plan, pb.lora_modules)
+    saved += levers.packed_layer_bytes(model, plan)
     return int(saved)
 
 

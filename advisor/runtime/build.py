@@ -78,14 +78,16 @@ class TrainingSetup:
     def micro_step(self, input_ids, labels):
         """Forward with labels, the model's causal-LM loss, backward; returns the loss (detached)."""
         self._phase("forward")
+        pos = packed_position_ids(input_ids) if self.plan.packing else None
         with self._autocast():
             if self.plan.loss == "chunked":
-                loss = chunked_causal_lm_loss(self.model, input_ids, labels)
+                loss = chunked_causal_lm_loss(self.model, input_ids, labels, position_ids=pos)
             elif self.plan.loss == "fused-linear":
-                loss = fused_linear_loss(self.model, input_ids, labels, self.device, self.target_device)
+                loss = fused_linear_loss(self.model, input_ids, labels, self.device, self.target_device, pos)
             else:
                 # the output (and its logits) is dropped at once, as Trainer.compute_loss returns only the loss
-                loss = self.model(input_ids=input_ids, labels=labels).loss
+                kwargs = {"position_ids": pos} if pos is not None else {}
+                loss = self.model(input_ids=input_ids, labels=labels, **kwargs).loss
         if self.plan.grad_accum > 1:
             loss = loss / self.plan.grad_accum  # Trainer.training_step scales by gradient_accumulation_steps
         self._phase("backward")
@@ -143,7 +145,20 @@ class TrainingSetup:
 # --------------------------------------------------------------------------- loss
 
 
-def chunked_causal_lm_loss(model, input_ids, labels, chunk_tokens: int = CE_CHUNK_TOKENS):
+def packed_position_ids(input_ids):
+    """Position ids of packed rows: two documents per row, each counting from 0 (what a packing collator
+    gives: TRL's padding-free bfd, DataCollatorWithFlattening); no attention_mask, so transformers masks
+    attention per document (masking_utils.find_packed_sequence_indices). Memory does not depend on where
+    the documents meet."""
+    import torch
+
+    b, s = input_ids.shape
+    half = s // 2
+    row = torch.cat([torch.arange(half, device=input_ids.device), torch.arange(s - half, device=input_ids.device)])
+    return row.unsqueeze(0).expand(b, s)
+
+
+def chunked_causal_lm_loss(model, input_ids, labels, chunk_tokens: int = CE_CHUNK_TOKENS, position_ids=None):
     """The causal-LM loss over chunks of the sequence, each chunk's logits recomputed in backward.
 
     Same value as transformers' ``ForCausalLMLoss`` (labels shifted by one, fp32 logits, mean over
@@ -153,7 +168,8 @@ def chunked_causal_lm_loss(model, input_ids, labels, chunk_tokens: int = CE_CHUN
     from torch.utils.checkpoint import checkpoint
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    hidden = base.model(input_ids=input_ids).last_hidden_state
+    kwargs = {"position_ids": position_ids} if position_ids is not None else {}
+    hidden = base.model(input_ids=input_ids, **kwargs).last_hidden_state
     head = base.get_output_embeddings()
     # shift as transformers loss_utils.ForCausalLMLoss does: pad with ignore_index, drop the first label
     shift = F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
@@ -172,7 +188,7 @@ def chunked_causal_lm_loss(model, input_ids, labels, chunk_tokens: int = CE_CHUN
     return total / n_valid
 
 
-def fused_linear_loss(model, input_ids, labels, device: str, target: str):
+def fused_linear_loss(model, input_ids, labels, device: str, target: str, position_ids=None):
     """Liger's fused linear cross-entropy: the real Triton kernel on a CUDA device with liger_kernel
     installed, else its stand-in (advisor.runtime.simulate.fused_loss, same chunks and saved tensors)."""
     import importlib.util
@@ -180,7 +196,8 @@ def fused_linear_loss(model, input_ids, labels, device: str, target: str):
     from advisor.runtime.simulate.fused_loss import fused_linear_causal_lm_loss
 
     real = device.startswith("cuda") and importlib.util.find_spec("liger_kernel") is not None
-    return fused_linear_causal_lm_loss(model, input_ids, labels, impl="liger" if real else "standin")
+    return fused_linear_causal_lm_loss(model, input_ids, labels, impl="liger" if real else "standin",
+                                       position_ids=position_ids)
 
 
 # --------------------------------------------------------------------------- building

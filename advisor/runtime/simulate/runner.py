@@ -23,6 +23,8 @@ from advisor.memory.ledger import CATEGORIES
 from advisor.core.plan import Plan
 
 PHASES = ("forward", "backward", "optimizer")
+PACKED = {"on": False}
+"""Whether the traced plan packs documents (cuda_semantics reads it for fake position ids)."""
 LARGEST = 16  # storages listed in PhasePeak.largest
 
 
@@ -84,10 +86,17 @@ def cuda_semantics():
     original_packed = masking_utils.find_packed_sequence_indices
 
     def find_packed_sequence_indices(position_ids):
-        # the same for packed sequences: a real run reads the position ids and finds none (we pass none)
+        # the same for packed sequences: a real run reads the position ids; it finds none in the ids the model
+        # makes itself, and the documents of advisor.runtime.build.packed_position_ids when the plan packs
+        # (PACKED["on"]); a fake tensor cannot be read, so decide as the real run does and run its ops
         from torch._subclasses.fake_tensor import FakeTensor
 
-        return None if isinstance(position_ids, FakeTensor) else original_packed(position_ids)
+        if not isinstance(position_ids, FakeTensor):
+            return original_packed(position_ids)
+        if not PACKED["on"]:
+            return None
+        first = position_ids[:, :1] - 1
+        return (torch.diff(position_ids, prepend=first, dim=-1) != 1).cumsum(-1)
 
     def dropout(input, p=0.5, training=True, inplace=False):
         if training and 0 < p < 1 and not inplace and input.numel() > 0:
@@ -161,6 +170,7 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
         tracker.reset_peak()
         marks.setdefault(name, tracker.clock)
 
+    PACKED["on"] = plan.packing
     with cuda_semantics(), fake_mode, tracker:
         # built outside the saved-tensor hook: a graph made while building (DoRA's weight norm at peft's
         # init, never backpropagated) would stay alive through the hook's reference to its own output
