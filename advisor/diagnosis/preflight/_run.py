@@ -125,8 +125,7 @@ def memory_findings(report: MemoryReport, budget: Budget | None, headroom: float
                         "no budget to check against", "", ("pass --gpu-budget or --gpu",), "memory")]
     top = sorted(((k, v) for k, v in report.device.items() if v >= 0.02 * budget.bytes), key=lambda kv: -kv[1])
     ledger = ", ".join(f"{LABELS.get(k, k).lower()} {budget.format(v)}" for k, v in top)
-    where = f"at seq {seq:,}" + (" (the longest sequence in the data)" if stats and not plan.packing
-                                  else " (packed rows)" if plan.packing else "")
+    where = f"at seq {seq:,}" + (" (the longest sequence in the data)" if stats else "")
     data = {"peak_bytes": report.peak_bytes, "budget_bytes": budget.bytes, "seq_len": seq}
     if report.peak_bytes > budget.bytes:
         over = ledger_over(report, budget.bytes, budget.format).replace("the card's", "the budget of")
