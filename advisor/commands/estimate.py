@@ -56,14 +56,21 @@ def run(args: argparse.Namespace) -> int:
             from advisor.memory.sharding import shard_report
 
             report = shard_report(report, model, plan, args.gpus, args.sharding, gpu)
+        from advisor.runtime.phases import with_phases
+
+        report = with_phases(model, plan, gpu, report)
         result["plan"] = plan.to_dict()
         result["plan_short"] = plan.short()
     result.update(report.to_dict())
     result["ledger"] = report.device
+    for key in ("phases", "run_peak_phase", "run_peak_bytes", "reserved_peak_bytes"):
+        if key in report.extra:
+            result[key] = report.extra[key]
     if budget is not None:
         result["budget"] = {"bytes": budget.bytes, "text": budget.text, "unit": budget.unit}
         result["headroom"] = HEADROOM
-        result["fits"] = report.peak_bytes * (1 + HEADROOM) <= budget.bytes
+        # the run fits when its highest phase does (load, train, eval, generate, save)
+        result["fits"] = result.get("run_peak_bytes", report.peak_bytes) * (1 + HEADROOM) <= budget.bytes
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -70,11 +70,51 @@ def print_estimate(result: dict[str, Any], report: MemoryReport, budget: Budget 
     console.print(ledger_table(report, budget))
     for line in verdict_lines(report, budget):
         console.print(line)
+    if report.extra.get("phases"):
+        console.print(phase_table(report.extra["phases"], report.extra["run_peak_phase"], budget))
+        for line in run_verdict_lines(report, budget):
+            console.print(line)
     for note in report.notes:
         console.print(f"[dim]note: {note}[/]")
     if "kv_cache_bytes_per_token" in report.extra:
         console.print(f"KV cache: {report.extra['kv_cache_bytes_per_token']:,} bytes per token, "
                       f"{report.extra['tokens_in_flight']:,} tokens in flight")
+
+
+def phase_table(phases: dict[str, dict[str, Any]], run_peak_phase: str, budget: Budget | None = None,
+                title: str = "Phases of the run"):
+    """One row per phase: live (allocated) and reserved bytes at its peak, the GPU's peak, what sets it."""
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    t.add_column("Phase", no_wrap=True)
+    for col in ("Live", "Reserved", "Peak"):
+        t.add_column(col, justify="right", no_wrap=True)
+    t.add_column("What sets it", overflow="fold", max_width=34)
+    for name, ph in phases.items():
+        label = name + (" *" if name == run_peak_phase else "")
+        style = "bold" if name == run_peak_phase else ("dim" if not ph.get("included", True) else "")
+        what = escape(ph.get("what", "")) + ("" if ph.get("included", True) else " (not in this run)")
+        t.add_row(label, _fmt(ph["live_bytes"], budget), _fmt(ph["reserved_bytes"], budget),
+                  _fmt(ph["peak_bytes"], budget), what, style=style)
+    return t
+
+
+def run_verdict_lines(report: MemoryReport, budget: Budget | None, headroom: float = 0.05) -> list[str]:
+    """The run's peak (the highest phase) against the budget."""
+    peak = int(report.extra["run_peak_bytes"])
+    phase = report.extra["run_peak_phase"]
+    lines = [f"Run peak [bold]{_fmt(peak, budget)}[/] during {phase} (* above; reserved "
+             f"{_fmt(report.extra['phases'][phase]['reserved_bytes'], budget)}, {report.extra.get('reserved_model', '')})"]
+    if budget is not None:
+        left = budget.bytes - peak
+        if peak * (1 + headroom) <= budget.bytes:
+            lines.append(f"[green]THE RUN FITS[/] in {budget}: {budget.format(left)} left")
+        elif peak <= budget.bytes:
+            lines.append(f"[yellow]THE RUN IS TIGHT[/] in {budget}: only {budget.format(left)} left")
+        else:
+            lines.append(f"[red]THE RUN DOES NOT FIT[/] in {budget}: {budget.format(-left)} over, during {phase}")
+    return lines
 
 
 # ----------------------------------------------------------------------------- tune
