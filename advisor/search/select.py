@@ -23,9 +23,11 @@ class TrialRecord:
     plan_short: str
     stage: str = ""                # how far it went: plan, estimate, simulate, probe
     reason: str = ""               # why it was pruned (or failed)
-    peak_bytes: int | None = None
+    peak_bytes: int | None = None  # the run's peak (the highest phase: load, train, eval, generate, save)
     tensor_peak_bytes: int | None = None
     source: str = ""               # estimated, simulated, measured
+    step_peak_bytes: int | None = None  # the training step's peak alone
+    run_peak_phase: str = ""       # the phase that sets the run's peak
     ledger: dict[str, int] = field(default_factory=dict)
     host_bytes: int = 0
     tokens_per_s: float | None = None
