@@ -316,7 +316,7 @@ class Tuner:
     def _finish(self, trial, rec: dict[str, Any], pruned: bool, values=None):
         import optuna
 
-        peak = rec.get("peak_bytes")
+        peak = rec.get("run_peak_bytes") or rec.get("peak_bytes")  # the run's peak decides
         invalid = rec.pop("invalid", False)
         # constraint for the sampler: > 0 when the peak (with headroom) exceeds the budget
         limit = self.s.budget.bytes * (1 - self.s.headroom)
@@ -446,8 +446,9 @@ def _during(report) -> str:
 
 
 def _memory_fields(report) -> dict[str, Any]:
-    # peak_bytes is the run's peak (the highest phase), what selection decides on; the step's is kept beside it
-    return {"peak_bytes": run_peak_bytes(report), "step_peak_bytes": int(report.peak_bytes),
+    # peak_bytes is the step's (its ledger sums to it); run_peak_bytes, the highest phase, is what feasibility
+    # is decided on (advisor.search.select.run_peak)
+    return {"peak_bytes": int(report.peak_bytes), "run_peak_bytes": run_peak_bytes(report),
             "run_peak_phase": report.extra.get("run_peak_phase", "train"),
             "tensor_peak_bytes": int(report.tensor_peak_bytes),
             "source": report.source, "ledger": {k: int(v) for k, v in report.device.items()},
