@@ -145,7 +145,6 @@ CASES: dict[str, Case] = {
     "litgpt-rt-llama2-7b-qlora-nf4dq-mbs1": _litgpt_rt("llama-2-7b", 1, "nf4", dq=True),
     "litgpt-rt-llama2-13b-lora-mbs1": _litgpt_rt("llama-2-13b", 1),
     "litgpt-rt-llama2-13b-qlora-nf4-mbs1": _litgpt_rt("llama-2-13b", 1, "nf4"),
-    "litgpt-rt-llama2-7b-lora-mbs4-2xA100-fsdp": _litgpt_rt("llama-2-7b", 4, gpus=2),
     "litgpt-hub-llama2-7b-lora": _litgpt_hub("llama-2-7b", 2),
     "litgpt-hub-llama2-7b-qlora": _litgpt_hub("llama-2-7b", 2, "nf4"),
     "litgpt-hub-llama3-8b-lora": _litgpt_hub("llama-3-8b", 1),
@@ -222,6 +221,8 @@ NOT_EXPRESSIBLE = [
     (("full-lowmem", "full-4090", "full-a6000"), "torchtune's optimizer step in backward (optimizer_in_bwd) with "
                                                  "paged bitsandbytes states in unified memory is not a plan knob"),
     (("lora-a6000",), "partial config: which settings differ from the 4090 row is not stated"),
+    (("2xA100-fsdp",), "phases of a sharded run (FSDP loading and gathering per GPU) are not modelled; the "
+                       "per-GPU step alone is (advisor.memory.sharding)"),
     (("70b",), "Llama-2-70B on 2-8 GPUs with ZeRO-3 / FSDP-QLoRA and an nvidia-smi screenshot: multi-node "
                "sharding of 4-bit weights is not a plan the advisor builds"),
     (("infer-llama2-7b-nf4", "infer-phi"), "litgpt's own bnb.nf4 inference path (every linear incl. lm_head "
