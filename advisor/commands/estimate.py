@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from advisor.commands._help import DefaultsHelpFormatter
 from advisor.commands.common import add_model_flags, add_plan_flags, positive_int
 
 HEADROOM = 0.05
@@ -14,7 +15,7 @@ def add_parser(subs) -> None:
     p = subs.add_parser(
         "estimate", help="memory ledger of a training step (or of serving)",
         description="Where the memory of one fine-tuning step (or of serving) goes, category by category.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     p.add_argument("--task", choices=("train", "inference"), default="train", help="what the GPU will do")
     add_model_flags(p)
     add_plan_flags(p)
