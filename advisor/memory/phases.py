@@ -20,7 +20,7 @@ Calculation only: ``advisor.ui.render.phase_table`` renders a ``RunPhases``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from advisor.core.catalog import GpuSpec, ModelSpec
@@ -290,7 +290,33 @@ def run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: MemoryRe
         # "Moving tensor to cpu before saving"); torch.save copies storages to the host one at a time
         what = "adapter state dict, copied to host" if plan.peft else "full state dict, copied to host"
         phase("save", resident, what, source="estimated")
-    return RunPhases(phases, how, tuple(notes))
+    notes.append("reserved memory stays cached from one phase to the next (no empty_cache): a later phase "
+                 "reserves at least what an earlier one did")
+    return RunPhases(_cached_across(phases), how, tuple(notes))
+
+
+def _cached_across(phases: dict[str, PhaseMemory]) -> dict[str, PhaseMemory]:
+    """Reserved memory carried from one phase to the next.
+
+    The caching allocator keeps freed blocks in its segments until ``torch.cuda.empty_cache()``, which
+    Trainer does not call by default (PyTorch docs, "CUDA semantics: memory management": "unused memory
+    managed by the allocator will still show as if used in nvidia-smi"), so a phase starts with the
+    segments of the phases before it: its reserved bytes are at least theirs, and grow only by what its
+    live bytes exceed the earlier live peak by (the cached free blocks serve the rest). The run's reserved
+    peak is set by the first phase that reaches it. Phases the run skips are shown as if they ran at
+    their place, without carrying anything on.
+    """
+    out: dict[str, PhaseMemory] = {}
+    reserved_so_far = live_so_far = 0
+    for name in PHASES:
+        p = phases[name]
+        carried = reserved_so_far + max(0, p.live_bytes - live_so_far) if reserved_so_far else 0
+        reserved = max(p.reserved_bytes, carried)
+        q = replace(p, reserved_bytes=int(reserved), peak_bytes=int(p.peak_bytes + reserved - p.reserved_bytes))
+        out[name] = q
+        if p.included:
+            reserved_so_far, live_so_far = max(reserved_so_far, reserved), max(live_so_far, p.live_bytes)
+    return out
 
 
 def attach(report: MemoryReport, phases: RunPhases) -> MemoryReport:
@@ -299,7 +325,7 @@ def attach(report: MemoryReport, phases: RunPhases) -> MemoryReport:
 
     extra = dict(report.extra)
     extra.update(phases=phases.to_dict(), run_peak_phase=phases.run_peak_phase, run_peak_bytes=phases.run_peak_bytes,
-                 reserved_model=phases.reserved_model)
+                 reserved_model=phases.reserved_model, phase_notes=list(phases.notes))
     extra.setdefault("reserved_peak_bytes", phases.phases["train"].reserved_bytes)
     return replace(report, extra=extra)
 
