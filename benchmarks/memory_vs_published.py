@@ -376,7 +376,7 @@ def summary(rows: list[Row]) -> dict:
 def _fmt_sum(s: dict) -> str:
     if not s["n"]:
         return "no points"
-    return (f"{s['n']} points: median |error| {s['median_abs']:.1%}, worst {s['worst_abs']:.1%}, "
+    return (f"{s['n']} points: median abs. error {s['median_abs']:.1%}, worst {s['worst_abs']:.1%}, "
             f"most under {min(0.0, s['worst_under']):.1%}, within 3%: {s['within_3']}/{s['n']}")
 
 
