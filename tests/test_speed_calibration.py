@@ -10,7 +10,8 @@ import pytest
 from advisor.core.catalog import resolve_gpu, resolve_model
 from advisor.core.plan import Plan
 from advisor.speed import calibration
-from advisor.speed.throughput import predict_throughput, step_terms
+from advisor.speed.terms import step_terms
+from advisor.speed.throughput import predict_throughput
 
 MODEL = resolve_model("qwen2.5-0.5b-instruct")
 L40S = resolve_gpu("l40s")

@@ -37,6 +37,8 @@ class TrialRecord:
     losses: list[float] = field(default_factory=list)
     duplicate_of: int | None = None  # a repeat proposal, answered from this earlier trial
     note: str = ""                 # e.g. why a later stage was skipped
+    step_terms: dict[str, float] = field(default_factory=dict)  # predicted seconds per step of each
+    #                               step-time term (advisor/speed), also kept when a probe measured the speed
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,6 +125,12 @@ def explain(best, runner_up, records, feasible, budget_bytes, headroom, toleranc
         d_mem = runner_up.peak_bytes - best.peak_bytes
         lines.append(f"Runner-up #{runner_up.number} {runner_up.plan_short}: {d_tps:+.0f}% throughput, "
                      f"{'+' if d_mem >= 0 else '-'}{fmt(abs(d_mem))} memory, accuracy loss {runner_up.accuracy_loss:.3f}.")
+        decided = deciding_terms(best, runner_up)
+        if decided:
+            lines.append(decided)
+    breakdown = step_breakdown(best)
+    if breakdown:
+        lines.append(breakdown)
     faster = [t for t in feasible if t.tokens_per_s > best.tokens_per_s and (t.accuracy_loss or 0) > tolerance]
     if faster:
         f = max(faster, key=lambda t: t.tokens_per_s)
@@ -139,3 +147,48 @@ def explain(best, runner_up, records, feasible, budget_bytes, headroom, toleranc
             by_stage[t.stage or "plan"] = by_stage.get(t.stage or "plan", 0) + 1
         lines.append("Pruned: " + ", ".join(f"{n} at {s}" for s, n in sorted(by_stage.items())) + ".")
     return lines
+
+
+# ----------------------------------------------------------------------------- step-time terms
+
+def _per_token(t: TrialRecord) -> dict[str, float]:
+    """Predicted seconds per token of each step-time term of a trial (what the ranking compares)."""
+    p = t.plan or {}
+    tokens = int(p.get("micro_batch", 1)) * int(p.get("seq_len", 1)) * int(p.get("grad_accum", 1))
+    return {k: v / tokens for k, v in t.step_terms.items()} if tokens > 0 else {}
+
+
+def deciding_terms(best: TrialRecord, other: TrialRecord, n: int = 2) -> str:
+    """The predicted step-time terms that separate two plans, per 1k tokens, largest first."""
+    if not best.step_terms or not other.step_terms:
+        return ""
+    from advisor.speed.throughput import term_labels
+
+    labels = term_labels()
+    a, b = _per_token(best), _per_token(other)
+    diffs = sorted(((b.get(k, 0.0) - a.get(k, 0.0), k) for k in set(a) | set(b)), reverse=True)
+    ms = lambda d: f"{abs(d) * 1e6:.1f} ms"  # noqa: E731 - seconds per token -> ms per 1k tokens
+    more = [f"{labels.get(k, k)} +{ms(d)}" for d, k in diffs[:n] if d > 1e-12]
+    less = [f"{labels.get(k, k)} -{ms(d)}" for d, k in reversed(diffs[-n:]) if d < -1e-12]
+    if not more and not less:
+        return ""
+    text = f"Decided by (predicted step-time terms per 1k tokens, #{other.number} vs #{best.number}): "
+    parts = []
+    if more:
+        parts.append("it spends " + ", ".join(more))
+    if less:
+        parts.append("and saves " + ", ".join(less))
+    return text + " ".join(parts) + "."
+
+
+def step_breakdown(t: TrialRecord, n: int = 3) -> str:
+    """Where the chosen plan's predicted step time goes: its largest terms and their shares."""
+    total = sum(t.step_terms.values())
+    if not t.step_terms or total <= 0:
+        return ""
+    from advisor.speed.throughput import term_labels
+
+    labels = term_labels()
+    top = sorted(t.step_terms.items(), key=lambda kv: -kv[1])[:n]
+    return (f"Its predicted step ({total:.2f} s) goes to " + ", ".join(
+        f"{labels.get(k, k)} {v / total:.0%}" for k, v in top) + ".")

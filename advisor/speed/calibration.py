@@ -27,6 +27,7 @@ from typing import Any
 
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.plan import Plan
+from advisor.speed.terms import step_terms
 
 ENV = "ADVISOR_SPEED_CALIBRATION"
 SCALE_RANGE = (0.2, 5.0)  # a refit outside this says the probe measured something else: clamp
@@ -112,8 +113,6 @@ def record_probe(model: ModelSpec, plan: Plan, gpu: GpuSpec, tokens_per_s: float
 
 def _split(point: dict[str, Any]) -> tuple[float, float, float, float]:
     """(measured step seconds, GPU-kernel, host, link) seconds of one recorded probe."""
-    from advisor.speed.throughput import step_terms
-
     model = ModelSpec(**point["model"])
     plan = Plan.from_dict(point["plan"])
     gpu = GpuSpec(**point["gpu"])

@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+from advisor.core.catalog import GpuSpec, ModelSpec
+from advisor.core.plan import Plan
 from advisor.speed.inputs import StepInputs
 from advisor.speed.kernels import attention_seconds, gemm_seconds, stream_seconds
 
@@ -41,6 +43,17 @@ def term(name: str, per: str = "micro_batch", kind: str = "gpu", label: str = ""
         TERMS[:] = [t for t in TERMS if t.name != name] + [Term(name, fn, per, kind, label or name)]
         return fn
     return deco
+
+
+def step_terms(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1, sharding: str = "ddp",
+               k: dict | None = None, stack: dict | None = None) -> dict[str, tuple[float, str]]:
+    """Uncalibrated seconds per optimizer step of every term, with its kind: name -> (seconds, kind)."""
+    s = StepInputs(model, plan, gpu, gpus, sharding, k, stack)
+    out = {}
+    for t in TERMS:
+        sec = float(t.fn(s))
+        out[t.name] = (sec * plan.grad_accum if t.per == "micro_batch" else sec, t.kind)
+    return out
 
 
 # ============================================================================ shared per-layer parts
@@ -179,7 +192,7 @@ def dora_layer_seconds(s: StepInputs) -> float:
 
 # ============================================================================ the terms
 
-@term("matmul", label="matmuls (base linears and lm_head)")
+@term("matmul", label="matmuls")
 def matmul(s: StepInputs) -> float:
     """Forward, input-gradient and (full fine-tuning) weight-gradient GEMMs of every decoder layer,
     plus the lm_head: 2 FLOPs per weight per token each (Kaplan et al. 2020 §2.1)."""
@@ -203,7 +216,7 @@ BACKWARD_TRAFFIC = 1.5  # an elementwise op's backward reads its saved input and
 #                        writes one gradient: 3 tensors against the forward's 2 (aten derivatives.yaml)
 
 
-@term("elementwise", label="norms, activations, rotary")
+@term("elementwise", label="norms/activations/rotary")
 def elementwise(s: StepInputs) -> float:
     """Memory-bound ops of every layer: forward traffic, and 1.5x it in backward."""
     extra = 0.0
@@ -213,7 +226,7 @@ def elementwise(s: StepInputs) -> float:
     return stream_seconds(s, (1 + BACKWARD_TRAFFIC) * s.model.num_layers * layer_elementwise_bytes(s) + extra)
 
 
-@term("lora", label="LoRA adapters (narrow matmuls, casts, dropout)")
+@term("lora", label="LoRA adapters")
 def lora(s: StepInputs) -> float:
     """LoRA GEMMs (forward, dX, dW of A and B) and the side-path traffic, forward + 1.5x backward."""
     if not s.pb.lora_modules:
@@ -241,13 +254,13 @@ def loss(s: StepInputs) -> float:
     return stream_seconds(s, per * s.tokens * s.model.vocab_size)
 
 
-@term("recompute", label="recomputation (gradient checkpointing)")
+@term("recompute", label="recomputation")
 def recompute(s: StepInputs) -> float:
     """Checkpointed layers run their forward again in backward (Chen et al. 2016, §3)."""
     return s.checkpointed_fraction * s.model.num_layers * layer_forward_seconds(s)
 
 
-@term("dequant", label="4/8-bit dequantization")
+@term("dequant", label="dequantization")
 def dequant(s: StepInputs) -> float:
     """Dequantizing frozen quantized weights in forward and backward (layer_dequant_bytes)."""
     L = s.model.num_layers
@@ -258,7 +271,7 @@ def dequant(s: StepInputs) -> float:
     return 0.0
 
 
-@term("launch_overhead", kind="cpu", label="kernel launches and Python per micro-batch")
+@term("launch_overhead", kind="cpu", label="launch overhead")
 def launch_overhead(s: StepInputs) -> float:
     """Host time of the eager ops of one micro-batch (cpu_seconds_per_op each), paid where kernels
     are too short to hide it: forward, backward (~1.5 launches per forward op), recomputation."""
@@ -289,7 +302,7 @@ def _state_shards(s: StepInputs) -> int:
     return s.gpus if s.gpus > 1 and s.sharding in ("zero2", "zero3", "fsdp") else 1
 
 
-@term("optimizer", per="step", label="optimizer step and gradient clipping")
+@term("optimizer", per="step", label="optimizer step")
 def optimizer(s: StepInputs) -> float:
     """The update by implementation (optimizer_bytes_per_param) and the gradient-norm clip; each GPU
     updates its shard under ZeRO/FSDP; with CPU offload the update runs on the host (offload term)."""
@@ -312,13 +325,13 @@ def grad_accumulation(s: StepInputs) -> float:
     return stream_seconds(s, (s.plan.grad_accum - 1) * 3 * s.pb.trainable / _state_shards(s) * s.trainable_bytes)
 
 
-@term("step_fixed", per="step", kind="cpu", label="fixed per-step overhead")
+@term("step_fixed", per="step", kind="cpu", label="per-step overhead")
 def step_fixed(s: StepInputs) -> float:
     """Per optimizer step host work of the training loop (scheduler, logging, zero_grad)."""
     return s.k["step_fixed_seconds"]
 
 
-@term("offload", per="step", kind="link", label="host link (CPU offload)")
+@term("offload", per="step", kind="link", label="CPU offload link")
 def offload(s: StepInputs) -> float:
     """ZeRO-Offload: gradients out and updated bf16 parameters back over the host link every
     step, the Adam update on the CPU (Ren et al. 2021 §4.2); ZeRO-3 parameter offload also
@@ -335,7 +348,7 @@ def offload(s: StepInputs) -> float:
     return t
 
 
-@term("collectives", per="step", kind="link", label="collectives between GPUs")
+@term("collectives", per="step", kind="link", label="collectives")
 def collectives(s: StepInputs) -> float:
     """Ring collectives move (N-1)/N of the buffer per GPU (ZeRO §7.2). DDP all-reduces gradients
     once per step (no_sync while accumulating); ZeRO-2/3 and FSDP reduce-scatter them every

@@ -44,7 +44,8 @@ from dataclasses import asdict, dataclass, field
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.plan import Plan
 from advisor.speed.inputs import StepInputs
-from advisor.speed.terms import TERMS
+from advisor.speed.calibration import for_gpu
+from advisor.speed.terms import TERMS, step_terms
 
 COMPUTE = ("matmul", "attention", "recompute")
 MEMORY = ("elementwise", "lora", "loss")
@@ -87,17 +88,6 @@ def term_labels() -> dict[str, str]:
     return {t.name: t.label for t in TERMS}
 
 
-def step_terms(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1, sharding: str = "ddp",
-               k: dict | None = None, stack: dict | None = None) -> dict[str, tuple[float, str]]:
-    """Uncalibrated seconds per optimizer step of every term, with its kind: name -> (seconds, kind)."""
-    s = StepInputs(model, plan, gpu, gpus, sharding, k, stack)
-    out = {}
-    for t in TERMS:
-        sec = float(t.fn(s))
-        out[t.name] = (sec * plan.grad_accum if t.per == "micro_batch" else sec, t.kind)
-    return out
-
-
 def step_flops(model: ModelSpec, plan: Plan) -> float:
     """Matmul FLOPs of one step (all micro-batches): 2 per weight per token forward, as much for
     input gradients, again for weight gradients where weights train (Kaplan et al. 2020 §2.1), the
@@ -134,8 +124,6 @@ def predict_throughput(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1
     raw = step_terms(model, plan, gpu, gpus, sharding, k, stack)
     source, scale = "predicted", {"gpu": 1.0, "cpu": 1.0, "link": 1.0}
     if calibrated:
-        from advisor.speed.calibration import for_gpu
-
         cal = for_gpu(gpu)
         if cal is not None:
             source, scale = cal.label, {"gpu": cal.gpu_scale, "cpu": cal.cpu_scale, "link": 1.0}

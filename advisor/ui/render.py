@@ -75,12 +75,43 @@ def print_estimate(result: dict[str, Any], report: MemoryReport, budget: Budget 
     if "kv_cache_bytes_per_token" in report.extra:
         console.print(f"KV cache: {report.extra['kv_cache_bytes_per_token']:,} bytes per token, "
                       f"{report.extra['tokens_in_flight']:,} tokens in flight")
+    for line in throughput_lines(result):
+        console.print(line)
+
+
+def throughput_lines(result: dict[str, Any], n: int = 4) -> list[str]:
+    """Tokens/s and seconds per optimizer step, and the largest step-time terms (advisor/speed)."""
+    info = result.get("throughput")
+    if not info:
+        return []
+    if result.get("tokens_per_s") is None:
+        return [f"Throughput: {info['source']}"]
+    from advisor.speed.throughput import term_labels
+
+    where = f" on {info['gpu']}" + (" (assumed from the budget)" if info.get("gpu_assumed") else "")
+    if info.get("gpus", 1) > 1:
+        where += f" x {info['gpus']}"
+    lines = [f"Throughput: [bold]{result['tokens_per_s']:,.0f} tokens/s[/] ({info['source']}), "
+             f"{result['step_seconds']:.3f} s per optimizer step{escape(where)}"]
+    terms = result.get("step_terms") or {}
+    total = sum(terms.values())
+    if total > 0:
+        labels = term_labels()
+        top = sorted(terms.items(), key=lambda kv: -kv[1])[:n]
+        lines.append("Largest terms (predicted s/step): " + ", ".join(
+            f"{escape(labels.get(k, k))} {v:.3f} ({v / total:.0%})" for k, v in top))
+    return lines
 
 
 # ----------------------------------------------------------------------------- tune
 
 STATE_STYLE = {"complete": "green", "pruned": "yellow", "failed": "red", "running": "cyan", "waiting": "dim"}
 SOURCE_MARK = {"estimated": "est", "simulated": "sim", "measured": "meas", "predicted": "pred", "prior": "prior"}
+
+
+def source_mark(source: str) -> str:
+    """Short mark of where a number comes from ("calibrated (N probes)" predictions: cal)."""
+    return "cal" if source.startswith("calibrated") else SOURCE_MARK.get(source, "")
 
 
 def trials_table(records, budget: Budget, limit: int | None = None, title: str = "Trials"):
@@ -96,7 +127,7 @@ def trials_table(records, budget: Budget, limit: int | None = None, title: str =
         style = STATE_STYLE.get(r.state, "")
         peak = (f"{budget.format(r.peak_bytes)} [dim]{SOURCE_MARK.get(r.source, r.source)}[/]"
                 if r.peak_bytes else "")
-        tps = f"{r.tokens_per_s:,.0f} [dim]{SOURCE_MARK.get(r.tokens_per_s_source, '')}[/]" if r.tokens_per_s else ""
+        tps = f"{r.tokens_per_s:,.0f} [dim]{source_mark(r.tokens_per_s_source)}[/]" if r.tokens_per_s else ""
         acc = f"{r.accuracy_loss:.3f} [dim]{SOURCE_MARK.get(r.accuracy_source, '')}[/]" \
             if r.accuracy_loss is not None and r.state == "complete" else ""
         t.add_row(str(r.number), f"[{style}]{r.state}[/]", escape(r.plan_short), peak, tps, acc, escape(r.reason))
