@@ -22,6 +22,7 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +35,14 @@ SCALE_RANGE = (0.2, 5.0)  # a refit outside this says the probe measured somethi
 
 
 def calibration_path() -> Path:
-    if os.environ.get(ENV):
-        return Path(os.environ[ENV]).expanduser()
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return _path(os.environ.get(ENV), os.environ.get("XDG_CACHE_HOME"), os.environ.get("HOME"))
+
+
+@lru_cache(maxsize=8)
+def _path(override: str | None, xdg: str | None, home: str | None) -> Path:
+    if override:
+        return Path(override).expanduser()
+    root = Path(xdg) if xdg else Path(home or Path.home()) / ".cache"
     return root / "vram-advisor" / "speed_calibration.json"
 
 

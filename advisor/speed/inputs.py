@@ -27,6 +27,17 @@ def constant_entries() -> dict[str, dict[str, Any]]:
     return _load_data("throughput.yaml")
 
 
+@lru_cache(maxsize=512)
+def _breakdown(model: ModelSpec, method: str, lora_r: int, lora_targets) -> ParamBreakdown:
+    """param_breakdown depends on these fields only; the tuner ranks thousands of plans of one model."""
+    return param_breakdown(model, Plan(method=method, lora_r=lora_r, lora_targets=lora_targets))
+
+
+@lru_cache(maxsize=64)
+def _shapes(model: ModelSpec) -> dict[str, tuple[int, int]]:
+    return model.linear_shapes()
+
+
 class StepInputs:
     """One prediction's inputs. Terms read attributes; derived ones are computed on first use."""
 
@@ -52,12 +63,19 @@ class StepInputs:
 
     @cached_property
     def pb(self) -> ParamBreakdown:
-        return param_breakdown(self.model, self.plan)
+        p = self.plan
+        try:
+            return _breakdown(self.model, p.method, p.lora_r, p.lora_targets)
+        except TypeError:  # an unhashable field (a list of targets): no cache
+            return param_breakdown(self.model, p)
 
     @cached_property
     def shapes(self) -> dict[str, tuple[int, int]]:
         """(in, out) of each linear of one decoder layer."""
-        return self.model.linear_shapes()
+        try:
+            return _shapes(self.model)
+        except TypeError:
+            return self.model.linear_shapes()
 
     @cached_property
     def act_bytes(self) -> int:

@@ -48,11 +48,15 @@ def term(name: str, per: str = "micro_batch", kind: str = "gpu", label: str = ""
 def step_terms(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1, sharding: str = "ddp",
                k: dict | None = None, stack: dict | None = None) -> dict[str, tuple[float, str]]:
     """Uncalibrated seconds per optimizer step of every term, with its kind: name -> (seconds, kind)."""
-    s = StepInputs(model, plan, gpu, gpus, sharding, k, stack)
+    return evaluate_terms(StepInputs(model, plan, gpu, gpus, sharding, k, stack))
+
+
+def evaluate_terms(s: StepInputs) -> dict[str, tuple[float, str]]:
+    """Seconds per optimizer step of every registered term for these inputs: name -> (seconds, kind)."""
     out = {}
     for t in TERMS:
         sec = float(t.fn(s))
-        out[t.name] = (sec * plan.grad_accum if t.per == "micro_batch" else sec, t.kind)
+        out[t.name] = (sec * s.plan.grad_accum if t.per == "micro_batch" else sec, t.kind)
     return out
 
 

@@ -45,7 +45,7 @@ from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.plan import Plan
 from advisor.speed.inputs import StepInputs
 from advisor.speed.calibration import for_gpu
-from advisor.speed.terms import TERMS, step_terms
+from advisor.speed.terms import TERMS, evaluate_terms
 
 COMPUTE = ("matmul", "attention", "recompute")
 MEMORY = ("elementwise", "lora", "loss")
@@ -88,12 +88,12 @@ def term_labels() -> dict[str, str]:
     return {t.name: t.label for t in TERMS}
 
 
-def step_flops(model: ModelSpec, plan: Plan) -> float:
+def step_flops(model: ModelSpec, plan: Plan, s: StepInputs | None = None) -> float:
     """Matmul FLOPs of one step (all micro-batches): 2 per weight per token forward, as much for
     input gradients, again for weight gradients where weights train (Kaplan et al. 2020 §2.1), the
     forward again under checkpointing (Chen et al. 2016), causal attention 2 s d_q per token per
     layer forward (half of 4 s d_q) and 2.5x that backward (Dao 2023 §3.1)."""
-    s = StepInputs(model, plan, _NO_GPU)
+    s = s or StepInputs(model, plan, _NO_GPU)
     M, L = s.tokens, model.num_layers
     lin = sum(i * o for i, o in s.shapes.values())
     head = model.hidden_size * model.vocab_size
@@ -121,7 +121,8 @@ def predict_throughput(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1
     when there are any (advisor/speed/calibration.py); the source then says so. ``k`` replaces the
     constants of throughput.yaml and ``stack`` states another software stack's differences (both
     for the published-runs benchmark)."""
-    raw = step_terms(model, plan, gpu, gpus, sharding, k, stack)
+    s = StepInputs(model, plan, gpu, gpus, sharding, k, stack)
+    raw = evaluate_terms(s)
     source, scale = "predicted", {"gpu": 1.0, "cpu": 1.0, "link": 1.0}
     if calibrated:
         cal = for_gpu(gpu)
@@ -131,7 +132,7 @@ def predict_throughput(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1
     step = max(sum(terms.values()), 1e-9)
     return ThroughputPrediction(
         tokens_per_s=gpus * plan.tokens_per_step / step, step_seconds=step,
-        flops_per_step=step_flops(model, plan),
+        flops_per_step=step_flops(model, plan, s),
         compute_seconds=sum(terms[n] for n in COMPUTE if n in terms),
         memory_seconds=sum(terms[n] for n in MEMORY if n in terms),
         dequant_seconds=terms.get("dequant", 0.0),
