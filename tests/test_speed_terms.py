@@ -87,7 +87,7 @@ def test_fused_optimizer_cheaper_than_foreach_and_8bit_cheaper_still():
 
 def test_unknown_optimizer_falls_back_to_foreach_adamw():
     full = Plan(method="full", seq_len=512)
-    assert terms(full.with_(optimizer="galore_adamw"))["optimizer"] == pytest.approx(terms(full)["optimizer"])
+    assert terms(full.with_(optimizer="some_new_optimizer"))["optimizer"] == pytest.approx(terms(full)["optimizer"])
 
 
 def test_attention_by_implementation_and_sequence():
@@ -160,3 +160,18 @@ def test_faster_gpu_is_faster():
     plan = Plan(method="lora", seq_len=2048, micro_batch=2)
     speeds = [predict_throughput(QWEN, plan, resolve_gpu(g)).tokens_per_s for g in ("t4", "l4", "a100-80gb", "h100-sxm")]
     assert speeds == sorted(speeds)
+
+
+def test_newer_levers_cost_what_they_move():
+    full = Plan(method="full", seq_len=512)
+    base = terms(full)
+    assert base["low_rank_projection"] == base["activation_offload"] == base["paged_spill"] == 0
+    if "optim_rank" in Plan.__dataclass_fields__:
+        galore = terms(full.with_(optimizer="galore_adamw"))
+        assert galore["low_rank_projection"] > 0
+    if "activation_offload" in Plan.__dataclass_fields__:
+        ckpt = Plan(method="lora", seq_len=2048, micro_batch=4, gradient_checkpointing=True)
+        assert terms(ckpt.with_(activation_offload=True))["activation_offload"] > 0
+    if "optimizer_in_backward" in Plan.__dataclass_fields__:
+        # no separate gradient-norm pass over the gradients
+        assert terms(full.with_(optimizer_in_backward=True))["optimizer"] < base["optimizer"]

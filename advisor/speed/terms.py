@@ -243,7 +243,7 @@ def lora(s: StepInputs) -> float:
 
 def _fused_loss(s: StepInputs) -> bool:
     loss = getattr(s.plan, "loss_impl", None) or getattr(s.plan, "loss", None)
-    return bool(getattr(s.plan, "fused_ce", False) or loss in ("fused_linear_ce", "liger", "fused"))
+    return bool(getattr(s.plan, "fused_ce", False) or loss in ("fused-linear", "fused_linear_ce", "liger"))
 
 
 @term("loss", label="loss over the vocabulary")
@@ -313,11 +313,23 @@ def optimizer(s: StepInputs) -> float:
     if s.plan.offload != "none":
         return 0.0
     spec, tb, n = _optimizer_spec(s), s.trainable_bytes, s.pb.trainable / _state_shards(s)
-    nbytes = n * (spec["per_trainable_byte"] * tb + spec["extra"]) + s.k["grad_clip_passes"] * n * tb
     tensors = trainable_tensors(s)
-    launches = spec["ops"] * (tensors if spec["per_tensor_loop"] else math.ceil(tensors / s.k["foreach_chunk_tensors"]))
-    launches += 3 * math.ceil(tensors / s.k["foreach_chunk_tensors"])  # clip: norms, total, scale
+    chunks = math.ceil(tensors / s.k["foreach_chunk_tensors"])
+    if in_backward(s):
+        # stepped per parameter from a backward hook, no gradient norm to clip against (torchtune
+        # optimizer_in_bwd; LOMO, Lv et al. 2023 §3): the update's bytes, one launch group per tensor
+        return stream_seconds(s, n * (spec["per_trainable_byte"] * tb + spec["extra"])) + \
+            spec["ops"] * tensors * s.k["cpu_seconds_per_op"]
+    nbytes = n * (spec["per_trainable_byte"] * tb + spec["extra"]) + s.k["grad_clip_passes"] * n * tb
+    launches = spec["ops"] * (tensors if spec["per_tensor_loop"] else chunks)
+    launches += 3 * chunks  # clip: norms, total, scale
     return stream_seconds(s, nbytes) + launches * s.k["cpu_seconds_per_op"]
+
+
+def in_backward(s: StepInputs) -> bool:
+    """The update runs inside backward (LOMO / AdaLomo / layer-wise GaLore, or optimizer_in_backward)."""
+    return bool(getattr(s.plan, "optimizer_in_backward", False)) or s.plan.optimizer in (
+        "lomo", "adalomo", "galore_adamw_layerwise")
 
 
 @term("grad_accumulation", per="step", label="gradient accumulation")

@@ -19,6 +19,7 @@ The terms (``advisor/speed/terms.py``), each with its citation there:
     step_fixed         per-step host work of the training loop
     offload            host link and CPU Adam under ZeRO-Offload
     collectives        gradient reduction and parameter gathers between GPUs
+    low_rank_projection, activation_offload, paged_spill: the newer levers (``levers.py``)
 
 Constants: ``advisor/data/throughput.yaml`` (source and whether fitted beside each); GPU figures:
 ``advisor/data/gpus.yaml``. A measured probe always replaces the prediction for its plan.
@@ -44,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.plan import Plan
 from advisor.speed.inputs import StepInputs
+from advisor.speed import levers  # noqa: F401 - registers the terms of the newer levers
 from advisor.speed.calibration import for_gpu
 from advisor.speed.terms import TERMS, evaluate_terms
 
