@@ -159,7 +159,7 @@ class TuneProgress:
                           f"({format_bytes(s.gpu.memory_bytes, 'GiB', 0)}), the catalog GPU the budget matches.[/]")
         if s.backend in ("simulate", "estimate"):
             console.print(f"[dim]Backend {s.backend}: memory is {'simulated' if s.backend == 'simulate' else 'estimated'}"
-                          ", throughput predicted (roofline), accuracy from priors: no GPU probes run.[/]")
+                          ", throughput predicted (step-time model), accuracy from priors: no GPU probes run.[/]")
         if already_finished:
             console.print(f"Resuming: {already_finished} of {s.trials} trials already finished.")
         self._progress = Progress(TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
