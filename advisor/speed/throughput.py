@@ -51,7 +51,8 @@ from advisor.speed.terms import TERMS, evaluate_terms
 
 COMPUTE = ("matmul", "attention", "recompute")
 MEMORY = ("elementwise", "lora", "loss")
-OPTIMIZER = ("optimizer", "grad_accumulation")
+OPTIMIZER = ("optimizer", "grad_accumulation", "low_rank_projection")
+OFFLOAD = ("offload", "activation_offload", "paged_spill")
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,9 @@ class ThroughputPrediction:
     """elementwise + lora + loss (memory-bound work)."""
     dequant_seconds: float
     optimizer_seconds: float
-    """optimizer + grad_accumulation."""
+    """optimizer + grad_accumulation + low_rank_projection."""
     offload_seconds: float
+    """offload + activation_offload + paged_spill (host-link traffic)."""
     gpu: str
     comm_seconds: float = 0.0
     source: str = "predicted"
@@ -139,5 +141,5 @@ def predict_throughput(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1
         memory_seconds=sum(terms[n] for n in MEMORY if n in terms),
         dequant_seconds=terms.get("dequant", 0.0),
         optimizer_seconds=sum(terms[n] for n in OPTIMIZER if n in terms),
-        offload_seconds=terms.get("offload", 0.0), gpu=gpu.name,
+        offload_seconds=sum(terms[n] for n in OFFLOAD if n in terms), gpu=gpu.name,
         comm_seconds=terms.get("collectives", 0.0), source=source, terms=terms)
