@@ -51,7 +51,7 @@ class StepInputs:
         self.k = k if k is not None else constants()
         self.stack = stack or {}
         """Differences of another software stack than the one the advisor exports (used by the
-        published-runs benchmark only, each stated there): ``adapter_bytes`` (peft < 0.12 kept
+        published-runs benchmark only, each stated there): ``adapter_bytes`` (2023 peft kept
         LoRA weights in the base dtype, no input cast), ``loss_bytes_per_vocab`` (older
         transformers copied the shifted fp32 logits)."""
 
