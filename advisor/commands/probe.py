@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from advisor.commands._help import DefaultsHelpFormatter
 from advisor.commands.common import add_model_flags, add_plan_flags, number, positive_int, whole_number
 
 
@@ -14,7 +15,7 @@ def add_parser(subs) -> None:
         description="Run a training plan for a few real optimizer steps in an isolated child process and measure "
                     "its peak memory, step time, tokens/s, losses and (with real weights) eval fidelity. "
                     "Out of memory, crashes and hangs end as a status, never as a traceback.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     add_model_flags(p)
     add_plan_flags(p)
     g = p.add_argument_group("probe")

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from advisor.commands._help import DefaultsHelpFormatter
 from advisor.commands.common import add_gpus_flags, number, positive_int
 
 
@@ -15,7 +16,7 @@ def add_parser(subs) -> None:
         description="Search memory techniques in priority order (quantized loading + PEFT, then gradient "
                     "checkpointing, then offload), measure each candidate, prune what does not fit, and return "
                     "the plan that best balances throughput and accuracy.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     p.add_argument("--model", required=True, help="catalog name or alias, hub id, or local directory")
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code shipped in a model directory")
     p.add_argument("--gpu-budget", required=True, help='memory budget: "24GB", "24 GiB", "24000MiB", "90%%"')

@@ -23,9 +23,11 @@ class TrialRecord:
     plan_short: str
     stage: str = ""                # how far it went: plan, estimate, simulate, probe
     reason: str = ""               # why it was pruned (or failed)
-    peak_bytes: int | None = None
+    peak_bytes: int | None = None  # the training step's peak (its ledger sums to it)
     tensor_peak_bytes: int | None = None
     source: str = ""               # estimated, simulated, measured
+    run_peak_bytes: int | None = None  # the run's peak: the highest of load, train, eval, generate, save
+    run_peak_phase: str = ""       # the phase that sets it
     ledger: dict[str, int] = field(default_factory=dict)
     host_bytes: int = 0
     tokens_per_s: float | None = None
@@ -42,6 +44,11 @@ class TrialRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def run_peak(t: TrialRecord) -> int | None:
+    """What feasibility is decided on: the run's peak when known, else the step's."""
+    return t.run_peak_bytes or t.peak_bytes
 
 
 def fits(peak_bytes: float, budget_bytes: int, headroom: float) -> bool:
@@ -88,7 +95,7 @@ def select(records: list[TrialRecord], budget_bytes: int, headroom: float, toler
     """Highest throughput among feasible trials within the accuracy tolerance; ties → more headroom."""
     done = [t for t in records if t.state == "complete" and t.peak_bytes is not None and t.tokens_per_s
             and t.duplicate_of is None]
-    feasible = [t for t in done if fits(t.peak_bytes, budget_bytes, headroom)]
+    feasible = [t for t in done if fits(run_peak(t), budget_bytes, headroom)]
     accurate = [t for t in feasible if (t.accuracy_loss or 0.0) <= tolerance]
     ranked = sorted(accurate, key=lambda t: -(t.tokens_per_s or 0))
     best = None
@@ -96,7 +103,7 @@ def select(records: list[TrialRecord], budget_bytes: int, headroom: float, toler
         top = ranked[0].tokens_per_s
         ties = [t for t in ranked if t.tokens_per_s >= top * (1 - TIE)]
         # ties: CPU offload only as the last resort (the seeds' priority order), then more headroom
-        best = min(ties, key=lambda t: (t.plan.get("offload", "none") != "none", t.peak_bytes))
+        best = min(ties, key=lambda t: (t.plan.get("offload", "none") != "none", run_peak(t)))
     runner_up = next((t for t in ranked if best and t.plan_short != best.plan_short), None)
     pareto = pareto_front(feasible)
     return Selection(best, runner_up, feasible, pareto,
@@ -115,9 +122,10 @@ def explain(best, runner_up, records, feasible, budget_bytes, headroom, toleranc
             lines.append(f"The smallest plan seen, #{smallest.number} {smallest.plan_short}, needs "
                          f"{fmt(smallest.peak_bytes)} ({smallest.source}).")
         return lines
-    left = budget_bytes - best.peak_bytes
+    left = budget_bytes - run_peak(best)
+    during = f" during {best.run_peak_phase}" if best.run_peak_phase not in ("", "train") else ""
     lines.append(f"Chosen #{best.number} {best.plan_short}: {best.tokens_per_s:,.0f} tokens/s "
-                 f"({best.tokens_per_s_source}), peak {fmt(best.peak_bytes)} ({best.source}) of {fmt(budget_bytes)}, "
+                 f"({best.tokens_per_s_source}), peak {fmt(run_peak(best))}{during} ({best.source}) of {fmt(budget_bytes)}, "
                  f"{fmt(left)} ({left / budget_bytes:.0%}) left; accuracy loss {best.accuracy_loss:.3f} "
                  f"({best.accuracy_source}, tolerance {tolerance}).")
     if runner_up:
