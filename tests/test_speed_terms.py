@@ -175,3 +175,25 @@ def test_newer_levers_cost_what_they_move():
     if "optimizer_in_backward" in Plan.__dataclass_fields__:
         # no separate gradient-norm pass over the gradients
         assert terms(full.with_(optimizer_in_backward=True))["optimizer"] < base["optimizer"]
+
+
+def test_dora_costs_more_than_lora():
+    if "dora" not in Plan.__dataclass_fields__:
+        pytest.skip("this Plan has no dora lever")
+    lora = Plan(method="lora", seq_len=1024, micro_batch=2, lora_dropout=0.0)
+    assert terms(lora.with_(dora=True))["lora"] > terms(lora)["lora"]
+    # with dropout peft runs the base matmul a second time
+    assert terms(lora.with_(dora=True, lora_dropout=0.1))["lora"] > terms(lora.with_(dora=True))["lora"]
+
+
+def test_every_gpu_and_constant_says_where_it_comes_from():
+    from advisor.core.catalog import gpu_catalog
+    from advisor.speed.inputs import constant_entries
+
+    for key, entry in gpu_catalog().items():
+        assert entry["source"] and "nvlink_gbs" in entry and "tdp_w" in entry, key
+        if entry.get("sustained_tflops"):
+            assert entry["sustained_source"] and entry["sustained_tflops"] < entry["fp16_tflops"], key
+    for name, entry in constant_entries().items():
+        assert set(entry) == {"value", "fitted", "source"} and len(entry["source"]) > 20, name
+    assert {n for n, e in constant_entries().items() if e["fitted"]} == {"matmul_efficiency", "cpu_seconds_per_op"}
