@@ -396,7 +396,7 @@ class Tuner:
             return {**rec, "reason": f"estimated peak {fmt(run_peak_bytes(report))}{_during(report)} over the budget "
                                      f"{fmt(s.budget.bytes)}{' less headroom' if last_stage else ''}"}
         tps = predict_throughput(s.model, plan, s.gpu, s.gpus, s.sharding)
-        prediction = dict(tokens_per_s=tps.tokens_per_s, tokens_per_s_source="predicted",
+        prediction = dict(tokens_per_s=tps.tokens_per_s, tokens_per_s_source=tps.source, step_terms=tps.terms,
                           accuracy_loss=accuracy_prior(plan), accuracy_source="prior")
         if s.backend == "simulate":
             incumbent = self._incumbent()
@@ -437,6 +437,8 @@ class Tuner:
             rec.update(_memory_fields(report))
             if report.extra.get("tokens_per_s"):
                 rec.update(tokens_per_s=float(report.extra["tokens_per_s"]) * s.gpus, tokens_per_s_source="measured")
+                if s.backend == "cuda" and options.get("num_layers") is None:
+                    _calibrate_speed(s, plan, float(report.extra["tokens_per_s"]))
             if report.extra.get("losses"):
                 rec["losses"] = [float(x) for x in report.extra["losses"]]
             if report.extra.get("fidelity_kl") is not None:
@@ -445,6 +447,18 @@ class Tuner:
                 return {**rec, "reason": f"measured peak {fmt(run_peak_bytes(report))}{_during(report)} leaves less than "
                                          f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
         return rec
+
+
+def _calibrate_speed(settings: TuneSettings, plan: Plan, tokens_per_s: float) -> None:
+    """Measured beats predicted: a real probe also refits this GPU model's step-time scales
+    (advisor/speed/calibration.py), so later predictions on it say "calibrated (N probes)"."""
+    from advisor.core.catalog import detect_gpu
+    from advisor.speed.calibration import record_probe
+
+    try:
+        record_probe(settings.model, plan, detect_gpu() or settings.gpu, tokens_per_s)
+    except (OSError, ValueError):
+        pass  # a read-only cache or an odd rate never stops the study
 
 
 def _shard(settings: TuneSettings, report, plan: Plan):

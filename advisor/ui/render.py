@@ -79,6 +79,32 @@ def print_estimate(result: dict[str, Any], report: MemoryReport, budget: Budget 
     if "kv_cache_bytes_per_token" in report.extra:
         console.print(f"KV cache: {report.extra['kv_cache_bytes_per_token']:,} bytes per token, "
                       f"{report.extra['tokens_in_flight']:,} tokens in flight")
+    for line in throughput_lines(result):
+        console.print(line)
+
+
+def throughput_lines(result: dict[str, Any], n: int = 4) -> list[str]:
+    """Tokens/s and seconds per optimizer step, and the largest step-time terms (advisor/speed)."""
+    info = result.get("throughput")
+    if not info:
+        return []
+    if result.get("tokens_per_s") is None:
+        return [f"Throughput: {info['source']}"]
+    from advisor.speed.throughput import term_labels
+
+    where = f" on {info['gpu']}" + (" (assumed from the budget)" if info.get("gpu_assumed") else "")
+    if info.get("gpus", 1) > 1:
+        where += f" x {info['gpus']}"
+    lines = [f"Throughput: [bold]{result['tokens_per_s']:,.0f} tokens/s[/] ({info['source']}), "
+             f"{result['step_seconds']:.3f} s per optimizer step{escape(where)}"]
+    terms = result.get("step_terms") or {}
+    total = sum(terms.values())
+    if total > 0:
+        labels = term_labels()
+        top = sorted(terms.items(), key=lambda kv: -kv[1])[:n]
+        lines.append("Largest terms (predicted s/step): " + ", ".join(
+            f"{escape(labels.get(k, k))} {v:.3f} ({v / total:.0%})" for k, v in top))
+    return lines
 
 
 def phase_table(phases: dict[str, dict[str, Any]], run_peak_phase: str, budget: Budget | None = None,
@@ -124,6 +150,11 @@ STATE_STYLE = {"complete": "green", "pruned": "yellow", "failed": "red", "runnin
 SOURCE_MARK = {"estimated": "est", "simulated": "sim", "measured": "meas", "predicted": "pred", "prior": "prior"}
 
 
+def source_mark(source: str) -> str:
+    """Short mark of where a number comes from ("calibrated (N probes)" predictions: cal)."""
+    return "cal" if source.startswith("calibrated") else SOURCE_MARK.get(source, "")
+
+
 def trials_table(records, budget: Budget, limit: int | None = None, title: str = "Trials"):
     """One row per trial: state, plan, peak vs budget, tokens/s, accuracy, and where each number comes from."""
     from rich.table import Table
@@ -141,7 +172,7 @@ def trials_table(records, budget: Budget, limit: int | None = None, title: str =
         # the source of each number on its own line keeps the number columns narrow
         peak = (f"{budget.format(r.peak_bytes)}\n[dim]{SOURCE_MARK.get(r.source, r.source)}[/]"
                 if r.peak_bytes else "")
-        tps = f"{r.tokens_per_s:,.0f}\n[dim]{SOURCE_MARK.get(r.tokens_per_s_source, '')}[/]" if r.tokens_per_s else ""
+        tps = f"{r.tokens_per_s:,.0f}\n[dim]{source_mark(r.tokens_per_s_source)}[/]" if r.tokens_per_s else ""
         acc = f"{r.accuracy_loss:.3f}\n[dim]{SOURCE_MARK.get(r.accuracy_source, '')}[/]" \
             if r.accuracy_loss is not None and r.state == "complete" else ""
         state = f"[{style}]{r.state}[/]" + (f": {escape(r.reason)}" if r.reason else "")
@@ -174,7 +205,7 @@ class TuneProgress:
                           f"({format_bytes(s.gpu.memory_bytes, 'GiB', 0)}), the catalog GPU the budget matches.[/]")
         if s.backend in ("simulate", "estimate"):
             console.print(f"[dim]Backend {s.backend}: memory is {'simulated' if s.backend == 'simulate' else 'estimated'}"
-                          ", throughput predicted (roofline), accuracy from priors: no GPU probes run.[/]")
+                          ", throughput predicted (step-time model), accuracy from priors: no GPU probes run.[/]")
         if already_finished:
             console.print(f"Resuming: {already_finished} of {s.trials} trials already finished.")
         self._progress = Progress(TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
