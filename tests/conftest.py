@@ -20,4 +20,5 @@ def _isolated_home(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("ADVISOR_CALIBRATION", str(tmp_path / "calibration.json"))  # never the user's GPU calibration
     yield
