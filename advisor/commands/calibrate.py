@@ -34,7 +34,7 @@ def add_parser(subs) -> None:
     p.add_argument("--num-layers", type=positive_int("--num-layers"), default=4, help="decoder layers the probes build")
     p.add_argument("--timeout", type=number("--timeout", low=0), default=300.0, help="seconds per probe")
     p.add_argument("--calibration", metavar="FILE",
-                   help="calibration file (default: $ADVISOR_CALIBRATION or ~/.cache/vram-advisor/calibration.json)")
+                   help="calibration file (default: $ADVISOR_MEMORY_CALIBRATION or ~/.cache/vram-advisor/memory_calibration.json)")
     p.add_argument("--json", action="store_true", help="print the calibration as one JSON object")
     p.set_defaults(run=run)
 

@@ -65,6 +65,10 @@ class Plan:
     """PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the caching allocator grows one segment per pool
     in 2/20 MiB pages instead of one cudaMalloc per block size, so freed memory is reused across sizes
     (less reserved beyond the live tensors; slower first allocations, no CUDA IPC of the tensors)."""
+    eval_batch: int = 0
+    """Sequences per evaluation forward (per_device_eval_batch_size); 0: the micro-batch."""
+    max_new_tokens: int = 0
+    """Tokens generated per sequence by a generation-based evaluation; 0: the run does not generate."""
 
     # ------------------------------------------------------------------ derived
 
@@ -118,6 +122,10 @@ class Plan:
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 bad(key, "must be a whole number of at least 1", v)
+        for key in ("eval_batch", "max_new_tokens"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                bad(key, "must be a whole number of at least 0 (0: the default)", v)
         if errs:
             return errs
         if self.method == "qlora" and not self.four_bit:
@@ -210,6 +218,10 @@ class Plan:
             parts.append("chunked-ce")
         if self.expandable_segments:
             parts.append("expandable")
+        if self.eval_batch:
+            parts.append(f"eval-b{self.eval_batch}")
+        if self.max_new_tokens:
+            parts.append(f"gen{self.max_new_tokens}")
         return " ".join(parts)
 
 
@@ -218,7 +230,8 @@ _FLAGS = {
     "lora_r": "--lora-r", "lora_alpha": "--lora-alpha", "lora_dropout": "--lora-dropout",
     "lora_targets": "--lora-targets", "gradient_checkpointing": "--gradient-checkpointing",
     "attn_impl": "--attn-impl", "compute_dtype": "--compute-dtype", "double_quant": "--double-quant",
-    "chunked_ce": "--chunked-ce", "expandable_segments": "--expandable-segments",
+    "chunked_ce": "--chunked-ce", "eval_batch": "--eval-batch", "max_new_tokens": "--max-new-tokens",
+    "expandable_segments": "--expandable-segments",
 }
 
 

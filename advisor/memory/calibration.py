@@ -11,8 +11,8 @@ live blocks. A CUDA probe measures them (``advisor calibrate``, and every real p
   aten/src/ATen/cuda/CublasHandlePool.cpp ``getCUDABlasLtWorkspace``);
 - reserved against allocated: ``max_memory_reserved`` / ``max_memory_allocated`` of the probe.
 
-The file is JSON (``{"version": 1, "probes": [...]}``), at ``$ADVISOR_CALIBRATION`` or
-``$XDG_CACHE_HOME/vram-advisor/calibration.json`` (``~/.cache`` when unset). Predictions for a GPU
+The file is JSON (``{"version": 1, "probes": [...]}``), at ``$ADVISOR_MEMORY_CALIBRATION`` or
+``$XDG_CACHE_HOME/vram-advisor/memory_calibration.json`` (``~/.cache`` when unset). Predictions for a GPU
 use the median of its probes, preferring those of the torch version installed here, and say so:
 "calibrated on NVIDIA H200 (3 probes)".
 """
@@ -29,16 +29,16 @@ from typing import Any, Iterable
 
 from advisor.core.errors import AdvisorInputError
 
-ENV = "ADVISOR_CALIBRATION"
+ENV = "ADVISOR_MEMORY_CALIBRATION"
 VERSION = 1
 
 
 def default_path() -> Path:
-    """Where the calibration file lives (``$ADVISOR_CALIBRATION`` overrides it)."""
+    """Where the calibration file lives (``$ADVISOR_MEMORY_CALIBRATION`` overrides it)."""
     if os.environ.get(ENV):
         return Path(os.environ[ENV]).expanduser()
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "vram-advisor" / "calibration.json"
+    return cache / "vram-advisor" / "memory_calibration.json"
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ def load(path: Path | str | None = None) -> list[OverheadProbe]:
         return [OverheadProbe.from_dict(d) for d in data.get("probes", [])]
     except (ValueError, TypeError, AttributeError) as e:
         raise AdvisorInputError(ENV, f"the calibration file {p} is not a calibration file ({e}); delete it or "
-                                "point ADVISOR_CALIBRATION elsewhere", str(p), show_value=False) from None
+                                "point ADVISOR_MEMORY_CALIBRATION elsewhere", str(p), show_value=False) from None
 
 
 def record(probes: Iterable[OverheadProbe], path: Path | str | None = None) -> Path:
