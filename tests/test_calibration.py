@@ -88,3 +88,14 @@ def test_predictions_on_a_calibrated_gpu_use_and_name_it(tmp_path, monkeypatch):
     assert any(f"calibrated on {H100} (2 probes)" in n for n in est.notes)
     # another GPU keeps the file's figures
     assert overhead(10 * 2**30, resolve_gpu("a100-80gb")).source.startswith("estimated")
+
+
+def test_calibrate_without_a_gpu_is_a_one_line_error(capsys):
+    from advisor.cli import main
+    from advisor.core.catalog import detect_gpu
+
+    if detect_gpu() is not None:
+        pytest.skip("this machine has a GPU: advisor calibrate would run")
+    assert main(["calibrate"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "needs an NVIDIA GPU" in err

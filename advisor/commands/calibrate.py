@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
                                 "no GPU", show_value=False)
     spec = resolve_model(args.model)
     path = args.calibration or cal.default_path()
-    child = subprocess.run([sys.executable, "-m", "advisor.runtime.probe._memory"], capture_output=True,
+    child = subprocess.run([sys.executable, "-m", "advisor.runtime.probe._overheads"], capture_output=True,
                            text=True, timeout=args.timeout)
     lines = (child.stdout or "").strip().splitlines()
     measured = json.loads(lines[-1]) if lines else {"error": (child.stderr or "").strip()[-300:]}

@@ -331,15 +331,3 @@ def measure_overheads(device_index: int = 0) -> dict[str, Any]:
             "cublas_workspace_bytes": int(workspace), "process_bytes": int(process), "reserved_bytes": int(reserved),
             "method": mem.nvml_method}
 
-
-if __name__ == "__main__":  # python -m advisor.runtime.probe._memory: the overheads of a fresh process, as JSON
-    import json
-    import sys
-
-    from advisor.runtime.probe._worker import versions
-
-    try:
-        print(json.dumps({**measure_overheads(), "versions": versions()}))
-    except Exception as e:  # noqa: BLE001 - one line for the parent
-        print(json.dumps({"error": f"{type(e).__name__}: {e}"}))
-        sys.exit(1)
