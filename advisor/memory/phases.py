@@ -118,7 +118,7 @@ def reserved_for(live_peak: int, gpu: GpuSpec | None, events: Sequence[tuple[int
             seq = [("alloc", uid, n) if n > 0 else ("free", uid, 0) for uid, n in events]
             return int(replay(seq, config).reserved_peak_bytes), "replayed through the caching-allocator model"
     if fragmentation is not None:
-        return int(live_peak * (1 + fragmentation)), f"allocated x (1 + {fragmentation:.3f}), the replayed step's ratio"
+        return int(live_peak * (1 + fragmentation)), f"allocated x {1 + fragmentation:.3f}, the step's reserved/allocated"
     from advisor.memory.overhead import overhead_terms
 
     frac = float(overhead_terms(gpu)["fragmentation"])
@@ -308,7 +308,10 @@ def run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: MemoryRe
         phase("save", resident, what, source="estimated")
     notes.append("reserved memory stays cached from one phase to the next (no empty_cache): a later phase "
                  "reserves at least what an earlier one did")
-    how = "; ".join(f"{n}: {h}" for n, h in hows.items()) if len(set(hows.values())) > 1 else next(iter(hows.values()))
+    groups: dict[str, list[str]] = {}
+    for n, h in hows.items():
+        groups.setdefault(h, []).append(n)
+    how = "; ".join(f"{h} ({', '.join(ns)})" for h, ns in groups.items()) if len(groups) > 1 else next(iter(groups))
     return RunPhases(_cached_across(phases), how, tuple(notes))
 
 
