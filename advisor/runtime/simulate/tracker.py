@@ -15,7 +15,7 @@ constants or saved activations.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 BLOCK = 512
 
@@ -160,11 +160,3 @@ def LiveBytes(block: int = BLOCK):
     if _CLS is None:
         _CLS = _make_mode_class()
     return _CLS(block)
-
-
-@dataclass
-class Ledger:
-    """Bytes per category among the storages live at one moment."""
-
-    total: int
-    by_category: dict[str, int] = field(default_factory=dict)
