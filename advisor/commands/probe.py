@@ -45,6 +45,16 @@ def run(args: argparse.Namespace) -> int:
     result = run_probe(model, plan, device=device, steps=args.steps, warmup=args.warmup, timeout=args.timeout,
                        data=args.data, memory_limit_bytes=budget.bytes if budget else None, weights_dir=args.weights,
                        eval_texts=args.eval_texts, num_layers=args.num_layers, seed=args.seed)
+    if result.ok and device == "cuda" and result.tokens_per_s and args.num_layers is None:
+        # measured beats predicted: the probe also refits this GPU model's step-time scales
+        from advisor.speed.calibration import record_probe
+
+        gpu = detect_gpu()
+        if gpu is not None:
+            try:
+                record_probe(model, plan, gpu, result.tokens_per_s)
+            except (OSError, ValueError):
+                pass
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

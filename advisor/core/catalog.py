@@ -342,6 +342,13 @@ class GpuSpec:
     """Read from the GPU in this machine (NVML), not only from the catalog."""
     index: int | None = None
     """CUDA device index when detected."""
+    nvlink_gbs: float | None = None
+    """NVLink bandwidth per direction between GPUs, GB/s (None: collectives use the host link)."""
+    tdp_w: float | None = None
+    """Board power limit, W."""
+    sustained_tflops: float | None = None
+    """Dense fp16/bf16 tensor TFLOP/s a long GEMM sustains where the power limit holds the clock
+    below the boost clock the datasheet peak assumes (None: not published; the peak is used)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -358,6 +365,9 @@ def _gpu_from_entry(key: str, entry: dict) -> GpuSpec:
         mem_bw_gbs=float(entry["mem_bw_gbs"]),
         host_link_gbs=float(entry["host_link_gbs"]),
         source=entry["source"],
+        nvlink_gbs=entry.get("nvlink_gbs"),
+        tdp_w=entry.get("tdp_w"),
+        sustained_tflops=entry.get("sustained_tflops"),
     )
 
 
