@@ -68,6 +68,12 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--attn-impl", choices=ATTENTION, default="sdpa", help="attention implementation (default sdpa)")
     g.add_argument("--offload", choices=OFFLOADS, default="none", help="DeepSpeed CPU offload (default none)")
     add_lever_flags(g)
+    g.add_argument("--expandable-segments", action="store_true",
+                   help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: less memory reserved beyond the tensors")
+    g.add_argument("--eval-batch", type=int, default=0,
+                   help="sequences per evaluation forward (default 0: the micro-batch)")
+    g.add_argument("--max-new-tokens", type=int, default=0,
+                   help="tokens a generation-based evaluation generates per sequence (default 0: none)")
     add_gpus_flags(p)
 
 
@@ -122,6 +128,9 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         loss=loss_from_args(args),
         dora=bool(getattr(args, "dora", False)),
         packing=bool(getattr(args, "packing", False)),
+        expandable_segments=getattr(args, "expandable_segments", False),
+        eval_batch=getattr(args, "eval_batch", 0),
+        max_new_tokens=getattr(args, "max_new_tokens", 0),
     )
     return plan.validate()
 

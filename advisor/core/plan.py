@@ -71,6 +71,14 @@ class Plan:
     """none, zero2_cpu (DeepSpeed ZeRO-2, optimizer on the CPU), zero3_cpu (ZeRO-3, parameters and optimizer on the CPU)."""
     loss: str = "plain"
     """How the loss is computed: plain, chunked or fused-linear (see LOSSES)."""
+    expandable_segments: bool = False
+    """PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the caching allocator grows one segment per pool
+    in 2/20 MiB pages instead of one cudaMalloc per block size, so freed memory is reused across sizes
+    (less reserved beyond the live tensors; slower first allocations, no CUDA IPC of the tensors)."""
+    eval_batch: int = 0
+    """Sequences per evaluation forward (per_device_eval_batch_size); 0: the micro-batch."""
+    max_new_tokens: int = 0
+    """Tokens generated per sequence by a generation-based evaluation; 0: the run does not generate."""
 
     # ------------------------------------------------------------------ derived
 
@@ -104,10 +112,6 @@ class Plan:
         return self.precision
 
     @property
-    def tokens_per_micro_batch(self) -> int:
-        return self.micro_batch * self.seq_len
-
-    @property
     def tokens_per_step(self) -> int:
         return self.micro_batch * self.seq_len * self.grad_accum
 
@@ -129,6 +133,10 @@ class Plan:
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 bad(key, "must be a whole number of at least 1", v)
+        for key in ("eval_batch", "max_new_tokens"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                bad(key, "must be a whole number of at least 0 (0: the default)", v)
         if errs:
             return errs
         if self.method == "qlora" and not self.four_bit:
@@ -244,6 +252,12 @@ class Plan:
             parts.append(self.loss + "-ce")
         if self.packing:
             parts.append("packed")
+        if self.expandable_segments:
+            parts.append("expandable")
+        if self.eval_batch:
+            parts.append(f"eval-b{self.eval_batch}")
+        if self.max_new_tokens:
+            parts.append(f"gen{self.max_new_tokens}")
         return " ".join(parts)
 
 
@@ -253,6 +267,8 @@ _FLAGS = {
     "lora_targets": "--lora-targets", "gradient_checkpointing": "--gradient-checkpointing",
     "attn_impl": "--attn-impl", "compute_dtype": "--compute-dtype", "double_quant": "--double-quant",
     "loss": "--loss", "dora": "--dora", "packing": "--packing",
+    "eval_batch": "--eval-batch", "max_new_tokens": "--max-new-tokens",
+    "expandable_segments": "--expandable-segments",
 }
 
 
