@@ -186,13 +186,13 @@ def test_deepspeed_section_equals_json_file(qwen7b, tmp_path):
 
 def test_export_all_formats_skips_what_a_format_cannot_express(qwen7b, tmp_path):
     written = export_plan(qwen7b, PLANS["full-mixed-zero2"], tmp_path)
-    assert set(written) == {"advisor", "deepspeed", "train", "llamafactory"}
+    assert set(written) == {"advisor", "deepspeed", "train", "llamafactory", "trl"}
     assert "mixed_bf16" in written.skipped["axolotl"]
     for fmt, path in written.items():
         assert path == tmp_path / FILENAMES[fmt] and path.is_file()
 
     written = export_plan(qwen7b, PLANS["qlora-seed"], tmp_path / "q")
-    assert set(written) == {"advisor", "train", "axolotl", "llamafactory"}
+    assert set(written) == {"advisor", "train", "axolotl", "llamafactory", "trl"}
     assert "no DeepSpeed offload" in written.skipped["deepspeed"]
     assert set(EXPORTERS) == set(written) | set(written.skipped)
 

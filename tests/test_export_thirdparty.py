@@ -44,12 +44,17 @@ PLANS = [
          lora_dropout=0.0),
     Plan(method="full", precision="bf16", optimizer="adafactor", micro_batch=4, seq_len=2048),
     Plan(method="full", precision="mixed_bf16", offload="zero3_cpu", gradient_checkpointing=True),  # LF only
+    # issue 15's levers: Liger's fused linear loss, DoRA, packed documents
+    Plan(method="lora", lora_targets="all-linear", dora=True, packing=True, loss="fused-linear"),
 ]
 
 
 def _fields(name: str) -> set[str]:
     lines = (DATA / name).read_text().splitlines()
-    return {ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")}
+    out = {ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")}
+    if name == "axolotl_fields.txt":
+        out |= _fields("axolotl_liger_fields.txt")  # the Liger plugin's own arguments
+    return out
 
 
 def _export(fmt: str, tmp_path: Path) -> list[tuple[Plan, Path]]:
