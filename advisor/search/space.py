@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterator
 import yaml
 
 from advisor.core.errors import AdvisorInputError, ConfigErrors
-from advisor.core.plan import ATTENTION, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS, QUANTIZATIONS, Plan, flag_of
+from advisor.core.plan import (ATTENTION, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS, QUANTIZATIONS, Plan, flag_of,
+                                lora_target_modules)
 
 SPACES_DIR = Path(__file__).resolve().parents[1] / "data" / "spaces"
 """The shipped search spaces (package data: they travel in the wheel)."""
@@ -256,6 +257,22 @@ Check = Callable[[Plan], list[AdvisorInputError]]
 """A plan → every rule it breaks (Plan.problems, plus what a model adds: its modules for lora_targets)."""
 Ask = Callable[[str, str, list], Any]
 """(Optuna parameter name, knob, the values offered) → the value chosen."""
+
+
+def model_rules(model) -> Check:
+    """The plan rules for one model: Plan.problems, then the adapter targets its layers really have."""
+    linears = list(model.linear_shapes())
+
+    def check(plan: Plan) -> list[AdvisorInputError]:
+        errs = plan.problems()
+        if not errs and plan.peft:
+            try:
+                lora_target_modules(plan, linears)
+            except AdvisorInputError as e:
+                errs = [e]
+        return errs
+
+    return check
 
 
 class DeadEnd(LookupError):

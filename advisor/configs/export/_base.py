@@ -20,7 +20,6 @@ DEEPSPEED_FILE = "deepspeed.json"
 
 TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 """Plan dtype names → torch dtype names (what BitsAndBytesConfig and from_pretrained take)."""
-PLAN_DTYPE = {v: k for k, v in TORCH_DTYPE.items()}
 
 # precision → (dtype the weights are loaded in, TrainingArguments.bf16, TrainingArguments.fp16).
 # Pure bf16/fp16: weights in that dtype, autocast a no-op. Mixed: fp32 weights, autocast to 16 bit.
