@@ -507,7 +507,8 @@ def _frugal_candidates(space: SearchSpace):
                            "gradient_checkpointing": True in s["gradient_checkpointing"], "optimizer": opt,
                            "micro_batch": min(s["micro_batch"]), "precision": s["precision"][0],
                            "attn_impl": s["attn_impl"][0], "offload": offload,
-                           "chunked_ce": True in s["chunked_ce"]}
+                           "chunked_ce": True in s["chunked_ce"],
+                           "expandable_segments": True in s.get("expandable_segments", [False])}
 
 
 def settings_from_study(storage_url: str, study_name: str, backend: str | None = None,

@@ -132,6 +132,7 @@ def run_verdict_lines(report: MemoryReport, budget: Budget | None, headroom: flo
     phase = report.extra["run_peak_phase"]
     lines = [f"Run peak [bold]{_fmt(peak, budget)}[/] during {phase} (* above; reserved "
              f"{_fmt(report.extra['phases'][phase]['reserved_bytes'], budget)}, {report.extra.get('reserved_model', '')})"]
+    lines += [f"[dim]note: {n}[/]" for n in report.extra.get("phase_notes", ())]
     if budget is not None:
         left = budget.bytes - peak
         if peak * (1 + headroom) <= budget.bytes:

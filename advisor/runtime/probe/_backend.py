@@ -61,6 +61,10 @@ def _measure(device: str, model: Any, plan: Any, gpu: Any, options: dict[str, An
     result = run_probe(model, plan, device=device, **kwargs)
     if not result.ok:
         raise ProbeFailed(device, result)
+    if device == "cuda":
+        from advisor.memory.calibration import record_probe_result
+
+        record_probe_result(result.to_dict())   # measured overheads for later predictions on this GPU
     return report_from_result(result)
 
 
