@@ -73,9 +73,16 @@ def ladder(space: SearchSpace, fits_with_micro_batch: Callable[[dict[str, Any]],
     return rungs
 
 
+def is_reference(plan: dict[str, Any]) -> bool:
+    """Rung 0's kind of plan, told by the plan itself (never by a rung's label): a full fine-tune without
+    gradient checkpointing or offload, which shows what the techniques are for."""
+    return (plan.get("method") == "full" and not plan.get("gradient_checkpointing")
+            and plan.get("offload", "none") == "none")
+
+
 def quant_param_name(method: str) -> str:
     """Optuna parameter name of the quantization knob of one method (its choices differ per method)."""
     return f"quantization_{method}"
 
 
-__all__ = ["ladder", "quant_param_name"]
+__all__ = ["is_reference", "ladder", "quant_param_name"]

@@ -12,10 +12,23 @@ from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.errors import AdvisorInputError
 from advisor.memory.ledger import MemoryReport, empty
 from advisor.core.plan import DTYPE_BYTES, Plan
+from advisor.runtime.backends._base import BackendOptions, BaseBackend
 
 
-def measure(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *, layers: str | int = "auto",
-            **_: object) -> MemoryReport:
+class SimulateBackend(BaseBackend):
+    """One real training step under FakeTensorMode on the CPU: exact memory without a GPU or weights."""
+
+    name = "simulate"
+    source = "simulated"
+    accepts = frozenset({"layers"})
+
+    def measure(self, model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None,
+                options: BackendOptions | None = None) -> MemoryReport:
+        o = self.check(options)
+        return _measure(model, plan, gpu, layers="auto" if o.layers is None else o.layers)
+
+
+def _measure(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *, layers: str | int = "auto") -> MemoryReport:
     from advisor.memory.overhead import framework_overhead
     from advisor.runtime.simulate.extrapolate import simulate
 
