@@ -18,6 +18,7 @@ from transformers import TrainerCallback
 
 from advisor.core.catalog import ModelSpec
 from advisor.core.plan import Plan
+from advisor.core.fit import HEADROOM, fits
 from advisor.core.units import format_bytes
 
 
@@ -34,7 +35,7 @@ class MemoryGuardCallback(TrainerCallback):
     """Stop a run early when the longest batch still to come will not fit."""
 
     def __init__(self, spec: ModelSpec, plan: Plan, budget_bytes: int, *, longest_seq_len: int | None = None,
-                 first_seq_len: int | None = None, check_steps: int = 2, headroom: float = 0.05,
+                 first_seq_len: int | None = None, check_steps: int = 2, headroom: float = HEADROOM,
                  memory_reader: Callable[[], int] | None = None, backend: str = "estimate"):
         self.spec, self.plan = spec, plan
         self.budget = int(budget_bytes)
@@ -51,7 +52,7 @@ class MemoryGuardCallback(TrainerCallback):
     def _predict(self, seq_len: int) -> int:
         from advisor.runtime.backends import get_backend
 
-        return get_backend(self.backend)(self.spec, self.plan.with_(seq_len=seq_len), None).tensor_peak_bytes
+        return get_backend(self.backend).measure(self.spec, self.plan.with_(seq_len=seq_len), None).tensor_peak_bytes
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step > self.check_steps or self.message is not None:
@@ -63,8 +64,8 @@ class MemoryGuardCallback(TrainerCallback):
             self.projected_peak = self.measured_peak + predicted_longest - predicted_now
         else:
             self.projected_peak = predicted_longest
-        limit = self.budget * (1 - self.headroom)
-        if state.global_step >= self.check_steps and self.projected_peak > limit:
+        # the feasibility rule every part of the advisor uses (advisor.core.fit)
+        if state.global_step >= self.check_steps and not fits(self.projected_peak, self.budget, self.headroom):
             measured = (f"measured {format_bytes(self.measured_peak)} at seq {self.first_seq_len:,} "
                         f"(predicted {format_bytes(predicted_now)}); " if self.measured_peak is not None else "")
             self.message = (f"advisor: stopping early: {measured}the longest batch (seq {self.longest_seq_len:,}) "

@@ -74,7 +74,7 @@ class StudyDescription:
         """The description from its stored JSON (this version's or an older study's)."""
         b = d["budget"]
         space = _space(d["space"])
-        return cls(model=_model(d["model"]), gpu=_gpu(d["gpu"]),
+        return cls(model=model_from_dict(d["model"]), gpu=gpu_from_dict(d["gpu"]),
                    budget=Budget(int(b["bytes"]), b.get("unit") or "GiB", b.get("text") or f"{b['bytes']}B"),
                    space=space, backend=d.get("backend", "estimate"), gpu_assumed=bool(d.get("gpu_assumed", False)),
                    headroom=float(d.get("headroom", 0.05)), tolerance=float(d.get("tolerance", 0.05)),
@@ -88,7 +88,7 @@ def _known(cls, d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if k in names}
 
 
-def _model(m: dict[str, Any]) -> ModelSpec:
+def model_from_dict(m: dict[str, Any]) -> ModelSpec:
     """The stored spec; one from an older version missing a field is resolved again by its path or name."""
     try:
         return ModelSpec(**_known(ModelSpec, m))
@@ -98,7 +98,7 @@ def _model(m: dict[str, Any]) -> ModelSpec:
         return resolve_model(m.get("path") or m["name"])
 
 
-def _gpu(g: dict[str, Any]) -> GpuSpec:
+def gpu_from_dict(g: dict[str, Any]) -> GpuSpec:
     try:
         return GpuSpec(**_known(GpuSpec, g))
     except TypeError:
@@ -113,4 +113,4 @@ def _space(sp: dict[str, Any]) -> SearchSpace:
                        overrides=tuple(sp.get("overrides", ())))
 
 
-__all__ = ["ATTR", "StudyDescription"]
+__all__ = ["ATTR", "StudyDescription", "gpu_from_dict", "model_from_dict"]

@@ -6,6 +6,7 @@ from typing import Any
 
 from rich.markup import escape
 
+from advisor.core.fit import HEADROOM, fit_verdict
 from advisor.memory.ledger import LABELS, MemoryReport
 from advisor.core.units import Budget, format_bytes
 
@@ -37,18 +38,18 @@ def ledger_table(report: MemoryReport, budget: Budget | None = None, title: str 
     return table
 
 
-def verdict_lines(report: MemoryReport, budget: Budget | None, headroom: float = 0.05) -> list[str]:
-    """Fits / does not fit, with the headroom left, in the unit the user typed."""
+def verdict_lines(report: MemoryReport, budget: Budget | None, headroom: float = HEADROOM) -> list[str]:
+    """Fits / tight / does not fit (advisor.core.fit.fit_verdict), with what is left, in the unit the user typed."""
     lines = [f"Tensor peak {_fmt(report.tensor_peak_bytes, budget)} + overhead "
              f"{_fmt(report.device.get('overhead', 0), budget)} = [bold]{_fmt(report.peak_bytes, budget)}[/] "
              f"({report.source}, peak during {report.peak_phase})"]
     if budget is not None:
-        needed = report.peak_bytes * (1 + headroom)
+        verdict = fit_verdict(report.peak_bytes, budget.bytes, headroom)
         left = budget.bytes - report.peak_bytes
-        if needed <= budget.bytes:
+        if verdict == "fits":
             lines.append(f"[green]FITS[/] in {budget}: {budget.format(left)} left "
                          f"({100 * left / budget.bytes:.1f}% headroom)")
-        elif report.peak_bytes <= budget.bytes:
+        elif verdict == "tight":
             lines.append(f"[yellow]TIGHT[/] in {budget}: only {budget.format(left)} left, under the "
                          f"{headroom:.0%} headroom")
         else:
@@ -56,7 +57,8 @@ def verdict_lines(report: MemoryReport, budget: Budget | None, headroom: float =
     return lines
 
 
-def print_estimate(result: dict[str, Any], report: MemoryReport, budget: Budget | None) -> None:
+def print_estimate(result: dict[str, Any], report: MemoryReport, budget: Budget | None,
+                   headroom: float = HEADROOM) -> None:
     from rich.console import Console
 
     console = Console()
@@ -65,10 +67,10 @@ def print_estimate(result: dict[str, Any], report: MemoryReport, budget: Budget 
     if result.get("plan_short"):
         head += f" · {escape(result['plan_short'])}"
     if result.get("gpu"):
-        head += f" · {result['gpu']['name']}"
+        head += f" · {result['gpu']['name']}" + (" (assumed from the budget)" if result.get("gpu_assumed") else "")
     console.print(head)
     console.print(ledger_table(report, budget))
-    for line in verdict_lines(report, budget):
+    for line in verdict_lines(report, budget, headroom):
         console.print(line)
     for note in report.notes:
         console.print(f"[dim]note: {note}[/]")

@@ -31,7 +31,7 @@ PROBES: tuple[str, ...] = ("cpu", "cuda")
 """The backends that run the plan for real (and enforce a budget)."""
 
 __all__ = ["BACKENDS", "PROBES", "FAILURE_STATUSES", "Backend", "BackendFailed", "BackendOptions", "available",
-           "get_backend"]
+           "get_backend", "resolve_backend"]
 
 
 def available() -> list[str]:
@@ -44,3 +44,15 @@ def get_backend(name: str, flag: str = "--backend") -> Backend:
         raise AdvisorInputError(flag, f"must be one of {', '.join(BACKENDS)}", name)
     module, cls = _REGISTRY[name].split(":")
     return getattr(importlib.import_module(module), cls)()
+
+
+def resolve_backend(name: str, detected_gpu: object | None, flag: str = "--backend") -> str:
+    """The backend a command runs: ``auto`` is cuda when a GPU is detected, else simulate; cuda without a
+    detected GPU is an input error naming ``flag``."""
+    if name == "auto":
+        return "cuda" if detected_gpu is not None else "simulate"
+    if name not in _REGISTRY:
+        raise AdvisorInputError(flag, f"must be one of auto, {', '.join(BACKENDS)}", name)
+    if name == "cuda" and detected_gpu is None:
+        raise AdvisorInputError(flag, "cuda needs a GPU and none was detected (use simulate or cpu)", name)
+    return name
