@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from advisor.commands._help import DefaultsHelpFormatter
 from advisor.commands.common import add_gpus_flags, number, positive_int
 from advisor.core.fit import HEADROOM
 from advisor.runtime.backends import BACKENDS
@@ -17,12 +18,12 @@ def add_parser(subs) -> None:
         description="Search memory techniques in priority order (quantized loading + PEFT, then gradient "
                     "checkpointing, then offload), measure each candidate, prune what does not fit, and return "
                     "the plan that best balances throughput and accuracy.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     p.add_argument("--model", required=True, help="catalog name or alias, hub id, or local directory")
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code shipped in a model directory")
     p.add_argument("--gpu-budget", required=True, help='memory budget: "24GB", "24 GiB", "24000MiB", "90%%"')
     p.add_argument("--gpu", help="GPU to plan for (catalog name); default: the detected one, else one the budget matches")
-    p.add_argument("--space", default="default", help="search space: a name in search_spaces/ or a YAML file")
+    p.add_argument("--space", default="default", help="search space: a built-in name (advisor/data/spaces/) or a YAML file")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="override space keys, e.g. method=qlora seq_len=2048")
     p.add_argument("--backend", default="auto", choices=("auto", *BACKENDS),
                    help="last stage of each trial; auto: cuda with a GPU, else simulate")

@@ -61,6 +61,10 @@ class Plan:
     """none, zero2_cpu (DeepSpeed ZeRO-2, optimizer on the CPU), zero3_cpu (ZeRO-3, parameters and optimizer on the CPU)."""
     chunked_ce: bool = False
     """Compute the loss over chunks of the sequence, never holding all logits at once."""
+    eval_batch: int = 0
+    """Sequences per evaluation forward (per_device_eval_batch_size); 0: the micro-batch."""
+    max_new_tokens: int = 0
+    """Tokens generated per sequence by a generation-based evaluation; 0: the run does not generate."""
 
     # ------------------------------------------------------------------ derived
 
@@ -114,6 +118,10 @@ class Plan:
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 bad(key, "must be a whole number of at least 1", v)
+        for key in ("eval_batch", "max_new_tokens"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                bad(key, "must be a whole number of at least 0 (0: the default)", v)
         if errs:
             return errs
         if self.method == "qlora" and not self.four_bit:
@@ -204,6 +212,10 @@ class Plan:
             parts.append(self.attn_impl)
         if self.chunked_ce:
             parts.append("chunked-ce")
+        if self.eval_batch:
+            parts.append(f"eval-b{self.eval_batch}")
+        if self.max_new_tokens:
+            parts.append(f"gen{self.max_new_tokens}")
         return " ".join(parts)
 
 
@@ -212,7 +224,7 @@ _FLAGS = {
     "lora_r": "--lora-r", "lora_alpha": "--lora-alpha", "lora_dropout": "--lora-dropout",
     "lora_targets": "--lora-targets", "gradient_checkpointing": "--gradient-checkpointing",
     "attn_impl": "--attn-impl", "compute_dtype": "--compute-dtype", "double_quant": "--double-quant",
-    "chunked_ce": "--chunked-ce",
+    "chunked_ce": "--chunked-ce", "eval_batch": "--eval-batch", "max_new_tokens": "--max-new-tokens",
 }
 
 

@@ -80,9 +80,4 @@ def is_reference(plan: dict[str, Any]) -> bool:
             and plan.get("offload", "none") == "none")
 
 
-def quant_param_name(method: str) -> str:
-    """Optuna parameter name of the quantization knob of one method (its choices differ per method)."""
-    return f"quantization_{method}"
-
-
-__all__ = ["is_reference", "ladder", "quant_param_name"]
+__all__ = ["is_reference", "ladder"]

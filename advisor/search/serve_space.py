@@ -1,4 +1,4 @@
-"""The serving search space (search_spaces/inference.yaml): fixed job values and the searched choices."""
+"""The serving search space (advisor/data/spaces/inference.yaml): fixed job values and the searched choices."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class ServeSpace:
 
 
 def load_serve_space(ref: str = "inference", overrides: list[str] | tuple[str, ...] = ()) -> ServeSpace:
-    """Load a space by name (search_spaces/<name>.yaml) or path; ``key=value`` overrides; all errors at once.
+    """Load a space by name (advisor/data/spaces/<name>.yaml) or path; ``key=value`` overrides; all errors at once.
 
     The file is read, and overrides parsed, by the training loader's functions (advisor.search.space)."""
     data, source = read_space_file(ref, "inference")

@@ -23,12 +23,13 @@ from advisor.core.errors import AdvisorInputError
 from advisor.core.fit import fits, overshoot, usable_bytes
 from advisor.core.plan import Plan, lora_target_modules
 from advisor.core.target import Target
+from advisor.memory.phases import run_peak_bytes
 from advisor.runtime.backends import BackendFailed, BackendOptions, get_backend
 from advisor.search.accuracy import accuracy_prior
 from advisor.search.description import ATTR, StudyDescription
-from advisor.search.ladder import ladder, quant_param_name
+from advisor.search.ladder import ladder
 from advisor.search.select import TIE, Selection, TrialRecord, select
-from advisor.search.space import SearchSpace, plan_from_params
+from advisor.search.space import Conditions, DeadEnd, SearchSpace, plan_from_params
 from advisor.search.storage import Heartbeat, is_sqlite, make_storage, study_lock
 from advisor.speed.throughput import predict_throughput
 from advisor.core.units import Budget
@@ -176,7 +177,9 @@ class Tuner:
         with study_lock(self.storage, self.s.storage, self.s.study_name):
             if not study.user_attrs.get("ladder_enqueued"):
                 for rung, params in ladder(self.s.space, self._fits_by_estimate):
-                    study.enqueue_trial(_optuna_params(params), user_attrs={"ladder": rung}, skip_if_exists=True)
+                    named = self.conditions.optuna_params(params)
+                    if named is not None:  # a rung the rules (or this model's modules) do not allow is left out
+                        study.enqueue_trial(named, user_attrs={"ladder": rung}, skip_if_exists=True)
                 study.set_user_attr("ladder_enqueued", True)
         return study
 
@@ -296,24 +299,37 @@ class Tuner:
 
     # -- one trial -----------------------------------------------------------
 
+    @property
+    def conditions(self) -> Conditions:
+        """The space's knobs under the plan rules and this model's modules (one per tuner: it memoizes)."""
+        if getattr(self, "_conditions", None) is None:
+            linears = list(self.s.model.linear_shapes())
+
+            def check(plan: Plan) -> list[AdvisorInputError]:
+                errs = plan.problems()
+                if not errs and plan.peft:
+                    try:
+                        lora_target_modules(plan, linears)
+                    except AdvisorInputError as e:
+                        errs = [e]
+                return errs
+
+            self._conditions = Conditions(self.s.space, self.s.model.arch or {}, check)
+        return self._conditions
+
     def _suggest(self, trial) -> dict[str, Any]:
-        s = self.s.space.search
-        p: dict[str, Any] = {"method": trial.suggest_categorical("method", self.s.space.methods())}
-        method = p["method"]
-        p["quantization"] = trial.suggest_categorical(quant_param_name(method), self.s.space.quantizations_for(method))
-        p["double_quant"] = (trial.suggest_categorical("double_quant", s["double_quant"])
-                             if p["quantization"] in ("nf4", "fp4") else False)
-        if method != "full":
-            p["lora_r"] = trial.suggest_categorical("lora_r", s["lora_r"])
-            p["lora_targets"] = trial.suggest_categorical("lora_targets", s["lora_targets"])
-        for key in ("gradient_checkpointing", "optimizer", "micro_batch", "precision", "attn_impl", "offload",
-                    "chunked_ce"):
-            p[key] = trial.suggest_categorical(key, s[key])
-        return p
+        """A point of the space, define-by-run: each knob asked only where it applies, with the values
+        the plan rules allow after the knobs before it (so every proposal is a valid plan)."""
+        return self.conditions.walk(lambda name, knob, offered: trial.suggest_categorical(name, offered))
 
     def _objective(self, trial):
         start = time.perf_counter()
-        params = self._suggest(trial)
+        try:
+            params = self._suggest(trial)
+        except DeadEnd as e:  # a safety net: the lookahead of Conditions keeps the shipped spaces out of it
+            rec = {"plan": {}, "plan_short": "", "ladder": trial.user_attrs.get("ladder", ""), "stage": "plan",
+                   "reason": f"invalid: no value of {e.knob} is allowed after the knobs chosen", "invalid": True}
+            return self._finish(trial, rec, pruned=True)
         plan = plan_from_params(params, self.s.space, self.s.model.arch or {})
         key = plan_key(plan)
         trial.set_user_attr("plan_key", key)
@@ -336,7 +352,7 @@ class Tuner:
     def _finish(self, trial, rec: dict[str, Any], pruned: bool, values=None):
         import optuna
 
-        peak = rec.get("peak_bytes")
+        peak = rec.get("run_peak_bytes") or rec.get("peak_bytes")  # the run's peak decides
         invalid = rec.pop("invalid", False)
         # constraint for the sampler: > 0 when the peak (with headroom) exceeds the budget
         trial.set_constraint("memory", 1.0 if invalid or peak is None
@@ -363,8 +379,11 @@ class Tuner:
         return select(records, self.s.budget.bytes, self.s.headroom, self.s.tolerance).best
 
     def _per_gpu(self, report, plan: Plan):
-        """The ledger of one GPU of the target run (sharded when it has several)."""
-        return _shard(self.s, report, plan)
+        """The ledger of one GPU of the target run (sharded when it has several), with the run's phases:
+        decisions are on the run's peak (load, train, eval, generate, save), not the step's."""
+        from advisor.runtime.phases import with_phases
+
+        return with_phases(self.s.model, plan, self.s.gpu, _shard(self.s, report, plan))
 
     def _fits_by_estimate(self, params: dict[str, Any]) -> bool:
         plan = plan_from_params(params, self.s.space, self.s.model.arch or {})
@@ -374,7 +393,7 @@ class Tuner:
             rep = self._per_gpu(get_backend("estimate").measure(self.s.model, plan, self.s.gpu), plan)
         except AdvisorInputError:
             return False
-        return fits(rep.peak_bytes, self.s.budget.bytes, self.s.headroom)
+        return fits(run_peak_bytes(rep), self.s.budget.bytes, self.s.headroom)
 
     def _evaluate(self, plan: Plan, rung: str) -> dict[str, Any]:
         """estimate → (simulate) → (probe); a dict of TrialRecord fields, with "reason" when pruned."""
@@ -394,11 +413,11 @@ class Tuner:
         rec.update(_memory_fields(report))
         limit = usable_bytes(s.budget.bytes, s.headroom)
         last_stage = s.backend == "estimate"
-        if report.peak_bytes > (limit if last_stage else s.budget.bytes * (1 + PRESCREEN_MARGIN)):
-            return {**rec, "reason": f"estimated peak {fmt(report.peak_bytes)} over the budget "
+        if run_peak_bytes(report) > (limit if last_stage else s.budget.bytes * (1 + PRESCREEN_MARGIN)):
+            return {**rec, "reason": f"estimated peak {fmt(run_peak_bytes(report))}{_during(report)} over the budget "
                                      f"{fmt(s.budget.bytes)}{' less headroom' if last_stage else ''}"}
         tps = predict_throughput(s.model, plan, s.gpu, s.gpus, s.sharding)
-        prediction = dict(tokens_per_s=tps.tokens_per_s, tokens_per_s_source="predicted",
+        prediction = dict(tokens_per_s=tps.tokens_per_s, tokens_per_s_source=tps.source, step_terms=tps.terms,
                           accuracy_loss=accuracy_prior(plan), accuracy_source="prior")
         if s.backend == "simulate":
             incumbent = self._incumbent()
@@ -406,8 +425,8 @@ class Tuner:
                 # cannot become the answer: the estimate (within a few % of the simulation) decides,
                 # and the seconds of a simulation go to plans that could win
                 rec.update(prediction)
-                if not fits(report.peak_bytes, s.budget.bytes, s.headroom):
-                    return {**rec, "reason": f"estimated peak {fmt(report.peak_bytes)} leaves less than "
+                if not fits(run_peak_bytes(report), s.budget.bytes, s.headroom):
+                    return {**rec, "reason": f"estimated peak {fmt(run_peak_bytes(report))}{_during(report)} leaves less than "
                                              f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
                 rec["note"] = (f"not simulated: predicted {tps.tokens_per_s:,.0f} tokens/s cannot beat "
                                f"#{incumbent.number} ({incumbent.tokens_per_s:,.0f})")
@@ -416,8 +435,8 @@ class Tuner:
             rec["stage"] = "simulate"
             report = self._per_gpu(get_backend("simulate").measure(s.model, plan, s.gpu), plan)
             rec.update(_memory_fields(report))
-            if not fits(report.peak_bytes, s.budget.bytes, s.headroom):
-                return {**rec, "reason": f"simulated peak {fmt(report.peak_bytes)} leaves less than "
+            if not fits(run_peak_bytes(report), s.budget.bytes, s.headroom):
+                return {**rec, "reason": f"simulated peak {fmt(run_peak_bytes(report))}{_during(report)} leaves less than "
                                          f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
         rec.update(prediction)
         if s.backend in ("cpu", "cuda"):
@@ -433,14 +452,28 @@ class Tuner:
             rec.update(_memory_fields(report))
             if report.extra.get("tokens_per_s"):
                 rec.update(tokens_per_s=float(report.extra["tokens_per_s"]) * s.gpus, tokens_per_s_source="measured")
+                if s.backend == "cuda" and options.get("num_layers") is None:
+                    _calibrate_speed(s, plan, float(report.extra["tokens_per_s"]))
             if report.extra.get("losses"):
                 rec["losses"] = [float(x) for x in report.extra["losses"]]
             if report.extra.get("fidelity_kl") is not None:
                 rec.update(accuracy_loss=float(report.extra["fidelity_kl"]), accuracy_source="measured")
-            if s.backend == "cuda" and not fits(report.peak_bytes, s.budget.bytes, s.headroom):
-                return {**rec, "reason": f"measured peak {fmt(report.peak_bytes)} leaves less than "
+            if s.backend == "cuda" and not fits(run_peak_bytes(report), s.budget.bytes, s.headroom):
+                return {**rec, "reason": f"measured peak {fmt(run_peak_bytes(report))}{_during(report)} leaves less than "
                                          f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
         return rec
+
+
+def _calibrate_speed(settings: TuneSettings, plan: Plan, tokens_per_s: float) -> None:
+    """Measured beats predicted: a real probe also refits this GPU model's step-time scales
+    (advisor/speed/calibration.py), so later predictions on it say "calibrated (N probes)"."""
+    from advisor.core.catalog import detect_gpu
+    from advisor.speed.calibration import record_probe
+
+    try:
+        record_probe(settings.model, plan, detect_gpu() or settings.gpu, tokens_per_s)
+    except (OSError, ValueError):
+        pass  # a read-only cache or an odd rate never stops the study
 
 
 def _shard(settings: TuneSettings, report, plan: Plan):
@@ -451,22 +484,19 @@ def _shard(settings: TuneSettings, report, plan: Plan):
     return shard_report(report, settings.model, plan, settings.gpus, settings.sharding, settings.gpu)
 
 
+def _during(report) -> str:
+    phase = report.extra.get("run_peak_phase", "train")
+    return "" if phase == "train" else f" during {phase}"
+
+
 def _memory_fields(report) -> dict[str, Any]:
-    return {"peak_bytes": int(report.peak_bytes), "tensor_peak_bytes": int(report.tensor_peak_bytes),
+    # peak_bytes is the step's (its ledger sums to it); run_peak_bytes, the highest phase, is what feasibility
+    # is decided on (advisor.search.select.run_peak)
+    return {"peak_bytes": int(report.peak_bytes), "run_peak_bytes": run_peak_bytes(report),
+            "run_peak_phase": report.extra.get("run_peak_phase", "train"),
+            "tensor_peak_bytes": int(report.tensor_peak_bytes),
             "source": report.source, "ledger": {k: int(v) for k, v in report.device.items()},
             "host_bytes": int(report.host_bytes)}
-
-
-def _optuna_params(params: dict[str, Any]) -> dict[str, Any]:
-    """Ladder params under the Optuna parameter names the objective suggests."""
-    out = dict(params)
-    out[quant_param_name(params["method"])] = out.pop("quantization")
-    if params["quantization"] not in ("nf4", "fp4"):
-        out.pop("double_quant", None)
-    if params["method"] == "full":
-        out.pop("lora_r", None)
-        out.pop("lora_targets", None)
-    return out
 
 
 def _comparable(value: Any) -> Any:

@@ -9,6 +9,7 @@ import platform
 import shlex
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from advisor.ui.report._load import StudySnapshot
@@ -29,7 +30,7 @@ class Comparison:
     peak: dict[str, int]
     """{estimated|simulated|measured: bytes}; "estimated" is the analytic ledger, computed for the report."""
     tokens_per_s: dict[str, float]
-    """{predicted|measured: tokens/s}; "predicted" is the roofline model, computed for the report."""
+    """{predicted|measured: tokens/s}; "predicted" is the step-time model (advisor/speed), computed for the report."""
 
     @property
     def kinds(self) -> int:
@@ -104,7 +105,7 @@ def gather(snap: StudySnapshot) -> ReportData:
         notes.append("Every peak in this study is estimated (closed-form ledger); no trial was simulated or "
                      "measured, so there is nothing to compare predictions with.")
     if not any(r.tokens_per_s_source == "measured" for r in snap.records):
-        notes.append("Throughput is predicted (roofline model of the GPU), not measured, for every trial.")
+        notes.append("Throughput is predicted (step-time model of the GPU), not measured, for every trial.")
     if not any(r.accuracy_source == "measured" for r in snap.records):
         notes.append("Accuracy loss is a documented prior (advisor/data/accuracy_priors.yaml) for every trial.")
     return ReportData(
@@ -207,7 +208,9 @@ def reproduce_command(settings: dict[str, Any], study: str) -> str:
         parts += ["--gpu", gpu["key"]]
     name = space.get("name", "default")
     source = space.get("source") or ""
-    parts += ["--space", name if not source or source.endswith(f"search_spaces/{name}.yaml") else source]
+    built_in = not source or (Path(source).name == f"{name}.yaml"
+                              and Path(source).parent.name in ("spaces", "search_spaces"))  # search_spaces/: older studies
+    parts += ["--space", name if built_in else source]
     parts += ["--backend", settings.get("backend", "auto"), "--trials", str(settings.get("trials", "")),
               "--seed", str(settings.get("seed", 0)), "--headroom", str(settings.get("headroom", 0.05)),
               "--accuracy-tolerance", str(settings.get("tolerance", 0.05)), "--study", study]
