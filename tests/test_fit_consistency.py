@@ -37,7 +37,11 @@ def case():
     spec = resolve_model("qwen7b")
     space = load_space("default", OVERRIDES)
     plan = plan_from_params(PINNED, space, spec.arch or {})
-    peak = get_backend("estimate").measure(spec, plan, resolve_gpu(GPU)).peak_bytes
+    from advisor.memory.phases import run_peak_bytes
+    from advisor.runtime.phases import with_phases
+
+    gpu = resolve_gpu(GPU)
+    peak = run_peak_bytes(with_phases(spec, plan, gpu, get_backend("estimate").measure(spec, plan, gpu)))
     between = math.ceil(peak * (1 + HEADROOM))        # the old estimate rule: fits; the one rule: does not
     enough = math.ceil(peak / (1 - HEADROOM)) + 16      # the one rule: fits
     assert peak * (1 + HEADROOM) <= between and peak > between * (1 - HEADROOM)
@@ -60,7 +64,7 @@ def test_estimate_verdict_and_renderer(case, capsys, which, expected):
     argv = ["estimate", "--model", "qwen7b", "--gpu", GPU, "--gpu-budget", str(budget), *_estimate_argv(case.plan)]
     assert main([*argv, "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["plan"] == case.plan.to_dict() and d["peak_bytes"] == case.peak
+    assert d["plan"] == case.plan.to_dict() and d.get("run_peak_bytes", d["peak_bytes"]) == case.peak
     assert d["fits"] is expected and d["headroom"] == HEADROOM
     assert main(argv) == 0
     out = capsys.readouterr().out
@@ -78,7 +82,8 @@ def test_tuner_prunes_and_selects_by_the_same_rule(case, tmp_path, which, expect
     tuner = Tuner(build_settings(args))
     tuner.run()
     evaluated = [r for r in tuner.records() if r.duplicate_of is None and r.state in ("complete", "pruned")]
-    assert evaluated and all(r.plan == case.plan.to_dict() and r.peak_bytes == case.peak for r in evaluated)
+    assert evaluated and all(r.plan == case.plan.to_dict() and (r.run_peak_bytes or r.peak_bytes) == case.peak
+                             for r in evaluated)
     assert {r.state for r in evaluated} == {"complete" if expected else "pruned"}
     assert (tuner.selection().best is not None) is expected
 
@@ -92,7 +97,7 @@ def test_preflight_memory_check(case, tmp_path, which, expected):
     result = run_preflight(PreflightInput(config=str(config), gpu_budget=str(case.budgets[which]), gpu=GPU,
                                           backend="estimate"))
     mem = next(f for f in result.findings if f.check == "memory.fit")
-    assert result.report.peak_bytes == case.peak and mem.severity == expected
+    assert mem.data["peak_bytes"] == case.peak and mem.severity == expected
     if expected == "warning":
         assert result.verdict != "GO" and result.exit_code == 1
 
@@ -104,7 +109,10 @@ def test_trainer_callback_stops_by_the_same_rule(case, which, expected):
 
     guard = MemoryGuardCallback(case.spec, case.plan, budget_bytes=case.budgets[which], check_steps=1,
                                 memory_reader=lambda: case.peak)  # the run measured exactly the plan's peak
-    control = guard.on_step_end(None, SimpleNamespace(global_step=1), SimpleNamespace(should_training_stop=False))
+    args = SimpleNamespace(per_device_eval_batch_size=8, eval_strategy="no")
+    control = guard.on_step_end(args, SimpleNamespace(global_step=1),
+                                SimpleNamespace(should_training_stop=False, should_evaluate=False))
+    assert guard.projected_peak == case.peak
     assert control.should_training_stop is expected
 
 
