@@ -62,7 +62,12 @@ def test_explanation_names_the_deciding_step_time_terms():
     assert sel.best.number == 0 and sel.runner_up.number == 1
     decided = next(line for line in sel.explanation if line.startswith("Decided by"))
     assert "recomputation +" in decided  # the term checkpointing adds is what separates them
+    # a tie (within 2%) says so: the terms differ, headroom decided
+    tie = [replace(records[0], tokens_per_s=1000.0), replace(records[1], tokens_per_s=990.0, peak_bytes=10 * GiB)]
+    line = next(x for x in select(tie, 80 * GiB, 0.05, 0.1).explanation if x.startswith("Throughput tie"))
+    assert "recomputation" in line and "more headroom decided" in line
     assert any(line.startswith("Its predicted step") and "matmuls" in line for line in sel.explanation)
     # records without terms (older studies) explain as before
     plain = [replace(r, step_terms={}) for r in records]
-    assert not any(line.startswith(("Decided by", "Its predicted")) for line in select(plain, 80 * 2**30, 0.05, 0.1).explanation)
+    assert not any(line.startswith(("Decided by", "Throughput tie", "Its predicted"))
+                   for line in select(plain, 80 * 2**30, 0.05, 0.1).explanation)

@@ -175,3 +175,49 @@ def test_newer_levers_cost_what_they_move():
     if "optimizer_in_backward" in Plan.__dataclass_fields__:
         # no separate gradient-norm pass over the gradients
         assert terms(full.with_(optimizer_in_backward=True))["optimizer"] < base["optimizer"]
+
+
+def test_dora_costs_more_than_lora():
+    if "dora" not in Plan.__dataclass_fields__:
+        pytest.skip("this Plan has no dora lever")
+    lora = Plan(method="lora", seq_len=1024, micro_batch=2, lora_dropout=0.0)
+    assert terms(lora.with_(dora=True))["lora"] > terms(lora)["lora"]
+    # with dropout peft runs the base matmul a second time
+    assert terms(lora.with_(dora=True, lora_dropout=0.1))["lora"] > terms(lora.with_(dora=True))["lora"]
+
+
+def test_every_gpu_and_constant_says_where_it_comes_from():
+    from advisor.core.catalog import gpu_catalog
+    from advisor.speed.inputs import constant_entries
+
+    for key, entry in gpu_catalog().items():
+        assert entry["source"] and "nvlink_gbs" in entry and "tdp_w" in entry, key
+        if entry.get("sustained_tflops"):
+            assert entry["sustained_source"] and entry["sustained_tflops"] < entry["fp16_tflops"], key
+    for name, entry in constant_entries().items():
+        assert set(entry) == {"value", "fitted", "source"} and len(entry["source"]) > 20, name
+    assert {n for n, e in constant_entries().items() if e["fitted"]} == {"matmul_efficiency", "cpu_seconds_per_op"}
+
+
+class _Profile:
+    """A data profile as the tuner passes it (documents of known lengths)."""
+
+    lengths = [100, 300, 500, 1000]
+
+    def expected_padded(self, seq_len, micro_batch):
+        return min(seq_len, 1000 if micro_batch > 1 else 475)
+
+    def mean_tokens(self, seq_len):
+        return sum(min(n, seq_len) for n in self.lengths) / len(self.lengths)
+
+
+def test_a_data_profile_counts_real_tokens_and_packed_attention_per_document():
+    plan = Plan(method="lora", micro_batch=4, seq_len=2048)
+    padded = predict_throughput(QWEN, plan, A100, data=_Profile())
+    assert padded.real_token_fraction == pytest.approx(475 / 1000)
+    at_1000 = predict_throughput(QWEN, plan.with_(seq_len=1000), A100)
+    assert padded.tokens_per_s == pytest.approx(at_1000.tokens_per_s * 475 / 1000)
+    if "packing" in Plan.__dataclass_fields__:
+        packed = predict_throughput(QWEN, plan.with_(packing=True), A100, data=_Profile())
+        plain = predict_throughput(QWEN, plan.with_(packing=True), A100)
+        assert packed.terms["attention"] < plain.terms["attention"] and packed.real_token_fraction == 1.0

@@ -154,6 +154,7 @@ def tune_result(settings, records, selection, exports) -> dict:
             "number": best.number, "plan": best.plan, "plan_short": best.plan_short, "peak_bytes": best.peak_bytes,
             "tensor_peak_bytes": best.tensor_peak_bytes, "source": best.source, "ledger": best.ledger,
             "tokens_per_s": best.tokens_per_s, "tokens_per_s_source": best.tokens_per_s_source,
+            "step_terms": best.step_terms,
             "accuracy_loss": best.accuracy_loss, "accuracy_source": best.accuracy_source},
         "explanation": selection.explanation,
         "n_trials": sum(1 for r in records if r.state in ("complete", "pruned") and not r.duplicate_of),

@@ -61,6 +61,10 @@ class Plan:
     """none, zero2_cpu (DeepSpeed ZeRO-2, optimizer on the CPU), zero3_cpu (ZeRO-3, parameters and optimizer on the CPU)."""
     chunked_ce: bool = False
     """Compute the loss over chunks of the sequence, never holding all logits at once."""
+    expandable_segments: bool = False
+    """PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the caching allocator grows one segment per pool
+    in 2/20 MiB pages instead of one cudaMalloc per block size, so freed memory is reused across sizes
+    (less reserved beyond the live tensors; slower first allocations, no CUDA IPC of the tensors)."""
     eval_batch: int = 0
     """Sequences per evaluation forward (per_device_eval_batch_size); 0: the micro-batch."""
     max_new_tokens: int = 0
@@ -212,6 +216,8 @@ class Plan:
             parts.append(self.attn_impl)
         if self.chunked_ce:
             parts.append("chunked-ce")
+        if self.expandable_segments:
+            parts.append("expandable")
         if self.eval_batch:
             parts.append(f"eval-b{self.eval_batch}")
         if self.max_new_tokens:
@@ -225,6 +231,7 @@ _FLAGS = {
     "lora_targets": "--lora-targets", "gradient_checkpointing": "--gradient-checkpointing",
     "attn_impl": "--attn-impl", "compute_dtype": "--compute-dtype", "double_quant": "--double-quant",
     "chunked_ce": "--chunked-ce", "eval_batch": "--eval-batch", "max_new_tokens": "--max-new-tokens",
+    "expandable_segments": "--expandable-segments",
 }
 
 

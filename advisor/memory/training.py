@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.memory.ledger import MemoryReport, empty
-from advisor.memory.overhead import framework_overhead
+from advisor.memory.overhead import overhead_of as framework_overhead_of
 from advisor.core.plan import DTYPE_BYTES, Plan, lora_target_modules
 
 NF4_BLOCK = 64            # bitsandbytes Params4bit default blocksize (bitsandbytes/nn/modules.py)
@@ -295,12 +295,13 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
     device.update(weights=weights, quant_constants=consts, adapter_weights=adapters,
                   optimizer_states=states, master_weights=masters, **at_peak)
     tensor_peak = sum(device.values())
-    overhead, _ = framework_overhead(tensor_peak, gpu)
-    device["overhead"] = overhead
+    over = framework_overhead_of(tensor_peak, gpu, expandable_segments=getattr(plan, "expandable_segments", False))
+    device["overhead"] = over.total
+    notes += over.notes()
     return MemoryReport(
         source="estimated", backend="estimate", device=device, host=host,
-        tensor_peak_bytes=int(tensor_peak), peak_bytes=int(tensor_peak + overhead), peak_phase=peak_phase,
-        notes=tuple(notes),
+        tensor_peak_bytes=int(tensor_peak), peak_bytes=int(tensor_peak + over.total), peak_phase=peak_phase,
+        notes=tuple(notes), reserved_peak_bytes=int(tensor_peak + over.parts["fragmentation"]),
         extra={"params_trainable": pb.trainable, "lora_modules": list(pb.lora_modules),
                "activations_per_layer_bytes": layer_acts, "saved_activations_bytes": int(acts)},
     )

@@ -183,19 +183,15 @@ def deciding_terms(best: TrialRecord, other: TrialRecord, n: int = 2) -> str:
 
     labels = term_labels()
     a, b = _per_token(best), _per_token(other)
-    diffs = sorted(((b.get(k, 0.0) - a.get(k, 0.0), k) for k in set(a) | set(b)), reverse=True)
-    ms = lambda d: f"{abs(d) * 1e6:.1f} ms"  # noqa: E731 - seconds per token -> ms per 1k tokens
-    more = [f"{labels.get(k, k)} +{ms(d)}" for d, k in diffs[:n] if d > 1e-12]
-    less = [f"{labels.get(k, k)} -{ms(d)}" for d, k in reversed(diffs[-n:]) if d < -1e-12]
-    if not more and not less:
+    diffs = sorted(((b.get(k, 0.0) - a.get(k, 0.0), k) for k in set(a) | set(b)), key=lambda dk: -abs(dk[0]))
+    shown = [f"{labels.get(k, k)} {'+' if d > 0 else '-'}{abs(d) * 1e6:.1f} ms" for d, k in diffs[:n] if abs(d) > 1e-12]
+    if not shown:
         return ""
-    text = f"Decided by (predicted step-time terms per 1k tokens, #{other.number} vs #{best.number}): "
-    parts = []
-    if more:
-        parts.append("it spends " + ", ".join(more))
-    if less:
-        parts.append("and saves " + ", ".join(less))
-    return text + " ".join(parts) + "."
+    vs = f"#{other.number} vs #{best.number}"
+    if best.tokens_per_s and other.tokens_per_s and abs(other.tokens_per_s / best.tokens_per_s - 1) <= TIE:
+        return (f"Throughput tie (within {TIE:.0%}): {vs} differ most in {', '.join(shown)} per 1k tokens "
+                f"(predicted step-time terms); more headroom decided.")
+    return f"Decided by (predicted step-time terms per 1k tokens, {vs}): {', '.join(shown)}."
 
 
 def step_breakdown(t: TrialRecord, n: int = 3) -> str:

@@ -53,7 +53,8 @@ class StepInputs:
         """Differences of another software stack than the one the advisor exports (used by the
         published-runs benchmark only, each stated there): ``adapter_bytes`` (2023 peft kept
         LoRA weights in the base dtype, no input cast), ``loss_bytes_per_vocab`` (older
-        transformers copied the shifted fp32 logits)."""
+        transformers copied the shifted fp32 logits); and ``attention_scale`` (packed documents'
+        attention against one full-length sequence, set from a data profile)."""
 
     # ------------------------------------------------------------------ shapes
     @cached_property

@@ -42,7 +42,7 @@ def attention_seconds(s: StepInputs) -> tuple[float, float]:
         bwd = 2 * g + stream_seconds(s, scores * s.k["eager_score_bytes"]["backward"])
         return fwd, bwd
     # fused kernels: 4 b s^2 d_q FLOPs, half of them skipped by the causal mask (Dao 2023, §3.1)
-    flops = 4.0 * b * seq * seq * heads * hd * 0.5
+    flops = 4.0 * b * seq * seq * heads * hd * 0.5 * s.stack.get("attention_scale", 1.0)  # packed: per document
     eff = s.k["attention_efficiency"][impl]
     shape = seq / (seq + s.k["attention_half_seq"])
     fwd = flops / (s.peak_flops * eff["forward"] * shape)

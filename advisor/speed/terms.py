@@ -191,6 +191,9 @@ def dora_layer_seconds(s: StepInputs) -> float:
         k_in, n_out = s.shapes[mod]
         total += gemm_seconds(s, n_out, k_in, s.plan.lora_r) + stream_seconds(
             s, 3 * p * k_in * n_out + 6 * p * s.tokens * n_out)
+        if s.plan.lora_dropout > 0:
+            # with dropout peft runs the base matmul again on the dropped-out input (DoraLinearLayer.forward)
+            total += gemm_seconds(s, s.tokens, n_out, k_in)
     return total
 
 

@@ -19,7 +19,7 @@ The terms (``advisor/speed/terms.py``), each with its citation there:
     step_fixed         per-step host work of the training loop
     offload            host link and CPU Adam under ZeRO-Offload
     collectives        gradient reduction and parameter gathers between GPUs
-    low_rank_projection, activation_offload, paged_spill: the newer levers (``levers.py``)
+    low_rank_projection, activation_offload, paged_spill: the newer levers (``lever_terms.py``)
 
 Constants: ``advisor/data/throughput.yaml`` (source and whether fitted beside each); GPU figures:
 ``advisor/data/gpus.yaml``. A measured probe always replaces the prediction for its plan.
@@ -41,11 +41,12 @@ A new optimizer implementation usually needs only a row in ``optimizer_bytes_per
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.plan import Plan
 from advisor.speed.inputs import StepInputs
-from advisor.speed import levers  # noqa: F401 - registers the terms of the newer levers
+from advisor.speed import lever_terms  # noqa: F401 - registers the terms of the newer levers
 from advisor.speed.calibration import for_gpu
 from advisor.speed.terms import TERMS, evaluate_terms
 
@@ -53,6 +54,7 @@ COMPUTE = ("matmul", "attention", "recompute")
 MEMORY = ("elementwise", "lora", "loss")
 OPTIMIZER = ("optimizer", "grad_accumulation", "low_rank_projection")
 OFFLOAD = ("offload", "activation_offload", "paged_spill")
+LEVERS = ("low_rank_projection", "activation_offload", "paged_spill")
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,10 @@ class ThroughputPrediction:
     """predicted, or calibrated (N probes) once probes on this GPU model refit its scales."""
     terms: dict[str, float] = field(default_factory=dict)
     """Seconds per optimizer step of each term (they add up to step_seconds)."""
+    levers_seconds: float = 0.0
+    """The newer levers' own work (low-rank projection, activation offload, paged spill, DoRA)."""
+    real_token_fraction: float = 1.0
+    """Real tokens / tokens computed on (padding excluded: a data profile without packing)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -118,13 +124,23 @@ _NO_GPU = GpuSpec(key="none", name="none", memory_bytes=0, bf16=True, bf16_tflop
 
 def predict_throughput(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1, sharding: str = "ddp",
                        calibrated: bool = True, k: dict | None = None,
-                       stack: dict | None = None) -> ThroughputPrediction:
+                       stack: dict | None = None, data: Any = None) -> ThroughputPrediction:
     """Tokens per second of the whole job (all ``gpus`` data-parallel replicas) and its terms.
 
     ``calibrated``: apply the per-GPU scales refit from earlier real probes on this GPU model,
     when there are any (advisor/speed/calibration.py); the source then says so. ``k`` replaces the
     constants of throughput.yaml and ``stack`` states another software stack's differences (both
-    for the published-runs benchmark)."""
+    for the published-runs benchmark). ``data`` (a data profile: ``lengths``, ``expected_padded``,
+    ``mean_tokens``) counts real tokens only: an average batch is padded to its longest document
+    unless packed, and packed attention runs over each document's own block."""
+    frac, stack = 1.0, dict(stack or {})
+    if data is not None:
+        if getattr(plan, "packing", False):
+            stack.setdefault("attention_scale", packed_attention_scale(list(data.lengths), plan.seq_len))
+        else:
+            padded = max(1, round(data.expected_padded(plan.seq_len, plan.micro_batch)))
+            frac = min(1.0, data.mean_tokens(plan.seq_len) / padded)
+            plan = plan.with_(seq_len=padded)
     s = StepInputs(model, plan, gpu, gpus, sharding, k, stack)
     raw = evaluate_terms(s)
     source, scale = "predicted", {"gpu": 1.0, "cpu": 1.0, "link": 1.0}
@@ -135,11 +151,20 @@ def predict_throughput(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1
     terms = {name: sec * scale[kind] for name, (sec, kind) in raw.items()}
     step = max(sum(terms.values()), 1e-9)
     return ThroughputPrediction(
-        tokens_per_s=gpus * plan.tokens_per_step / step, step_seconds=step,
+        tokens_per_s=gpus * plan.tokens_per_step * frac / step, step_seconds=step,
         flops_per_step=step_flops(model, plan, s),
         compute_seconds=sum(terms[n] for n in COMPUTE if n in terms),
         memory_seconds=sum(terms[n] for n in MEMORY if n in terms),
         dequant_seconds=terms.get("dequant", 0.0),
         optimizer_seconds=sum(terms[n] for n in OPTIMIZER if n in terms),
         offload_seconds=sum(terms[n] for n in OFFLOAD if n in terms), gpu=gpu.name,
-        comm_seconds=terms.get("collectives", 0.0), source=source, terms=terms)
+        comm_seconds=terms.get("collectives", 0.0), source=source, terms=terms,
+        levers_seconds=sum(terms.get(n, 0.0) for n in LEVERS), real_token_fraction=frac)
+
+
+def packed_attention_scale(lengths: list[int], seq_len: int) -> float:
+    """With packing each document attends only to itself (flash-attn varlen, a block-diagonal mask):
+    attention FLOPs scale by sum(s_i^2) / (sum(s_i) x seq_len) against one seq_len-long sequence."""
+    docs = [min(n, seq_len) for n in lengths if n > 0]
+    total = sum(docs)
+    return sum(n * n for n in docs) / (total * seq_len) if total else 1.0

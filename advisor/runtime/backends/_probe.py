@@ -78,4 +78,5 @@ def report_from_result(result: ProbeResult) -> MemoryReport:
         "nvml_peak_bytes", "wall_s")}
     extra["versions"] = result.versions
     return MemoryReport(source="measured", backend=result.device, device=device, host={}, tensor_peak_bytes=peak,
-                        peak_bytes=whole, peak_phase=result.peak_phase, notes=tuple(notes), extra=extra)
+                        peak_bytes=whole, peak_phase=result.peak_phase, notes=tuple(notes), extra=extra,
+                        reserved_peak_bytes=result.peak_reserved_bytes)

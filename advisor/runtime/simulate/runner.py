@@ -51,6 +51,9 @@ class StepTrace:
     seconds: float
     fake: bool
     notes: list[str] = field(default_factory=list)
+    events: list = field(default_factory=list)
+    """Allocations and frees from the warm-up step on (what was live before it allocated fresh, in
+    order), for the caching-allocator replay (advisor.runtime.simulate.reserved)."""
 
 
 @contextlib.contextmanager
@@ -166,6 +169,7 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
                                      seed=seed, target_device=target_device)
         batches = [setup.make_batch(i) for i in range(plan.grad_accum)]
         setup.phase_hook = hook
+        warm_clock = tracker.clock
         setup.train_step(batches)  # warm-up
         measuring["on"] = True
         tracker.phase = "baseline"
@@ -192,10 +196,11 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
             phases[phase] = PhasePeak(phase, nbytes, ledger, largest)
         notes = list(setup.notes)
         layers = len(_decoder_layers(setup.model))
+        events = tracker.allocator_events(warm_clock)
     top = max(phases.values(), key=lambda p: p.bytes)
     return StepTrace(num_layers=layers, peak_bytes=top.bytes, peak_phase=top.phase, ledger=top.ledger,
                      phases=phases, baseline_bytes=baseline, seconds=time.perf_counter() - start, fake=fake,
-                     notes=notes)
+                     notes=notes, events=events)
 
 
 def _decoder_layers(model):

@@ -33,6 +33,8 @@ class Record:
     died: int | None = None
     op: str = ""
     """The op that allocated it (for explaining a peak)."""
+    requested: int = 0
+    """The storage's own nbytes, before the 512-byte rounding (what the CUDA allocator is asked for)."""
 
 
 @dataclass
@@ -71,7 +73,7 @@ def _make_mode_class():
 
         def _alloc(self, nbytes: int) -> Record:
             rec = Record(uid=len(self.records), nbytes=round_block(nbytes, self.block), born=self._tick(),
-                         phase=self.phase)
+                         phase=self.phase, requested=int(nbytes))
             self.records.append(rec)
             self.live_bytes += rec.nbytes
             if self.live_bytes > self.peak.bytes:
@@ -120,6 +122,10 @@ def _make_mode_class():
         def live_at(self, clock: int) -> list[Record]:
             return [r for r in self.records if r.born <= clock and (r.died is None or r.died > clock)]
 
+        def allocator_events(self, start: int = 0, end: int | None = None) -> list[tuple]:
+            """This tracker's allocations and frees, in order, for advisor.memory.allocator.replay."""
+            return allocator_events(self.records, start, end)
+
         # -------------------------------------------------------------- dispatch
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -160,6 +166,29 @@ def LiveBytes(block: int = BLOCK):
     if _CLS is None:
         _CLS = _make_mode_class()
     return _CLS(block)
+
+
+def allocator_events(records: list[Record], start: int = 0, end: int | None = None) -> list[tuple]:
+    """The allocations and frees the CUDA caching allocator would see, in the order they happened.
+
+    Each storage is one request of its own nbytes (``Record.requested``; the allocator rounds it).
+    The storages already live at clock ``start`` come first, in the order they were made, as if the
+    run had allocated them fresh with nothing else in between (the caching that building the model
+    on the CPU caused is not the GPU run's); then every allocation and free after ``start`` up to
+    ``end``. Zero-byte storages are left out (the allocator gives them no block).
+    """
+    ordered: list[tuple[int, int, str, int, int]] = []
+    for r in records:
+        size = r.requested or r.nbytes
+        if size <= 0 or (end is not None and r.born > end):
+            continue
+        if r.died is not None and r.died <= start:
+            continue
+        ordered.append((r.born if r.born > start else -1, r.uid, "alloc", r.uid, size))
+        if r.died is not None and (end is None or r.died <= end):
+            ordered.append((r.died, r.uid, "free", r.uid, 0))
+    ordered.sort()
+    return [(kind, uid, size) for _, _, kind, uid, size in ordered]
 
 
 @dataclass
