@@ -97,10 +97,6 @@ class Plan:
         return self.precision
 
     @property
-    def tokens_per_micro_batch(self) -> int:
-        return self.micro_batch * self.seq_len
-
-    @property
     def tokens_per_step(self) -> int:
         return self.micro_batch * self.seq_len * self.grad_accum
 

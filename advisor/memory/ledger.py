@@ -35,8 +35,6 @@ LABELS = {
     "cuda_graphs": "CUDA graphs (reserve)",
 }
 
-SOURCES = ("estimated", "simulated", "measured")
-
 
 def empty() -> dict[str, int]:
     return {c: 0 for c in CATEGORIES}

@@ -29,7 +29,7 @@ from advisor.search.accuracy import accuracy_prior
 from advisor.search.description import ATTR, StudyDescription
 from advisor.search.ladder import ladder
 from advisor.search.select import TIE, Selection, TrialRecord, select
-from advisor.search.space import Conditions, DeadEnd, SearchSpace, plan_from_params
+from advisor.search.space import Conditions, DeadEnd, SearchSpace, model_rules, plan_from_params
 from advisor.search.storage import Heartbeat, is_sqlite, make_storage, study_lock
 from advisor.speed.throughput import predict_throughput
 from advisor.core.units import Budget
@@ -303,18 +303,7 @@ class Tuner:
     def conditions(self) -> Conditions:
         """The space's knobs under the plan rules and this model's modules (one per tuner: it memoizes)."""
         if getattr(self, "_conditions", None) is None:
-            linears = list(self.s.model.linear_shapes())
-
-            def check(plan: Plan) -> list[AdvisorInputError]:
-                errs = plan.problems()
-                if not errs and plan.peft:
-                    try:
-                        lora_target_modules(plan, linears)
-                    except AdvisorInputError as e:
-                        errs = [e]
-                return errs
-
-            self._conditions = Conditions(self.s.space, self.s.model.arch or {}, check)
+            self._conditions = Conditions(self.s.space, self.s.model.arch or {}, model_rules(self.s.model))
         return self._conditions
 
     def _suggest(self, trial) -> dict[str, Any]:
@@ -533,7 +522,8 @@ def _frugal_candidates(space: SearchSpace):
                            "gradient_checkpointing": True in s["gradient_checkpointing"], "optimizer": opt,
                            "micro_batch": min(s["micro_batch"]), "precision": s["precision"][0],
                            "attn_impl": s["attn_impl"][0], "offload": offload,
-                           "chunked_ce": True in s["chunked_ce"]}
+                           "chunked_ce": True in s["chunked_ce"],
+                           "expandable_segments": True in s.get("expandable_segments", [False])}
 
 
 def settings_from_study(storage_url: str, study_name: str, backend: str | None = None,

@@ -38,6 +38,10 @@ class _ProbeBackend(BaseBackend):
         result = run_probe(model, plan, device=self.device, **kwargs)
         if not result.ok:
             raise BackendFailed(self.name, result.status, result.message, result)
+        if self.device == "cuda":
+            from advisor.memory.calibration import record_probe_result
+
+            record_probe_result(result.to_dict())  # measured overheads for later predictions on this GPU
         return report_from_result(result)
 
 

@@ -15,7 +15,7 @@ constants or saved activations.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 BLOCK = 512
 
@@ -189,11 +189,3 @@ def allocator_events(records: list[Record], start: int = 0, end: int | None = No
             ordered.append((r.died, r.uid, "free", r.uid, 0))
     ordered.sort()
     return [(kind, uid, size) for _, _, kind, uid, size in ordered]
-
-
-@dataclass
-class Ledger:
-    """Bytes per category among the storages live at one moment."""
-
-    total: int
-    by_category: dict[str, int] = field(default_factory=dict)
