@@ -28,7 +28,7 @@ GPU = "rtx-4090"
 # one point of the default space, every knob pinned (a study of one plan)
 PINNED = {"method": "qlora", "quantization": "nf4", "double_quant": True, "lora_r": 16, "lora_targets": "attention",
           "gradient_checkpointing": True, "optimizer": "paged_adamw_8bit", "micro_batch": 1, "precision": "bf16",
-          "attn_impl": "sdpa", "offload": "none", "chunked_ce": False}
+          "attn_impl": "sdpa", "offload": "none", "chunked_ce": False, "expandable_segments": True}
 OVERRIDES = [f"{k}={json.dumps(v)}" for k, v in PINNED.items()] + ["trials=1"]
 
 
@@ -55,6 +55,7 @@ def _estimate_argv(plan: Plan) -> list[str]:
             "--micro-batch", str(plan.micro_batch), "--grad-accum", str(plan.grad_accum), "--seq-len",
             str(plan.seq_len), "--precision", plan.precision, "--attn-impl", plan.attn_impl]
     argv += ["--double-quant"] * plan.double_quant + ["--gradient-checkpointing"] * plan.gradient_checkpointing
+    argv += ["--expandable-segments"] * plan.expandable_segments
     return argv
 
 
