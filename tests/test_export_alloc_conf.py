@@ -56,3 +56,17 @@ def test_a_probe_of_an_expandable_plan_runs_with_the_setting(monkeypatch):
     r = run_probe(tiny_spec("qwen2", num_layers=2, vocab_size=512), Plan(method="lora", seq_len=32,
                   expandable_segments=True), device="cpu", steps=1, warmup=0, timeout=240)
     assert r.ok and CONF in r.notes
+
+
+def test_estimate_flag_sets_the_knob_and_lowers_the_estimated_reserve(capsys):
+    import json
+
+    from advisor.cli import main
+
+    out = {}
+    for flag in ((), ("--expandable-segments",)):
+        assert main(["estimate", "--model", "qwen7b", "--method", "qlora", "--json", *flag]) == 0
+        out[bool(flag)] = json.loads(capsys.readouterr().out)
+    assert out[True]["plan"]["expandable_segments"] is True and out[False]["plan"]["expandable_segments"] is False
+    assert out[True]["tensor_peak_bytes"] == out[False]["tensor_peak_bytes"]
+    assert out[False]["tensor_peak_bytes"] < out[True]["reserved_peak_bytes"] < out[False]["reserved_peak_bytes"]

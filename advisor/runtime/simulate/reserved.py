@@ -11,7 +11,10 @@ each such run is repeated once per missing layer, with fresh ids (``deepen_event
 Checked against full-depth traces (tests/test_simulate_reserved.py; measured while building it):
 Qwen2.5-7B QLoRA + checkpointing, seq 1024, rebuilt from 2 and 3 layers vs traced with 28:
 reserved 8546 vs 8582 MiB (-0.4%), with expandable segments 8102 vs 8112 MiB (-0.1%);
-Qwen2.5-0.5B LoRA seq 1024 x 2: +0.9%; QLoRA seq 2048: -0.1%.
+Qwen2.5-0.5B LoRA seq 1024 x 2: +0.9%; QLoRA seq 2048: -0.1%. Full fine-tuning with foreach
+AdamW is where the rebuild falls short (its list ops hold every layer's temporaries at once and the
+alignment does not repeat them all): the rebuilt live peak then misses the simulation's tensor peak
+and ``step_reserved`` falls back to the traced ratio (0.5B, seq 512: +3.3% against the full trace).
 """
 
 from __future__ import annotations
