@@ -308,9 +308,10 @@ def param_name(knob: str, offered: list, choices: list) -> str:
 class Conditions:
     """The plan rules applied to a space's knobs, for one model (memoized: make one per study).
 
-    A value is offered for a knob when the point so far, with it, breaks no rule reported under a
-    knob already chosen (the knobs not chosen yet keep the Plan's defaults), and every later knob
-    still has a value that breaks none (a one-step lookahead, so no walk runs into a dead end).
+    A value is offered for a knob when some valid plan (every rule checked) extends the point so far
+    with it, so a walk never runs into a dead end. The search for that plan is pruned by the partial
+    check: the point so far breaks no rule reported under a knob already chosen (the knobs not chosen
+    yet keep the Plan's defaults), and every later knob still has a value that breaks none.
     """
 
     def __init__(self, space: SearchSpace, arch: dict[str, Any] | None = None, check: Check | None = None):
@@ -320,6 +321,7 @@ class Conditions:
         self.order = [k for k in SEARCH_KEYS if k in space.search]
         self._breaks: dict[frozenset, bool] = {}
         self._offered: dict[tuple, list] = {}
+        self._complete: dict[tuple, bool] = {}
 
     @staticmethod
     def _knob_of(where: str) -> str:
@@ -340,15 +342,40 @@ class Conditions:
         values = list(self.space.search[knob]) + ([WHEN[knob][1]] if knob in WHEN else [])
         return any(not self.breaks({**params, knob: v}) for v in values)
 
-    def offered(self, knob: str, params: dict[str, Any]) -> list:
-        """The values of ``knob`` the rules allow after ``params`` (the knobs before it), in the space's order."""
-        key = (knob, frozenset(params.items()))
+    def _leads_on(self, i: int, params: dict[str, Any], v: Any) -> bool:
+        """Does value ``v`` of knob ``order[i]`` after ``params`` lead to at least one valid plan?"""
+        point = {**params, self.order[i]: v}
+        return (not self.breaks(point)
+                and all(self._settles(j, point) for j in self.order[i + 1:])  # cheap pruning first
+                and self._completes(i + 1, point))
+
+    def _allowed(self, i: int, params: dict[str, Any]) -> list:
+        """The values of knob ``order[i]`` after ``params`` that lead to at least one valid plan."""
+        key = (i, frozenset(params.items()))
         if key not in self._offered:
-            later = self.order[self.order.index(knob) + 1:]
-            self._offered[key] = [v for v in self.space.search[knob]
-                                  if not self.breaks({**params, knob: v})
-                                  and all(self._settles(j, {**params, knob: v}) for j in later)]
+            self._offered[key] = [v for v in self.space.search[self.order[i]] if self._leads_on(i, params, v)]
         return self._offered[key]
+
+    def _completes(self, i: int, params: dict[str, Any]) -> bool:
+        """Is there a valid plan that extends ``params`` (knobs ``order[:i]`` chosen)? Depth first, stopping
+        at the first one found (usually on the first path), memoized."""
+        key = (i, frozenset(params.items()))
+        hit = self._complete.get(key)
+        if hit is None:
+            if i == len(self.order):
+                hit = not self.check(plan_from_params(params, self.space, self.arch))
+            elif not applies(self.order[i], params):
+                hit = self._completes(i + 1, {**params, self.order[i]: WHEN[self.order[i]][1]})
+            elif key in self._offered:
+                hit = bool(self._offered[key])
+            else:
+                hit = any(self._leads_on(i, params, v) for v in self.space.search[self.order[i]])
+            self._complete[key] = hit
+        return hit
+
+    def offered(self, knob: str, params: dict[str, Any]) -> list:
+        """The values of ``knob`` after ``params`` (the knobs before it) that lead to a valid plan, in the space's order."""
+        return self._allowed(self.order.index(knob), params)
 
     def walk(self, ask: Ask) -> dict[str, Any]:
         """One point, each knob in turn: not asked where it does not apply or where one value is left."""
