@@ -98,13 +98,16 @@ def list_spaces(task: str = "train") -> list[str]:
     return sorted(names)
 
 
-def _read_space_file(ref: str) -> tuple[dict, str]:
+def read_space_file(ref: str, task: str = "train") -> tuple[dict, str]:
+    """(the YAML mapping, its path) of a space for ``task``, by built-in name or file path.
+
+    Shared by the training loader (``load_space``) and the serving one (advisor.search.serve_space)."""
     path = Path(ref)
     if not (path.suffix in (".yaml", ".yml") and path.is_file()):
         path = SPACES_DIR / f"{ref}.yaml"
         if not path.is_file():
-            raise AdvisorInputError("--space", f"no such space (built in: {', '.join(list_spaces())}) and no such file",
-                                    ref)
+            raise AdvisorInputError("--space", f"no such space (built in: {', '.join(list_spaces(task))}) and no "
+                                    "such file", ref)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
@@ -114,8 +117,9 @@ def _read_space_file(ref: str) -> tuple[dict, str]:
     if not isinstance(data, dict):
         raise AdvisorInputError("--space", f"{path} must hold a mapping with 'fixed' and 'search'", ref,
                                 show_value=False)
-    if data.get("task", "train") != "train":
-        raise AdvisorInputError("--space", f"{path} is a space for --task {data['task']}", ref, show_value=False)
+    if data.get("task", "train") != task:
+        raise AdvisorInputError("--space", f"{path} is a space for --task {data.get('task', 'train')}, not "
+                                f"--task {task}", ref, show_value=False)
     return data, str(path)
 
 
@@ -132,7 +136,7 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def load_space(ref: str = "default", overrides: list[str] | tuple[str, ...] = ()) -> SearchSpace:
     """Load, apply ``key=value`` overrides, validate (all errors at once)."""
-    data, source = _read_space_file(ref)
+    data, source = read_space_file(ref, "train")
     fixed = dict(data.get("fixed") or {})
     search = dict(data.get("search") or {})
     for key, default in OPTIONAL_KNOBS.items():
