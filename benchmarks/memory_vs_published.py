@@ -349,8 +349,8 @@ class Row:
         return self.predicted / self.published - 1
 
 
-def run(data: Path, backend: str) -> tuple[list[Row], list[tuple[str, str]], float]:
-    points = json.loads(data.read_text())
+def run(data: Path, backend: str, only: str = "") -> tuple[list[Row], list[tuple[str, str]], float]:
+    points = [p for p in json.loads(data.read_text()) if p["id"].startswith(only)]
     models = Models()
     rows, skipped = [], []
     start = time.perf_counter()
@@ -433,11 +433,13 @@ def render_markdown(rows, skipped, seconds, backend, data: Path) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="memory.json of published runs")
-    ap.add_argument("--backend", default="auto", choices=("auto", "estimate", "simulate"),
-                    help="auto: simulate where the counter is reserved or nvidia-smi, estimate for allocated")
+    ap.add_argument("--backend", default="estimate", choices=("auto", "estimate", "simulate"),
+                    help="auto: simulate where the counter is reserved or nvidia-smi (the allocator replay; minutes "
+                         "a point on a loaded 2-core machine), estimate for allocated")
+    ap.add_argument("--only", default="", help="predict only the points whose id starts with this")
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "memory_vs_published.md")
     args = ap.parse_args(argv)
-    rows, skipped, seconds = run(args.data, args.backend)
+    rows, skipped, seconds = run(args.data, args.backend, args.only)
     print(f"{'point':52} {'stack':12} {'counter':10} {'published':>10} {'predicted':>10} {'error':>7}  peak in")
     for r in rows:
         print(f"{r.id:52} {r.stack:12} {r.counter:10} {r.published / GIB:8.2f}Gi {r.predicted / GIB:8.2f}Gi "
