@@ -302,6 +302,7 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
         source="estimated", backend="estimate", device=device, host=host,
         tensor_peak_bytes=int(tensor_peak), peak_bytes=int(tensor_peak + over.total), peak_phase=peak_phase,
         notes=tuple(notes), reserved_peak_bytes=int(tensor_peak + over.parts["fragmentation"]),
-        extra={"params_trainable": pb.trainable, "lora_modules": list(pb.lora_modules),
+        extra={"params_trainable": pb.trainable, "lora_modules": list(pb.lora_modules), "overhead_parts": over.parts,
+               "overhead_source": over.source, "fragmentation_source": over.fragmentation_source,
                "activations_per_layer_bytes": layer_acts, "saved_activations_bytes": int(acts)},
     )
