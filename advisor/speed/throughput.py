@@ -44,7 +44,7 @@ def step_flops(model: ModelSpec, plan: Plan) -> float:
     bwd_input = fwd
     bwd_weight = fwd if plan.method == "full" else T * 2 * pb.adapter
     adapters = T * 2 * pb.adapter * 2  # adapter forward (and its input-gradient path)
-    recompute = fwd if plan.gradient_checkpointing else 0  # one more forward per layer (Chen et al. 2016)
+    recompute = fwd * recompute_fraction(model, plan)  # one more forward per checkpointed layer (Chen et al. 2016)
     return fwd + bwd_input + bwd_weight + adapters + recompute
 
 
@@ -61,17 +61,13 @@ def predict_throughput(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1
         compute *= a["int8_overhead"]
     bw = gpu.mem_bw_gbs * 1e9 * a["bandwidth_efficiency"]
     pb = param_breakdown(model, plan)
-    passes = (3 if plan.gradient_checkpointing else 2) * plan.grad_accum  # forward, backward (+ recompute)
+    passes = (2 + recompute_fraction(model, plan)) * plan.grad_accum  # forward, backward (+ recompute)
     weight_b = DTYPE_BYTES[plan.param_dtype]
     # every pass reads every weight once (memory-bound at small batch)
     memory = passes * (pb.linear * (0.5 if plan.four_bit else 1 if plan.quantized else weight_b)
                        + pb.other * weight_b) / bw
     dequant = passes * pb.linear * a["dequant_bytes_per_param"] / bw if plan.four_bit else 0.0
-    tb = trainable_dtype_bytes(plan)
-    state_b = {"adamw_torch": 2 * tb, "paged_adamw_32bit": 8, "adamw_8bit": 2, "paged_adamw_8bit": 2,
-               "adafactor": 0.1 * tb, "sgd": 0}[plan.optimizer]
-    # the optimizer reads and writes parameters and states, reads gradients
-    optimizer = pb.trainable * (2 * tb + tb + 2 * state_b) / bw
+    optimizer = optimizer_traffic_bytes(model, plan) / bw + low_rank_projection_seconds(model, plan, gpu, a)
     offload = 0.0
     if plan.offload != "none":
         link = gpu.host_link_gbs * 1e9 * a["host_link_efficiency"]
@@ -88,8 +84,101 @@ def predict_throughput(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1
         comm = comm_bytes_per_step(model, plan, gpus, sharding) / (interconnect_gbs(gpu) * 1e9 * a["host_link_efficiency"])
         if sharding in ("zero2", "zero3", "fsdp"):
             optimizer /= gpus  # each GPU updates its shard
+    offload += activation_offload_seconds(model, plan, gpu, a, compute) + paged_spill_seconds(model, plan, gpu, a)
     step = max(compute, memory) + dequant + optimizer + offload + comm
     return ThroughputPrediction(
         tokens_per_s=gpus * plan.tokens_per_step / step, step_seconds=step, flops_per_step=flops,
         compute_seconds=compute, memory_seconds=memory, dequant_seconds=dequant, optimizer_seconds=optimizer,
         offload_seconds=offload, gpu=gpu.name, comm_seconds=comm)
+
+
+
+# --------------------------------------------------------------------------- terms of issue 15's levers
+
+
+def recompute_fraction(model: ModelSpec, plan: Plan) -> float:
+    """Share of the forward recomputed in backward: k of L checkpointed layers (Chen et al. 2016)."""
+    from advisor.core.plan import checkpointed_layers
+
+    return len(checkpointed_layers(plan, model.num_layers)) / model.num_layers
+
+
+STATE_BYTES_PER_PARAM = {
+    # bytes of optimizer state read and written per trainable parameter, per step
+    "adamw_torch": None, "adamw_torch_fused": None,   # two moments in the trainable dtype (torch AdamW)
+    "paged_adamw_32bit": 8.0, "adamw_8bit": 2.0, "paged_adamw_8bit": 2.0,  # bitsandbytes fp32 / blockwise 8-bit
+    "adamw_torch_8bit": 2.0, "adamw_torch_4bit": 1.0,  # torchao low-bit codes (scales add ~2%)
+    "sgd": 0.0, "lomo": 0.0,
+}
+
+
+def optimizer_traffic_bytes(model: ModelSpec, plan: Plan) -> float:
+    """Bytes the optimizer step moves: read gradients, read and write parameters and states.
+
+    foreach AdamW also writes and reads its full-size sqrt temporary (torch _multi_tensor_adamw); the fused
+    kernel does not (torch._fused_adamw_). GaLore / APOLLO states are rank-r (their targets' share shrinks by
+    r / min(m, n)); Adafactor / AdaLomo keep row and column vectors (~0.1 of a state)."""
+    from advisor.memory.training import optimizer_state_bytes
+
+    pb = param_breakdown(model, plan)
+    tb = trainable_dtype_bytes(plan)
+    n = pb.trainable
+    per = STATE_BYTES_PER_PARAM.get(plan.optimizer)
+    if plan.optimizer in ("adamw_torch", "adamw_torch_fused"):
+        states = 2 * tb * n
+    elif per is not None:
+        states = per * n
+    else:  # adafactor, adalomo, GaLore, APOLLO: what the ledger says they keep
+        states = float(optimizer_state_bytes(model, plan, pb))
+    foreach_temp = 2 * tb * n if plan.optimizer == "adamw_torch" else 0
+    return n * (2 * tb + tb) + 2 * states + foreach_temp
+
+
+def low_rank_projection_seconds(model: ModelSpec, plan: Plan, gpu: GpuSpec, a: dict) -> float:
+    """GaLore's SVD of every target gradient every optim_proj_gap steps, amortized per step, plus the per-step
+    projections (2·m·n·r FLOPs each way). A reduced SVD of m x n costs ~4·m·n·k + 8·k^3 FLOPs, k = min(m, n)
+    (Golub & Van Loan, 4th ed. §8.6.3), at the fp32 rate with a GPU SVD's low efficiency (cuSOLVER gesvd: ~5%)."""
+    from advisor.memory.training import low_rank_targets
+    from advisor.core.plan import LOW_RANK_OPTIMIZERS
+
+    if plan.optimizer not in LOW_RANK_OPTIMIZERS:
+        return 0.0
+    fp32 = (gpu.bf16_tflops or gpu.fp16_tflops) * a["fp32_tensor_ratio"] * 1e12
+    proj = svd = 0.0
+    for m, n in low_rank_targets(model, plan):
+        k = min(m, n)
+        proj += 2 * 2 * m * n * min(plan.optim_rank, k)
+        if plan.optimizer.startswith("galore"):
+            svd += 4 * m * n * k + 8 * k ** 3
+    return proj / (fp32 * a["matmul_efficiency"]) + svd / plan.optim_proj_gap / (fp32 * 0.05)
+
+
+def activation_offload_seconds(model: ModelSpec, plan: Plan, gpu: GpuSpec, a: dict, compute: float) -> float:
+    """PCIe time of activation offload that compute does not hide.
+
+    Every offloaded byte crosses the host link twice (device to host in forward, back in backward). With
+    checkpointing, transformers' save_on_cpu copies on the compute stream: nothing is hidden. Without, TRL's
+    OffloadActivations copies on a side stream and overlaps them with compute (use_streams)."""
+    if not plan.activation_offload:
+        return 0.0
+    from advisor.memory.training import estimate_training
+
+    host = estimate_training(model, plan).host.get("activations", 0)
+    link = gpu.host_link_gbs * 1e9 * a["host_link_efficiency"]
+    pcie = 2 * host * plan.grad_accum / link
+    if plan.gradient_checkpointing:
+        return pcie
+    return max(0.0, pcie - compute)
+
+
+def paged_spill_seconds(model: ModelSpec, plan: Plan, gpu: GpuSpec, a: dict) -> float:
+    """Paged optimizer states evicted to the host come back for the step and go out again: twice over the host
+    link per step, page-fault driven (no overlap with compute)."""
+    from advisor.core.plan import PAGED_OPTIMIZERS
+
+    if plan.optimizer not in PAGED_OPTIMIZERS:
+        return 0.0
+    from advisor.memory.training import estimate_training
+
+    spilled = estimate_training(model, plan, gpu).host.get("optimizer_states", 0)
+    return 2 * spilled / (gpu.host_link_gbs * 1e9 * a["host_link_efficiency"])
