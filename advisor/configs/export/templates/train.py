@@ -225,6 +225,11 @@ def adapt_to_cpu(model_s: dict, quant: dict | None, training: dict) -> None:
     if model_s.get("attn_implementation") == "flash_attention_2":
         say("no CUDA GPU: attention sdpa instead of flash_attention_2")
         model_s["attn_implementation"] = "sdpa"
+    kwargs = training.get("gradient_checkpointing_kwargs") or {}
+    if kwargs.get("offload"):
+        # transformers pins the host copies, which needs an accelerator; on the CPU they are host memory already
+        say("no CUDA GPU: checkpoint offload off (the activations already live in host memory)")
+        training["gradient_checkpointing_kwargs"] = {k: v for k, v in kwargs.items() if k != "offload"}
     if training.get("deepspeed"):
         say("no CUDA GPU: DeepSpeed ZeRO offload skipped (it needs a GPU); training with the plain optimizer")
         training["deepspeed"] = None
