@@ -1,4 +1,4 @@
-"""Eval fidelity on a tiny model trained for a few seconds on the shipped texts (probes/train).
+"""Eval fidelity on a tiny model trained for a few seconds on the shipped texts (advisor/data/probes/train).
 
 Quantization needs real, structured weights to damage: the tiny model is trained once per machine
 (cached in the temp directory) and loaded by the probe from its directory, as real weights are.

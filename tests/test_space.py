@@ -6,7 +6,8 @@ import pytest
 
 from advisor.core.catalog import resolve_model
 from advisor.core.errors import AdvisorInputError, ConfigErrors
-from advisor.search.space import SPACES_DIR, list_spaces, load_space, plan_from_params
+from advisor.core.plan import lora_target_modules
+from advisor.search.space import SPACES_DIR, SEARCH_KEYS, WHEN, list_spaces, load_space, plan_from_params
 
 
 def test_required_spaces_exist():
@@ -20,9 +21,8 @@ def test_space_loads_and_every_grid_point_builds_a_plan(name):
     assert text.startswith("#") and "advisor tune" in text.split("name:")[0], "header: purpose and how to run it"
     arch = resolve_model("qwen7b").arch
     points = list(space.grid())
-    assert points
-    valid = [p for p in points if not plan_from_params(p, space, arch).problems()]
-    assert valid, "a space whose every plan is invalid"
+    assert points, "a space whose every plan is invalid"
+    assert all(not plan_from_params(p, space, arch).problems() for p in points), "the grid holds only valid plans"
 
 
 def test_overrides_pin_and_set():
@@ -56,3 +56,100 @@ def test_missing_space_and_broken_yaml(tmp_path):
 def test_unknown_override_key():
     with pytest.raises(AdvisorInputError, match="unknown key"):
         load_space("default", ["warp=9"])
+
+
+def _model_check(spec):
+    """Plan.problems plus the model's own modules (what the tuner checks)."""
+    linears = list(spec.linear_shapes())
+
+    def check(plan):
+        errs = plan.problems()
+        if not errs and plan.peft:
+            try:
+                lora_target_modules(plan, linears)
+            except AdvisorInputError as e:
+                errs = [e]
+        return errs
+
+    return check
+
+
+def _sample(space, spec, sampler, n):
+    """``n`` proposals of a real Optuna study driven by the space's conditions (a made-up objective)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    conditions = space.conditions(spec.arch or {}, _model_check(spec))
+    study = optuna.create_study(sampler=sampler)
+    proposals = []
+    for _ in range(n):
+        trial = study.ask()
+        params = conditions.walk(lambda name, knob, offered: trial.suggest_categorical(name, offered))
+        proposals.append((params, dict(trial.params)))
+        study.tell(trial, float(hash(tuple(sorted(map(str, params.items())))) % 1000))
+    return proposals
+
+
+@pytest.mark.parametrize("name", list_spaces())
+@pytest.mark.parametrize("model", ["qwen7b", "llama8b", "gemma2b"])
+def test_every_sampled_proposal_is_a_valid_plan(name, model):
+    import optuna
+    import warnings
+
+    space, spec = load_space(name), resolve_model(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        tpe = optuna.samplers.TPESampler(seed=0, multivariate=True, group=True, n_startup_trials=8)
+    proposals = _sample(space, spec, optuna.samplers.RandomSampler(seed=1), 300) + _sample(space, spec, tpe, 60)
+    check = _model_check(spec)
+    for params, asked in proposals:
+        plan = plan_from_params(params, space, spec.arch)
+        assert not check(plan), (params, [str(e) for e in check(plan)])
+        plan.validate()
+        for knob, value in params.items():  # a knob that does not apply is never asked
+            if knob in WHEN and not WHEN[knob][0](params):
+                assert value == WHEN[knob][1] and not any(k.split("[")[0] == knob for k in asked), (knob, asked)
+    grid = {tuple(sorted(p.items())) for p in space.conditions(spec.arch, check).points()}
+    assert {tuple(sorted(p.items())) for p, _ in proposals} <= grid
+
+
+def test_the_rules_shape_what_is_asked():
+    space = load_space("default", ["method=[full, lora]", "precision=[fp16, bf16]", "optimizer=[paged_adamw_8bit]",
+                                   "offload=[none, zero2_cpu]", "quantization=[none, int8]"])
+    c = space.conditions()
+    assert c.offered("precision", {"method": "full"}) == ["bf16"]  # pure fp16 full fine-tuning diverges
+    assert c.offered("precision", {"method": "lora"}) == ["fp16", "bf16"]
+    assert c.offered("offload", {"method": "lora", "optimizer": "paged_adamw_8bit"}) == ["none"]  # CPU Adam
+    asked = []
+    params = c.walk(lambda name, knob, offered: asked.append(name) or offered[-1])
+    assert params["method"] == "lora" and params["offload"] == "none"
+    assert "offload" not in asked and not any(n.startswith("offload") for n in asked)
+    assert "quantization" in asked  # lora: none or int8, all of the space's choices
+
+
+def test_a_knob_asked_with_some_of_its_choices_gets_its_own_name():
+    c = load_space("default").conditions()
+    asked = {}
+    c.walk(lambda name, knob, offered: asked.setdefault(knob, name) and offered[0])
+    assert asked["method"] == "method" and asked["quantization"] == "quantization[nf4|fp4]"
+
+
+def test_the_ladder_is_enqueued_under_the_names_a_walk_asks():
+    c = load_space("default").conditions()
+    point = {"method": "full", "quantization": "none", "double_quant": True, "lora_r": 16,
+             "lora_targets": "attention", "gradient_checkpointing": False, "optimizer": "adamw_torch",
+             "micro_batch": 1, "precision": "bf16", "attn_impl": "sdpa", "offload": "none", "chunked_ce": False}
+    named = c.optuna_params(point)
+    assert named["method"] == "full" and not any(k.startswith(("quantization", "double_quant", "lora_")) for k in named)
+    assert c.optuna_params({**point, "method": "qlora"}) is None  # qlora needs a 4-bit base: no walk gets there
+
+
+def test_a_space_without_any_valid_plan_is_refused(tmp_path):
+    with pytest.raises(AdvisorInputError, match="no combination of these choices is a valid plan"):
+        load_space("default", ["method=qlora", "quantization=[none, int8]"])
+    with pytest.raises(AdvisorInputError, match="no combination"):
+        load_space("default", ["optimizer=paged_adamw_8bit", "offload=zero2_cpu"])
+
+
+def test_every_knob_in_when_is_a_knob():
+    assert set(WHEN) <= set(SEARCH_KEYS)

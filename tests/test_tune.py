@@ -34,6 +34,8 @@ def test_qwen7b_24gb_recommends_peft_and_rejects_full(tmp_path, capsys):
     full = [t for t in d["trials"] if t["plan"].get("method") == "full" and t["state"] == "pruned"]
     assert full and all(t["reason"] for t in full)
     assert any("Full fine-tuning rejected" in line for line in d["explanation"])
+    # conditional knobs: the sampler proposes only valid plans, no trial is spent on an invalid one
+    assert not [t for t in d["trials"] if (t["reason"] or "").startswith("invalid")]
     # the ladder went first, in the seeds' order
     rungs = [int(t["ladder"][0]) for t in sorted(d["trials"], key=lambda t: t["number"]) if t["ladder"]]
     assert rungs[:3] == [0, 1, 1] and rungs == sorted(rungs)

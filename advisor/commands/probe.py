@@ -24,7 +24,7 @@ def add_parser(subs) -> None:
     g.add_argument("--timeout", type=number("--timeout", low=0), default=300.0, help="seconds before the child is killed")
     g.add_argument("--data", help='JSONL (field "text") or text file to train on (default: synthetic token ids)')
     g.add_argument("--weights", metavar="DIR", help="load real weights from DIR (then eval fidelity is measured)")
-    g.add_argument("--eval-texts", nargs="+", metavar="FILE", help="eval texts for fidelity (default: probes/eval/*.txt)")
+    g.add_argument("--eval-texts", nargs="+", metavar="FILE", help="eval texts for fidelity (default: the shipped eval texts)")
     g.add_argument("--num-layers", type=positive_int("--num-layers"), help="build only this many decoder layers")
     g.add_argument("--seed", type=int, default=0, help="seed of random weights and synthetic data")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")

@@ -20,7 +20,7 @@ def add_parser(subs) -> None:
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code shipped in a model directory")
     p.add_argument("--gpu-budget", required=True, help='memory budget: "24GB", "24 GiB", "24000MiB", "90%%"')
     p.add_argument("--gpu", help="GPU to plan for (catalog name); default: the detected one, else one the budget matches")
-    p.add_argument("--space", default="default", help="search space: a name in search_spaces/ or a YAML file")
+    p.add_argument("--space", default="default", help="search space: a built-in name (advisor/data/spaces/) or a YAML file")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="override space keys, e.g. method=qlora seq_len=2048")
     p.add_argument("--backend", default="auto", choices=("auto", "estimate", "simulate", "cpu", "cuda"),
                    help="last stage of each trial; auto: cuda with a GPU, else simulate")

@@ -73,9 +73,4 @@ def ladder(space: SearchSpace, fits_with_micro_batch: Callable[[dict[str, Any]],
     return rungs
 
 
-def quant_param_name(method: str) -> str:
-    """Optuna parameter name of the quantization knob of one method (its choices differ per method)."""
-    return f"quantization_{method}"
-
-
-__all__ = ["ladder", "quant_param_name"]
+__all__ = ["ladder"]

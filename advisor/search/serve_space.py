@@ -1,4 +1,4 @@
-"""The serving search space (search_spaces/inference.yaml): fixed job values and the searched choices."""
+"""The serving search space (advisor/data/spaces/inference.yaml): fixed job values and the searched choices."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from advisor.core.errors import AdvisorInputError, ConfigErrors
 from advisor.memory.inference import KV_DTYPES, QUANT_METHODS, WEIGHT_FORMATS
 
-SPACES_DIR = Path(__file__).resolve().parent.parent.parent / "search_spaces"
+SPACES_DIR = Path(__file__).resolve().parents[1] / "data" / "spaces"
 
 # key -> allowed values (None: positive whole numbers)
 SEARCH_KEYS: dict[str, tuple | None] = {
@@ -44,7 +44,7 @@ def _parse_value(text: str):
 
 
 def load_serve_space(ref: str = "inference", overrides: list[str] | tuple[str, ...] = ()) -> ServeSpace:
-    """Load a space by name (search_spaces/<name>.yaml) or path; ``key=value`` overrides; all errors at once."""
+    """Load a space by name (advisor/data/spaces/<name>.yaml) or path; ``key=value`` overrides; all errors at once."""
     import yaml
 
     path = Path(ref) if ref.endswith((".yaml", ".yml")) else SPACES_DIR / f"{ref}.yaml"

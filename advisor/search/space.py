@@ -1,32 +1,55 @@
-"""Search spaces: YAML files in ``search_spaces/`` (or the user's), validated with every error at once.
+"""Search spaces: YAML files in ``advisor/data/spaces/`` (or the user's), validated with every error at once.
 
 A space has ``fixed`` values (the job: sequence length, global batch...) and ``search`` choices
 (the knobs). ``key=value`` overrides on the command line set either: a single value pins a knob.
+
+Knobs are conditional (Optuna's define-by-run): a point of the space is chosen one knob at a time,
+in the order of ``SEARCH_KEYS``, and each knob is asked only where it means something (``WHEN``) and
+only with the values the plan rules (``Plan.problems``) allow after the knobs chosen before it
+(``Conditions``). Every point the tuner proposes is therefore a valid plan. How a new knob declares
+its condition: see the comment above ``WHEN`` and ``advisor/data/spaces/README.md``.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import yaml
 
 from advisor.core.errors import AdvisorInputError, ConfigErrors
-from advisor.core.plan import ATTENTION, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS, QUANTIZATIONS, Plan
+from advisor.core.plan import ATTENTION, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS, QUANTIZATIONS, Plan, flag_of
 
-SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
+SPACES_DIR = Path(__file__).resolve().parents[1] / "data" / "spaces"
+"""The shipped search spaces (package data: they travel in the wheel)."""
 
-# knob -> allowed values (None: any positive int)
+# knob -> allowed values (None: any positive int). The order is the order a point is chosen in:
+# a knob comes after every knob its plan rules involve.
 SEARCH_KEYS: dict[str, tuple | None] = {
     "method": METHODS, "quantization": QUANTIZATIONS, "double_quant": (True, False), "lora_r": None,
     "lora_targets": None, "gradient_checkpointing": (True, False), "optimizer": OPTIMIZERS, "micro_batch": None,
     "precision": PRECISIONS, "attn_impl": ATTENTION, "offload": OFFLOADS, "chunked_ce": (True, False),
 }
 FIXED_KEYS = {"seq_len": "int", "global_batch": "int", "lora_dropout": "dropout", "lora_alpha_ratio": "positive"}
-QUANT_FOR_METHOD = {"qlora": ("nf4", "fp4"), "lora": ("none", "int8"), "full": ("none",)}
+
+# Where a knob applies at all, and the value it takes where it does not (it is then never asked).
+# A knob without an entry applies everywhere. Which *values* a knob may take is not written here:
+# it follows from the plan rules (Plan.problems) through Conditions.
+#
+# Adding a knob: (1) a Plan field whose default breaks no rule; (2) its rules in Plan.problems(),
+# each reported under the knob that comes last in SEARCH_KEYS among the knobs the rule involves;
+# (3) an entry in SEARCH_KEYS placed after those knobs (plan_from_params passes a knob named like a
+# Plan field straight through); (4) an entry here if it means nothing for some points (a DoRA flag
+# without adapters, a number of checkpointed layers without checkpointing). tests/test_space.py
+# samples every shipped space and fails on any proposal that is not a valid plan.
+FOUR_BIT = ("nf4", "fp4")
+WHEN: dict[str, tuple[Callable[[dict[str, Any]], bool], Any]] = {
+    "double_quant": (lambda p: p.get("quantization") in FOUR_BIT, False),  # constants of 4-bit weights only
+    "lora_r": (lambda p: p.get("method") != "full", None),  # adapters only
+    "lora_targets": (lambda p: p.get("method") != "full", None),
+}
 
 
 @dataclass(frozen=True)
@@ -44,31 +67,21 @@ class SearchSpace:
         return {"name": self.name, "trials": self.trials, "fixed": self.fixed, "search": self.search,
                 "source": self.source, "overrides": list(self.overrides)}
 
+    def conditions(self, arch: dict[str, Any] | None = None, check: "Check | None" = None) -> "Conditions":
+        """The plan rules applied to this space's knobs (for one model's ``arch``)."""
+        return Conditions(self, arch, check)
+
     def quantizations_for(self, method: str) -> list[str]:
-        return [q for q in self.search["quantization"] if q in QUANT_FOR_METHOD[method]]
+        """The quantizations the plan rules allow with ``method``."""
+        return self.conditions().offered("quantization", {"method": method})
 
     def methods(self) -> list[str]:
-        """Methods that have at least one allowed quantization."""
-        return [m for m in self.search["method"] if self.quantizations_for(m)]
+        """Methods that lead to at least one valid plan."""
+        return self.conditions().offered("method", {})
 
     def grid(self) -> Iterator[dict[str, Any]]:
-        """Every combination of knob values (conditional knobs only where they apply)."""
-        for method in self.methods():
-            peft = method != "full"
-            for quant in self.quantizations_for(method):
-                four_bit = quant in ("nf4", "fp4")
-                dims = {
-                    "double_quant": self.search["double_quant"] if four_bit else [False],
-                    "lora_r": self.search["lora_r"] if peft else [None],
-                    "lora_targets": self.search["lora_targets"] if peft else [None],
-                    "gradient_checkpointing": self.search["gradient_checkpointing"],
-                    "optimizer": self.search["optimizer"], "micro_batch": self.search["micro_batch"],
-                    "precision": self.search["precision"], "attn_impl": self.search["attn_impl"],
-                    "offload": self.search["offload"], "chunked_ce": self.search["chunked_ce"],
-                }
-                keys = list(dims)
-                for combo in itertools.product(*(dict.fromkeys(dims[k]) for k in keys)):
-                    yield {"method": method, "quantization": quant, **dict(zip(keys, combo))}
+        """Every valid point of the space (each knob only where it applies)."""
+        return self.conditions().points()
 
 
 def list_spaces(task: str = "train") -> list[str]:
@@ -181,9 +194,14 @@ def _check(data: dict, fixed: dict, search: dict) -> list[AdvisorInputError]:
             elif key == "lora_targets" and not (isinstance(v, str) and v):
                 errs.append(AdvisorInputError(f"search.{key}", "choices are set names (attention, mlp, all-linear) "
                                                                "or comma-separated module names", v))
-    if not errs and not [m for m in search["method"] if any(q in QUANT_FOR_METHOD[m] for q in search["quantization"])]:
-        errs.append(AdvisorInputError("search.quantization", "no method has an allowed quantization "
-                                      "(qlora needs nf4/fp4, lora none/int8, full none)", search["quantization"]))
+    if not errs:
+        space = SearchSpace(name="", trials=1, fixed=fixed, search=search)
+        if next(space.grid(), None) is None:
+            first = plan_from_params({k: v[0] for k, v in search.items()}, space, {})
+            example = "; ".join(e.rule for e in first.problems()[:1])
+            errs.append(AdvisorInputError("search", "no combination of these choices is a valid plan"
+                                          + (f" (the first choices break: {example})" if example else ""),
+                                          None, show_value=False))
     return errs
 
 
@@ -197,21 +215,161 @@ def resolve_targets(name: str, arch: dict[str, Any]) -> tuple[str, ...] | str:
     return tuple(t.strip() for t in name.split(",") if t.strip())
 
 
+_PLAN_FIELDS = tuple(f.name for f in fields(Plan))
+
+
 def plan_from_params(params: dict[str, Any], space: SearchSpace, arch: dict[str, Any]) -> Plan:
-    """The Plan for one point of the space (the fixed values filled in)."""
+    """The Plan for one point of the space (the fixed values filled in).
+
+    A knob named like a Plan field passes straight through; a knob missing from ``params`` (a point
+    chosen part way) keeps the Plan's default.
+    """
     fixed = space.fixed
-    mb = params["micro_batch"]
-    peft = params["method"] != "full"
+    values = {k: v for k, v in params.items() if k in _PLAN_FIELDS}
+    method = values.get("method", Plan.method)
+    precision = values.get("precision", Plan.precision)
+    mb = values.get("micro_batch", Plan.micro_batch)
     r = params.get("lora_r") or 16
-    precision = params["precision"]
-    return Plan(
-        method=params["method"], quantization=params["quantization"],
+    values.update(
         double_quant=bool(params.get("double_quant")),
         compute_dtype="fp16" if "fp16" in precision else "fp32" if precision == "fp32" else "bf16",
-        precision=precision, lora_r=r, lora_alpha=float(fixed["lora_alpha_ratio"] * r),
-        lora_dropout=float(fixed["lora_dropout"]),
-        lora_targets=resolve_targets(params.get("lora_targets") or "attention", arch) if peft else ("q_proj",),
-        gradient_checkpointing=params["gradient_checkpointing"], optimizer=params["optimizer"], micro_batch=mb,
+        lora_r=r, lora_alpha=float(fixed["lora_alpha_ratio"] * r), lora_dropout=float(fixed["lora_dropout"]),
+        lora_targets=(resolve_targets(params.get("lora_targets") or "attention", arch) if method != "full"
+                      else ("q_proj",)),
         grad_accum=max(1, math.ceil(fixed["global_batch"] / mb)), seq_len=fixed["seq_len"],
-        attn_impl=params["attn_impl"], offload=params["offload"], chunked_ce=params["chunked_ce"],
     )
+    return Plan(**values)
+
+
+# ----------------------------------------------------------------------------- conditional knobs
+
+# Plan fields set by another knob (derived in plan_from_params): a rule reported under one is the knob's
+_FIELD_KNOB = {"compute_dtype": "precision", "lora_alpha": "lora_r", "grad_accum": "micro_batch"}
+_FLAG_FIELD = {flag_of(name): name for name in _PLAN_FIELDS}
+
+Check = Callable[[Plan], list[AdvisorInputError]]
+"""A plan → every rule it breaks (Plan.problems, plus what a model adds: its modules for lora_targets)."""
+Ask = Callable[[str, str, list], Any]
+"""(Optuna parameter name, knob, the values offered) → the value chosen."""
+
+
+class DeadEnd(LookupError):
+    """No value of a knob is allowed after the knobs chosen before it (a rule the lookahead missed)."""
+
+    def __init__(self, knob: str, params: dict[str, Any]):
+        super().__init__(f"no value of {knob} is allowed after {params}")
+        self.knob = knob
+        self.params = params
+
+
+def applies(knob: str, params: dict[str, Any]) -> bool:
+    """Does ``knob`` mean anything for the point chosen so far?"""
+    rule = WHEN.get(knob)
+    return rule is None or bool(rule[0](params))
+
+
+def param_name(knob: str, offered: list, choices: list) -> str:
+    """The Optuna parameter name of a knob asked with ``offered`` out of the space's ``choices``.
+
+    Optuna fixes a categorical parameter's choices at its first use, so a knob asked with only some
+    of its choices gets a name of its own, e.g. ``quantization[nf4|fp4]``.
+    """
+    if list(offered) == list(choices):
+        return knob
+    return f"{knob}[{'|'.join(map(str, offered))}]"
+
+
+class Conditions:
+    """The plan rules applied to a space's knobs, for one model (memoized: make one per study).
+
+    A value is offered for a knob when the point so far, with it, breaks no rule reported under a
+    knob already chosen (the knobs not chosen yet keep the Plan's defaults), and every later knob
+    still has a value that breaks none (a one-step lookahead, so no walk runs into a dead end).
+    """
+
+    def __init__(self, space: SearchSpace, arch: dict[str, Any] | None = None, check: Check | None = None):
+        self.space = space
+        self.arch = arch or {}
+        self.check: Check = check or Plan.problems
+        self.order = [k for k in SEARCH_KEYS if k in space.search]
+        self._breaks: dict[frozenset, bool] = {}
+        self._offered: dict[tuple, list] = {}
+
+    @staticmethod
+    def _knob_of(where: str) -> str:
+        name = _FLAG_FIELD.get(where, where)
+        return _FIELD_KNOB.get(name, name)
+
+    def breaks(self, params: dict[str, Any]) -> bool:
+        """Does the point so far break a rule reported under one of its knobs (or under a fixed value)?"""
+        key = frozenset(params.items())
+        hit = self._breaks.get(key)
+        if hit is None:
+            knobs = [self._knob_of(e.where) for e in self.check(plan_from_params(params, self.space, self.arch))]
+            hit = any(k in params or k not in SEARCH_KEYS for k in knobs)
+            self._breaks[key] = hit
+        return hit
+
+    def _settles(self, knob: str, params: dict[str, Any]) -> bool:
+        values = list(self.space.search[knob]) + ([WHEN[knob][1]] if knob in WHEN else [])
+        return any(not self.breaks({**params, knob: v}) for v in values)
+
+    def offered(self, knob: str, params: dict[str, Any]) -> list:
+        """The values of ``knob`` the rules allow after ``params`` (the knobs before it), in the space's order."""
+        key = (knob, frozenset(params.items()))
+        if key not in self._offered:
+            later = self.order[self.order.index(knob) + 1:]
+            self._offered[key] = [v for v in self.space.search[knob]
+                                  if not self.breaks({**params, knob: v})
+                                  and all(self._settles(j, {**params, knob: v}) for j in later)]
+        return self._offered[key]
+
+    def walk(self, ask: Ask) -> dict[str, Any]:
+        """One point, each knob in turn: not asked where it does not apply or where one value is left."""
+        params: dict[str, Any] = {}
+        for knob in self.order:
+            if not applies(knob, params):
+                params[knob] = WHEN[knob][1]
+                continue
+            offered = self.offered(knob, params)
+            if not offered:
+                raise DeadEnd(knob, params)
+            params[knob] = offered[0] if len(offered) == 1 else ask(
+                param_name(knob, offered, self.space.search[knob]), knob, offered)
+        return params
+
+    def points(self) -> Iterator[dict[str, Any]]:
+        """Every valid point, depth first in the space's order."""
+
+        def rest(params: dict[str, Any], i: int) -> Iterator[dict[str, Any]]:
+            if i == len(self.order):
+                if not self.check(plan_from_params(params, self.space, self.arch)):
+                    yield params
+                return
+            knob = self.order[i]
+            if not applies(knob, params):
+                yield from rest({**params, knob: WHEN[knob][1]}, i + 1)
+                return
+            for v in self.space.search[knob]:
+                if not self.breaks({**params, knob: v}):
+                    yield from rest({**params, knob: v}, i + 1)
+
+        return rest({}, 0)
+
+    def optuna_params(self, params: dict[str, Any]) -> dict[str, Any] | None:
+        """A point under the Optuna parameter names a walk asks, for ``enqueue_trial`` (None: no walk reaches it)."""
+        named: dict[str, Any] = {}
+
+        def ask(name: str, knob: str, offered: list) -> Any:
+            if params.get(knob) not in offered:
+                raise DeadEnd(knob, params)
+            named[name] = params[knob]
+            return params[knob]
+
+        try:
+            got = self.walk(ask)
+        except DeadEnd:
+            return None
+        if any(got[k] != params[k] for k in got if k in params and applies(k, got)):
+            return None
+        return named

@@ -22,10 +22,10 @@ from advisor.search.accuracy import accuracy_prior
 from advisor.memory.training import estimate_training
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.errors import AdvisorInputError
-from advisor.search.ladder import ladder, quant_param_name
+from advisor.search.ladder import ladder
 from advisor.core.plan import Plan, lora_target_modules
 from advisor.search.select import TIE, Selection, TrialRecord, fits, select
-from advisor.search.space import SearchSpace, plan_from_params
+from advisor.search.space import Conditions, DeadEnd, SearchSpace, plan_from_params
 from advisor.search.storage import Heartbeat, is_sqlite, make_storage, study_lock
 from advisor.speed.throughput import predict_throughput
 from advisor.core.units import Budget
@@ -155,7 +155,9 @@ class Tuner:
         with study_lock(self.storage, self.s.storage, self.s.study_name):
             if not study.user_attrs.get("ladder_enqueued"):
                 for rung, params in ladder(self.s.space, self._fits_by_estimate):
-                    study.enqueue_trial(_optuna_params(params), user_attrs={"ladder": rung}, skip_if_exists=True)
+                    named = self.conditions.optuna_params(params)
+                    if named is not None:  # a rung the rules (or this model's modules) do not allow is left out
+                        study.enqueue_trial(named, user_attrs={"ladder": rung}, skip_if_exists=True)
                 study.set_user_attr("ladder_enqueued", True)
         return study
 
@@ -275,24 +277,37 @@ class Tuner:
 
     # -- one trial -----------------------------------------------------------
 
+    @property
+    def conditions(self) -> Conditions:
+        """The space's knobs under the plan rules and this model's modules (one per tuner: it memoizes)."""
+        if getattr(self, "_conditions", None) is None:
+            linears = list(self.s.model.linear_shapes())
+
+            def check(plan: Plan) -> list[AdvisorInputError]:
+                errs = plan.problems()
+                if not errs and plan.peft:
+                    try:
+                        lora_target_modules(plan, linears)
+                    except AdvisorInputError as e:
+                        errs = [e]
+                return errs
+
+            self._conditions = Conditions(self.s.space, self.s.model.arch or {}, check)
+        return self._conditions
+
     def _suggest(self, trial) -> dict[str, Any]:
-        s = self.s.space.search
-        p: dict[str, Any] = {"method": trial.suggest_categorical("method", self.s.space.methods())}
-        method = p["method"]
-        p["quantization"] = trial.suggest_categorical(quant_param_name(method), self.s.space.quantizations_for(method))
-        p["double_quant"] = (trial.suggest_categorical("double_quant", s["double_quant"])
-                             if p["quantization"] in ("nf4", "fp4") else False)
-        if method != "full":
-            p["lora_r"] = trial.suggest_categorical("lora_r", s["lora_r"])
-            p["lora_targets"] = trial.suggest_categorical("lora_targets", s["lora_targets"])
-        for key in ("gradient_checkpointing", "optimizer", "micro_batch", "precision", "attn_impl", "offload",
-                    "chunked_ce"):
-            p[key] = trial.suggest_categorical(key, s[key])
-        return p
+        """A point of the space, define-by-run: each knob asked only where it applies, with the values
+        the plan rules allow after the knobs before it (so every proposal is a valid plan)."""
+        return self.conditions.walk(lambda name, knob, offered: trial.suggest_categorical(name, offered))
 
     def _objective(self, trial):
         start = time.perf_counter()
-        params = self._suggest(trial)
+        try:
+            params = self._suggest(trial)
+        except DeadEnd as e:  # a safety net: the lookahead of Conditions keeps the shipped spaces out of it
+            rec = {"plan": {}, "plan_short": "", "ladder": trial.user_attrs.get("ladder", ""), "stage": "plan",
+                   "reason": f"invalid: no value of {e.knob} is allowed after the knobs chosen", "invalid": True}
+            return self._finish(trial, rec, pruned=True)
         plan = plan_from_params(params, self.s.space, self.s.model.arch or {})
         key = plan_key(plan)
         trial.set_user_attr("plan_key", key)
@@ -440,18 +455,6 @@ def _memory_fields(report) -> dict[str, Any]:
     return {"peak_bytes": int(report.peak_bytes), "tensor_peak_bytes": int(report.tensor_peak_bytes),
             "source": report.source, "ledger": {k: int(v) for k, v in report.device.items()},
             "host_bytes": int(report.host_bytes)}
-
-
-def _optuna_params(params: dict[str, Any]) -> dict[str, Any]:
-    """Ladder params under the Optuna parameter names the objective suggests."""
-    out = dict(params)
-    out[quant_param_name(params["method"])] = out.pop("quantization")
-    if params["quantization"] not in ("nf4", "fp4"):
-        out.pop("double_quant", None)
-    if params["method"] == "full":
-        out.pop("lora_r", None)
-        out.pop("lora_targets", None)
-    return out
 
 
 def _comparable(value: Any) -> Any:

@@ -25,17 +25,17 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 
 def probes_dir() -> Path:
-    """The repository's probes/ folder (bundled eval and calibration texts)."""
-    return Path(__file__).resolve().parents[3] / "probes"
+    """The probe texts shipped in the package (advisor/data/probes/: eval and training texts)."""
+    return Path(__file__).resolve().parents[2] / "data" / "probes"
 
 
 def default_eval_texts() -> list[Path]:
-    """The shipped eval texts (probes/eval/*.txt)."""
+    """The shipped eval texts (advisor/data/probes/eval/*.txt)."""
     return sorted((probes_dir() / "eval").glob("*.txt"))
 
 
 def default_train_texts() -> list[Path]:
-    """The shipped training texts (probes/train/*.txt), used to train the tiny test models."""
+    """The shipped training texts (advisor/data/probes/train/*.txt), used to train the tiny test models."""
     return sorted((probes_dir() / "train").glob("*.txt"))
 
 

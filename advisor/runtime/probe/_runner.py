@@ -136,7 +136,7 @@ def run_probe(model_spec: Any, plan: Any, *, device: str = "cpu", steps: int = 3
     seconds or a Python error all come back as a ProbeResult with that status. Raises
     AdvisorInputError only for bad arguments. ``on_start(pid)`` is called with the child's pid
     once it runs. Real weights from ``weights_dir`` turn on eval fidelity over ``eval_texts``
-    (default: the shipped probes/eval/*.txt). ``keep_dir`` keeps the request, events and child log.
+    (default: the shipped advisor/data/probes/eval/*.txt). ``keep_dir`` keeps the request, events and child log.
     """
     from advisor.runtime.probe._data import default_eval_texts
 

@@ -1,7 +1,7 @@
 """A tiny byte-level language model trained for a few seconds on the shipped texts.
 
 Random weights have nothing for quantization to damage in a meaningful way; a model that has
-learned something (here: English byte statistics of probes/train/*.txt) does, so eval fidelity
+learned something (here: English byte statistics of advisor/data/probes/train/*.txt) does, so eval fidelity
 and eval loss mean something on it. It is written as a local model directory (config.json and
 safetensors weights, no tokenizer: the probe's byte-level fallback tokenizes for it, one byte one
 id, vocabulary 256) that ``advisor probe --model DIR --weights DIR`` and the tests can use.
@@ -35,7 +35,7 @@ def _key(texts: list[Path], config: dict, train: dict) -> str:
 
 
 def train_tiny_model(out_dir: str | Path, *, config: dict | None = None, train: dict | None = None) -> Path:
-    """Train the tiny model on probes/train/*.txt and save it to ``out_dir``; returns ``out_dir``."""
+    """Train the tiny model on advisor/data/probes/train/*.txt and save it to ``out_dir``; returns ``out_dir``."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -45,7 +45,7 @@ def train_tiny_model(out_dir: str | Path, *, config: dict | None = None, train: 
     config, train = dict(config or TINY_CONFIG), dict(train or TRAIN)
     texts = default_train_texts()
     if not texts:
-        raise FileNotFoundError("probes/train/*.txt not found: the tiny model needs the shipped texts")
+        raise FileNotFoundError("advisor/data/probes/train/*.txt not found: the tiny model needs the shipped texts")
     stream: list[int] = []
     for p in texts:
         stream += list(p.read_text(encoding="utf-8").encode("utf-8")) + [BYTE_EOS]

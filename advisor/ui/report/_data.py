@@ -9,6 +9,7 @@ import platform
 import shlex
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from advisor.ui.report._load import StudySnapshot
@@ -211,7 +212,9 @@ def reproduce_command(settings: dict[str, Any], study: str) -> str:
         parts += ["--gpu", gpu["key"]]
     name = space.get("name", "default")
     source = space.get("source") or ""
-    parts += ["--space", name if not source or source.endswith(f"search_spaces/{name}.yaml") else source]
+    built_in = not source or (Path(source).name == f"{name}.yaml"
+                              and Path(source).parent.name in ("spaces", "search_spaces"))  # search_spaces/: older studies
+    parts += ["--space", name if built_in else source]
     parts += ["--backend", settings.get("backend", "auto"), "--trials", str(settings.get("trials", "")),
               "--seed", str(settings.get("seed", 0)), "--headroom", str(settings.get("headroom", 0.05)),
               "--accuracy-tolerance", str(settings.get("tolerance", 0.05)), "--study", study]
