@@ -309,6 +309,15 @@ def optimizer_problems(plan: Plan, bad) -> None:
             bad("checkpoint_layers", "checkpointing k layers needs --gradient-checkpointing on", k)
 
 
+def checkpoint_depth_problems(plan: Plan, num_layers: int) -> list[AdvisorInputError]:
+    """The model-dependent rule of partial checkpointing: at most the model's decoder layers."""
+    k = plan.checkpoint_layers
+    if plan.gradient_checkpointing and isinstance(k, int) and k > num_layers:
+        return [AdvisorInputError("--checkpoint-layers", f"the model has {num_layers} decoder layers; at most "
+                                  f"{num_layers} can be checkpointed", k)]
+    return []
+
+
 def checkpointed_layers(plan: Plan, num_layers: int) -> tuple[int, ...]:
     """Indices of the decoder layers ``plan`` checkpoints in a model of ``num_layers`` layers.
 

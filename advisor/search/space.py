@@ -29,8 +29,16 @@ SPACES_DIR = Path(__file__).resolve().parents[1] / "data" / "spaces"
 # a knob comes after every knob its plan rules involve.
 SEARCH_KEYS: dict[str, tuple | None] = {
     "method": METHODS, "quantization": QUANTIZATIONS, "double_quant": (True, False), "lora_r": None,
-    "lora_targets": None, "gradient_checkpointing": (True, False), "optimizer": OPTIMIZERS, "micro_batch": None,
+    "lora_targets": None, "gradient_checkpointing": (True, False),
+    "checkpoint_layers": None, "activation_offload": (True, False),
+    "optimizer": OPTIMIZERS, "micro_batch": None,
     "precision": PRECISIONS, "attn_impl": ATTENTION, "offload": OFFLOADS, "chunked_ce": (True, False),
+    "optimizer_in_backward": (True, False),
+}
+OPTIONAL_KNOBS: dict[str, list] = {
+    # knobs a space file may leave out: they then keep the Plan's default (every layer checkpointed when
+    # checkpointing, activations on the device, the optimizer step after backward)
+    "checkpoint_layers": [None], "activation_offload": [False], "optimizer_in_backward": [False],
 }
 FIXED_KEYS = {"seq_len": "int", "global_batch": "int", "lora_dropout": "dropout", "lora_alpha_ratio": "positive"}
 
@@ -49,6 +57,7 @@ WHEN: dict[str, tuple[Callable[[dict[str, Any]], bool], Any]] = {
     "double_quant": (lambda p: p.get("quantization") in FOUR_BIT, False),  # constants of 4-bit weights only
     "lora_r": (lambda p: p.get("method") != "full", None),  # adapters only
     "lora_targets": (lambda p: p.get("method") != "full", None),
+    "checkpoint_layers": (lambda p: bool(p.get("gradient_checkpointing")), None),  # k of L only with checkpointing
 }
 
 
@@ -130,7 +139,7 @@ def load_space(ref: str = "default", overrides: list[str] | tuple[str, ...] = ()
     """Load, apply ``key=value`` overrides, validate (all errors at once)."""
     data, source = _read_space_file(ref)
     fixed = dict(data.get("fixed") or {})
-    search = dict(data.get("search") or {})
+    search = {**OPTIONAL_KNOBS, **dict(data.get("search") or {})}
     errors: list[AdvisorInputError] = []
     for text in overrides:
         try:
@@ -191,6 +200,10 @@ def _check(data: dict, fixed: dict, search: dict) -> list[AdvisorInputError]:
                 errs.append(AdvisorInputError(f"search.{key}", f"must be among {', '.join(map(str, allowed))}", v))
             elif key in ("lora_r", "micro_batch") and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 errs.append(AdvisorInputError(f"search.{key}", "choices must be whole numbers of at least 1", v))
+            elif key == "checkpoint_layers" and v is not None and (not isinstance(v, int) or isinstance(v, bool)
+                                                                   or v < 1):
+                errs.append(AdvisorInputError(f"search.{key}", "choices are null (every layer) or whole numbers "
+                                                               "of at least 1", v))
             elif key == "lora_targets" and not (isinstance(v, str) and v):
                 errs.append(AdvisorInputError(f"search.{key}", "choices are set names (attention, mlp, all-linear) "
                                                                "or comma-separated module names", v))
@@ -359,6 +372,7 @@ class Conditions:
     def optuna_params(self, params: dict[str, Any]) -> dict[str, Any] | None:
         """A point under the Optuna parameter names a walk asks, for ``enqueue_trial`` (None: no walk reaches it)."""
         named: dict[str, Any] = {}
+        params = {**{k: v[0] for k, v in OPTIONAL_KNOBS.items()}, **params}  # a ladder point predates them
 
         def ask(name: str, knob: str, offered: list) -> Any:
             if params.get(knob) not in offered:

@@ -23,7 +23,7 @@ from advisor.memory.training import estimate_training
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.errors import AdvisorInputError
 from advisor.search.ladder import ladder
-from advisor.core.plan import Plan, lora_target_modules
+from advisor.core.plan import Plan, checkpoint_depth_problems, lora_target_modules
 from advisor.search.select import TIE, Selection, TrialRecord, fits, select
 from advisor.search.space import Conditions, DeadEnd, SearchSpace, plan_from_params
 from advisor.search.storage import Heartbeat, is_sqlite, make_storage, study_lock
@@ -283,8 +283,10 @@ class Tuner:
         if getattr(self, "_conditions", None) is None:
             linears = list(self.s.model.linear_shapes())
 
+            depth = self.s.model.num_layers
+
             def check(plan: Plan) -> list[AdvisorInputError]:
-                errs = plan.problems()
+                errs = plan.problems() + checkpoint_depth_problems(plan, depth)
                 if not errs and plan.peft:
                     try:
                         lora_target_modules(plan, linears)
@@ -381,6 +383,8 @@ class Tuner:
         try:
             lora_target_modules(plan, list(s.model.linear_shapes()))
         except AdvisorInputError as e:
+            return {**rec, "reason": f"invalid: {e.rule}", "invalid": True}
+        for e in checkpoint_depth_problems(plan, s.model.num_layers):
             return {**rec, "reason": f"invalid: {e.rule}", "invalid": True}
 
         rec["stage"] = "estimate"
