@@ -550,8 +550,8 @@ def activation_levers(model: ModelSpec, plan: Plan, pb: ParamBreakdown, layer_ac
 
     Checkpointed layers keep only their input (Chen et al. 2016), the others every activation; the layers are
     advisor.plan.checkpointed_layers. With offload and checkpointing, the inputs go to pinned host memory
-    (transformers activation_checkpointing_kwargs offload: save_on_cpu around checkpoint, which also copies the
-    rotary cos / sin per layer) and one comes back per recomputed layer; offload without checkpointing moves
+    (transformers activation_checkpointing_kwargs offload: save_on_cpu around checkpoint) and one comes back per
+    recomputed layer; offload without checkpointing moves
     every decoder activation of >= 1 KiB to the host (TRL / torchtune OffloadActivations), one layer's coming
     back in its backward, the last FWD_STASH tensors kept on the device until backward begins."""
     L = model.num_layers
@@ -564,11 +564,11 @@ def activation_levers(model: ModelSpec, plan: Plan, pb: ParamBreakdown, layer_ac
     top = max(chosen) if chosen else -1
     below_top = top + 1 - k if chosen else 0          # non-checkpointed layers under the top checkpointed one
     last_checkpointed = (L - 1) in chosen
-    rope = 2 * T * model.head_dim * p                  # cos and sin in the activation dtype (rotary embedding)
     host = 0
     if plan.activation_offload and plan.gradient_checkpointing:
-        # inputs and rotary tables per checkpointed layer on the host; one input back on the device at a time
-        host = k * (x + rope)
+        # each checkpointed layer's input on the host (the rotary tables are keyword arguments bound into the
+        # recomputed function, not saved: modeling_layers.GradientCheckpointingLayer); one comes back at a time
+        host = k * x
         held_inputs, back = 0, x
         rest = (L - k) * layer_acts
         stash = 0
