@@ -20,4 +20,6 @@ def _isolated_home(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    # probes' throughput calibration (advisor/speed/calibration.py) in the test's own folder
+    monkeypatch.setenv("ADVISOR_SPEED_CALIBRATION", str(tmp_path / "speed_calibration.json"))
     yield

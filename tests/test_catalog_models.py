@@ -28,9 +28,31 @@ def test_catalog_has_every_required_model():
 def test_aliases_are_unique():
     seen = {}
     for key, entry in model_catalog().items():
-        for name in [key, entry["hf_id"].lower(), *entry["aliases"]]:
+        for name in [key, entry["hf_id"].lower(), *entry.get("hf_variants", []), *entry["aliases"]]:
             assert name.lower() not in seen, f"{name} names both {seen[name.lower()]} and {key}"
             seen[name.lower()] = key
+
+
+BASE_AND_INSTRUCT = [  # (base, instruct) hub ids as published
+    ("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-0.5B-Instruct"), ("Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-7B-Instruct"),
+    ("Qwen/Qwen2.5-72B", "Qwen/Qwen2.5-72B-Instruct"), ("Qwen/Qwen3-8B-Base", "Qwen/Qwen3-8B"),
+    ("meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-8B-Instruct"),
+    ("meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-1B-Instruct"),
+    ("mistralai/Mistral-7B-v0.3", "mistralai/Mistral-7B-Instruct-v0.3"),
+    ("google/gemma-2-2b", "google/gemma-2-2b-it"), ("google/gemma-2-9b", "google/gemma-2-9b-it"),
+]
+
+
+@pytest.mark.parametrize("base,instruct", BASE_AND_INSTRUCT)
+def test_base_and_instruct_ids_resolve_to_one_architecture(base, instruct):
+    b, i = resolve_model(base), resolve_model(instruct)
+    assert (b.hf_id, i.hf_id) == (base, instruct), "each resolves to itself: exports load the checkpoint named"
+    assert b.source == i.source == "catalog"
+    for f in ("model_type", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+              "vocab_size", "tie_word_embeddings", "params_total"):
+        assert getattr(b, f) == getattr(i, f), f
+    assert resolve_model(base.lower()).hf_id == base  # hub ids are case-insensitive
+    assert resolve_model(b.name).hf_id == base  # a study re-resolves its model by name
 
 
 @pytest.mark.parametrize("key", KEYS)
@@ -120,3 +142,11 @@ def test_remote_code_needs_flag(tmp_path):
     (d / "x.py").write_text("raise SystemExit('remote code ran')\n")
     with pytest.raises(AdvisorInputError, match="--trust-remote-code"):
         resolve_model(str(d))
+
+
+def test_estimate_takes_a_base_model_id(capsys):
+    from advisor.cli import main
+
+    code = main(["estimate", "--model", "Qwen/Qwen2.5-0.5B", "--gpu-budget", "8GB", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert code == 0 and d["model"]["hf_id"] == "Qwen/Qwen2.5-0.5B" and d["model"]["params_total"] == 494_032_768

@@ -110,3 +110,24 @@ def test_models_and_gpus_listing(capsys):
     assert code == 0 and any(m["hf_id"] == "Qwen/Qwen2.5-7B-Instruct" for m in json.loads(out))
     code, out, _ = run_cli(capsys, "gpus", "--json")
     assert code == 0 and len(json.loads(out)["catalog"]) >= 13
+
+
+def test_training_estimate_shows_predicted_throughput(capsys):
+    # issue 14's check: tokens/s and seconds per optimizer step beside the ledger, with the terms
+    code, out, _ = run_cli(capsys, "estimate", "--model", "llama3b", "--method", "lora", "--lora-r", "32",
+                           "--lora-targets", "q_proj,v_proj", "--micro-batch", "4", "--seq-len", "256",
+                           "--gpu", "l40s", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["tokens_per_s"] > 0 and d["step_seconds"] > 0
+    assert d["tokens_per_s"] == pytest.approx(4 * 256 / d["step_seconds"])
+    assert sum(d["step_terms"].values()) == pytest.approx(d["step_seconds"])
+    assert d["throughput"]["source"] == "predicted" and d["throughput"]["gpu"] == "NVIDIA L40S"
+    code, out, _ = run_cli(capsys, "estimate", "--model", "llama3b", "--method", "lora", "--gpu", "l40s")
+    assert "tokens/s (predicted)" in out and "s per optimizer step" in out and "Largest terms" in out
+
+
+def test_estimate_without_a_gpu_says_so(capsys, monkeypatch):
+    monkeypatch.setattr("advisor.core.catalog.detect_gpu", lambda index=0: None)
+    code, out, _ = run_cli(capsys, "estimate", "--model", "qwen7b", "--method", "lora", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["tokens_per_s"] is None and d["step_seconds"] is None and d["step_terms"] == {}

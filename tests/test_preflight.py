@@ -92,3 +92,20 @@ def test_bad_input_exit_2(tmp_path):
     broken.write_text("training: [unclosed\n")
     code, _, err = preflight(str(broken))
     assert code == 2 and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_an_evaluation_that_does_not_fit_is_no_go_naming_the_phase(configs, tmp_path):
+    import yaml
+
+    cfg = yaml.safe_load(configs["qlora"].read_text())
+    # Trainer evaluates 32 sequences of 1024 tokens at once: the 152k-vocabulary logits alone are ~47 GiB
+    cfg["training"].update(eval_strategy="steps", eval_steps=100, per_device_eval_batch_size=32)
+    path = tmp_path / "advisor.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    code, d, err = preflight(str(path), "--gpu-budget", "24GB")
+    assert code == 1 and d["verdict"] == "NO-GO", err
+    mem = next(f for f in d["findings"] if f["check"] == "memory.fit")
+    assert mem["severity"] == "error" and "during eval" in mem["title"]
+    assert any("per_device_eval_batch_size" in fix for fix in mem["fixes"])
+    assert d["memory"]["run_peak_phase"] == "eval"

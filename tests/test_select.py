@@ -41,3 +41,33 @@ def test_pareto_front_drops_dominated():
     a, b, c = rec(0, 1000, 20, acc=0.01), rec(1, 900, 21, acc=0.02), rec(2, 800, 10, acc=0.01)
     front = pareto_front([a, b, c])
     assert {t.number for t in front} == {0, 2}
+
+
+def test_explanation_names_the_deciding_step_time_terms():
+    from dataclasses import replace
+
+    from advisor.core.catalog import resolve_gpu, resolve_model
+    from advisor.core.plan import Plan
+    from advisor.speed.throughput import predict_throughput
+
+    model, gpu = resolve_model("qwen2.5-7b-instruct"), resolve_gpu("a100-80gb")
+    fast_plan = Plan(method="lora", micro_batch=4, seq_len=1024)
+    slow_plan = fast_plan.with_(gradient_checkpointing=True)  # the same plan paying for recomputation
+    records = []
+    for n, plan in enumerate((fast_plan, slow_plan)):
+        tp = predict_throughput(model, plan, gpu)
+        records.append(replace(rec(n, tp.tokens_per_s, 20), plan=plan.to_dict(), plan_short=plan.short(),
+                               step_terms=tp.terms))
+    sel = select(records, 80 * 2**30, 0.05, 0.1)
+    assert sel.best.number == 0 and sel.runner_up.number == 1
+    decided = next(line for line in sel.explanation if line.startswith("Decided by"))
+    assert "recomputation +" in decided  # the term checkpointing adds is what separates them
+    # a tie (within 2%) says so: the terms differ, headroom decided
+    tie = [replace(records[0], tokens_per_s=1000.0), replace(records[1], tokens_per_s=990.0, peak_bytes=10 * GiB)]
+    line = next(x for x in select(tie, 80 * GiB, 0.05, 0.1).explanation if x.startswith("Throughput tie"))
+    assert "recomputation" in line and "more headroom decided" in line
+    assert any(line.startswith("Its predicted step") and "matmuls" in line for line in sel.explanation)
+    # records without terms (older studies) explain as before
+    plain = [replace(r, step_terms={}) for r in records]
+    assert not any(line.startswith(("Decided by", "Throughput tie", "Its predicted"))
+                   for line in select(plain, 80 * 2**30, 0.05, 0.1).explanation)

@@ -30,6 +30,12 @@ def test_qwen7b_24gb_recommends_peft_and_rejects_full(tmp_path, capsys):
     assert best["plan"]["method"] in ("lora", "qlora")
     assert best["peak_bytes"] <= 24 * 2**30 * 0.95 and best["source"] == "estimated"
     assert best["tokens_per_s"] > 0
+    # the predicted step-time terms travel with the answer, and the explanation names its largest ones
+    p = best["plan"]
+    assert best["tokens_per_s"] == pytest.approx(
+        p["micro_batch"] * p["seq_len"] * p["grad_accum"] / sum(best["step_terms"].values()))
+    assert best["step_terms"]["matmul"] > 0
+    assert any(line.startswith("Its predicted step") for line in d["explanation"])
     assert d["pareto"] and d["exports"] == {}
     full = [t for t in d["trials"] if t["plan"].get("method") == "full" and t["state"] == "pruned"]
     assert full and all(t["reason"] for t in full)

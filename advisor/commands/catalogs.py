@@ -18,20 +18,17 @@ def add_parser(subs) -> None:
 def run_models(args: argparse.Namespace) -> int:
     from advisor.core.catalog import model_catalog
 
-    rows = [{"name": k, "hf_id": e["hf_id"], "aliases": e.get("aliases", []), "params_total": e["params_total"],
-             "model_type": e["config"]["model_type"]} for k, e in model_catalog().items()]
+    rows = [{"name": k, "hf_id": e["hf_id"], "hf_variants": e.get("hf_variants", []), "aliases": e.get("aliases", []),
+             "params_total": e["params_total"], "model_type": e["config"]["model_type"]}
+            for k, e in model_catalog().items()]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     from rich.console import Console
-    from rich.table import Table
 
-    t = Table(title="Model catalog")
-    for col in ("name", "hub id", "aliases", "parameters", "type"):
-        t.add_column(col, justify="right" if col == "parameters" else "left")
-    for r in rows:
-        t.add_row(r["name"], r["hf_id"], ", ".join(r["aliases"]), f"{r['params_total']:,}", r["model_type"])
-    Console().print(t)
+    from advisor.ui.render import models_table
+
+    Console().print(models_table(rows))
     return 0
 
 
@@ -45,18 +42,12 @@ def run_gpus(args: argparse.Namespace) -> int:
                           "catalog": [g.to_dict() for g in gpus]}, indent=2))
         return 0
     from rich.console import Console
-    from rich.table import Table
 
     from advisor.core.units import format_bytes
+    from advisor.ui.render import gpus_table
 
-    t = Table(title="GPU catalog")
-    for col in ("key", "name", "memory", "bf16 TFLOP/s", "fp16 TFLOP/s", "GB/s", "host GB/s"):
-        t.add_column(col, justify="left" if col in ("key", "name") else "right")
-    for g in gpus:
-        t.add_row(g.key, g.name, format_bytes(g.memory_bytes, "GiB", 1), str(g.bf16_tflops or "-"),
-                  str(g.fp16_tflops), f"{g.mem_bw_gbs:,.0f}", f"{g.host_link_gbs:.0f}")
     console = Console()
-    console.print(t)
+    console.print(gpus_table(gpus))
     console.print(f"Detected: {detected.name} ({format_bytes(detected.memory_bytes, 'GiB')})" if detected
                   else "Detected: no NVIDIA GPU (NVML unavailable)")
     return 0

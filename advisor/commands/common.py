@@ -68,6 +68,10 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--attn-impl", choices=ATTENTION, default="sdpa", help="attention implementation (default sdpa)")
     g.add_argument("--offload", choices=OFFLOADS, default="none", help="DeepSpeed CPU offload (default none)")
     g.add_argument("--chunked-ce", action="store_true", help="chunked cross-entropy: never hold all logits at once")
+    g.add_argument("--eval-batch", type=int, default=0,
+                   help="sequences per evaluation forward (default 0: the micro-batch)")
+    g.add_argument("--max-new-tokens", type=int, default=0,
+                   help="tokens a generation-based evaluation generates per sequence (default 0: none)")
     add_memory_lever_flags(g)
     add_gpus_flags(p)
 
@@ -123,6 +127,8 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         attn_impl=args.attn_impl,
         offload=args.offload,
         chunked_ce=args.chunked_ce,
+        eval_batch=getattr(args, "eval_batch", 0),
+        max_new_tokens=getattr(args, "max_new_tokens", 0),
         **memory_lever_fields(args),
     )
     return plan.validate()

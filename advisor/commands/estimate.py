@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from advisor.commands._help import DefaultsHelpFormatter
 from advisor.commands.common import add_model_flags, add_plan_flags, positive_int
 
 HEADROOM = 0.05
@@ -14,7 +15,7 @@ def add_parser(subs) -> None:
     p = subs.add_parser(
         "estimate", help="memory ledger of a training step (or of serving)",
         description="Where the memory of one fine-tuning step (or of serving) goes, category by category.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     p.add_argument("--task", choices=("train", "inference"), default="train", help="what the GPU will do")
     add_model_flags(p)
     add_plan_flags(p)
@@ -56,14 +57,23 @@ def run(args: argparse.Namespace) -> int:
             from advisor.memory.sharding import shard_report
 
             report = shard_report(report, model, plan, args.gpus, args.sharding, gpu)
+        from advisor.runtime.phases import with_phases
+
+        report = with_phases(model, plan, gpu, report)
         result["plan"] = plan.to_dict()
         result["plan_short"] = plan.short()
     result.update(report.to_dict())
     result["ledger"] = report.device
+    if args.task == "train":
+        result.update(throughput_fields(model, plan, gpu, budget, args.gpus, args.sharding, report))
+    for key in ("phases", "run_peak_phase", "run_peak_bytes", "reserved_peak_bytes"):
+        if key in report.extra:
+            result[key] = report.extra[key]
     if budget is not None:
         result["budget"] = {"bytes": budget.bytes, "text": budget.text, "unit": budget.unit}
         result["headroom"] = HEADROOM
-        result["fits"] = report.peak_bytes * (1 + HEADROOM) <= budget.bytes
+        # the run fits when its highest phase does (load, train, eval, generate, save)
+        result["fits"] = result.get("run_peak_bytes", report.peak_bytes) * (1 + HEADROOM) <= budget.bytes
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -71,3 +81,27 @@ def run(args: argparse.Namespace) -> int:
 
         print_estimate(result, report, budget)
     return 0
+
+
+def throughput_fields(model, plan, gpu, budget, gpus: int, sharding: str, report) -> dict:
+    """Tokens/s and seconds per optimizer step beside the ledger (advisor/speed): predicted, or
+    calibrated by earlier probes on this GPU model, or measured when the backend ran the step."""
+    from advisor.core.catalog import gpu_for_budget
+    from advisor.speed.throughput import predict_throughput
+
+    assumed = False
+    if gpu is None and budget is not None:
+        gpu, assumed = gpu_for_budget(budget.bytes), True
+    if gpu is None or not (gpu.bf16_tflops or gpu.fp16_tflops):
+        return {"tokens_per_s": None, "step_seconds": None, "step_terms": {},
+                "throughput": {"source": "unknown: no GPU named (--gpu) or detected, no budget to assume one"}}
+    tp = predict_throughput(model, plan, gpu, gpus, sharding)
+    out = {"tokens_per_s": tp.tokens_per_s, "step_seconds": tp.step_seconds, "step_terms": tp.terms,
+           "throughput": {"source": tp.source, "gpu": gpu.name, "gpu_assumed": assumed, "gpus": gpus,
+                          "predicted_tokens_per_s": tp.tokens_per_s}}
+    measured = (report.extra or {}).get("tokens_per_s")
+    if measured:
+        out["tokens_per_s"] = float(measured) * gpus
+        out["step_seconds"] = plan.tokens_per_step * gpus / out["tokens_per_s"]
+        out["throughput"]["source"] = "measured"
+    return out

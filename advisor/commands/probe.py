@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from advisor.commands._help import DefaultsHelpFormatter
 from advisor.commands.common import add_model_flags, add_plan_flags, number, positive_int, whole_number
 
 
@@ -14,7 +15,7 @@ def add_parser(subs) -> None:
         description="Run a training plan for a few real optimizer steps in an isolated child process and measure "
                     "its peak memory, step time, tokens/s, losses and (with real weights) eval fidelity. "
                     "Out of memory, crashes and hangs end as a status, never as a traceback.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     add_model_flags(p)
     add_plan_flags(p)
     g = p.add_argument_group("probe")
@@ -44,6 +45,16 @@ def run(args: argparse.Namespace) -> int:
     result = run_probe(model, plan, device=device, steps=args.steps, warmup=args.warmup, timeout=args.timeout,
                        data=args.data, memory_limit_bytes=budget.bytes if budget else None, weights_dir=args.weights,
                        eval_texts=args.eval_texts, num_layers=args.num_layers, seed=args.seed)
+    if result.ok and device == "cuda" and result.tokens_per_s and args.num_layers is None:
+        # measured beats predicted: the probe also refits this GPU model's step-time scales
+        from advisor.speed.calibration import record_probe
+
+        gpu = detect_gpu()
+        if gpu is not None:
+            try:
+                record_probe(model, plan, gpu, result.tokens_per_s)
+            except (OSError, ValueError):
+                pass
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from advisor.commands._help import DefaultsHelpFormatter
 from advisor.commands.common import add_gpus_flags, number, positive_int
 
 
@@ -15,7 +16,7 @@ def add_parser(subs) -> None:
         description="Search memory techniques in priority order (quantized loading + PEFT, then gradient "
                     "checkpointing, then offload), measure each candidate, prune what does not fit, and return "
                     "the plan that best balances throughput and accuracy.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     p.add_argument("--model", required=True, help="catalog name or alias, hub id, or local directory")
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code shipped in a model directory")
     p.add_argument("--gpu-budget", required=True, help='memory budget: "24GB", "24 GiB", "24000MiB", "90%%"')
@@ -164,6 +165,7 @@ def tune_result(settings, records, selection, exports) -> dict:
             "number": best.number, "plan": best.plan, "plan_short": best.plan_short, "peak_bytes": best.peak_bytes,
             "tensor_peak_bytes": best.tensor_peak_bytes, "source": best.source, "ledger": best.ledger,
             "tokens_per_s": best.tokens_per_s, "tokens_per_s_source": best.tokens_per_s_source,
+            "step_terms": best.step_terms,
             "accuracy_loss": best.accuracy_loss, "accuracy_source": best.accuracy_source},
         "explanation": selection.explanation,
         "n_trials": sum(1 for r in records if r.state in ("complete", "pruned") and not r.duplicate_of),

@@ -51,7 +51,7 @@ class ModelSpec:
     """A decoder-only language model, as much as memory planning needs to know of it."""
 
     name: str
-    """Canonical name (catalog key, or the directory / hub id it was read from)."""
+    """Canonical name (catalog key, or the hub id of a catalogued variant, or the directory / hub id it was read from)."""
     hf_id: str
     """Hugging Face hub id, or the local path."""
     model_type: str
@@ -272,7 +272,7 @@ def _find_in_hf_cache(hub_id: str) -> Path | None:
 def catalog_names() -> list[str]:
     names = []
     for key, entry in model_catalog().items():
-        names += [key, entry["hf_id"], *entry.get("aliases", [])]
+        names += [key, entry["hf_id"], *entry.get("hf_variants", []), *entry.get("aliases", [])]
     return names
 
 
@@ -288,6 +288,9 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSpec:
     for key, entry in model_catalog().items():
         if lowered in (key, entry["hf_id"].lower(), *(a.lower() for a in entry.get("aliases", []))):
             return _catalog_spec(key)
+        for variant in entry.get("hf_variants", []):
+            if lowered == variant.lower():  # the base (or instruct) checkpoint of a catalogued architecture
+                return replace(_catalog_spec(key), name=variant, hf_id=variant)
     path = Path(wanted).expanduser()
     if path.is_dir():
         cfg_path = path / "config.json"
@@ -339,6 +342,13 @@ class GpuSpec:
     """Read from the GPU in this machine (NVML), not only from the catalog."""
     index: int | None = None
     """CUDA device index when detected."""
+    nvlink_gbs: float | None = None
+    """NVLink bandwidth per direction between GPUs, GB/s (None: collectives use the host link)."""
+    tdp_w: float | None = None
+    """Board power limit, W."""
+    sustained_tflops: float | None = None
+    """Dense fp16/bf16 tensor TFLOP/s a long GEMM sustains where the power limit holds the clock
+    below the boost clock the datasheet peak assumes (None: not published; the peak is used)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -355,6 +365,9 @@ def _gpu_from_entry(key: str, entry: dict) -> GpuSpec:
         mem_bw_gbs=float(entry["mem_bw_gbs"]),
         host_link_gbs=float(entry["host_link_gbs"]),
         source=entry["source"],
+        nvlink_gbs=entry.get("nvlink_gbs"),
+        tdp_w=entry.get("tdp_w"),
+        sustained_tflops=entry.get("sustained_tflops"),
     )
 
 

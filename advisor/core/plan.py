@@ -70,6 +70,10 @@ class Plan:
     """none, zero2_cpu (DeepSpeed ZeRO-2, optimizer on the CPU), zero3_cpu (ZeRO-3, parameters and optimizer on the CPU)."""
     chunked_ce: bool = False
     """Compute the loss over chunks of the sequence, never holding all logits at once."""
+    eval_batch: int = 0
+    """Sequences per evaluation forward (per_device_eval_batch_size); 0: the micro-batch."""
+    max_new_tokens: int = 0
+    """Tokens generated per sequence by a generation-based evaluation; 0: the run does not generate."""
     # ---- optimizer implementation, checkpointing granularity, activation offload (issue 15, levers 1-3)
     optim_rank: int = 128
     """GaLore / APOLLO projection rank (TrainingArguments optim_args "rank=", transformers' default 128)."""
@@ -136,6 +140,10 @@ class Plan:
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 bad(key, "must be a whole number of at least 1", v)
+        for key in ("eval_batch", "max_new_tokens"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                bad(key, "must be a whole number of at least 0 (0: the default)", v)
         if errs:
             return errs
         if self.method == "qlora" and not self.four_bit:
@@ -230,6 +238,10 @@ class Plan:
             parts.append(self.attn_impl)
         if self.chunked_ce:
             parts.append("chunked-ce")
+        if self.eval_batch:
+            parts.append(f"eval-b{self.eval_batch}")
+        if self.max_new_tokens:
+            parts.append(f"gen{self.max_new_tokens}")
         return " ".join(parts)
 
 
@@ -241,6 +253,7 @@ _FLAGS = {
     "chunked_ce": "--chunked-ce", "checkpoint_layers": "--checkpoint-layers",
     "activation_offload": "--activation-offload", "optimizer_in_backward": "--optimizer-in-backward",
     "optim_rank": "--optim-rank", "optim_proj_gap": "--optim-proj-gap",
+    "eval_batch": "--eval-batch", "max_new_tokens": "--max-new-tokens",
 }
 
 

@@ -23,9 +23,11 @@ class TrialRecord:
     plan_short: str
     stage: str = ""                # how far it went: plan, estimate, simulate, probe
     reason: str = ""               # why it was pruned (or failed)
-    peak_bytes: int | None = None
+    peak_bytes: int | None = None  # the training step's peak (its ledger sums to it)
     tensor_peak_bytes: int | None = None
     source: str = ""               # estimated, simulated, measured
+    run_peak_bytes: int | None = None  # the run's peak: the highest of load, train, eval, generate, save
+    run_peak_phase: str = ""       # the phase that sets it
     ledger: dict[str, int] = field(default_factory=dict)
     host_bytes: int = 0
     tokens_per_s: float | None = None
@@ -37,9 +39,16 @@ class TrialRecord:
     losses: list[float] = field(default_factory=list)
     duplicate_of: int | None = None  # a repeat proposal, answered from this earlier trial
     note: str = ""                 # e.g. why a later stage was skipped
+    step_terms: dict[str, float] = field(default_factory=dict)  # predicted seconds per step of each
+    #                               step-time term (advisor/speed), also kept when a probe measured the speed
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def run_peak(t: TrialRecord) -> int | None:
+    """What feasibility is decided on: the run's peak when known, else the step's."""
+    return t.run_peak_bytes or t.peak_bytes
 
 
 def fits(peak_bytes: float, budget_bytes: int, headroom: float) -> bool:
@@ -86,7 +95,7 @@ def select(records: list[TrialRecord], budget_bytes: int, headroom: float, toler
     """Highest throughput among feasible trials within the accuracy tolerance; ties → more headroom."""
     done = [t for t in records if t.state == "complete" and t.peak_bytes is not None and t.tokens_per_s
             and t.duplicate_of is None]
-    feasible = [t for t in done if fits(t.peak_bytes, budget_bytes, headroom)]
+    feasible = [t for t in done if fits(run_peak(t), budget_bytes, headroom)]
     accurate = [t for t in feasible if (t.accuracy_loss or 0.0) <= tolerance]
     ranked = sorted(accurate, key=lambda t: -(t.tokens_per_s or 0))
     best = None
@@ -94,7 +103,7 @@ def select(records: list[TrialRecord], budget_bytes: int, headroom: float, toler
         top = ranked[0].tokens_per_s
         ties = [t for t in ranked if t.tokens_per_s >= top * (1 - TIE)]
         # ties: CPU offload only as the last resort (the seeds' priority order), then more headroom
-        best = min(ties, key=lambda t: (t.plan.get("offload", "none") != "none", t.peak_bytes))
+        best = min(ties, key=lambda t: (t.plan.get("offload", "none") != "none", run_peak(t)))
     runner_up = next((t for t in ranked if best and t.plan_short != best.plan_short), None)
     pareto = pareto_front(feasible)
     return Selection(best, runner_up, feasible, pareto,
@@ -113,9 +122,10 @@ def explain(best, runner_up, records, feasible, budget_bytes, headroom, toleranc
             lines.append(f"The smallest plan seen, #{smallest.number} {smallest.plan_short}, needs "
                          f"{fmt(smallest.peak_bytes)} ({smallest.source}).")
         return lines
-    left = budget_bytes - best.peak_bytes
+    left = budget_bytes - run_peak(best)
+    during = f" during {best.run_peak_phase}" if best.run_peak_phase not in ("", "train") else ""
     lines.append(f"Chosen #{best.number} {best.plan_short}: {best.tokens_per_s:,.0f} tokens/s "
-                 f"({best.tokens_per_s_source}), peak {fmt(best.peak_bytes)} ({best.source}) of {fmt(budget_bytes)}, "
+                 f"({best.tokens_per_s_source}), peak {fmt(run_peak(best))}{during} ({best.source}) of {fmt(budget_bytes)}, "
                  f"{fmt(left)} ({left / budget_bytes:.0%}) left; accuracy loss {best.accuracy_loss:.3f} "
                  f"({best.accuracy_source}, tolerance {tolerance}).")
     if runner_up:
@@ -123,6 +133,12 @@ def explain(best, runner_up, records, feasible, budget_bytes, headroom, toleranc
         d_mem = runner_up.peak_bytes - best.peak_bytes
         lines.append(f"Runner-up #{runner_up.number} {runner_up.plan_short}: {d_tps:+.0f}% throughput, "
                      f"{'+' if d_mem >= 0 else '-'}{fmt(abs(d_mem))} memory, accuracy loss {runner_up.accuracy_loss:.3f}.")
+        decided = deciding_terms(best, runner_up)
+        if decided:
+            lines.append(decided)
+    breakdown = step_breakdown(best)
+    if breakdown:
+        lines.append(breakdown)
     faster = [t for t in feasible if t.tokens_per_s > best.tokens_per_s and (t.accuracy_loss or 0) > tolerance]
     if faster:
         f = max(faster, key=lambda t: t.tokens_per_s)
@@ -139,3 +155,44 @@ def explain(best, runner_up, records, feasible, budget_bytes, headroom, toleranc
             by_stage[t.stage or "plan"] = by_stage.get(t.stage or "plan", 0) + 1
         lines.append("Pruned: " + ", ".join(f"{n} at {s}" for s, n in sorted(by_stage.items())) + ".")
     return lines
+
+
+# ----------------------------------------------------------------------------- step-time terms
+
+def _per_token(t: TrialRecord) -> dict[str, float]:
+    """Predicted seconds per token of each step-time term of a trial (what the ranking compares)."""
+    p = t.plan or {}
+    tokens = int(p.get("micro_batch", 1)) * int(p.get("seq_len", 1)) * int(p.get("grad_accum", 1))
+    return {k: v / tokens for k, v in t.step_terms.items()} if tokens > 0 else {}
+
+
+def deciding_terms(best: TrialRecord, other: TrialRecord, n: int = 2) -> str:
+    """The predicted step-time terms that separate two plans, per 1k tokens, largest first."""
+    if not best.step_terms or not other.step_terms:
+        return ""
+    from advisor.speed.throughput import term_labels
+
+    labels = term_labels()
+    a, b = _per_token(best), _per_token(other)
+    diffs = sorted(((b.get(k, 0.0) - a.get(k, 0.0), k) for k in set(a) | set(b)), key=lambda dk: -abs(dk[0]))
+    shown = [f"{labels.get(k, k)} {'+' if d > 0 else '-'}{abs(d) * 1e6:.1f} ms" for d, k in diffs[:n] if abs(d) > 1e-12]
+    if not shown:
+        return ""
+    vs = f"#{other.number} vs #{best.number}"
+    if best.tokens_per_s and other.tokens_per_s and abs(other.tokens_per_s / best.tokens_per_s - 1) <= TIE:
+        return (f"Throughput tie (within {TIE:.0%}): {vs} differ most in {', '.join(shown)} per 1k tokens "
+                f"(predicted step-time terms); more headroom decided.")
+    return f"Decided by (predicted step-time terms per 1k tokens, {vs}): {', '.join(shown)}."
+
+
+def step_breakdown(t: TrialRecord, n: int = 3) -> str:
+    """Where the chosen plan's predicted step time goes: its largest terms and their shares."""
+    total = sum(t.step_terms.values())
+    if not t.step_terms or total <= 0:
+        return ""
+    from advisor.speed.throughput import term_labels
+
+    labels = term_labels()
+    top = sorted(t.step_terms.items(), key=lambda kv: -kv[1])[:n]
+    return (f"Its predicted step ({total:.2f} s) goes to " + ", ".join(
+        f"{labels.get(k, k)} {v / total:.0%}" for k, v in top) + ".")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from advisor.search.accuracy import accuracy_prior
+from advisor.memory.phases import run_peak_bytes
 from advisor.memory.training import estimate_training
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.errors import AdvisorInputError
@@ -332,7 +333,7 @@ class Tuner:
     def _finish(self, trial, rec: dict[str, Any], pruned: bool, values=None):
         import optuna
 
-        peak = rec.get("peak_bytes")
+        peak = rec.get("run_peak_bytes") or rec.get("peak_bytes")  # the run's peak decides
         invalid = rec.pop("invalid", False)
         # constraint for the sampler: > 0 when the peak (with headroom) exceeds the budget
         limit = self.s.budget.bytes * (1 - self.s.headroom)
@@ -359,8 +360,11 @@ class Tuner:
         return select(records, self.s.budget.bytes, self.s.headroom, self.s.tolerance).best
 
     def _per_gpu(self, report, plan: Plan):
-        """The ledger of one GPU of the target run (sharded when it has several)."""
-        return _shard(self.s, report, plan)
+        """The ledger of one GPU of the target run (sharded when it has several), with the run's phases:
+        decisions are on the run's peak (load, train, eval, generate, save), not the step's."""
+        from advisor.runtime.phases import with_phases
+
+        return with_phases(self.s.model, plan, self.s.gpu, _shard(self.s, report, plan))
 
     def _fits_by_estimate(self, params: dict[str, Any]) -> bool:
         plan = plan_from_params(params, self.s.space, self.s.model.arch or {})
@@ -370,7 +374,7 @@ class Tuner:
             rep = self._per_gpu(estimate_training(self.s.model, plan, self.s.gpu), plan)
         except AdvisorInputError:
             return False
-        return fits(rep.peak_bytes, self.s.budget.bytes, self.s.headroom)
+        return fits(run_peak_bytes(rep), self.s.budget.bytes, self.s.headroom)
 
     def _evaluate(self, plan: Plan, rung: str) -> dict[str, Any]:
         """estimate → (simulate) → (probe); a dict of TrialRecord fields, with "reason" when pruned."""
@@ -392,11 +396,11 @@ class Tuner:
         rec.update(_memory_fields(report))
         limit = s.budget.bytes * (1 - s.headroom)
         last_stage = s.backend == "estimate"
-        if report.peak_bytes > (limit if last_stage else s.budget.bytes * (1 + PRESCREEN_MARGIN)):
-            return {**rec, "reason": f"estimated peak {fmt(report.peak_bytes)} over the budget "
+        if run_peak_bytes(report) > (limit if last_stage else s.budget.bytes * (1 + PRESCREEN_MARGIN)):
+            return {**rec, "reason": f"estimated peak {fmt(run_peak_bytes(report))}{_during(report)} over the budget "
                                      f"{fmt(s.budget.bytes)}{' less headroom' if last_stage else ''}"}
         tps = predict_throughput(s.model, plan, s.gpu, s.gpus, s.sharding)
-        prediction = dict(tokens_per_s=tps.tokens_per_s, tokens_per_s_source="predicted",
+        prediction = dict(tokens_per_s=tps.tokens_per_s, tokens_per_s_source=tps.source, step_terms=tps.terms,
                           accuracy_loss=accuracy_prior(plan), accuracy_source="prior")
         if s.backend == "simulate":
             incumbent = self._incumbent()
@@ -404,8 +408,8 @@ class Tuner:
                 # cannot become the answer: the estimate (within a few % of the simulation) decides,
                 # and the seconds of a simulation go to plans that could win
                 rec.update(prediction)
-                if report.peak_bytes > limit:
-                    return {**rec, "reason": f"estimated peak {fmt(report.peak_bytes)} leaves less than "
+                if run_peak_bytes(report) > limit:
+                    return {**rec, "reason": f"estimated peak {fmt(run_peak_bytes(report))}{_during(report)} leaves less than "
                                              f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
                 rec["note"] = (f"not simulated: predicted {tps.tokens_per_s:,.0f} tokens/s cannot beat "
                                f"#{incumbent.number} ({incumbent.tokens_per_s:,.0f})")
@@ -416,8 +420,8 @@ class Tuner:
             rec["stage"] = "simulate"
             report = self._per_gpu(get_backend("simulate")(s.model, plan, s.gpu), plan)
             rec.update(_memory_fields(report))
-            if not fits(report.peak_bytes, s.budget.bytes, s.headroom):
-                return {**rec, "reason": f"simulated peak {fmt(report.peak_bytes)} leaves less than "
+            if not fits(run_peak_bytes(report), s.budget.bytes, s.headroom):
+                return {**rec, "reason": f"simulated peak {fmt(run_peak_bytes(report))}{_during(report)} leaves less than "
                                          f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
         rec.update(prediction)
         if s.backend in ("cpu", "cuda"):
@@ -437,14 +441,28 @@ class Tuner:
             rec.update(_memory_fields(report))
             if report.extra.get("tokens_per_s"):
                 rec.update(tokens_per_s=float(report.extra["tokens_per_s"]) * s.gpus, tokens_per_s_source="measured")
+                if s.backend == "cuda" and options.get("num_layers") is None:
+                    _calibrate_speed(s, plan, float(report.extra["tokens_per_s"]))
             if report.extra.get("losses"):
                 rec["losses"] = [float(x) for x in report.extra["losses"]]
             if report.extra.get("fidelity_kl") is not None:
                 rec.update(accuracy_loss=float(report.extra["fidelity_kl"]), accuracy_source="measured")
-            if s.backend == "cuda" and not fits(report.peak_bytes, s.budget.bytes, s.headroom):
-                return {**rec, "reason": f"measured peak {fmt(report.peak_bytes)} leaves less than "
+            if s.backend == "cuda" and not fits(run_peak_bytes(report), s.budget.bytes, s.headroom):
+                return {**rec, "reason": f"measured peak {fmt(run_peak_bytes(report))}{_during(report)} leaves less than "
                                          f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
         return rec
+
+
+def _calibrate_speed(settings: TuneSettings, plan: Plan, tokens_per_s: float) -> None:
+    """Measured beats predicted: a real probe also refits this GPU model's step-time scales
+    (advisor/speed/calibration.py), so later predictions on it say "calibrated (N probes)"."""
+    from advisor.core.catalog import detect_gpu
+    from advisor.speed.calibration import record_probe
+
+    try:
+        record_probe(settings.model, plan, detect_gpu() or settings.gpu, tokens_per_s)
+    except (OSError, ValueError):
+        pass  # a read-only cache or an odd rate never stops the study
 
 
 def _shard(settings: TuneSettings, report, plan: Plan):
@@ -455,8 +473,17 @@ def _shard(settings: TuneSettings, report, plan: Plan):
     return shard_report(report, settings.model, plan, settings.gpus, settings.sharding, settings.gpu)
 
 
+def _during(report) -> str:
+    phase = report.extra.get("run_peak_phase", "train")
+    return "" if phase == "train" else f" during {phase}"
+
+
 def _memory_fields(report) -> dict[str, Any]:
-    return {"peak_bytes": int(report.peak_bytes), "tensor_peak_bytes": int(report.tensor_peak_bytes),
+    # peak_bytes is the step's (its ledger sums to it); run_peak_bytes, the highest phase, is what feasibility
+    # is decided on (advisor.search.select.run_peak)
+    return {"peak_bytes": int(report.peak_bytes), "run_peak_bytes": run_peak_bytes(report),
+            "run_peak_phase": report.extra.get("run_peak_phase", "train"),
+            "tensor_peak_bytes": int(report.tensor_peak_bytes),
             "source": report.source, "ledger": {k: int(v) for k, v in report.device.items()},
             "host_bytes": int(report.host_bytes)}
 

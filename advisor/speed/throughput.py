@@ -1,184 +1,170 @@
-"""Predicted training throughput from a roofline of the GPU (labelled "predicted").
+"""Predicted training throughput: a step-time model made of terms (labelled "predicted", or
+"calibrated (N probes)" once real probes on this GPU model refit its scales).
 
-time per step = max(matmul FLOPs / achievable FLOP/s, bytes / achievable bandwidth)
-                + 4-bit dequantization traffic + optimizer traffic + host-link traffic (offload)
+    step seconds = grad_accum x (sum of the per-micro-batch terms) + (sum of the per-step terms)
+    tokens/s     = gpus x micro_batch x seq_len x grad_accum / step seconds
+
+The terms (``advisor/speed/terms.py``), each with its citation there:
+
+    matmul             base-linear and lm_head GEMMs, efficiency by shape (small M reaches less)
+    attention          by implementation (sdpa, flash_attention_2, eager) and sequence length
+    elementwise        norms, activations, rotary, residuals (memory-bound)
+    lora               the narrow LoRA matmuls and their cast / dropout / scale-add paths (DoRA's norm)
+    loss               the cross-entropy over the vocabulary (fp32 upcast, log-softmax, backward)
+    recompute          the forward again for checkpointed layers
+    dequant            4-bit / 8-bit weights dequantized in forward and backward
+    launch_overhead    host time of the eager ops of a micro-batch
+    optimizer          the update by implementation (foreach, fused, 8-bit, paged) + grad clipping
+    grad_accumulation  adding each micro-batch's gradients
+    step_fixed         per-step host work of the training loop
+    offload            host link and CPU Adam under ZeRO-Offload
+    collectives        gradient reduction and parameter gathers between GPUs
+    low_rank_projection, activation_offload, paged_spill: the newer levers (``lever_terms.py``)
+
+Constants: ``advisor/data/throughput.yaml`` (source and whether fitted beside each); GPU figures:
+``advisor/data/gpus.yaml``. A measured probe always replaces the prediction for its plan.
+
+Adding a term for a new lever (e.g. a new optimizer, activation offload):
+
+1. write ``def my_term(s: StepInputs) -> float`` in ``terms.py`` returning seconds, read the
+   lever with ``getattr(s.plan, "my_lever", default)`` so older plans still work, and put a
+   one-line citation in its docstring;
+2. decorate it ``@term("my_term", per="micro_batch" | "step", kind="gpu" | "cpu" | "link",
+   label="what a person reads")``: it then appears in ``ThroughputPrediction.terms``, in
+   ``advisor estimate`` and in the tuner's explanations;
+3. put any constant in ``throughput.yaml`` with its source (``fitted: true`` if you fit it);
+   work a checkpointed layer repeats belongs in ``layer_forward_seconds`` too;
+4. add a unit test that the term moves the way its citation says.
+A new optimizer implementation usually needs only a row in ``optimizer_bytes_per_param``.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
-from advisor.memory.training import param_breakdown, trainable_dtype_bytes
-from advisor.core.catalog import GpuSpec, ModelSpec, _load_data
-from advisor.core.plan import DTYPE_BYTES, Plan
+from advisor.core.catalog import GpuSpec, ModelSpec
+from advisor.core.plan import Plan
+from advisor.speed.inputs import StepInputs
+from advisor.speed import lever_terms  # noqa: F401 - registers the terms of the newer levers
+from advisor.speed.calibration import for_gpu
+from advisor.speed.terms import TERMS, evaluate_terms
+
+COMPUTE = ("matmul", "attention", "recompute")
+MEMORY = ("elementwise", "lora", "loss")
+OPTIMIZER = ("optimizer", "grad_accumulation", "low_rank_projection")
+OFFLOAD = ("offload", "activation_offload", "paged_spill")
+LEVERS = ("low_rank_projection", "activation_offload", "paged_spill")
 
 
 @dataclass(frozen=True)
 class ThroughputPrediction:
     tokens_per_s: float
+    """Tokens per second of the whole job (all data-parallel GPUs), padding included."""
     step_seconds: float
+    """Seconds per optimizer step (grad_accum micro-batches)."""
     flops_per_step: float
+    """Matmul and attention FLOPs of one step on one GPU (recomputation included)."""
     compute_seconds: float
+    """matmul + attention + recompute."""
     memory_seconds: float
+    """elementwise + lora + loss (memory-bound work)."""
     dequant_seconds: float
     optimizer_seconds: float
+    """optimizer + grad_accumulation + low_rank_projection."""
     offload_seconds: float
+    """offload + activation_offload + paged_spill (host-link traffic)."""
     gpu: str
     comm_seconds: float = 0.0
     source: str = "predicted"
+    """predicted, or calibrated (N probes) once probes on this GPU model refit its scales."""
+    terms: dict[str, float] = field(default_factory=dict)
+    """Seconds per optimizer step of each term (they add up to step_seconds)."""
+    levers_seconds: float = 0.0
+    """The newer levers' own work (low-rank projection, activation offload, paged spill, DoRA)."""
+    real_token_fraction: float = 1.0
+    """Real tokens / tokens computed on (padding excluded: a data profile without packing)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
 
-
-def step_flops(model: ModelSpec, plan: Plan) -> float:
-    """Matmul FLOPs of one optimizer step (all micro-batches)."""
-    T = plan.tokens_per_step
-    pb = param_breakdown(model, plan)
-    matmul_params = pb.linear + model.vocab_size * model.hidden_size  # embeddings do no matmul; lm_head does
-    # forward: 2 FLOPs per parameter per token + attention 2·L·s·d_attn (causal half of 4·L·s·d_attn)
-    # (Kaplan et al. 2020 §2.1, table 1; Chinchilla appendix F)
-    attn = 2 * model.num_layers * plan.seq_len * model.q_dim
-    fwd = T * (2 * matmul_params + attn)
-    # backward: input gradients cost one forward; weight gradients another, only where weights train
-    bwd_input = fwd
-    bwd_weight = fwd if plan.method == "full" else T * 2 * pb.adapter
-    adapters = T * 2 * pb.adapter * 2  # adapter forward (and its input-gradient path)
-    recompute = fwd * recompute_fraction(model, plan)  # one more forward per checkpointed layer (Chen et al. 2016)
-    return fwd + bwd_input + bwd_weight + adapters + recompute
+    def largest_terms(self, n: int = 4) -> list[tuple[str, float]]:
+        """The n terms that take the most time, largest first, as (name, seconds per step)."""
+        return sorted(((k, v) for k, v in self.terms.items() if v > 0), key=lambda kv: -kv[1])[:n]
 
 
-def predict_throughput(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1,
-                       sharding: str = "ddp") -> ThroughputPrediction:
-    """Tokens per second of the whole job (all ``gpus`` data-parallel replicas)."""
-    a = _load_data("throughput.yaml")
-    peak_tflops = (gpu.bf16_tflops if plan.activation_dtype == "bf16" and gpu.bf16 else gpu.fp16_tflops)
-    if plan.activation_dtype == "fp32":
-        peak_tflops = (gpu.bf16_tflops or gpu.fp16_tflops) * a["fp32_tensor_ratio"]
-    flops = step_flops(model, plan)
-    compute = flops / (peak_tflops * 1e12 * a["matmul_efficiency"])
-    if plan.quantization == "int8":
-        compute *= a["int8_overhead"]
-    bw = gpu.mem_bw_gbs * 1e9 * a["bandwidth_efficiency"]
-    pb = param_breakdown(model, plan)
-    passes = (2 + recompute_fraction(model, plan)) * plan.grad_accum  # forward, backward (+ recompute)
-    weight_b = DTYPE_BYTES[plan.param_dtype]
-    # every pass reads every weight once (memory-bound at small batch)
-    memory = passes * (pb.linear * (0.5 if plan.four_bit else 1 if plan.quantized else weight_b)
-                       + pb.other * weight_b) / bw
-    dequant = passes * pb.linear * a["dequant_bytes_per_param"] / bw if plan.four_bit else 0.0
-    optimizer = optimizer_traffic_bytes(model, plan) / bw + low_rank_projection_seconds(model, plan, gpu, a)
-    offload = 0.0
-    if plan.offload != "none":
-        link = gpu.host_link_gbs * 1e9 * a["host_link_efficiency"]
-        # gradients out, updated parameters back (ZeRO-Offload §4.2), CPU Adam in between
-        offload = pb.trainable * 2 * 2 / link + pb.trainable / a["cpu_adam_params_per_s"]
-        optimizer = 0.0
-        if plan.offload == "zero3_cpu":
-            offload += passes * model.params_total * weight_b / link  # parameters gathered from the host each pass
-    comm = 0.0
-    if gpus > 1:
-        from advisor.memory.sharding import comm_bytes_per_step, interconnect_gbs
+def term_labels() -> dict[str, str]:
+    """name -> the label a person reads."""
+    return {t.name: t.label for t in TERMS}
 
-        # collectives not overlapped with compute (a conservative bound; ZeRO §7.2 volumes)
-        comm = comm_bytes_per_step(model, plan, gpus, sharding) / (interconnect_gbs(gpu) * 1e9 * a["host_link_efficiency"])
-        if sharding in ("zero2", "zero3", "fsdp"):
-            optimizer /= gpus  # each GPU updates its shard
-    offload += activation_offload_seconds(model, plan, gpu, a, compute) + paged_spill_seconds(model, plan, gpu, a)
-    step = max(compute, memory) + dequant + optimizer + offload + comm
+
+def step_flops(model: ModelSpec, plan: Plan, s: StepInputs | None = None) -> float:
+    """Matmul FLOPs of one step (all micro-batches): 2 per weight per token forward, as much for
+    input gradients, again for weight gradients where weights train (Kaplan et al. 2020 §2.1), the
+    forward again under checkpointing (Chen et al. 2016), causal attention 2 s d_q per token per
+    layer forward (half of 4 s d_q) and 2.5x that backward (Dao 2023 §3.1)."""
+    s = s or StepInputs(model, plan, _NO_GPU)
+    M, L = s.tokens, model.num_layers
+    lin = sum(i * o for i, o in s.shapes.values())
+    head = model.hidden_size * model.vocab_size
+    lora = sum(plan.lora_r * (s.shapes[m][0] + s.shapes[m][1]) for m in s.pb.lora_modules)
+    attn = 2 * plan.seq_len * model.q_dim
+    fwd_layer = 2 * M * (lin + lora) + M * attn
+    fwd = L * fwd_layer + 2 * M * head
+    bwd = L * (2 * M * lin + 4 * M * lora + 2.5 * M * attn) + 2 * M * head
+    if plan.method == "full":
+        bwd += L * 2 * M * lin + 2 * M * head
+    recompute = s.checkpointed_fraction * L * fwd_layer
+    return float(plan.grad_accum * (fwd + bwd + recompute))
+
+
+_NO_GPU = GpuSpec(key="none", name="none", memory_bytes=0, bf16=True, bf16_tflops=1.0, fp16_tflops=1.0,
+                  mem_bw_gbs=1.0, host_link_gbs=1.0, source="placeholder for FLOP counting")
+
+
+def predict_throughput(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1, sharding: str = "ddp",
+                       calibrated: bool = True, k: dict | None = None,
+                       stack: dict | None = None, data: Any = None) -> ThroughputPrediction:
+    """Tokens per second of the whole job (all ``gpus`` data-parallel replicas) and its terms.
+
+    ``calibrated``: apply the per-GPU scales refit from earlier real probes on this GPU model,
+    when there are any (advisor/speed/calibration.py); the source then says so. ``k`` replaces the
+    constants of throughput.yaml and ``stack`` states another software stack's differences (both
+    for the published-runs benchmark). ``data`` (a data profile: ``lengths``, ``expected_padded``,
+    ``mean_tokens``) counts real tokens only: an average batch is padded to its longest document
+    unless packed, and packed attention runs over each document's own block."""
+    frac, stack = 1.0, dict(stack or {})
+    if data is not None:
+        if getattr(plan, "packing", False):
+            stack.setdefault("attention_scale", packed_attention_scale(list(data.lengths), plan.seq_len))
+        else:
+            padded = max(1, round(data.expected_padded(plan.seq_len, plan.micro_batch)))
+            frac = min(1.0, data.mean_tokens(plan.seq_len) / padded)
+            plan = plan.with_(seq_len=padded)
+    s = StepInputs(model, plan, gpu, gpus, sharding, k, stack)
+    raw = evaluate_terms(s)
+    source, scale = "predicted", {"gpu": 1.0, "cpu": 1.0, "link": 1.0}
+    if calibrated:
+        cal = for_gpu(gpu)
+        if cal is not None:
+            source, scale = cal.label, {"gpu": cal.gpu_scale, "cpu": cal.cpu_scale, "link": 1.0}
+    terms = {name: sec * scale[kind] for name, (sec, kind) in raw.items()}
+    step = max(sum(terms.values()), 1e-9)
     return ThroughputPrediction(
-        tokens_per_s=gpus * plan.tokens_per_step / step, step_seconds=step, flops_per_step=flops,
-        compute_seconds=compute, memory_seconds=memory, dequant_seconds=dequant, optimizer_seconds=optimizer,
-        offload_seconds=offload, gpu=gpu.name, comm_seconds=comm)
+        tokens_per_s=gpus * plan.tokens_per_step * frac / step, step_seconds=step,
+        flops_per_step=step_flops(model, plan, s),
+        compute_seconds=sum(terms[n] for n in COMPUTE if n in terms),
+        memory_seconds=sum(terms[n] for n in MEMORY if n in terms),
+        dequant_seconds=terms.get("dequant", 0.0),
+        optimizer_seconds=sum(terms[n] for n in OPTIMIZER if n in terms),
+        offload_seconds=sum(terms[n] for n in OFFLOAD if n in terms), gpu=gpu.name,
+        comm_seconds=terms.get("collectives", 0.0), source=source, terms=terms,
+        levers_seconds=sum(terms.get(n, 0.0) for n in LEVERS), real_token_fraction=frac)
 
 
-
-# --------------------------------------------------------------------------- terms of issue 15's levers
-
-
-def recompute_fraction(model: ModelSpec, plan: Plan) -> float:
-    """Share of the forward recomputed in backward: k of L checkpointed layers (Chen et al. 2016)."""
-    from advisor.core.plan import checkpointed_layers
-
-    return len(checkpointed_layers(plan, model.num_layers)) / model.num_layers
-
-
-STATE_BYTES_PER_PARAM = {
-    # bytes of optimizer state read and written per trainable parameter, per step
-    "adamw_torch": None, "adamw_torch_fused": None,   # two moments in the trainable dtype (torch AdamW)
-    "paged_adamw_32bit": 8.0, "adamw_8bit": 2.0, "paged_adamw_8bit": 2.0,  # bitsandbytes fp32 / blockwise 8-bit
-    "adamw_torch_8bit": 2.0, "adamw_torch_4bit": 1.0,  # torchao low-bit codes (scales add ~2%)
-    "sgd": 0.0, "lomo": 0.0,
-}
-
-
-def optimizer_traffic_bytes(model: ModelSpec, plan: Plan) -> float:
-    """Bytes the optimizer step moves: read gradients, read and write parameters and states.
-
-    foreach AdamW also writes and reads its full-size sqrt temporary (torch _multi_tensor_adamw); the fused
-    kernel does not (torch._fused_adamw_). GaLore / APOLLO states are rank-r (their targets' share shrinks by
-    r / min(m, n)); Adafactor / AdaLomo keep row and column vectors (~0.1 of a state)."""
-    from advisor.memory.training import optimizer_state_bytes
-
-    pb = param_breakdown(model, plan)
-    tb = trainable_dtype_bytes(plan)
-    n = pb.trainable
-    per = STATE_BYTES_PER_PARAM.get(plan.optimizer)
-    if plan.optimizer in ("adamw_torch", "adamw_torch_fused"):
-        states = 2 * tb * n
-    elif per is not None:
-        states = per * n
-    else:  # adafactor, adalomo, GaLore, APOLLO: what the ledger says they keep
-        states = float(optimizer_state_bytes(model, plan, pb))
-    foreach_temp = 2 * tb * n if plan.optimizer == "adamw_torch" else 0
-    return n * (2 * tb + tb) + 2 * states + foreach_temp
-
-
-def low_rank_projection_seconds(model: ModelSpec, plan: Plan, gpu: GpuSpec, a: dict) -> float:
-    """GaLore's SVD of every target gradient every optim_proj_gap steps, amortized per step, plus the per-step
-    projections (2·m·n·r FLOPs each way). A reduced SVD of m x n costs ~4·m·n·k + 8·k^3 FLOPs, k = min(m, n)
-    (Golub & Van Loan, 4th ed. §8.6.3), at the fp32 rate with a GPU SVD's low efficiency (cuSOLVER gesvd: ~5%)."""
-    from advisor.memory.training import low_rank_targets
-    from advisor.core.plan import LOW_RANK_OPTIMIZERS
-
-    if plan.optimizer not in LOW_RANK_OPTIMIZERS:
-        return 0.0
-    fp32 = (gpu.bf16_tflops or gpu.fp16_tflops) * a["fp32_tensor_ratio"] * 1e12
-    proj = svd = 0.0
-    for m, n in low_rank_targets(model, plan):
-        k = min(m, n)
-        proj += 2 * 2 * m * n * min(plan.optim_rank, k)
-        if plan.optimizer.startswith("galore"):
-            svd += 4 * m * n * k + 8 * k ** 3
-    return proj / (fp32 * a["matmul_efficiency"]) + svd / plan.optim_proj_gap / (fp32 * 0.05)
-
-
-def activation_offload_seconds(model: ModelSpec, plan: Plan, gpu: GpuSpec, a: dict, compute: float) -> float:
-    """PCIe time of activation offload that compute does not hide.
-
-    Every offloaded byte crosses the host link twice (device to host in forward, back in backward). With
-    checkpointing, transformers' save_on_cpu copies on the compute stream: nothing is hidden. Without, TRL's
-    OffloadActivations copies on a side stream and overlaps them with compute (use_streams)."""
-    if not plan.activation_offload:
-        return 0.0
-    from advisor.memory.training import estimate_training
-
-    host = estimate_training(model, plan).host.get("activations", 0)
-    link = gpu.host_link_gbs * 1e9 * a["host_link_efficiency"]
-    pcie = 2 * host * plan.grad_accum / link
-    if plan.gradient_checkpointing:
-        return pcie
-    return max(0.0, pcie - compute)
-
-
-def paged_spill_seconds(model: ModelSpec, plan: Plan, gpu: GpuSpec, a: dict) -> float:
-    """Paged optimizer states evicted to the host come back for the step and go out again: twice over the host
-    link per step, page-fault driven (no overlap with compute)."""
-    from advisor.core.plan import PAGED_OPTIMIZERS
-
-    if plan.optimizer not in PAGED_OPTIMIZERS:
-        return 0.0
-    from advisor.memory.training import estimate_training
-
-    spilled = estimate_training(model, plan, gpu).host.get("optimizer_states", 0)
-    return 2 * spilled / (gpu.host_link_gbs * 1e9 * a["host_link_efficiency"])
+def packed_attention_scale(lengths: list[int], seq_len: int) -> float:
+    """With packing each document attends only to itself (flash-attn varlen, a block-diagonal mask):
+    attention FLOPs scale by sum(s_i^2) / (sum(s_i) x seq_len) against one seq_len-long sequence."""
+    docs = [min(n, seq_len) for n in lengths if n > 0]
+    total = sum(docs)
+    return sum(n * n for n in docs) / (total * seq_len) if total else 1.0

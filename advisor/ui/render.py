@@ -70,11 +70,77 @@ def print_estimate(result: dict[str, Any], report: MemoryReport, budget: Budget 
     console.print(ledger_table(report, budget))
     for line in verdict_lines(report, budget):
         console.print(line)
+    if report.extra.get("phases"):
+        console.print(phase_table(report.extra["phases"], report.extra["run_peak_phase"], budget))
+        for line in run_verdict_lines(report, budget):
+            console.print(line)
     for note in report.notes:
         console.print(f"[dim]note: {note}[/]")
     if "kv_cache_bytes_per_token" in report.extra:
         console.print(f"KV cache: {report.extra['kv_cache_bytes_per_token']:,} bytes per token, "
                       f"{report.extra['tokens_in_flight']:,} tokens in flight")
+    for line in throughput_lines(result):
+        console.print(line)
+
+
+def throughput_lines(result: dict[str, Any], n: int = 4) -> list[str]:
+    """Tokens/s and seconds per optimizer step, and the largest step-time terms (advisor/speed)."""
+    info = result.get("throughput")
+    if not info:
+        return []
+    if result.get("tokens_per_s") is None:
+        return [f"Throughput: {info['source']}"]
+    from advisor.speed.throughput import term_labels
+
+    where = f" on {info['gpu']}" + (" (assumed from the budget)" if info.get("gpu_assumed") else "")
+    if info.get("gpus", 1) > 1:
+        where += f" x {info['gpus']}"
+    lines = [f"Throughput: [bold]{result['tokens_per_s']:,.0f} tokens/s[/] ({info['source']}), "
+             f"{result['step_seconds']:.3f} s per optimizer step{escape(where)}"]
+    terms = result.get("step_terms") or {}
+    total = sum(terms.values())
+    if total > 0:
+        labels = term_labels()
+        top = sorted(terms.items(), key=lambda kv: -kv[1])[:n]
+        lines.append("Largest terms (predicted s/step): " + ", ".join(
+            f"{escape(labels.get(k, k))} {v:.3f} ({v / total:.0%})" for k, v in top))
+    return lines
+
+
+def phase_table(phases: dict[str, dict[str, Any]], run_peak_phase: str, budget: Budget | None = None,
+                title: str = "Phases of the run"):
+    """One row per phase: live (allocated) and reserved bytes at its peak, the GPU's peak, what sets it."""
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    t.add_column("Phase", no_wrap=True)
+    for col in ("Live", "Reserved", "Peak"):
+        t.add_column(col, justify="right", no_wrap=True)
+    t.add_column("What sets it", overflow="fold", max_width=34)
+    for name, ph in phases.items():
+        label = name + (" *" if name == run_peak_phase else "")
+        style = "bold" if name == run_peak_phase else ("dim" if not ph.get("included", True) else "")
+        what = escape(ph.get("what", "")) + ("" if ph.get("included", True) else " (not in this run)")
+        t.add_row(label, _fmt(ph["live_bytes"], budget), _fmt(ph["reserved_bytes"], budget),
+                  _fmt(ph["peak_bytes"], budget), what, style=style)
+    return t
+
+
+def run_verdict_lines(report: MemoryReport, budget: Budget | None, headroom: float = 0.05) -> list[str]:
+    """The run's peak (the highest phase) against the budget."""
+    peak = int(report.extra["run_peak_bytes"])
+    phase = report.extra["run_peak_phase"]
+    lines = [f"Run peak [bold]{_fmt(peak, budget)}[/] during {phase} (* above; reserved "
+             f"{_fmt(report.extra['phases'][phase]['reserved_bytes'], budget)}, {report.extra.get('reserved_model', '')})"]
+    if budget is not None:
+        left = budget.bytes - peak
+        if peak * (1 + headroom) <= budget.bytes:
+            lines.append(f"[green]THE RUN FITS[/] in {budget}: {budget.format(left)} left")
+        elif peak <= budget.bytes:
+            lines.append(f"[yellow]THE RUN IS TIGHT[/] in {budget}: only {budget.format(left)} left")
+        else:
+            lines.append(f"[red]THE RUN DOES NOT FIT[/] in {budget}: {budget.format(-left)} over, during {phase}")
+    return lines
 
 
 # ----------------------------------------------------------------------------- tune
@@ -83,23 +149,33 @@ STATE_STYLE = {"complete": "green", "pruned": "yellow", "failed": "red", "runnin
 SOURCE_MARK = {"estimated": "est", "simulated": "sim", "measured": "meas", "predicted": "pred", "prior": "prior"}
 
 
+def source_mark(source: str) -> str:
+    """Short mark of where a number comes from ("calibrated (N probes)" predictions: cal)."""
+    return "cal" if source.startswith("calibrated") else SOURCE_MARK.get(source, "")
+
+
 def trials_table(records, budget: Budget, limit: int | None = None, title: str = "Trials"):
     """One row per trial: state, plan, peak vs budget, tokens/s, accuracy, and where each number comes from."""
     from rich.table import Table
 
     t = Table(title=title, title_justify="left", expand=False)
-    for col, just in (("#", "right"), ("state", "left"), ("plan", "left"), ("peak", "right"), ("tok/s", "right"),
-                      ("acc. loss", "right"), ("why pruned", "left")):
-        t.add_column(col, justify=just, overflow="fold" if col == "why pruned" else "ellipsis")
     rows = records[-limit:] if limit else records
+    # a narrow terminal wraps the plan and the reason, never cuts them (80 columns hold every column)
+    t.add_column("#", justify="right", no_wrap=True)
+    t.add_column("state / why pruned", overflow="fold")
+    t.add_column("plan", overflow="fold")
+    for col in ("peak", "tok/s", "acc. loss"):
+        t.add_column(col, justify="right", overflow="fold")
     for r in rows:
         style = STATE_STYLE.get(r.state, "")
-        peak = (f"{budget.format(r.peak_bytes)} [dim]{SOURCE_MARK.get(r.source, r.source)}[/]"
+        # the source of each number on its own line keeps the number columns narrow
+        peak = (f"{budget.format(r.peak_bytes)}\n[dim]{SOURCE_MARK.get(r.source, r.source)}[/]"
                 if r.peak_bytes else "")
-        tps = f"{r.tokens_per_s:,.0f} [dim]{SOURCE_MARK.get(r.tokens_per_s_source, '')}[/]" if r.tokens_per_s else ""
-        acc = f"{r.accuracy_loss:.3f} [dim]{SOURCE_MARK.get(r.accuracy_source, '')}[/]" \
+        tps = f"{r.tokens_per_s:,.0f}\n[dim]{source_mark(r.tokens_per_s_source)}[/]" if r.tokens_per_s else ""
+        acc = f"{r.accuracy_loss:.3f}\n[dim]{SOURCE_MARK.get(r.accuracy_source, '')}[/]" \
             if r.accuracy_loss is not None and r.state == "complete" else ""
-        t.add_row(str(r.number), f"[{style}]{r.state}[/]", escape(r.plan_short), peak, tps, acc, escape(r.reason))
+        state = f"[{style}]{r.state}[/]" + (f": {escape(r.reason)}" if r.reason else "")
+        t.add_row(str(r.number), state, escape(r.plan_short), peak, tps, acc)
     return t
 
 
@@ -128,7 +204,7 @@ class TuneProgress:
                           f"({format_bytes(s.gpu.memory_bytes, 'GiB', 0)}), the catalog GPU the budget matches.[/]")
         if s.backend in ("simulate", "estimate"):
             console.print(f"[dim]Backend {s.backend}: memory is {'simulated' if s.backend == 'simulate' else 'estimated'}"
-                          ", throughput predicted (roofline), accuracy from priors: no GPU probes run.[/]")
+                          ", throughput predicted (step-time model), accuracy from priors: no GPU probes run.[/]")
         if already_finished:
             console.print(f"Resuming: {already_finished} of {s.trials} trials already finished.")
         self._progress = Progress(TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -172,7 +248,7 @@ def print_tune_result(settings, records, selection, exports) -> None:
 
         t = Table(title="Pareto front (throughput / accuracy / memory)", title_justify="left")
         for col in ("#", "plan", "peak", "tok/s", "acc. loss"):
-            t.add_column(col, justify="left" if col == "plan" else "right")
+            t.add_column(col, justify="left" if col == "plan" else "right", overflow="fold")
         for r in selection.pareto:
             t.add_row(str(r.number), escape(r.plan_short), budget.format(r.peak_bytes), f"{r.tokens_per_s:,.0f}",
                       f"{r.accuracy_loss:.3f}")
@@ -188,3 +264,38 @@ def print_tune_result(settings, records, selection, exports) -> None:
         console.print(escape(line), style=style, highlight=False)
     for kind, path in exports.items():
         console.print(f"exported {kind}: {path}")
+
+
+# ----------------------------------------------------------------------------- catalogs
+
+
+def models_table(rows: list[dict[str, Any]]):
+    """The model catalog: names and hub ids whole (never cut, even at 80 columns), aliases wrapped."""
+    from rich import box
+    from rich.table import Table
+
+    t = Table(title="Model catalog", box=box.SIMPLE_HEAD, pad_edge=False)
+    t.add_column("name / hub ids", no_wrap=True)
+    t.add_column("aliases", overflow="fold")
+    t.add_column("parameters", justify="right", no_wrap=True)
+    t.add_column("type", no_wrap=True)
+    for r in rows:
+        ids = "\n".join(f"[dim]{escape(i)}[/]" for i in [r["hf_id"], *r.get("hf_variants", [])])
+        t.add_row(f"[bold]{escape(r['name'])}[/]\n{ids}", escape(", ".join(r["aliases"])), f"{r['params_total']:,}",
+                  r["model_type"])
+    return t
+
+
+def gpus_table(gpus):
+    """The GPU catalog: key and full name stacked in one column so that it fits 80 columns."""
+    from rich import box
+    from rich.table import Table
+
+    t = Table(title="GPU catalog", box=box.SIMPLE_HEAD, pad_edge=False)
+    t.add_column("key / name", no_wrap=True)
+    for col in ("memory", "bf16\nTFLOP/s", "fp16\nTFLOP/s", "memory\nGB/s", "host\nGB/s"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for g in gpus:
+        t.add_row(f"{escape(g.key)}\n[dim]{escape(g.name)}[/]", format_bytes(g.memory_bytes, "GiB", 1),
+                  str(g.bf16_tflops or "-"), str(g.fp16_tflops), f"{g.mem_bw_gbs:,.0f}", f"{g.host_link_gbs:.0f}")
+    return t

@@ -53,10 +53,20 @@ class PreflightResult:
             "plan": self.plan.to_dict(), "plan_short": self.plan.short(),
             "gpu": self.gpu.to_dict() if self.gpu else None,
             "budget": {"bytes": self.budget.bytes, "text": self.budget.text} if self.budget else None,
-            "memory": self.report.to_dict() if self.report else None,
+            "memory": _memory_dict(self.report),
             "data": self.data.__dict__ if self.data else None, "hours": self.hours,
             "findings": [f.to_dict() for f in self.findings],
         }
+
+
+def _memory_dict(report: MemoryReport | None) -> dict[str, Any] | None:
+    if report is None:
+        return None
+    d = report.to_dict()
+    for key in ("phases", "run_peak_phase", "run_peak_bytes", "reserved_peak_bytes"):
+        if key in report.extra:
+            d[key] = report.extra[key]
+    return d
 
 
 def _load(path: str):
@@ -92,10 +102,14 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
     seq = inp.max_seq_len or plan.seq_len
     if stats is not None and stats.longest_tokens:
         seq = min(seq, max(1, stats.longest_tokens))
+    evaluates = str(training.get("eval_strategy") or training.get("evaluation_strategy") or "no") != "no"
     mem_plan = plan.with_(seq_len=seq)
+    if evaluates and not getattr(plan, "eval_batch", 0):
+        # TrainingArguments.per_device_eval_batch_size defaults to 8
+        mem_plan = mem_plan.with_(eval_batch=int(training.get("per_device_eval_batch_size") or 8))
     report = None
     if not any(f.severity == "error" and f.area == "config" for f in findings):
-        report = _memory(model, mem_plan, gpu)
+        report = _memory(model, mem_plan, gpu, evaluates)
         findings += memory_findings(report, budget, inp.headroom, seq, stats)
         if inp.probe:
             findings += _probe(model, mem_plan, gpu, budget)
@@ -110,36 +124,59 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
     return PreflightResult(verdict(findings), findings, model, plan, budget, gpu, report, stats, hours)
 
 
-def _memory(model: ModelSpec, plan: Plan, gpu: GpuSpec | None) -> MemoryReport:
+def _memory(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, evaluates: bool = True) -> MemoryReport:
+    """The step at the longest batch, with the phases of the whole run attached (advisor.memory.phases)."""
     from advisor.runtime.backends import available, get_backend
+    from advisor.runtime.phases import with_phases
 
     backend = "simulate" if "simulate" in available() else "estimate"
-    return get_backend(backend)(model, plan, gpu)
+    return with_phases(model, plan, gpu, get_backend(backend)(model, plan, gpu), evaluates=evaluates)
 
 
 def memory_findings(report: MemoryReport, budget: Budget | None, headroom: float, seq: int,
                     stats: DataStats | None) -> list[Finding]:
+    # the decision is on the run's peak: the highest of load, train, eval, generate and save
+    from advisor.memory.phases import run_peak_bytes
+
+    peak = run_peak_bytes(report)
+    phase = report.extra.get("run_peak_phase", "train")
     if budget is None:
-        return [Finding("memory.fit", "info", f"peak {format_bytes(report.peak_bytes)} ({report.source}); "
+        return [Finding("memory.fit", "info", f"peak {format_bytes(peak)} ({report.source}, during {phase}); "
                         "no budget to check against", "", ("pass --gpu-budget or --gpu",), "memory")]
     top = sorted(((k, v) for k, v in report.device.items() if v >= 0.02 * budget.bytes), key=lambda kv: -kv[1])
     ledger = ", ".join(f"{LABELS.get(k, k).lower()} {budget.format(v)}" for k, v in top)
     where = f"at seq {seq:,}" + (" (the longest sequence in the data)" if stats else "")
-    data = {"peak_bytes": report.peak_bytes, "budget_bytes": budget.bytes, "seq_len": seq}
-    if report.peak_bytes > budget.bytes:
+    if phase != "train":
+        where = f"during {phase} ({report.extra['phases'][phase]['what']}); the training step {where} peaks at " \
+                f"{budget.format(report.peak_bytes)}"
+    data = {"peak_bytes": peak, "step_peak_bytes": report.peak_bytes, "run_peak_phase": phase,
+            "budget_bytes": budget.bytes, "seq_len": seq}
+    if peak > budget.bytes:
         over = ledger_over(report, budget.bytes, budget.format).replace("the card's", "the budget of")
+        fixes = _memory_fixes(report) if phase == "train" else _phase_fixes(phase)
         return [Finding("memory.fit", "error",
-                        f"does not fit: peak {budget.format(report.peak_bytes)} ({report.source}) > {budget} {where}",
-                        f"ledger: {ledger}. {over}",
-                        _memory_fixes(report), "memory", data)]
-    if not fits(report.peak_bytes, budget.bytes, headroom):
+                        f"does not fit: peak {budget.format(peak)} ({report.source}) > {budget} {where}",
+                        f"ledger: {ledger}. {over}", fixes, "memory", data)]
+    if not fits(peak, budget.bytes, headroom):
         return [Finding("memory.fit", "warning",
-                        f"tight: peak {budget.format(report.peak_bytes)} ({report.source}) leaves less than "
+                        f"tight: peak {budget.format(peak)} ({report.source}) leaves less than "
                         f"{headroom:.0%} of {budget} {where}", f"ledger: {ledger}",
                         ("lower the micro-batch or turn on gradient checkpointing for headroom",), "memory", data)]
-    left = budget.bytes - report.peak_bytes
-    return [Finding("memory.fit", "ok", f"fits: peak {budget.format(report.peak_bytes)} ({report.source}) of {budget}, "
+    left = budget.bytes - peak
+    return [Finding("memory.fit", "ok", f"fits: peak {budget.format(peak)} ({report.source}) of {budget}, "
                     f"{budget.format(left)} left {where}", f"ledger: {ledger}", (), "memory", data)]
+
+
+def _phase_fixes(phase: str) -> tuple[str, ...]:
+    return {
+        "eval": ("lower per_device_eval_batch_size (the logits of the whole vocabulary dominate evaluation)",
+                 "set prediction_loss_only=True or eval_accumulation_steps so the Trainer does not keep eval logits "
+                 "on the GPU"),
+        "generate": ("lower the eval batch or max_new_tokens of generation-based evaluation",),
+        "load": ("load with low_cpu_mem_usage and a quantization config (4-bit halves the load's 16-bit transient)",),
+        "save": ("save with ZeRO-3 stage3_gather_16bit_weights_on_model_save off and consolidate offline "
+                 "(zero_to_fp32.py)",),
+    }.get(phase, ("or run `advisor tune` for the fastest plan that fits",))
 
 
 def _memory_fixes(report: MemoryReport) -> tuple[str, ...]:

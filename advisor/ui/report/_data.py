@@ -29,7 +29,7 @@ class Comparison:
     peak: dict[str, int]
     """{estimated|simulated|measured: bytes}; "estimated" is the analytic ledger, computed for the report."""
     tokens_per_s: dict[str, float]
-    """{predicted|measured: tokens/s}; "predicted" is the roofline model, computed for the report."""
+    """{predicted|measured: tokens/s}; "predicted" is the step-time model (advisor/speed), computed for the report."""
 
     @property
     def kinds(self) -> int:
@@ -103,7 +103,7 @@ def gather(snap: StudySnapshot) -> ReportData:
         notes.append("Every peak in this study is estimated (closed-form ledger); no trial was simulated or "
                      "measured, so there is nothing to compare predictions with.")
     if not any(r.tokens_per_s_source == "measured" for r in snap.records):
-        notes.append("Throughput is predicted (roofline model of the GPU), not measured, for every trial.")
+        notes.append("Throughput is predicted (step-time model of the GPU), not measured, for every trial.")
     if not any(r.accuracy_source == "measured" for r in snap.records):
         notes.append("Accuracy loss is a documented prior (advisor/data/accuracy_priors.yaml) for every trial.")
     return ReportData(

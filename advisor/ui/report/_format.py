@@ -10,7 +10,7 @@ SOURCE_HELP = {
     "estimated": "closed-form memory ledger (advisor/memory/training.py)",
     "simulated": "fake-tensor trace of one real training step on the CPU",
     "measured": "a real probe run: NVML / allocator peak, timed steps",
-    "predicted": "roofline model of the GPU (advisor/speed/throughput.py)",
+    "predicted": "step-time model of the GPU (advisor/speed/)",
     "prior": "documented prior per quantization and adapter (advisor/data/accuracy_priors.yaml)",
 }
 

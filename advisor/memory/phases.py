@@ -1,0 +1,309 @@
+"""The phases of a whole fine-tuning run, each with its own peak: load, train, eval, generate, save.
+
+A run dies at more moments than its steady training step (issue 16): loading quantizes tensor by
+tensor, the longest batch sets the step's peak, evaluation runs a no-grad forward at its own batch
+size with the whole vocabulary's logits, generation-based evaluation holds a KV cache, and saving a
+ZeRO-3 model gathers its 16-bit weights. Each phase here has three figures at its peak:
+
+- ``live_bytes``: tensors alive (``torch.cuda.max_memory_allocated``);
+- ``reserved_bytes``: the caching allocator's segments (``torch.cuda.max_memory_reserved``);
+- ``peak_bytes``: reserved plus what lives outside the allocator (CUDA context, cuBLAS workspace),
+  what the GPU must hold (NVML / nvidia-smi).
+
+Between phases the GPU keeps the *resident* state: weights, quantization constants, adapters,
+optimizer states and fp32 masters. Gradients are gone: ``Trainer`` calls
+``model.zero_grad(set_to_none=True)`` after every optimizer step (transformers trainer.py
+``_inner_training_loop``), and evaluation and saving happen after it.
+
+Calculation only: ``advisor.ui.render.phase_table`` renders a ``RunPhases``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from advisor.core.catalog import GpuSpec, ModelSpec
+from advisor.core.plan import DTYPE_BYTES, Plan, lora_target_modules
+from advisor.memory.ledger import MemoryReport
+
+PHASES = ("load", "train", "eval", "generate", "save")
+RESIDENT = ("weights", "quant_constants", "adapter_weights", "optimizer_states", "master_weights")
+NF4_BLOCK = 64   # Params4bit blocksize (bitsandbytes/nn/modules.py)
+DQ_BLOCK = 256   # blocksize of the nested absmax quantization (bitsandbytes functional.quantize_4bit)
+
+
+@dataclass(frozen=True)
+class PhaseMemory:
+    """The peak of one phase of the run."""
+
+    name: str
+    """load, train, eval, generate or save."""
+    live_bytes: int
+    """Tensors alive at the phase's peak (allocated)."""
+    reserved_bytes: int
+    """The caching allocator's reserved segments at that peak."""
+    peak_bytes: int
+    """reserved_bytes plus memory outside the allocator: what the GPU must hold."""
+    source: str
+    """simulated or estimated."""
+    what: str
+    """What sets the peak, in a few words."""
+    included: bool = True
+    """Whether the run has this phase (generation-based eval only with max_new_tokens > 0)."""
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"peak_bytes": self.peak_bytes, "reserved_bytes": self.reserved_bytes, "live_bytes": self.live_bytes,
+                "source": self.source, "what": self.what, "included": self.included, "notes": list(self.notes)}
+
+
+@dataclass(frozen=True)
+class RunPhases:
+    """Every phase of one run; the run's peak is the highest included phase."""
+
+    phases: dict[str, PhaseMemory]
+    reserved_model: str = ""
+    """How reserved bytes were obtained (the allocator replay, or the interim overhead fraction)."""
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def run_peak_phase(self) -> str:
+        return max((p for p in self.phases.values() if p.included), key=lambda p: p.peak_bytes).name
+
+    @property
+    def run_peak(self) -> PhaseMemory:
+        return self.phases[self.run_peak_phase]
+
+    @property
+    def run_peak_bytes(self) -> int:
+        return self.run_peak.peak_bytes
+
+    def covering(self, names: Sequence[str]) -> PhaseMemory:
+        """The highest of the named phases (a measurement that covered only those)."""
+        return max((self.phases[n] for n in names), key=lambda p: p.peak_bytes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: p.to_dict() for name, p in self.phases.items()}
+
+
+# ----------------------------------------------------------------------------- the allocator's view
+
+
+def outside_allocator_bytes(gpu: GpuSpec | None) -> int:
+    """CUDA context and cuBLAS workspace: GPU memory no tensor and no segment accounts for (overheads.yaml)."""
+    from advisor.memory.overhead import overhead_terms
+    from advisor.core.catalog import MIB
+
+    t = overhead_terms(gpu)
+    return int((t["cuda_context_mib"] + t["cublas_workspace_mib"]) * MIB)
+
+
+def reserved_for(live_peak: int, gpu: GpuSpec | None, events: Sequence[tuple[int, int]] | None = None) -> tuple[int, str]:
+    """Reserved bytes at a phase's peak, and how they were obtained.
+
+    INTERIM (until the caching-allocator replay of issue 16 lands): reserved = live + the fragmentation
+    fraction of advisor/data/overheads.yaml. ``events`` (uid, +/-bytes, in order) is the allocation
+    sequence the replay will take; it is accepted now so that callers need not change.
+    """
+    from advisor.memory.overhead import overhead_terms
+
+    frac = float(overhead_terms(gpu)["fragmentation"])
+    return int(live_peak * (1 + frac)), f"interim: allocated x (1 + {frac:g}) (overheads.yaml fragmentation)"
+
+
+# ----------------------------------------------------------------------------- phases
+
+
+def resident_bytes(report: MemoryReport) -> int:
+    """What the GPU keeps between steps: weights, constants, adapters, optimizer states, fp32 masters."""
+    return int(sum(report.device.get(c, 0) for c in RESIDENT))
+
+
+def eval_batch(plan: Plan) -> int:
+    return getattr(plan, "eval_batch", 0) or plan.micro_batch
+
+
+def max_new_tokens(plan: Plan) -> int:
+    return int(getattr(plan, "max_new_tokens", 0) or 0)
+
+
+def forward_transient(model: ModelSpec, plan: Plan, batch: int, seq: int, *, full_logits: bool) -> tuple[int, str]:
+    """Peak short-lived bytes of one no-grad forward of ``batch x seq`` tokens, and where it is.
+
+    Inside the MLP: the residual stream, attention output, normed input and residual sum (4 T h), gate,
+    act(gate) and up (3 T i) and rotary cos/sin (advisor.memory.inference.hf_transient, transformers
+    ``DecoderLayer.forward``); a 4/8-bit layer's dequantized weight during its matmul (bitsandbytes
+    ``dequantize_4bit``); peft's fp32 cast of a LoRA input (peft/tuners/lora/layer.py ``Linear.forward``).
+    At the head: the final hidden states and the logits. With labels (evaluation) the model computes its
+    loss over every position: bf16 logits, their fp32 copy and log_softmax's fp32 output
+    (transformers loss_utils.ForCausalLMLoss ``logits.float()``, ``F.cross_entropy``); generation keeps the
+    last position only (``logits_to_keep=1``) as fp32.
+    """
+    p = DTYPE_BYTES[plan.activation_dtype]
+    T = batch * seq
+    h, i = model.hidden_size, model.intermediate_size
+    shapes = model.linear_shapes()
+    dequant = max(a * b for a, b in shapes.values()) * p if plan.quantized else 0
+    targets = lora_target_modules(plan, list(shapes)) if plan.peft else []
+    lora_cast = 4 * T * max((shapes[m][0] for m in targets), default=0)
+    mlp = p * (4 * T * h + 3 * T * i + 2 * seq * model.head_dim) + max(dequant, lora_cast)
+    up = 4 if p < 4 else 0  # .float() of fp32 logits returns them as they are
+    if full_logits:
+        head = p * T * h + (p + up + 4) * T * model.vocab_size
+    else:
+        head = p * T * h + (p + up) * batch * model.vocab_size
+    return (int(mlp), "MLP of a layer") if mlp >= head else (int(head), "logits and loss" if full_logits else "logits")
+
+
+def load_estimate(model: ModelSpec, plan: Plan) -> tuple[int, int, str]:
+    """(live peak, live at the end, what) of ``from_pretrained`` by closed form, tensor by tensor.
+
+    The same walk as the simulation (advisor.runtime.simulate.load): quantized tensors arrive in the
+    load dtype and are quantized on the GPU, so the largest transient is the biggest quantized tensor in
+    16 bits next to everything loaded so far (transformers core_model_loading loads synchronously under
+    on-the-fly quantization); unquantized tensors arrive as they stay. The last layer's MLP weight is the
+    last large tensor loaded (``dot_natural_key`` order), so the peak is the loaded model plus that
+    tensor's 16-bit copy. ZeRO plans follow DeepSpeed (see ``load_offload``).
+    """
+    from advisor.memory.training import param_breakdown, weight_bytes
+
+    if plan.offload != "none":
+        return load_offload(model, plan)
+    pb = param_breakdown(model, plan)
+    weights, consts = weight_bytes(model, plan, pb)
+    adapters = pb.adapter * 4 if plan.peft else 0
+    final = weights + consts + adapters
+    if not plan.quantized:
+        return int(final), int(final), "weights"
+    n = max(a * b for a, b in model.linear_shapes().values())
+    p = DTYPE_BYTES[plan.compute_dtype]
+    if plan.four_bit:
+        # Params4bit._quantize: the 16-bit tensor, its packed codes (n/2) and fp32 absmax (n/64 x 4); with
+        # double quantization the fp32 absmax, absmax - mean and the 8-bit absmax coexist (functional.quantize_4bit)
+        extra = n * p + (2 * n / NF4_BLOCK * 4 if plan.double_quant else 0)
+    else:
+        # Int8Params._quantize: the 16-bit value is still held while its fp16 copy is quantized (Bnb8bitQuantize)
+        extra = n * p + n * 2
+    return int(weights + consts + extra), int(final), "a 16-bit tensor being quantized"
+
+
+def load_offload(model: ModelSpec, plan: Plan) -> tuple[int, int, str]:
+    """DeepSpeed initialisation of an offload plan.
+
+    zero2_cpu: the model is moved to the GPU whole (``DeepSpeedEngine._configure_distributed_model``:
+    ``module.to(device)``) and the ZeRO-2 optimizer builds one flat 16-bit buffer of the trainable
+    parameters on the GPU (deepspeed/runtime/zero/stage_1_and_2.py ``bit16_groups_flat``; flattened on the
+    GPU when it has room, else through the CPU). zero3_cpu: ``zero.Init`` partitions every parameter to
+    the host as it is made, and loading gathers one module at a time (transformers integrations/deepspeed.py
+    ``_load_state_dict_into_zero3_model``: ``GatheredParameters``), the largest being the embedding.
+    """
+    from advisor.memory.training import param_breakdown, weight_bytes
+
+    pb = param_breakdown(model, plan)
+    p = DTYPE_BYTES[plan.param_dtype]
+    if plan.offload == "zero3_cpu":
+        biggest = max(model.embedding_params, max(a * b for a, b in model.linear_shapes().values())) * p
+        return int(biggest), 0, "one gathered module (ZeRO-3)"
+    weights, consts = weight_bytes(model, plan, pb)
+    flat = pb.trainable * (4 if plan.peft else p)
+    return int(weights + consts + flat), int(weights + consts + flat), "weights + the flat ZeRO-2 buffer"
+
+
+def run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: MemoryReport, *,
+               load: tuple[int, int, str, Sequence[tuple[int, int]] | None] | None = None,
+               source: str | None = None, evaluates: bool = True) -> RunPhases:
+    """The phases of the run of ``plan``, from its training-step report at the longest batch.
+
+    ``evaluates``: whether the run evaluates (a Trainer with an eval strategy); its eval phase is shown
+    either way but sets the run's peak only when it runs.
+
+    ``load``: (live peak, live at the end, what, allocation events) of a simulated load; without it the
+    closed form (``load_estimate``) is used.
+    """
+    src = source or step.source
+    outside = outside_allocator_bytes(gpu)
+    resident = resident_bytes(step)
+    notes: list[str] = []
+    phases: dict[str, PhaseMemory] = {}
+    how = ""
+
+    def phase(name, live, what, *, source=src, events=None, included=True, extra_notes=()):
+        nonlocal how
+        reserved, how = reserved_for(int(live), gpu, events)
+        phases[name] = PhaseMemory(name, int(live), int(reserved), int(reserved + outside), source, what,
+                                   included, tuple(extra_notes))
+
+    # load
+    if load is not None and plan.offload == "none":
+        live, _, what, events = load
+        phase("load", live, f"loading: {what}", source="simulated", events=events)
+    else:
+        live, _, what = load_estimate(model, plan)
+        phase("load", live, f"loading: {what}", source="estimated")
+
+    # train: the step at the longest batch, as the backend measured it
+    step_reserved = getattr(step, "reserved_peak_bytes", None) or step.extra.get("reserved_peak_bytes")
+    if step_reserved:
+        phases["train"] = PhaseMemory("train", int(step.tensor_peak_bytes), int(step_reserved),
+                                      int(max(step.peak_bytes, step_reserved + outside)), src,
+                                      f"step at seq {plan.seq_len:,}, {step.peak_phase}")
+    else:
+        reserved, how = reserved_for(step.tensor_peak_bytes, gpu)
+        phases["train"] = PhaseMemory("train", int(step.tensor_peak_bytes), int(reserved), int(step.peak_bytes), src,
+                                      f"step at seq {plan.seq_len:,}, {step.peak_phase}")
+
+    # eval: no-grad forward with labels at the eval batch
+    b = eval_batch(plan)
+    t, where = forward_transient(model, plan, b, plan.seq_len, full_logits=True)
+    eval_notes = [f"transformers' Trainer keeps each eval batch's logits on the GPU "
+                  f"({b * plan.seq_len * model.vocab_size * DTYPE_BYTES[plan.activation_dtype] / 2**30:.2f} GiB "
+                  f"per batch of {b}) unless prediction_loss_only=True or eval_accumulation_steps is set "
+                  "(transformers #32282, LLaMA-Factory #5957); not counted here"]
+    if plan.chunked_ce:
+        eval_notes.append("the chunked loss applies to training steps; Trainer's prediction_step computes the "
+                          "model's own loss over full logits")
+    phase("eval", resident + t, f"forward, batch {b}: {where}", source="estimated", included=evaluates,
+          extra_notes=eval_notes)
+
+    # generate: KV cache for batch x (prompt + new tokens), prefill at the eval batch
+    from advisor.memory.inference import kv_cache_bytes_per_token
+
+    new = max_new_tokens(plan)
+    kv = kv_cache_bytes_per_token(model, plan.activation_dtype if plan.activation_dtype != "fp32" else "bf16")
+    if plan.activation_dtype == "fp32":
+        kv *= 2
+    prefill, where = forward_transient(model, plan, b, plan.seq_len, full_logits=False)
+    cache = kv * b * (plan.seq_len + new)
+    phase("generate", resident + cache + prefill, f"KV cache {b} x {plan.seq_len + new:,} tokens + prefill",
+          source="estimated", included=new > 0,
+          extra_notes=() if new > 0 else ("no generation-based evaluation (--max-new-tokens 0)",))
+
+    # save
+    if plan.offload == "zero3_cpu":
+        gathered = max(model.embedding_params, max(a * b for a, b in model.linear_shapes().values())) * 2
+        # stage3_gather_16bit_weights_on_model_save: DeepSpeedEngine._zero3_consolidated_16bit_state_dict gathers
+        # one module's 16-bit parameters at a time (GatheredParameters) and copies them to the host
+        phase("save", resident + gathered, "ZeRO-3 gathers one module's 16-bit weights", source="estimated")
+    else:
+        # safetensors copies each GPU tensor to the host before writing (safetensors/torch.py _to_ndarray:
+        # "Moving tensor to cpu before saving"); torch.save copies storages to the host one at a time
+        what = "adapter state dict, copied to host" if plan.peft else "full state dict, copied to host"
+        phase("save", resident, what, source="estimated")
+    return RunPhases(phases, how, tuple(notes))
+
+
+def attach(report: MemoryReport, phases: RunPhases) -> MemoryReport:
+    """``report`` with the run's phases in ``extra`` (``run_peak_bytes`` and the rest)."""
+    from dataclasses import replace
+
+    extra = dict(report.extra)
+    extra.update(phases=phases.to_dict(), run_peak_phase=phases.run_peak_phase, run_peak_bytes=phases.run_peak_bytes,
+                 reserved_model=phases.reserved_model)
+    extra.setdefault("reserved_peak_bytes", phases.phases["train"].reserved_bytes)
+    return replace(report, extra=extra)
+
+
+def run_peak_bytes(report: MemoryReport) -> int:
+    """The run's peak when phases are attached, else the step's peak."""
+    return int(report.extra.get("run_peak_bytes") or report.peak_bytes)

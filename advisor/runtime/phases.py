@@ -1,0 +1,34 @@
+"""The phases of a run for a step report from any backend: the load simulated where it can be.
+
+``with_phases(model, plan, gpu, report)`` returns the report with ``extra["phases"]``,
+``run_peak_phase`` and ``run_peak_bytes`` (advisor.memory.phases). The load is simulated on fake
+tensors (advisor.runtime.simulate.load) when the step was simulated or measured and the plan loads
+without DeepSpeed; the estimate backend keeps to closed forms (no torch import).
+"""
+
+from __future__ import annotations
+
+from advisor.core.catalog import GpuSpec, ModelSpec
+from advisor.core.plan import Plan
+from advisor.memory.ledger import MemoryReport
+from advisor.memory.phases import RunPhases, attach, run_phases
+
+SIMULATED_LOAD_BACKENDS = ("simulate", "cpu", "cuda")
+
+
+def measure_run(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, report: MemoryReport, *,
+                evaluates: bool = True) -> RunPhases:
+    load = None
+    if report.backend in SIMULATED_LOAD_BACKENDS and plan.offload == "none" and model.arch is not None:
+        from advisor.runtime.simulate.load import simulate_load
+
+        trace = simulate_load(model, plan)
+        what = f"16-bit {trace.peak_tensor} being quantized" if plan.quantized else "weights"
+        load = (trace.live_peak_bytes, trace.final_bytes, what, trace.events)
+    return run_phases(model, plan, gpu, report, load=load, evaluates=evaluates)
+
+
+def with_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, report: MemoryReport, *,
+                evaluates: bool = True) -> MemoryReport:
+    """``report`` with the run's phases attached (its ``peak_bytes`` stays the step's)."""
+    return attach(report, measure_run(model, plan, gpu, report, evaluates=evaluates))

@@ -1,0 +1,86 @@
+"""Step-time terms of the newer levers (issue 15): low-rank optimizers (GaLore, APOLLO), the update
+inside backward, activation offload, paged optimizer states that spill to the host.
+
+Each reads its lever with ``getattr(plan, name, default)`` so plans without the knob still work;
+the optimizer implementations themselves are rows of ``optimizer_bytes_per_param`` in
+``advisor/data/throughput.yaml`` (terms.optimizer).
+"""
+
+from __future__ import annotations
+
+from advisor.speed.inputs import StepInputs
+from advisor.speed.kernels import gemm_seconds
+from advisor.speed.terms import layer_forward_seconds, layer_gemm_seconds, term
+
+LOW_RANK = ("galore_adamw", "galore_adamw_8bit", "galore_adamw_layerwise", "apollo_adamw")
+PAGED = ("paged_adamw_8bit", "paged_adamw_32bit")
+SVD_EFFICIENCY = 0.05  # a GPU SVD (cuSOLVER gesvd) reaches a few % of the fp32 rate (issue 15's GaLore term)
+
+
+def _low_rank_targets(s: StepInputs) -> list[tuple[int, int]]:
+    """(out, in) of every weight a low-rank optimizer projects: the ledger's list when it has one,
+    else every decoder-layer linear (GaLore's usual optim_target_modules: attn and mlp)."""
+    try:
+        from advisor.memory.training import low_rank_targets  # the ledger's rule, once it has one
+    except ImportError:
+        return [(o, i) for i, o in s.shapes.values()] * s.model.num_layers
+    return list(low_rank_targets(s.model, s.plan))
+
+
+@term("low_rank_projection", per="step", label="low-rank projection (GaLore/APOLLO)")
+def low_rank_projection(s: StepInputs) -> float:
+    """GaLore / APOLLO project each target gradient to rank r and the update back: 2 m n r FLOPs each
+    way per step (Zhao et al. 2024, GaLore §4); GaLore also recomputes the projector by SVD every
+    optim_proj_gap steps: ~4 m n k + 8 k^3 FLOPs, k = min(m, n) (Golub & Van Loan, 4th ed. §8.6.3),
+    at the fp32 rate and a GPU SVD's low efficiency, amortized per step."""
+    plan = s.plan
+    if plan.optimizer not in LOW_RANK:
+        return 0.0
+    r = getattr(plan, "optim_rank", 128)
+    gap = max(1, getattr(plan, "optim_proj_gap", 200))
+    fp32_peak = s.peak_flops * s.k["fp32_tensor_ratio"]
+    total = 0.0
+    for m, n in _low_rank_targets(s):
+        k = min(m, n)
+        rank = min(r, k)
+        total += 2 * gemm_seconds(s, rank, n, m, elem_bytes=4)
+        if plan.optimizer.startswith("galore"):
+            total += (4 * m * n * k + 8 * k ** 3) / gap / (fp32_peak * SVD_EFFICIENCY)
+    return total
+
+
+@term("activation_offload", kind="link", label="activation offload link")
+def activation_offload(s: StepInputs) -> float:
+    """Offloaded activations cross the host link twice per micro-batch (to the host in forward, back
+    in backward). Under checkpointing transformers' save_on_cpu copies the checkpointed layer
+    inputs on the compute stream (nothing hidden); without it TRL / torchtune activation offloading
+    copies every saved activation on a side stream, hidden behind the layers' matmuls (use_streams)."""
+    plan = s.plan
+    if not getattr(plan, "activation_offload", False):
+        return 0.0
+    from advisor.memory.training import estimate_training
+
+    # what the ledger moves to the host: the checkpointed layers' inputs, or every saved activation of
+    # 1 KiB or more (the weight views matmul saves and the loss's log-softmax included)
+    offloaded = estimate_training(s.model, plan).host.get("activations", 0)
+    if plan.gradient_checkpointing:
+        return 2 * offloaded / s.host_link
+    L = s.model.num_layers
+    window = L * (layer_forward_seconds(s) + layer_gemm_seconds(s, "dx") + layer_gemm_seconds(s, "dw"))
+    return max(0.0, 2 * offloaded / s.host_link - window)
+
+
+@term("paged_spill", per="step", kind="link", label="paged optimizer spill")
+def paged_spill(s: StepInputs) -> float:
+    """Paged optimizer states the GPU cannot hold are evicted to the host and come back for the step:
+    twice over the host link per step, page-fault driven (bitsandbytes paged optimizers, unified
+    memory); the ledger says how much spills."""
+    plan = s.plan
+    if plan.optimizer not in PAGED or plan.offload != "none" or not s.gpu.memory_bytes:
+        return 0.0
+    if s.pb.trainable * 4 < 0.2 * s.gpu.memory_bytes:
+        return 0.0  # states far smaller than the card (LoRA, small models): nothing spills; skip the ledger
+    from advisor.memory.training import estimate_training
+
+    spilled = estimate_training(s.model, plan, s.gpu).host.get("optimizer_states", 0)
+    return 2 * spilled / s.host_link

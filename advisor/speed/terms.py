@@ -1,0 +1,392 @@
+"""The terms of the step time. Each is a small function of ``StepInputs`` (model, plan, GPU,
+constants) returning seconds, registered with ``@term(name, per=..., kind=...)``:
+
+- ``per="micro_batch"``: seconds of one forward/backward; the step pays it ``grad_accum`` times.
+- ``per="step"``: seconds paid once per optimizer step.
+- ``kind``: which per-GPU calibration scale applies (``gpu`` kernels, ``cpu`` host overhead,
+  ``link`` host-link and interconnect transfers).
+
+The forward part of a decoder layer (``layer_forward_seconds``) is what gradient checkpointing
+runs again, so a term that adds per-layer forward work should add it there too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from advisor.core.catalog import GpuSpec, ModelSpec
+from advisor.core.plan import Plan
+from advisor.speed.inputs import StepInputs
+from advisor.speed.kernels import attention_seconds, gemm_seconds, stream_seconds
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    fn: Callable[[StepInputs], float]
+    per: str   # micro_batch | step
+    kind: str  # gpu | cpu | link
+    label: str
+
+
+TERMS: list[Term] = []
+
+
+def term(name: str, per: str = "micro_batch", kind: str = "gpu", label: str = ""):
+    """Register a step-time term (see the module docstring)."""
+    if per not in ("micro_batch", "step") or kind not in ("gpu", "cpu", "link"):
+        raise ValueError(f"term {name}: per must be micro_batch|step and kind gpu|cpu|link")
+
+    def deco(fn: Callable[[StepInputs], float]):
+        TERMS[:] = [t for t in TERMS if t.name != name] + [Term(name, fn, per, kind, label or name)]
+        return fn
+    return deco
+
+
+def step_terms(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1, sharding: str = "ddp",
+               k: dict | None = None, stack: dict | None = None) -> dict[str, tuple[float, str]]:
+    """Uncalibrated seconds per optimizer step of every term, with its kind: name -> (seconds, kind)."""
+    return evaluate_terms(StepInputs(model, plan, gpu, gpus, sharding, k, stack))
+
+
+def evaluate_terms(s: StepInputs) -> dict[str, tuple[float, str]]:
+    """Seconds per optimizer step of every registered term for these inputs: name -> (seconds, kind)."""
+    out = {}
+    for t in TERMS:
+        sec = float(t.fn(s))
+        out[t.name] = (sec * s.plan.grad_accum if t.per == "micro_batch" else sec, t.kind)
+    return out
+
+
+# ============================================================================ shared per-layer parts
+
+def _cached(s: StepInputs, key: str, compute: Callable[[], float]) -> float:
+    cache = s.__dict__.setdefault("_parts", {})
+    if key not in cache:
+        cache[key] = compute()
+    return cache[key]
+
+
+def layer_gemm_seconds(s: StepInputs, which: str) -> float:
+    """One decoder layer's base-linear GEMMs: ``fwd``, ``dx`` (input gradients) or ``dw``
+    (weight gradients, full fine-tuning only). Forward y = x W^T is M x K x N; backward
+    dX = dY W is M x N x K and dW = dY^T X is N x M x K (2 FLOPs per multiply-add each)."""
+    def compute() -> float:
+        M = s.tokens
+        total = 0.0
+        for k_in, n_out in s.shapes.values():
+            if which == "fwd":
+                total += gemm_seconds(s, M, n_out, k_in)
+            elif which == "dx":
+                total += gemm_seconds(s, M, k_in, n_out)
+            elif s.full:
+                total += gemm_seconds(s, n_out, k_in, M)
+        return total
+    return _cached(s, "gemm_" + which, compute)
+
+
+def layer_lora_gemm_seconds(s: StepInputs, which: str) -> float:
+    """One layer's LoRA GEMMs (A: K -> r, B: r -> N; Hu et al. 2021 eq. 3): narrow, so bound by
+    reading their M x K / M x N operands rather than by the tensor cores."""
+    def compute() -> float:
+        M, r = s.tokens, s.plan.lora_r
+        total = 0.0
+        for mod in s.pb.lora_modules:
+            k_in, n_out = s.shapes[mod]
+            if which == "fwd":
+                total += gemm_seconds(s, M, r, k_in) + gemm_seconds(s, M, n_out, r)
+            else:  # dX and dW of both A and B (all adapters train)
+                total += (gemm_seconds(s, M, r, n_out) + gemm_seconds(s, r, n_out, M)
+                          + gemm_seconds(s, M, k_in, r) + gemm_seconds(s, k_in, r, M))
+        return total
+    return _cached(s, "lora_gemm_" + which, compute)
+
+
+def layer_elementwise_bytes(s: StepInputs) -> float:
+    """Bytes one decoder layer's forward moves in memory-bound ops, per micro-batch.
+
+    Per token, p = activation bytes (transformers LlamaDecoderLayer / LlamaRMSNorm / rotary):
+    RMSNorm upcasts to fp32, squares, averages, scales, casts back, multiplies the weight:
+    (4p + 28) h each; two residual adds 3p h each; SiLU(gate) * up 5p i; rotary on q and k
+    (q*cos + rotate_half(q)*sin, slicing and cat) 8p (d_q + d_kv); the attention output's
+    transpose-contiguous 2p d_q, and repeat_kv's expanded k and v 4p d_q under GQA outside
+    FlashAttention-2 (which reads the grouped heads directly)."""
+    def compute() -> float:
+        m, p = s.model, s.act_bytes
+        arch = m.arch or {}
+        h, i, qd, kvd = m.hidden_size, m.intermediate_size, m.q_dim, m.kv_dim
+        norms = arch.get("norms_per_layer", 2)
+        per_token = norms * (4 * p + 28) * h + 2 * 3 * p * h + 5 * p * i + 8 * p * (qd + kvd) + 2 * p * qd
+        if arch.get("qk_norm"):
+            per_token += (4 * p + 28) * (qd + kvd)
+        if m.num_kv_heads < m.num_heads and s.plan.attn_impl != "flash_attention_2":
+            per_token += 4 * p * qd
+        return per_token * s.tokens
+    return _cached(s, "elementwise_bytes", compute)
+
+
+def layer_lora_path_bytes(s: StepInputs) -> float:
+    """Bytes one layer's LoRA side paths move in forward, per micro-batch (peft lora.Linear.forward):
+    the input cast to the fp32 adapter dtype and back for the autocast matmul ((p+4) twice),
+    dropout on it (read, write, 1-byte mask) when lora_dropout > 0, then scale and add the
+    adapter output into the base output (5p per output feature)."""
+    def compute() -> float:
+        p, plan = s.act_bytes, s.plan
+        x = s.adapter_bytes
+        cast = 2 * (p + x) if x != p else 0
+        drop = 2 * x + 1 if plan.lora_dropout > 0 else 0
+        total = 0.0
+        for mod in s.pb.lora_modules:
+            k_in, n_out = s.shapes[mod]
+            total += k_in * (cast + drop) + n_out * 5 * p
+        return total * s.tokens
+    return _cached(s, "lora_path_bytes", compute)
+
+
+def layer_dequant_bytes(s: StepInputs) -> float:
+    """Bytes to dequantize one layer's frozen weights for one pass (forward, or backward's dX).
+
+    4-bit: bitsandbytes MatMul4Bit dequantizes the whole weight before every matmul, forward and
+    backward: read 0.5 B + absmax, write the bf16 copy (bitsandbytes/autograd/_functions.py).
+    8-bit (LLM.int8): forward quantizes the input row-wise and dequantizes the int32 output
+    (Dettmers et al. 2022 §3); the backward's dX dequantizes the weight (CB * SCB / 127)."""
+    def compute() -> float:
+        plan, p = s.plan, s.act_bytes
+        if plan.four_bit:
+            per_param = s.k["dequant_nf4_bytes_per_param"] + p
+            return s.pb.linear / s.model.num_layers * per_param
+        if plan.quantization == "int8":
+            M = s.tokens
+            fwd = sum(M * k_in * (2 * p + 1) + M * n_out * (4 + p) for k_in, n_out in s.shapes.values())
+            return fwd
+        return 0.0
+    return _cached(s, "dequant_bytes", compute)
+
+
+def int8_backward_bytes(s: StepInputs) -> float:
+    """LLM.int8 backward: the weight dequantized to the compute dtype and scaled (read 1 B, write
+    and rescale p) before the dX matmul (bitsandbytes MatMul8bitLt.backward)."""
+    if s.plan.quantization != "int8":
+        return 0.0
+    return sum(k_in * n_out * (1 + 3 * s.act_bytes) for k_in, n_out in s.shapes.values())
+
+
+def layer_forward_seconds(s: StepInputs) -> float:
+    """One decoder layer's forward, all of it: what checkpointing recomputes (Chen et al. 2016)."""
+    return (layer_gemm_seconds(s, "fwd") + attention_seconds(s)[0]
+            + stream_seconds(s, layer_elementwise_bytes(s) + layer_lora_path_bytes(s) + layer_dequant_bytes(s))
+            + layer_lora_gemm_seconds(s, "fwd") + dora_layer_seconds(s))
+
+
+def dora_layer_seconds(s: StepInputs) -> float:
+    """DoRA (peft use_dora) recomputes each adapted weight's column norm every forward:
+    W + scale B A materialized (a K x r x N GEMM) and read again for the norm (Liu et al. 2024 §4;
+    peft DoraLinearLayer.get_weight_norm), plus rescaling the base output."""
+    if not (getattr(s.plan, "use_dora", False) or getattr(s.plan, "dora", False)):
+        return 0.0
+    p, total = s.act_bytes, 0.0
+    for mod in s.pb.lora_modules:
+        k_in, n_out = s.shapes[mod]
+        total += gemm_seconds(s, n_out, k_in, s.plan.lora_r) + stream_seconds(
+            s, 3 * p * k_in * n_out + 6 * p * s.tokens * n_out)
+        if s.plan.lora_dropout > 0:
+            # with dropout peft runs the base matmul again on the dropped-out input (DoraLinearLayer.forward)
+            total += gemm_seconds(s, s.tokens, n_out, k_in)
+    return total
+
+
+# ============================================================================ the terms
+
+@term("matmul", label="matmuls")
+def matmul(s: StepInputs) -> float:
+    """Forward, input-gradient and (full fine-tuning) weight-gradient GEMMs of every decoder layer,
+    plus the lm_head: 2 FLOPs per weight per token each (Kaplan et al. 2020 §2.1)."""
+    m, M, L = s.model, s.tokens, s.model.num_layers
+    layers = L * (layer_gemm_seconds(s, "fwd") + layer_gemm_seconds(s, "dx") + layer_gemm_seconds(s, "dw"))
+    h, V = m.hidden_size, m.vocab_size
+    head = gemm_seconds(s, M, V, h) + gemm_seconds(s, M, h, V)
+    if s.full:
+        head += gemm_seconds(s, V, h, M)
+    return layers + head  # a fused linear + cross-entropy runs the same GEMMs chunk by chunk
+
+
+@term("attention", label="attention")
+def attention(s: StepInputs) -> float:
+    """Attention core by implementation and sequence length (kernels.attention_seconds)."""
+    fwd, bwd = attention_seconds(s)
+    return s.model.num_layers * (fwd + bwd)
+
+
+BACKWARD_TRAFFIC = 1.5  # an elementwise op's backward reads its saved input and the incoming gradient and
+#                        writes one gradient: 3 tensors against the forward's 2 (aten derivatives.yaml)
+
+
+@term("elementwise", label="norms/activations/rotary")
+def elementwise(s: StepInputs) -> float:
+    """Memory-bound ops of every layer: forward traffic, and 1.5x it in backward."""
+    extra = 0.0
+    if s.full:
+        # the embedding's dense gradient is written every micro-batch (embedding_dense_backward)
+        extra = s.model.vocab_size * s.model.hidden_size * s.trainable_bytes
+    return stream_seconds(s, (1 + BACKWARD_TRAFFIC) * s.model.num_layers * layer_elementwise_bytes(s) + extra)
+
+
+@term("lora", label="LoRA adapters")
+def lora(s: StepInputs) -> float:
+    """LoRA GEMMs (forward, dX, dW of A and B) and the side-path traffic, forward + 1.5x backward."""
+    if not s.pb.lora_modules:
+        return 0.0
+    L = s.model.num_layers
+    return L * (layer_lora_gemm_seconds(s, "fwd") + layer_lora_gemm_seconds(s, "bwd")
+                + stream_seconds(s, (1 + BACKWARD_TRAFFIC) * layer_lora_path_bytes(s))
+                + (1 + BACKWARD_TRAFFIC) * dora_layer_seconds(s))
+
+
+def _fused_loss(s: StepInputs) -> bool:
+    loss = getattr(s.plan, "loss_impl", None) or getattr(s.plan, "loss", None)
+    return bool(getattr(s.plan, "fused_ce", False) or loss in ("fused-linear", "fused_linear_ce", "liger"))
+
+
+@term("loss", label="loss over the vocabulary")
+def loss(s: StepInputs) -> float:
+    """Cross-entropy over the vocabulary, per token and vocabulary entry (transformers
+    ForCausalLMLoss: logits.float(), F.cross_entropy): upcast (p+4), log_softmax (read twice,
+    write: 12), nll backward's dense gradient (4), log_softmax backward (12), cast back (4+p).
+    Chunked CE moves the same bytes in pieces; a fused linear + cross-entropy kernel never
+    materializes the fp32 logits: one write and one in-place read-write of each chunk (Liger §3.3)."""
+    p = s.act_bytes
+    per = (2 * p + 8) if _fused_loss(s) else s.stack.get("loss_bytes_per_vocab", (4 + p) + 12 + 4 + 12 + (4 + p))
+    return stream_seconds(s, per * s.tokens * s.model.vocab_size)
+
+
+@term("recompute", label="recomputation")
+def recompute(s: StepInputs) -> float:
+    """Checkpointed layers run their forward again in backward (Chen et al. 2016, §3)."""
+    return s.checkpointed_fraction * s.model.num_layers * layer_forward_seconds(s)
+
+
+@term("dequant", label="dequantization")
+def dequant(s: StepInputs) -> float:
+    """Dequantizing frozen quantized weights in forward and backward (layer_dequant_bytes)."""
+    L = s.model.num_layers
+    if s.plan.four_bit:
+        return stream_seconds(s, 2 * L * layer_dequant_bytes(s))
+    if s.plan.quantization == "int8":
+        return stream_seconds(s, L * (layer_dequant_bytes(s) + int8_backward_bytes(s)))
+    return 0.0
+
+
+@term("launch_overhead", kind="cpu", label="launch overhead")
+def launch_overhead(s: StepInputs) -> float:
+    """Host time of the eager ops of one micro-batch (cpu_seconds_per_op each), paid where kernels
+    are too short to hide it: forward, backward (~1.5 launches per forward op), recomputation."""
+    ops = s.k["ops_per_layer"]
+    per_layer = ops["base"] + ops["lora_module"] * len(s.pb.lora_modules)
+    if s.plan.quantized:
+        per_layer += ops["quantized_linear"] * len(s.shapes)
+    passes = 1 + ops["backward_ratio"] + s.checkpointed_fraction
+    n = s.model.num_layers * per_layer * passes + ops["loss"] * (1 + ops["backward_ratio"])
+    return n * s.k["cpu_seconds_per_op"]
+
+
+def _optimizer_spec(s: StepInputs) -> dict:
+    table = s.k["optimizer_bytes_per_param"]
+    return table.get(s.plan.optimizer, table["adamw_torch"])
+
+
+def trainable_tensors(s: StepInputs) -> int:
+    """Number of trainable tensors (what per-tensor and foreach launches scale with)."""
+    m = s.model
+    if s.plan.method != "full":
+        return 2 * m.num_layers * len(s.pb.lora_modules)
+    per_layer = len(s.shapes) + (m.arch or {}).get("norms_per_layer", 2) + len(m.layer_bias_params())
+    return m.num_layers * per_layer + 2 + (0 if m.tie_word_embeddings else 1)
+
+
+def _state_shards(s: StepInputs) -> int:
+    return s.gpus if s.gpus > 1 and s.sharding in ("zero2", "zero3", "fsdp") else 1
+
+
+@term("optimizer", per="step", label="optimizer step")
+def optimizer(s: StepInputs) -> float:
+    """The update by implementation (optimizer_bytes_per_param) and the gradient-norm clip; each GPU
+    updates its shard under ZeRO/FSDP; with CPU offload the update runs on the host (offload term)."""
+    if s.plan.offload != "none":
+        return 0.0
+    spec, tb, n = _optimizer_spec(s), s.trainable_bytes, s.pb.trainable / _state_shards(s)
+    tensors = trainable_tensors(s)
+    chunks = math.ceil(tensors / s.k["foreach_chunk_tensors"])
+    if in_backward(s):
+        # stepped per parameter from a backward hook, no gradient norm to clip against (torchtune
+        # optimizer_in_bwd; LOMO, Lv et al. 2023 §3): the update's bytes, one launch group per tensor
+        return stream_seconds(s, n * (spec["per_trainable_byte"] * tb + spec["extra"])) + \
+            spec["ops"] * tensors * s.k["cpu_seconds_per_op"]
+    nbytes = n * (spec["per_trainable_byte"] * tb + spec["extra"]) + s.k["grad_clip_passes"] * n * tb
+    launches = spec["ops"] * (tensors if spec["per_tensor_loop"] else chunks)
+    launches += 3 * chunks  # clip: norms, total, scale
+    return stream_seconds(s, nbytes) + launches * s.k["cpu_seconds_per_op"]
+
+
+def in_backward(s: StepInputs) -> bool:
+    """The update runs inside backward (LOMO / AdaLomo / layer-wise GaLore, or optimizer_in_backward)."""
+    return bool(getattr(s.plan, "optimizer_in_backward", False)) or s.plan.optimizer in (
+        "lomo", "adalomo", "galore_adamw_layerwise")
+
+
+@term("grad_accumulation", per="step", label="gradient accumulation")
+def grad_accumulation(s: StepInputs) -> float:
+    """Each micro-batch after the first adds its gradients into .grad (AccumulateGrad: read, read,
+    write)."""
+    if s.plan.grad_accum <= 1:
+        return 0.0
+    return stream_seconds(s, (s.plan.grad_accum - 1) * 3 * s.pb.trainable / _state_shards(s) * s.trainable_bytes)
+
+
+@term("step_fixed", per="step", kind="cpu", label="per-step overhead")
+def step_fixed(s: StepInputs) -> float:
+    """Per optimizer step host work of the training loop (scheduler, logging, zero_grad)."""
+    return s.k["step_fixed_seconds"]
+
+
+@term("offload", per="step", kind="link", label="CPU offload link")
+def offload(s: StepInputs) -> float:
+    """ZeRO-Offload: gradients out and updated bf16 parameters back over the host link every
+    step, the Adam update on the CPU (Ren et al. 2021 §4.2); ZeRO-3 parameter offload also
+    fetches every parameter from the host for each forward, backward and recomputation
+    (Rajbhandari et al. 2021, ZeRO-Infinity §5)."""
+    plan = s.plan
+    if plan.offload == "none":
+        return 0.0
+    n = s.pb.trainable / _state_shards(s)
+    t = plan.grad_accum * n * 2 / s.host_link + n * 2 / s.host_link + n / s.k["cpu_adam_params_per_s"]
+    if plan.offload == "zero3_cpu":
+        passes = 2 + s.checkpointed_fraction
+        t += plan.grad_accum * passes * s.model.params_total * s.act_bytes / _state_shards(s) / s.host_link
+    return t
+
+
+@term("collectives", per="step", kind="link", label="collectives")
+def collectives(s: StepInputs) -> float:
+    """Ring collectives move (N-1)/N of the buffer per GPU (ZeRO §7.2). DDP all-reduces gradients
+    once per step (no_sync while accumulating); ZeRO-2/3 and FSDP reduce-scatter them every
+    micro-batch; ZeRO-3/FSDP all-gather parameters for forward and backward (DeepSpeed also for
+    the recomputation). Only the share not hidden behind compute counts (comm_exposed)."""
+    n = s.gpus
+    if n <= 1:
+        return 0.0
+    plan, ring = s.plan, (n - 1) / n
+    grad_b = 4 if plan.peft else s.trainable_bytes
+    grads = s.pb.trainable * grad_b
+    if s.sharding == "ddp":
+        volume = 2 * grads
+    else:
+        volume = plan.grad_accum * grads
+        if s.sharding == "zero2":
+            volume += s.pb.trainable * s.trainable_bytes  # updated shards all-gathered once per step
+        if s.sharding in ("zero3", "fsdp"):
+            passes = 2 + (s.checkpointed_fraction if s.sharding == "zero3" else 0.0)
+            volume += plan.grad_accum * passes * s.model.params_total * s.act_bytes
+    exposed = s.k["comm_exposed"].get(s.sharding, 1.0)
+    return exposed * ring * volume / s.interconnect
