@@ -74,6 +74,8 @@ LEVERS = [
     Plan(method="lora", gradient_checkpointing=True, checkpoint_layers=10, activation_offload=True),
     Plan(method="lora", activation_offload=True),
     Plan(method="qlora", quantization="nf4", activation_offload=True, micro_batch=2),
+    Plan(method="qlora", quantization="nf4", lora_r=8, activation_offload=True, micro_batch=2, grad_accum=4,
+         chunked_ce=True, optimizer="adamw_torch_4bit"),  # the 24 GB tune's answer (the chunked loss calls the decoder)
 ]
 
 

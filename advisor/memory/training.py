@@ -573,14 +573,16 @@ def activation_levers(model: ModelSpec, plan: Plan, pb: ParamBreakdown, layer_ac
         rest = (L - k) * layer_acts
         stash = 0
     elif plan.activation_offload:
-        # every saved tensor of >= 1 KiB that is not a Parameter: the activations, the transposed views of the
-        # linear weights that matmul saves for the input gradient (views are not Parameters), and the loss's
-        # fp32 log-softmax (the whole forward runs under the hooks, the head alone excepted)
+        # every saved tensor of >= 1 KiB in the decoder that is not a Parameter: the activations, and the
+        # transposed views of the linear weights that matmul saves for the input gradient (views are not
+        # Parameters); the head and the loss keep theirs on the device (advisor.runtime.build)
         weight_views = pb.linear * p if not plan.four_bit else 0
-        host = L * layer_acts + weight_views + 4 * T * model.vocab_size
+        host = L * layer_acts + weight_views
         held_inputs, back, rest = 0, 0, 0
-        # TRL's forward stash: the last FWD_STASH saved tensors of the last layer (MLP intermediates, p*T*i)
-        stash = 5 * p * T * model.intermediate_size
+        # TRL's forward stash, the last FWD_STASH (5) tensors the last layer saved, still on the device until
+        # backward begins: the MLP's gate, activation and up outputs (p*T*i each) and the second norm's fp32
+        # input and rsqrt (transformers Qwen2MLP / RMSNorm; traced)
+        stash = 3 * p * T * model.intermediate_size + 4 * T * model.hidden_size + 4 * T
     else:
         held_inputs, back, rest, stash = k * (x + int8), 0, (L - k) * layer_acts, 0
     loss = held_inputs + rest + final_norm + head_input + stash

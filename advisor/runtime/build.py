@@ -341,16 +341,23 @@ def enable_checkpointing(model, spec: ModelSpec, plan: Plan, checkpoint_set: tup
 
 _HOST = [contextlib.nullcontext]
 """Context under which offloaded copies are made: the tracker's ``on_host`` while tracing."""
+_SAVED: list = []
+"""Called with each tensor an offload hook is handed (autograd saved it): the tracker's saved-tensor mark."""
 
 
 @contextlib.contextmanager
-def host_allocations(context_factory):
-    """Label the copies an activation offload makes as host memory (for the tracker)."""
+def host_allocations(context_factory, on_saved=None):
+    """Label the copies an activation offload makes as host memory, and what it was handed as saved (for the
+    tracker: the offload's own saved-tensor hooks replace the tracker's while they are active)."""
     _HOST.append(context_factory)
+    if on_saved is not None:
+        _SAVED.append(on_saved)
     try:
         yield
     finally:
         _HOST.pop()
+        if on_saved is not None:
+            _SAVED.remove(on_saved)
 
 
 FWD_STASH = 5
@@ -375,6 +382,8 @@ def offload_hooks(min_bytes: int = 1024, skip_parameters: bool = True, stash: in
     pending = collections.deque(maxlen=stash or None) if stash else None
 
     def pack(t):
+        for seen in _SAVED:
+            seen(t)
         if (skip_parameters and isinstance(t, torch.nn.Parameter)) or t.numel() * t.element_size() < min_bytes:
             return t
         with _HOST[-1]():
@@ -399,29 +408,26 @@ def offload_hooks(min_bytes: int = 1024, skip_parameters: bool = True, stash: in
 
 
 def offload_decoder_activations(model) -> None:
-    """Activation offloading without checkpointing, as TRL's ``activation_offloading`` sets it up
-    (``get_act_offloading_ctx_manager``: OffloadActivations around the whole forward and loss, a no-op
-    manager around the output head ``lm_head``, whose activation would come straight back)."""
+    """Activation offloading without checkpointing (TRL ``activation_offloading``, torchtune
+    ``enable_activation_offloading``: their OffloadActivations hooks, ``offload_hooks`` here): every
+    activation the decoder layers save goes to host memory, the last FWD_STASH kept on the device until
+    backward begins. The scope is the decoder stack: the output head and the loss keep theirs on the device
+    (TRL's no-op manager spares the head; its loss's log-softmax, which TRL would offload too, is counted on
+    the device here: the prediction errs high by at most that tensor), and the chunked loss, which calls the
+    decoder directly, is covered the same way."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     state: list = []
 
-    def enter(ctx_factory):
-        def hook(_module, _args):
-            ctx = ctx_factory()
-            ctx.__enter__()
-            state.append(ctx)
-        return hook
+    def enter(_module, _args):
+        ctx = offload_hooks(stash=FWD_STASH)
+        ctx.__enter__()
+        state.append(ctx)
 
     def leave(_module, _args, _out):
         state.pop().__exit__(None, None, None)
 
-    import torch
-
-    noop = lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)  # noqa: E731
-    model.register_forward_pre_hook(enter(lambda: offload_hooks(stash=FWD_STASH)))
-    model.register_forward_hook(leave, always_call=True)
-    head = model.get_output_embeddings()
-    head.register_forward_pre_hook(enter(noop))
-    head.register_forward_hook(leave, always_call=True)
+    decoder.register_forward_pre_hook(enter)
+    decoder.register_forward_hook(leave, always_call=True)
 
 
 # --------------------------------------------------------------------------- optimizer

@@ -187,7 +187,7 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
         marks.setdefault(name, tracker.clock)
 
     gap = 1 if plan.optimizer in LOW_RANK_OPTIMIZERS else None
-    with cuda_semantics(), offload_semantics(), fake_mode, tracker, host_allocations(tracker.on_host), \
+    with cuda_semantics(), offload_semantics(), fake_mode, tracker, host_allocations(tracker.on_host, pack), \
             torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         setup = build_training_setup(spec, plan, device="cpu", num_layers=num_layers, quant_impl=quant_impl,
                                      seed=seed, target_device=target_device, checkpoint_set=checkpoint_set,

@@ -154,9 +154,10 @@ def checkpoint_only(model, k):
 
 
 def offload_activations(model) -> None:
-    """Activation offloading without checkpointing, as TRL's activation_offloading does it: every saved
-    tensor of 1 KiB or more that is not a parameter goes to (pinned) host memory in forward and comes back
-    in backward; the output head keeps its own (it would come straight back)."""
+    """Activation offloading without checkpointing, with TRL's rule (trl/models/activation_offloading.py):
+    every tensor the decoder layers save, of 1 KiB or more and not a parameter, goes to (pinned) host memory
+    in forward and comes back in backward. The output head and the loss keep theirs (as the advisor's
+    memory plan counts them)."""
     import torch
 
     def pack(t):
@@ -174,21 +175,17 @@ def offload_activations(model) -> None:
 
     stack = []
 
-    def enter(hooks):
-        def pre(_module, _args):
-            ctx = hooks()
-            ctx.__enter__()
-            stack.append(ctx)
-        return pre
+    def enter(_module, _args):
+        ctx = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+        ctx.__enter__()
+        stack.append(ctx)
 
     def leave(_module, _args, _out):
         stack.pop().__exit__(None, None, None)
 
-    model.register_forward_pre_hook(enter(lambda: torch.autograd.graph.saved_tensors_hooks(pack, unpack)))
-    model.register_forward_hook(leave, always_call=True)
-    head = model.get_output_embeddings()
-    head.register_forward_pre_hook(enter(lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)))
-    head.register_forward_hook(leave, always_call=True)
+    decoder = model.get_decoder()
+    decoder.register_forward_pre_hook(enter)
+    decoder.register_forward_hook(leave, always_call=True)
 
 
 def optimizer_in_backward(model, targs):
