@@ -27,6 +27,7 @@ COMMANDS = {
     "doctor": "preflight",
     "models": "catalogs",
     "gpus": "catalogs",
+    "calibrate": "calibrate",
 }
 
 

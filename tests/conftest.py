@@ -20,6 +20,7 @@ def _isolated_home(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("ADVISOR_MEMORY_CALIBRATION", str(tmp_path / "memory_calibration.json"))  # never the user's GPU calibration
     # probes' throughput calibration (advisor/speed/calibration.py) in the test's own folder
     monkeypatch.setenv("ADVISOR_SPEED_CALIBRATION", str(tmp_path / "speed_calibration.json"))
     yield

@@ -1,6 +1,6 @@
 """The analytic ledger held to the simulation at real sizes: every plan within 5% (aim 2%).
 
-The matrix (advisor/runtime/simulate/matrix.py): 42 plans on 8 models of 4 architectures (qwen2, llama,
+The matrix (tests/plan_matrix.py): 42 plans on 8 models of 4 architectures (qwen2, llama,
 qwen3, mistral; 0.5B to 14B): full / LoRA / QLoRA / LLM.int8, checkpointing on and off, five
 optimizers, batches 1-4, gradient accumulation, sequences 512-4096, eager attention, chunked loss.
 A failure prints every plan's error, so the formula to fix is visible at once.
@@ -16,7 +16,7 @@ from advisor.memory.training import estimate_training  # noqa: E402
 from advisor.core.catalog import resolve_model  # noqa: E402
 from advisor.core.plan import Plan  # noqa: E402
 from advisor.runtime.simulate.extrapolate import simulate  # noqa: E402
-from advisor.runtime.simulate.matrix import analytic_matrix  # noqa: E402
+from plan_matrix import analytic_matrix  # noqa: E402  (tests/plan_matrix.py)
 
 TOLERANCE = 0.05
 

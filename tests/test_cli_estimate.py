@@ -52,7 +52,23 @@ def test_human_ledger_table(capsys):
     assert code == 0
     for text in ("Weights", "Saved activations", "Peak on the GPU", "GB", "r16[q,k,v,o]"):
         assert text in out  # (the plan's brackets are text, not rich markup)
-    assert "FITS" in out or "DOES NOT FIT" in out or "TIGHT" in out
+    verdict = _verdict(out)
+    # the verdict the table prints is the one the JSON gives for the same command
+    _, js, _ = run_cli(capsys, "estimate", "--model", "qwen7b", "--method", "lora", "--gpu-budget", "24GB", "--json")
+    assert (verdict == "FITS") == json.loads(js)["fits"]
+
+
+def _verdict(out: str) -> str:
+    said = [v for v in ("DOES NOT FIT", "TIGHT", "FITS") if v in out]
+    assert len(said) == 1, said
+    return said[0]
+
+
+@pytest.mark.parametrize("budget,verdict", [("80GB", "FITS"), ("16GB", "DOES NOT FIT")])
+def test_human_verdict_follows_the_budget(capsys, budget, verdict):
+    code, out, _ = run_cli(capsys, "estimate", "--model", "qwen7b", "--method", "lora", "--gpu-budget", budget)
+    assert code == 0
+    assert _verdict(out) == verdict
 
 
 @pytest.mark.parametrize("argv,flag", [

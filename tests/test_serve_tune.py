@@ -73,6 +73,9 @@ def test_vllm_script_consistent_with_plan(plan_7b_24gb):
     if plan["weight_format"] == "int4":
         assert args["--quantization"] in ("awq_marlin", "gptq_marlin")
     assert int(args["--max-num-batched-tokens"]) >= int(args["--max-num-seqs"])
+    for flag, value in args.items():
+        assert flag in FLAGS, flag
+        _check_flag(flag, value)
 
 
 def _check_flag(flag, value):
@@ -114,11 +117,18 @@ def test_generation_settings_load_in_transformers(plan_7b_24gb):
     assert tf["max_cache_len"] == d["best"]["plan"]["context_len"] == tf["max_prompt_tokens"] + gen["max_new_tokens"]
 
 
-def test_pinned_context_and_concurrency(capsys):
+def test_pinned_context_and_concurrency(capsys, tmp_path):
     code, out, _ = run_cli(capsys, "tune", "--task", "inference", "--gpu-budget", "24GB", "--model", "qwen7b",
-                           "--context-len", "8192", "--concurrency", "8", "--backend", "estimate", "--json")
+                           "--context-len", "8192", "--concurrency", "8", "--backend", "estimate", "--json",
+                           "--export", str(tmp_path))
     d = json.loads(out)
     assert code == 0 and d["best"]["plan"]["context_len"] == 8192 and d["best"]["plan"]["concurrency"] == 8
+    # the pinned values reach the exported `vllm serve` flags, and every flag is one vLLM documents
+    args = _script_args(tmp_path / "serve_vllm.sh")
+    assert args["--max-model-len"] == "8192" and args["--max-num-seqs"] == "8"
+    for flag, value in args.items():
+        assert flag in FLAGS, flag
+        _check_flag(flag, value)
 
 
 def test_quality_floor_rules_out_int4(capsys):

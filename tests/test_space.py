@@ -6,8 +6,8 @@ import pytest
 
 from advisor.core.catalog import resolve_model
 from advisor.core.errors import AdvisorInputError, ConfigErrors
-from advisor.core.plan import lora_target_modules
-from advisor.search.space import SPACES_DIR, SEARCH_KEYS, WHEN, list_spaces, load_space, plan_from_params
+from advisor.search.space import (SPACES_DIR, SEARCH_KEYS, WHEN, list_spaces, load_space, model_rules,
+                                  plan_from_params)
 
 
 def test_required_spaces_exist():
@@ -58,28 +58,12 @@ def test_unknown_override_key():
         load_space("default", ["warp=9"])
 
 
-def _model_check(spec):
-    """Plan.problems plus the model's own modules (what the tuner checks)."""
-    linears = list(spec.linear_shapes())
-
-    def check(plan):
-        errs = plan.problems()
-        if not errs and plan.peft:
-            try:
-                lora_target_modules(plan, linears)
-            except AdvisorInputError as e:
-                errs = [e]
-        return errs
-
-    return check
-
-
 def _sample(space, spec, sampler, n):
     """``n`` proposals of a real Optuna study driven by the space's conditions (a made-up objective)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    conditions = space.conditions(spec.arch or {}, _model_check(spec))
+    conditions = space.conditions(spec.arch or {}, model_rules(spec))
     study = optuna.create_study(sampler=sampler)
     proposals = []
     for _ in range(n):
@@ -101,7 +85,7 @@ def test_every_sampled_proposal_is_a_valid_plan(name, model):
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         tpe = optuna.samplers.TPESampler(seed=0, multivariate=True, group=True, n_startup_trials=8)
     proposals = _sample(space, spec, optuna.samplers.RandomSampler(seed=1), 300) + _sample(space, spec, tpe, 60)
-    check = _model_check(spec)
+    check = model_rules(spec)
     for params, asked in proposals:
         plan = plan_from_params(params, space, spec.arch)
         assert not check(plan), (params, [str(e) for e in check(plan)])

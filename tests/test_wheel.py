@@ -38,7 +38,9 @@ def venv(tmp_path_factory):
          cwd=base, env=env)
     wheel = next((base / "dist").glob("vram_advisor-*.whl"))
     env_dir = base / "venv"
-    _run([sys.executable, "-m", "venv", "--system-site-packages", env_dir], cwd=base, env=env)
+    # --without-pip: no ensurepip needed (Debian ships it apart); the system pip, seen through the system
+    # site-packages, installs into the venv it runs in
+    _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", env_dir], cwd=base, env=env)
     py = env_dir / "bin" / "python"
     _run([py, "-m", "pip", "install", "--no-deps", "--no-index", "-q", wheel], cwd=base, env=env)
     work = base / "elsewhere"  # not the repository: nothing can be found relative to the checkout

@@ -68,6 +68,8 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--attn-impl", choices=ATTENTION, default="sdpa", help="attention implementation (default sdpa)")
     g.add_argument("--offload", choices=OFFLOADS, default="none", help="DeepSpeed CPU offload (default none)")
     g.add_argument("--chunked-ce", action="store_true", help="chunked cross-entropy: never hold all logits at once")
+    g.add_argument("--expandable-segments", action="store_true",
+                   help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: less memory reserved beyond the tensors")
     g.add_argument("--eval-batch", type=int, default=0,
                    help="sequences per evaluation forward (default 0: the micro-batch)")
     g.add_argument("--max-new-tokens", type=int, default=0,
@@ -127,6 +129,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         attn_impl=args.attn_impl,
         offload=args.offload,
         chunked_ce=args.chunked_ce,
+        expandable_segments=getattr(args, "expandable_segments", False),
         eval_batch=getattr(args, "eval_batch", 0),
         max_new_tokens=getattr(args, "max_new_tokens", 0),
         **memory_lever_fields(args),

@@ -55,6 +55,10 @@ def run(args: argparse.Namespace) -> int:
                 record_probe(model, plan, gpu, result.tokens_per_s)
             except (OSError, ValueError):
                 pass
+    if result.ok and device == "cuda":
+        from advisor.memory.calibration import record_probe_result
+
+        record_probe_result(result.to_dict())   # its CUDA context and allocator reserve, for later predictions
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

@@ -382,6 +382,15 @@ def _read_hf(data: dict, c: _Collect, fmt: str) -> tuple[str | None, dict, dict]
         c.defaulted.append("max_seq_length")
     f["seq_len"] = seq
     f["chunked_ce"] = c.get(advisor, "chunked_ce", "advisor.chunked_ce", "bool", False, record=False)
+    env = advisor.get("env") if isinstance(advisor.get("env"), dict) else {}
+    if env.get("PYTORCH_CUDA_ALLOC_CONF"):
+        from advisor.memory.allocator import AllocatorConfig
+
+        try:
+            conf = AllocatorConfig.from_env(str(env["PYTORCH_CUDA_ALLOC_CONF"]))
+        except AdvisorInputError as e:
+            raise AdvisorInputError("advisor.env.PYTORCH_CUDA_ALLOC_CONF", e.rule, env["PYTORCH_CUDA_ALLOC_CONF"]) from None
+        f["expandable_segments"] = conf.expandable_segments
     for key in ("prediction", "gpu"):
         if key in advisor:
             extras[key] = advisor[key]
@@ -633,7 +642,7 @@ _KEYS = {
                 "chunked_ce": "advisor.chunked_ce", "checkpoint_layers": "advisor.checkpoint_layers",
                 "activation_offload": "advisor.activation_offload",
                 "optimizer_in_backward": "advisor.optimizer_in_backward", "optim_rank": "training.optim_args",
-                "optim_proj_gap": "training.optim_args"},
+                "optim_proj_gap": "training.optim_args", "expandable_segments": "advisor.env.PYTORCH_CUDA_ALLOC_CONF"},
     "axolotl": {"method": "adapter", "quantization": "load_in_4bit", "double_quant": "bnb_config_kwargs",
                 "compute_dtype": "bnb_config_kwargs", "precision": "bf16", "lora_r": "lora_r",
                 "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout", "lora_targets": "lora_target_modules",

@@ -70,6 +70,10 @@ class Plan:
     """none, zero2_cpu (DeepSpeed ZeRO-2, optimizer on the CPU), zero3_cpu (ZeRO-3, parameters and optimizer on the CPU)."""
     chunked_ce: bool = False
     """Compute the loss over chunks of the sequence, never holding all logits at once."""
+    expandable_segments: bool = False
+    """PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the caching allocator grows one segment per pool
+    in 2/20 MiB pages instead of one cudaMalloc per block size, so freed memory is reused across sizes
+    (less reserved beyond the live tensors; slower first allocations, no CUDA IPC of the tensors)."""
     eval_batch: int = 0
     """Sequences per evaluation forward (per_device_eval_batch_size); 0: the micro-batch."""
     max_new_tokens: int = 0
@@ -113,10 +117,6 @@ class Plan:
         if self.precision.startswith("mixed"):
             return self.precision.split("_")[1]
         return self.precision
-
-    @property
-    def tokens_per_micro_batch(self) -> int:
-        return self.micro_batch * self.seq_len
 
     @property
     def tokens_per_step(self) -> int:
@@ -238,6 +238,8 @@ class Plan:
             parts.append(self.attn_impl)
         if self.chunked_ce:
             parts.append("chunked-ce")
+        if self.expandable_segments:
+            parts.append("expandable")
         if self.eval_batch:
             parts.append(f"eval-b{self.eval_batch}")
         if self.max_new_tokens:
@@ -254,6 +256,7 @@ _FLAGS = {
     "activation_offload": "--activation-offload", "optimizer_in_backward": "--optimizer-in-backward",
     "optim_rank": "--optim-rank", "optim_proj_gap": "--optim-proj-gap",
     "eval_batch": "--eval-batch", "max_new_tokens": "--max-new-tokens",
+    "expandable_segments": "--expandable-segments",
 }
 
 

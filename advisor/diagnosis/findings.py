@@ -7,8 +7,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-SEVERITIES = ("ok", "info", "warning", "error")
-
 
 @dataclass(frozen=True)
 class Finding:

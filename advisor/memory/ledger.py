@@ -35,8 +35,6 @@ LABELS = {
     "cuda_graphs": "CUDA graphs (reserve)",
 }
 
-SOURCES = ("estimated", "simulated", "measured")
-
 
 def empty() -> dict[str, int]:
     return {c: 0 for c in CATEGORIES}
@@ -64,6 +62,10 @@ class MemoryReport:
     """Assumptions and caveats worth showing a person."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Backend-specific figures (e.g. kv_cache_bytes_per_token, simulation seconds)."""
+    reserved_peak_bytes: int | None = None
+    """Peak of ``torch.cuda.max_memory_reserved``: the tensor peak plus what the caching allocator holds
+    beyond it (replayed through advisor.memory.allocator by the simulate backend, estimated by the
+    estimate backend, measured by a GPU probe); None where unknown (a CPU probe)."""
 
     @property
     def host_bytes(self) -> int:

@@ -1,10 +1,21 @@
-"""Framework overhead on the GPU: what no tensor accounts for (overheads.yaml)."""
+"""Framework overhead on the GPU: what no tensor accounts for.
+
+Three parts (overheads.yaml documents each): the CUDA context and the cuBLAS workspace (measured on
+the GPU by ``advisor calibrate`` and real probes when a calibration exists for it,
+advisor.memory.calibration; else the file's figures), and the caching allocator's fragmentation
+(reserved minus allocated at the peak): replayed through the allocator model when the caller has
+the step's allocations (the simulate backend), else estimated as a fraction of the tensor peak.
+"""
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from typing import Any
 
 from advisor.core.catalog import GpuSpec, MIB, _load_data
+
+ESTIMATED = "estimated (advisor/data/overheads.yaml)"
 
 
 def overhead_terms(gpu: GpuSpec | None) -> dict[str, Any]:
@@ -16,12 +27,74 @@ def overhead_terms(gpu: GpuSpec | None) -> dict[str, Any]:
     return terms
 
 
-def framework_overhead(tensor_peak_bytes: int, gpu: GpuSpec | None) -> tuple[int, dict[str, int]]:
-    """Bytes added to the tensor peak on a GPU, and its parts."""
+@dataclass(frozen=True)
+class Overhead:
+    """Bytes added to the tensor peak on a GPU, its parts, and where each figure comes from."""
+
+    total: int
+    parts: dict[str, int]
+    """cuda_context, cublas_workspace, fragmentation."""
+    source: str
+    """Of the context and cuBLAS figures: "calibrated on <GPU> (N probes)" or estimated."""
+    fragmentation_source: str
+    """replayed (caching-allocator model) or estimated (a fraction of the tensor peak)."""
+
+    def notes(self) -> list[str]:
+        return [f"framework overhead: CUDA context and cuBLAS workspace {self.source}; "
+                f"allocator fragmentation {self.fragmentation_source}"]
+
+
+_CAL_CACHE: dict[tuple, Any] = {}
+
+
+def _calibration(gpu: GpuSpec | None):
+    """The GPU's calibration, read once per change of the file (the tuner asks hundreds of times)."""
+    if gpu is None:
+        return None
+    from advisor.memory.calibration import calibration_for, default_path
+
+    path = default_path()
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+    key = (gpu.name, str(path), stamp)
+    if key not in _CAL_CACHE:
+        _CAL_CACHE.clear()
+        _CAL_CACHE[key] = calibration_for(gpu.name, path=path)
+    return _CAL_CACHE[key]
+
+
+def overhead_of(tensor_peak_bytes: int, gpu: GpuSpec | None, *, fragmentation_bytes: int | None = None,
+             expandable_segments: bool = False) -> Overhead:
+    """The overhead of a step whose live tensors peak at ``tensor_peak_bytes`` on ``gpu``.
+
+    ``fragmentation_bytes``: the replayed reserved-minus-allocated (advisor.runtime.simulate.reserved);
+    without it, the estimate of overheads.yaml (``fragmentation``, or ``fragmentation_expandable``
+    with ``expandable_segments``).
+    """
     t = overhead_terms(gpu)
-    parts = {
-        "cuda_context": int(t["cuda_context_mib"] * MIB),
-        "cublas_workspace": int(t["cublas_workspace_mib"] * MIB),
-        "fragmentation": int(t["fragmentation"] * tensor_peak_bytes),
-    }
-    return sum(parts.values()), parts
+    context, cublas, source = int(t["cuda_context_mib"] * MIB), int(t["cublas_workspace_mib"] * MIB), ESTIMATED
+    cal = _calibration(gpu)
+    if cal is not None:
+        context = cal.cuda_context_bytes
+        cublas = cal.cublas_workspace_bytes if cal.cublas_workspace_bytes is not None else cublas
+        source = cal.label
+    if fragmentation_bytes is not None:
+        frag, frag_source = int(fragmentation_bytes), "replayed through the caching-allocator model"
+    else:
+        key = "fragmentation_expandable" if expandable_segments else "fragmentation"
+        frac = float(t[key])
+        frag = int(frac * tensor_peak_bytes)
+        frag_source = (f"estimated: {frac:.0%} of the tensor peak (overheads.yaml {key}; no allocation "
+                       f"sequence to replay)")
+    parts = {"cuda_context": context, "cublas_workspace": cublas, "fragmentation": frag}
+    return Overhead(sum(parts.values()), parts, source, frag_source)
+
+
+def framework_overhead(tensor_peak_bytes: int, gpu: GpuSpec | None, *, fragmentation_bytes: int | None = None,
+                       expandable_segments: bool = False) -> tuple[int, dict[str, int]]:
+    """Bytes added to the tensor peak on a GPU, and its parts (see ``overhead``)."""
+    o = overhead_of(tensor_peak_bytes, gpu, fragmentation_bytes=fragmentation_bytes,
+                 expandable_segments=expandable_segments)
+    return o.total, o.parts

@@ -20,7 +20,7 @@ Calculation only: ``advisor.ui.render.phase_table`` renders a ``RunPhases``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from advisor.core.catalog import GpuSpec, ModelSpec
@@ -91,25 +91,39 @@ class RunPhases:
 
 
 def outside_allocator_bytes(gpu: GpuSpec | None) -> int:
-    """CUDA context and cuBLAS workspace: GPU memory no tensor and no segment accounts for (overheads.yaml)."""
-    from advisor.memory.overhead import overhead_terms
-    from advisor.core.catalog import MIB
+    """CUDA context and cuBLAS workspace: GPU memory no tensor and no segment accounts for (measured on
+    the GPU when it has been calibrated, advisor.memory.calibration; else overheads.yaml)."""
+    from advisor.memory.overhead import overhead_of
 
-    t = overhead_terms(gpu)
-    return int((t["cuda_context_mib"] + t["cublas_workspace_mib"]) * MIB)
+    parts = overhead_of(0, gpu).parts
+    return int(parts["cuda_context"] + parts["cublas_workspace"])
 
 
-def reserved_for(live_peak: int, gpu: GpuSpec | None, events: Sequence[tuple[int, int]] | None = None) -> tuple[int, str]:
+def reserved_for(live_peak: int, gpu: GpuSpec | None, events: Sequence[tuple[int, int]] | None = None, *,
+                 plan: Plan | None = None, fragmentation: float | None = None) -> tuple[int, str]:
     """Reserved bytes at a phase's peak, and how they were obtained.
 
-    INTERIM (until the caching-allocator replay of issue 16 lands): reserved = live + the fragmentation
-    fraction of advisor/data/overheads.yaml. ``events`` (uid, +/-bytes, in order) is the allocation
-    sequence the replay will take; it is accepted now so that callers need not change.
+    With ``events`` (uid, +bytes for an allocation / -bytes for a free, in order) and the caching-allocator
+    model of issue 16 (advisor.memory.allocator), the sequence is replayed through it. Otherwise reserved
+    = live x (1 + ``fragmentation``): the replayed step's fraction when the caller has one, else the
+    fragmentation term of advisor/data/overheads.yaml (the interim guess).
     """
+    if events:
+        try:
+            from advisor.memory.allocator import AllocatorConfig, replay
+        except ImportError:  # the allocator model is not in this checkout
+            pass
+        else:
+            config = AllocatorConfig(expandable_segments=bool(getattr(plan, "expandable_segments", False)))
+            seq = [("alloc", uid, n) if n > 0 else ("free", uid, 0) for uid, n in events]
+            return int(replay(seq, config).reserved_peak_bytes), "replayed through the caching-allocator model"
+    if fragmentation is not None:
+        return int(live_peak * (1 + fragmentation)), f"allocated x {1 + fragmentation:.3f}, the step's reserved/allocated"
     from advisor.memory.overhead import overhead_terms
 
-    frac = float(overhead_terms(gpu)["fragmentation"])
-    return int(live_peak * (1 + frac)), f"interim: allocated x (1 + {frac:g}) (overheads.yaml fragmentation)"
+    key = "fragmentation_expandable" if getattr(plan, "expandable_segments", False) else "fragmentation"
+    frac = float(overhead_terms(gpu)[key])
+    return int(live_peak * (1 + frac)), f"interim: allocated x (1 + {frac:g}) (overheads.yaml {key})"
 
 
 # ----------------------------------------------------------------------------- phases
@@ -226,11 +240,14 @@ def run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: MemoryRe
     resident = resident_bytes(step)
     notes: list[str] = []
     phases: dict[str, PhaseMemory] = {}
-    how = ""
+
+    step_reserved = getattr(step, "reserved_peak_bytes", None) or step.extra.get("reserved_peak_bytes")
+    # phases without an allocation sequence take the replayed step's reserved/allocated ratio when there is one
+    frac = step_reserved / step.tensor_peak_bytes - 1 if step_reserved and step.tensor_peak_bytes else None
+    hows: dict[str, str] = {}
 
     def phase(name, live, what, *, source=src, events=None, included=True, extra_notes=()):
-        nonlocal how
-        reserved, how = reserved_for(int(live), gpu, events)
+        reserved, hows[name] = reserved_for(int(live), gpu, events, plan=plan, fragmentation=frac)
         phases[name] = PhaseMemory(name, int(live), int(reserved), int(reserved + outside), source, what,
                                    included, tuple(extra_notes))
 
@@ -243,13 +260,13 @@ def run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: MemoryRe
         phase("load", live, f"loading: {what}", source="estimated")
 
     # train: the step at the longest batch, as the backend measured it
-    step_reserved = getattr(step, "reserved_peak_bytes", None) or step.extra.get("reserved_peak_bytes")
     if step_reserved:
+        hows["train"] = "replayed through the caching-allocator model" if step.source == "simulated" else "the backend's"
         phases["train"] = PhaseMemory("train", int(step.tensor_peak_bytes), int(step_reserved),
                                       int(max(step.peak_bytes, step_reserved + outside)), src,
                                       f"step at seq {plan.seq_len:,}, {step.peak_phase}")
     else:
-        reserved, how = reserved_for(step.tensor_peak_bytes, gpu)
+        reserved, hows["train"] = reserved_for(step.tensor_peak_bytes, gpu)
         phases["train"] = PhaseMemory("train", int(step.tensor_peak_bytes), int(reserved), int(step.peak_bytes), src,
                                       f"step at seq {plan.seq_len:,}, {step.peak_phase}")
 
@@ -290,7 +307,37 @@ def run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: MemoryRe
         # "Moving tensor to cpu before saving"); torch.save copies storages to the host one at a time
         what = "adapter state dict, copied to host" if plan.peft else "full state dict, copied to host"
         phase("save", resident, what, source="estimated")
-    return RunPhases(phases, how, tuple(notes))
+    notes.append("reserved memory stays cached from one phase to the next (no empty_cache): a later phase "
+                 "reserves at least what an earlier one did")
+    groups: dict[str, list[str]] = {}
+    for n, h in hows.items():
+        groups.setdefault(h, []).append(n)
+    how = "; ".join(f"{h} ({', '.join(ns)})" for h, ns in groups.items()) if len(groups) > 1 else next(iter(groups))
+    return RunPhases(_cached_across(phases), how, tuple(notes))
+
+
+def _cached_across(phases: dict[str, PhaseMemory]) -> dict[str, PhaseMemory]:
+    """Reserved memory carried from one phase to the next.
+
+    The caching allocator keeps freed blocks in its segments until ``torch.cuda.empty_cache()``, which
+    Trainer does not call by default (PyTorch docs, "CUDA semantics: memory management": "unused memory
+    managed by the allocator will still show as if used in nvidia-smi"), so a phase starts with the
+    segments of the phases before it: its reserved bytes are at least theirs, and grow only by what its
+    live bytes exceed the earlier live peak by (the cached free blocks serve the rest). The run's reserved
+    peak is set by the first phase that reaches it. Phases the run skips are shown as if they ran at
+    their place, without carrying anything on.
+    """
+    out: dict[str, PhaseMemory] = {}
+    reserved_so_far = live_so_far = 0
+    for name in PHASES:
+        p = phases[name]
+        carried = reserved_so_far + max(0, p.live_bytes - live_so_far) if reserved_so_far else 0
+        reserved = max(p.reserved_bytes, carried)
+        q = replace(p, reserved_bytes=int(reserved), peak_bytes=int(p.peak_bytes + reserved - p.reserved_bytes))
+        out[name] = q
+        if p.included:
+            reserved_so_far, live_so_far = max(reserved_so_far, reserved), max(live_so_far, p.live_bytes)
+    return out
 
 
 def attach(report: MemoryReport, phases: RunPhases) -> MemoryReport:
@@ -299,7 +346,7 @@ def attach(report: MemoryReport, phases: RunPhases) -> MemoryReport:
 
     extra = dict(report.extra)
     extra.update(phases=phases.to_dict(), run_peak_phase=phases.run_peak_phase, run_peak_bytes=phases.run_peak_bytes,
-                 reserved_model=phases.reserved_model)
+                 reserved_model=phases.reserved_model, phase_notes=list(phases.notes))
     extra.setdefault("reserved_peak_bytes", phases.phases["train"].reserved_bytes)
     return replace(report, extra=extra)
 

@@ -57,12 +57,14 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
         d["weights"] = d.get("weights", 0) // gpus + gathered
         d["quant_constants"] = d.get("quant_constants", 0) // gpus
     tensor_peak = sum(d.values())
-    overhead, _ = framework_overhead(tensor_peak, gpu)
+    overhead, parts = framework_overhead(tensor_peak, gpu,
+                                         expandable_segments=getattr(plan, "expandable_segments", False))
     d["overhead"] = overhead
     host = {k: v // gpus for k, v in report.host.items()}
     notes = (*report.notes, f"{strategy} over {gpus} GPUs: per-GPU ledger; collectives are modelled, not traced")
     return replace(report, device=d, host=host, tensor_peak_bytes=int(tensor_peak),
                    peak_bytes=int(tensor_peak + overhead), notes=notes,
+                   reserved_peak_bytes=int(tensor_peak + parts["fragmentation"]),
                    extra={**report.extra, "gpus": gpus, "sharding": strategy,
                           "comm_bytes_per_step": comm_bytes_per_step(model, plan, gpus, strategy)})
 

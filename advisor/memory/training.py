@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.memory.ledger import MemoryReport, empty
-from advisor.memory.overhead import framework_overhead
+from advisor.memory.overhead import overhead_of as framework_overhead_of
 from advisor.core.plan import (DTYPE_BYTES, FUSED_BACKWARD_OPTIMIZERS, Plan, checkpointed_layers,
                                lora_target_modules)
 
@@ -318,13 +318,15 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
                   optimizer_states=states, master_weights=masters, **at_peak)
     notes += paged_spill(device, host, plan, gpu)
     tensor_peak = sum(device.values())
-    overhead, _ = framework_overhead(tensor_peak, gpu)
-    device["overhead"] = overhead
+    over = framework_overhead_of(tensor_peak, gpu, expandable_segments=getattr(plan, "expandable_segments", False))
+    device["overhead"] = over.total
+    notes += over.notes()
     return MemoryReport(
         source="estimated", backend="estimate", device=device, host=host,
-        tensor_peak_bytes=int(tensor_peak), peak_bytes=int(tensor_peak + overhead), peak_phase=peak_phase,
-        notes=tuple(notes),
-        extra={"params_trainable": pb.trainable, "lora_modules": list(pb.lora_modules),
+        tensor_peak_bytes=int(tensor_peak), peak_bytes=int(tensor_peak + over.total), peak_phase=peak_phase,
+        notes=tuple(notes), reserved_peak_bytes=int(tensor_peak + over.parts["fragmentation"]),
+        extra={"params_trainable": pb.trainable, "lora_modules": list(pb.lora_modules), "overhead_parts": over.parts,
+               "overhead_source": over.source, "fragmentation_source": over.fragmentation_source,
                "activations_per_layer_bytes": layer_acts, "saved_activations_bytes": int(acts)},
     )
 

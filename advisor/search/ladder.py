@@ -33,6 +33,7 @@ def ladder(space: SearchSpace, fits_with_micro_batch: Callable[[dict[str, Any]],
         "precision": _pick(s["precision"], ["bf16", "mixed_bf16", "fp16"]),
         "attn_impl": _pick(s["attn_impl"], ["sdpa", "flash_attention_2"]),
         "chunked_ce": _pick(s["chunked_ce"], [False]),
+        "expandable_segments": _pick(s.get("expandable_segments", [False]), [True]),  # less reserved, same speed
         "offload": _pick(s["offload"], ["none"]),
     }
     rungs: list[tuple[str, dict]] = []

@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterator
 import yaml
 
 from advisor.core.errors import AdvisorInputError, ConfigErrors
-from advisor.core.plan import ATTENTION, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS, QUANTIZATIONS, Plan, flag_of
+from advisor.core.plan import (ATTENTION, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS, QUANTIZATIONS, Plan,
+                               checkpoint_depth_problems, flag_of, lora_target_modules)
 
 SPACES_DIR = Path(__file__).resolve().parents[1] / "data" / "spaces"
 """The shipped search spaces (package data: they travel in the wheel)."""
@@ -34,12 +35,12 @@ SEARCH_KEYS: dict[str, tuple | None] = {
     "optimizer": OPTIMIZERS, "micro_batch": None,
     "precision": PRECISIONS, "attn_impl": ATTENTION, "offload": OFFLOADS, "chunked_ce": (True, False),
     "optimizer_in_backward": (True, False),
+    "expandable_segments": (True, False),
 }
-OPTIONAL_KNOBS: dict[str, list] = {
-    # knobs a space file may leave out: they then keep the Plan's default (every layer checkpointed when
-    # checkpointing, activations on the device, the optimizer step after backward)
-    "checkpoint_layers": [None], "activation_offload": [False], "optimizer_in_backward": [False],
-}
+# knobs a space file may leave out (spaces written before the knob existed): the choice it then has
+# (every layer checkpointed when checkpointing, activations on the device, the optimizer step after backward)
+OPTIONAL_KNOBS: dict[str, list] = {"expandable_segments": [False], "checkpoint_layers": [None],
+                                   "activation_offload": [False], "optimizer_in_backward": [False]}
 FIXED_KEYS = {"seq_len": "int", "global_batch": "int", "lora_dropout": "dropout", "lora_alpha_ratio": "positive"}
 
 # Where a knob applies at all, and the value it takes where it does not (it is then never asked).
@@ -139,7 +140,9 @@ def load_space(ref: str = "default", overrides: list[str] | tuple[str, ...] = ()
     """Load, apply ``key=value`` overrides, validate (all errors at once)."""
     data, source = _read_space_file(ref)
     fixed = dict(data.get("fixed") or {})
-    search = {**OPTIONAL_KNOBS, **dict(data.get("search") or {})}
+    search = dict(data.get("search") or {})
+    for key, default in OPTIONAL_KNOBS.items():
+        search.setdefault(key, list(default))
     errors: list[AdvisorInputError] = []
     for text in overrides:
         try:
@@ -266,6 +269,22 @@ Ask = Callable[[str, str, list], Any]
 """(Optuna parameter name, knob, the values offered) → the value chosen."""
 
 
+def model_rules(model) -> Check:
+    """The plan rules for one model: Plan.problems, then the adapter targets its layers really have."""
+    linears = list(model.linear_shapes())
+
+    def check(plan: Plan) -> list[AdvisorInputError]:
+        errs = plan.problems() + checkpoint_depth_problems(plan, model.num_layers)
+        if not errs and plan.peft:
+            try:
+                lora_target_modules(plan, linears)
+            except AdvisorInputError as e:
+                errs = [e]
+        return errs
+
+    return check
+
+
 class DeadEnd(LookupError):
     """No value of a knob is allowed after the knobs chosen before it (a rule the lookahead missed)."""
 
@@ -375,10 +394,12 @@ class Conditions:
         params = {**{k: v[0] for k, v in OPTIONAL_KNOBS.items()}, **params}  # a ladder point predates them
 
         def ask(name: str, knob: str, offered: list) -> Any:
-            if params.get(knob) not in offered:
+            # a point written before an optional knob existed takes the knob's default choice
+            value = params[knob] if knob in params else OPTIONAL_KNOBS.get(knob, [None])[0]
+            if value not in offered:
                 raise DeadEnd(knob, params)
-            named[name] = params[knob]
-            return params[knob]
+            named[name] = value
+            return value
 
         try:
             got = self.walk(ask)

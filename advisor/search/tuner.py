@@ -26,7 +26,7 @@ from advisor.core.errors import AdvisorInputError
 from advisor.search.ladder import ladder
 from advisor.core.plan import Plan, checkpoint_depth_problems, lora_target_modules
 from advisor.search.select import TIE, Selection, TrialRecord, fits, select
-from advisor.search.space import Conditions, DeadEnd, SearchSpace, plan_from_params
+from advisor.search.space import Conditions, DeadEnd, SearchSpace, model_rules, plan_from_params
 from advisor.search.storage import Heartbeat, is_sqlite, make_storage, study_lock
 from advisor.speed.throughput import predict_throughput
 from advisor.core.units import Budget
@@ -282,20 +282,7 @@ class Tuner:
     def conditions(self) -> Conditions:
         """The space's knobs under the plan rules and this model's modules (one per tuner: it memoizes)."""
         if getattr(self, "_conditions", None) is None:
-            linears = list(self.s.model.linear_shapes())
-
-            depth = self.s.model.num_layers
-
-            def check(plan: Plan) -> list[AdvisorInputError]:
-                errs = plan.problems() + checkpoint_depth_problems(plan, depth)
-                if not errs and plan.peft:
-                    try:
-                        lora_target_modules(plan, linears)
-                    except AdvisorInputError as e:
-                        errs = [e]
-                return errs
-
-            self._conditions = Conditions(self.s.space, self.s.model.arch or {}, check)
+            self._conditions = Conditions(self.s.space, self.s.model.arch or {}, model_rules(self.s.model))
         return self._conditions
 
     def _suggest(self, trial) -> dict[str, Any]:
@@ -522,7 +509,8 @@ def _frugal_candidates(space: SearchSpace):
                            "gradient_checkpointing": True in s["gradient_checkpointing"], "optimizer": opt,
                            "micro_batch": min(s["micro_batch"]), "precision": s["precision"][0],
                            "attn_impl": s["attn_impl"][0], "offload": offload,
-                           "chunked_ce": True in s["chunked_ce"]}
+                           "chunked_ce": True in s["chunked_ce"],
+                           "expandable_segments": True in s.get("expandable_segments", [False])}
 
 
 def settings_from_study(storage_url: str, study_name: str, backend: str | None = None,

@@ -42,6 +42,14 @@ def verdict_lines(report: MemoryReport, budget: Budget | None, headroom: float =
     lines = [f"Tensor peak {_fmt(report.tensor_peak_bytes, budget)} + overhead "
              f"{_fmt(report.device.get('overhead', 0), budget)} = [bold]{_fmt(report.peak_bytes, budget)}[/] "
              f"({report.source}, peak during {report.peak_phase})"]
+    parts = report.extra.get("overhead_parts") or {}
+    if report.reserved_peak_bytes and "fragmentation" in parts:
+        frag_src = "replayed" if str(report.extra.get("fragmentation_source", "")).startswith("replayed") else "estimated"
+        ctx_src = report.extra.get("overhead_source", "estimated")
+        ctx_src = ctx_src if ctx_src.startswith("calibrated") else "estimated"
+        lines.append(f"[dim]reserved {_fmt(report.reserved_peak_bytes, budget)} (allocator fragmentation "
+                     f"{_fmt(parts['fragmentation'], budget)}, {frag_src}); CUDA context + cuBLAS workspace "
+                     f"{_fmt(parts['cuda_context'] + parts['cublas_workspace'], budget)} ({escape(ctx_src)})[/]")
     if budget is not None:
         needed = report.peak_bytes * (1 + headroom)
         left = budget.bytes - report.peak_bytes
@@ -132,6 +140,7 @@ def run_verdict_lines(report: MemoryReport, budget: Budget | None, headroom: flo
     phase = report.extra["run_peak_phase"]
     lines = [f"Run peak [bold]{_fmt(peak, budget)}[/] during {phase} (* above; reserved "
              f"{_fmt(report.extra['phases'][phase]['reserved_bytes'], budget)}, {report.extra.get('reserved_model', '')})"]
+    lines += [f"[dim]note: {n}[/]" for n in report.extra.get("phase_notes", ())]
     if budget is not None:
         left = budget.bytes - peak
         if peak * (1 + headroom) <= budget.bytes:

@@ -20,7 +20,6 @@ DEEPSPEED_FILE = "deepspeed.json"
 
 TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 """Plan dtype names → torch dtype names (what BitsAndBytesConfig and from_pretrained take)."""
-PLAN_DTYPE = {v: k for k, v in TORCH_DTYPE.items()}
 
 # precision → (dtype the weights are loaded in, TrainingArguments.bf16, TrainingArguments.fp16).
 # Pure bf16/fp16: weights in that dtype, autocast a no-op. Mixed: fp32 weights, autocast to 16 bit.
@@ -105,6 +104,20 @@ def write_text(path: Path, text: str) -> Path:
 
 def write_json(path: Path, data: Any) -> Path:
     return write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+def alloc_env(plan) -> dict[str, str]:
+    """Environment the run needs for the plan's allocator settings: PYTORCH_CUDA_ALLOC_CONF
+    (advisor.memory.allocator.AllocatorConfig.to_env; torch reads it when CUDA starts)."""
+    from advisor.memory.allocator import AllocatorConfig
+
+    conf = AllocatorConfig(expandable_segments=bool(getattr(plan, "expandable_segments", False))).to_env()
+    return {"PYTORCH_CUDA_ALLOC_CONF": conf} if conf else {}
+
+
+def env_prefix(plan) -> str:
+    """``PYTORCH_CUDA_ALLOC_CONF=... `` to put before a launch command ('' when none is needed)."""
+    return "".join(f"{k}={v} " for k, v in alloc_env(plan).items())
 
 
 def plan_summary(ctx: ExportContext) -> list[str]:

@@ -1,8 +1,11 @@
 """The simulate backend: one real training step under FakeTensorMode, every storage tracked.
 
 Device bytes are the traced tensors at the peak (``tensor_peak_bytes``) plus the GPU-side overhead
-the trace cannot see (advisor.memory.overhead, per GPU model). Offload plans are traced without DeepSpeed
-and moved the way DeepSpeed documents it (see ``_offload``).
+the trace cannot see (advisor.memory.overhead, per GPU model). The traced allocations and frees are
+replayed through the caching-allocator model (advisor.runtime.simulate.reserved): the reserved peak
+(``reserved_peak_bytes``) is the tensor peak plus what the allocator holds beyond it, and that
+replaces the estimated fragmentation. Offload plans are traced without DeepSpeed and moved the way
+DeepSpeed documents it (see ``_offload``); their fragmentation stays estimated.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from advisor.core.plan import DTYPE_BYTES, Plan
 
 def measure(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *, layers: str | int = "auto",
             **_: object) -> MemoryReport:
-    from advisor.memory.overhead import framework_overhead
+    from advisor.memory.allocator import AllocatorConfig
+    from advisor.memory.overhead import overhead_of
     from advisor.runtime.simulate.extrapolate import simulate
+    from advisor.runtime.simulate.reserved import step_reserved
 
     plan.validate()
     if model.arch is None:
@@ -46,14 +51,30 @@ def measure(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *, layers:
         host = {**empty(), **host}
         notes += paged_spill(device, host, plan, gpu)
     tensor_peak = sum(device.values())
-    overhead, parts = framework_overhead(tensor_peak, gpu)
-    device = {**empty(), **device, "overhead": overhead}
+    expandable = bool(getattr(plan, "expandable_segments", False))
+    allocator = None
+    if plan.offload == "none" and sim.traced_events:
+        allocator = step_reserved(sim.traced_events, model.num_layers if sim.extrapolated else sim.layers_traced[-1],
+                                  AllocatorConfig(expandable_segments=expandable))
+        rebuilt = (f", the full depth rebuilt from the {allocator.rebuilt_from[0]}- and "
+                   f"{allocator.rebuilt_from[1]}-layer traces" if len(allocator.rebuilt_from) == 2 else "")
+        notes.append(f"reserved memory: {allocator.replay.events:,} allocations and frees replayed through the "
+                     f"CUDA caching-allocator model{' with expandable segments' if expandable else ''}{rebuilt} "
+                     f"({allocator.seconds:.2f} s)")
+    over = overhead_of(tensor_peak, gpu, fragmentation_bytes=allocator.fragmentation_bytes if allocator else None,
+                       expandable_segments=expandable)
+    notes += over.notes()
+    device = {**empty(), **device, "overhead": over.total}
+    extra = {"simulation_seconds": round(sim.seconds, 3), "layers_traced": list(sim.layers_traced),
+             "extrapolated": sim.extrapolated, "overhead_parts": over.parts, "overhead_source": over.source,
+             "fragmentation_source": over.fragmentation_source,
+             "phase_peaks": {k: v.bytes for k, v in sim.phases.items()}}
+    if allocator is not None:
+        extra["allocator"] = allocator.replay.to_dict()
     return MemoryReport(
         source="simulated", backend="simulate", device=device, host=host, tensor_peak_bytes=int(tensor_peak),
-        peak_bytes=int(tensor_peak + overhead), peak_phase=phase, notes=tuple(notes),
-        extra={"simulation_seconds": round(sim.seconds, 3), "layers_traced": list(sim.layers_traced),
-               "extrapolated": sim.extrapolated, "overhead_parts": parts,
-               "phase_peaks": {k: v.bytes for k, v in sim.phases.items()}},
+        peak_bytes=int(tensor_peak + over.total), peak_phase=phase, notes=tuple(notes), extra=extra,
+        reserved_peak_bytes=int(tensor_peak + over.parts["fragmentation"]),
     )
 
 

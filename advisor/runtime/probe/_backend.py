@@ -47,7 +47,8 @@ def report_from_result(result: ProbeResult) -> MemoryReport:
         "nvml_peak_bytes", "wall_s")}
     extra["versions"] = result.versions
     return MemoryReport(source="measured", backend=result.device, device=device, host={}, tensor_peak_bytes=peak,
-                        peak_bytes=whole, peak_phase=result.peak_phase, notes=tuple(notes), extra=extra)
+                        peak_bytes=whole, peak_phase=result.peak_phase, notes=tuple(notes), extra=extra,
+                        reserved_peak_bytes=result.peak_reserved_bytes)
 
 
 def _measure(device: str, model: Any, plan: Any, gpu: Any, options: dict[str, Any]) -> MemoryReport:
@@ -60,6 +61,10 @@ def _measure(device: str, model: Any, plan: Any, gpu: Any, options: dict[str, An
     result = run_probe(model, plan, device=device, **kwargs)
     if not result.ok:
         raise ProbeFailed(device, result)
+    if device == "cuda":
+        from advisor.memory.calibration import record_probe_result
+
+        record_probe_result(result.to_dict())   # measured overheads for later predictions on this GPU
     return report_from_result(result)
 
 

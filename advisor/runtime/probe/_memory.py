@@ -289,3 +289,45 @@ class CudaMemory:
 
     def peak_reserved(self) -> int:
         return int(self._torch.cuda.max_memory_reserved(self.index))
+
+
+# ---------------------------------------------------------------------------------------------- calibration
+
+
+def measure_overheads(device_index: int = 0) -> dict[str, Any]:
+    """What a fresh CUDA process holds outside its tensors, measured (for advisor.memory.calibration).
+
+    Protocol: NVML's baseline before CUDA starts (``CudaMemory``); create the context with one
+    small tensor; ``memory_allocated`` before and after the first bf16 matmul and linear layer (their
+    outputs freed) gives the cuBLAS / cuBLASLt workspaces, which torch takes from the caching
+    allocator; then NVML's process memory minus ``memory_reserved`` is the CUDA context (kernels,
+    driver state, everything outside the allocator).
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("no CUDA GPU: torch.cuda.is_available() is False")
+    mem = CudaMemory(device_index)
+    dev = torch.device("cuda", device_index)
+    x = torch.ones(1, device=dev)
+    torch.cuda.synchronize(dev)
+    a = torch.randn(1024, 1024, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(1024, 1024, device=dev, dtype=torch.bfloat16)
+    bias = torch.randn(1024, device=dev, dtype=torch.bfloat16)
+    torch.cuda.synchronize(dev)
+    before = torch.cuda.memory_allocated(dev)
+    out = a @ w                                          # cublasGemmEx: the cuBLAS workspace
+    out2 = torch.nn.functional.linear(a, w, bias)        # cublasLt with a bias epilogue: its workspace
+    torch.cuda.synchronize(dev)
+    del out, out2
+    workspace = torch.cuda.memory_allocated(dev) - before
+    process = mem.process_bytes()
+    reserved = torch.cuda.memory_reserved(dev)
+    del x, a, w, bias
+    mem.stop()
+    if process is None:
+        raise RuntimeError("NVML cannot see this process's memory (nvidia-ml-py missing or no NVML)")
+    return {"gpu": torch.cuda.get_device_name(dev), "cuda_context_bytes": int(process - reserved),
+            "cublas_workspace_bytes": int(workspace), "process_bytes": int(process), "reserved_bytes": int(reserved),
+            "method": mem.nvml_method}
+

@@ -177,6 +177,7 @@ def run(req: ProbeRequest, events: Events) -> dict[str, Any]:
             tracker.track_all(_memory.module_tensors(setup.model, setup.optimizer))
         load = peaks()
         out["load_peak_bytes"] = load["peak"]
+        out["load_reserved_bytes"] = load["reserved"]
         events.emit("loaded", **load)
 
         if ref is not None:

@@ -31,6 +31,8 @@ class Simulation:
     extrapolated: bool
     seconds: float
     notes: list[str]
+    traced_events: tuple = ()
+    """(layers, allocation events) of each trace, for the caching-allocator replay (reserved.py)."""
 
 
 def simulate(spec: ModelSpec, plan: Plan, *, layers: str | int = "auto", fake: bool = True,
@@ -43,7 +45,7 @@ def simulate(spec: ModelSpec, plan: Plan, *, layers: str | int = "auto", fake: b
         n = L if not isinstance(layers, int) or isinstance(layers, bool) else layers
         t = trace_step(spec, plan, fake=fake, num_layers=n, target_device=target_device)
         return Simulation(t.peak_bytes, t.peak_phase, t.ledger, t.phases, (n,), False,
-                          time.perf_counter() - start, t.notes)
+                          time.perf_counter() - start, t.notes, ((n, t.events),))
     if plan.gradient_checkpointing and 0 < len(checkpointed_layers(plan, L)) < L:
         return simulate_partial_checkpointing(spec, plan, fake=fake, target_device=target_device, start=start)
     n1, n2 = TRACE_LAYERS
@@ -52,7 +54,7 @@ def simulate(spec: ModelSpec, plan: Plan, *, layers: str | int = "auto", fake: b
     phases = extrapolate_phases(a, b, L)
     top = max(phases.values(), key=lambda p: p.bytes)
     return Simulation(top.bytes, top.phase, top.ledger, phases, (n1, n2), True, time.perf_counter() - start,
-                      b.notes)
+                      b.notes, ((n1, a.events), (n2, b.events)))
 
 
 def extrapolate_phases(a: StepTrace, b: StepTrace, L: int) -> dict[str, PhasePeak]:

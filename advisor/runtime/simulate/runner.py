@@ -53,6 +53,9 @@ class StepTrace:
     seconds: float
     fake: bool
     notes: list[str] = field(default_factory=list)
+    events: list = field(default_factory=list)
+    """Allocations and frees from the warm-up step on (what was live before it allocated fresh, in
+    order), for the caching-allocator replay (advisor.runtime.simulate.reserved)."""
 
 
 @contextlib.contextmanager
@@ -194,6 +197,7 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
                                      on_grad=on_grad, proj_gap=gap)
         batches = [setup.make_batch(i) for i in range(plan.grad_accum)]
         setup.phase_hook = hook
+        warm_clock = tracker.clock
         setup.train_step(batches)  # warm-up
         measuring["on"] = True
         tracker.phase = "baseline"
@@ -222,10 +226,11 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
             phases[phase] = PhasePeak(phase, nbytes, ledger, largest, host_peaks.get(phase, 0))
         notes = list(setup.notes)
         layers = len(_decoder_layers(setup.model))
+        events = tracker.allocator_events(warm_clock)
     top = max(phases.values(), key=lambda p: p.bytes)
     return StepTrace(num_layers=layers, peak_bytes=top.bytes, peak_phase=top.phase, ledger=top.ledger,
                      phases=phases, baseline_bytes=baseline, seconds=time.perf_counter() - start, fake=fake,
-                     notes=notes)
+                     notes=notes, events=events)
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ constants or saved activations.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 BLOCK = 512
 
@@ -33,6 +33,8 @@ class Record:
     died: int | None = None
     op: str = ""
     """The op that allocated it (for explaining a peak)."""
+    requested: int = 0
+    """The storage's own nbytes, before the 512-byte rounding (what the CUDA allocator is asked for)."""
     host: bool = False
     """Allocated in host memory (an offloaded activation), outside the device count."""
 
@@ -76,7 +78,7 @@ def _make_mode_class():
 
         def _alloc(self, nbytes: int) -> Record:
             rec = Record(uid=len(self.records), nbytes=round_block(nbytes, self.block), born=self._tick(),
-                         phase=self.phase, host=self._on_host > 0)
+                         phase=self.phase, requested=int(nbytes), host=self._on_host > 0)
             self.records.append(rec)
             if rec.host:
                 self.host_bytes += rec.nbytes
@@ -151,6 +153,10 @@ def _make_mode_class():
 
             return ctx()
 
+        def allocator_events(self, start: int = 0, end: int | None = None) -> list[tuple]:
+            """This tracker's allocations and frees, in order, for advisor.memory.allocator.replay."""
+            return allocator_events(self.records, start, end)
+
         # -------------------------------------------------------------- dispatch
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -213,9 +219,24 @@ def LiveBytes(block: int = BLOCK):
     return _CLS(block)
 
 
-@dataclass
-class Ledger:
-    """Bytes per category among the storages live at one moment."""
+def allocator_events(records: list[Record], start: int = 0, end: int | None = None) -> list[tuple]:
+    """The allocations and frees the CUDA caching allocator would see, in the order they happened.
 
-    total: int
-    by_category: dict[str, int] = field(default_factory=dict)
+    Each storage is one request of its own nbytes (``Record.requested``; the allocator rounds it).
+    The storages already live at clock ``start`` come first, in the order they were made, as if the
+    run had allocated them fresh with nothing else in between (the caching that building the model
+    on the CPU caused is not the GPU run's); then every allocation and free after ``start`` up to
+    ``end``. Zero-byte storages are left out (the allocator gives them no block).
+    """
+    ordered: list[tuple[int, int, str, int, int]] = []
+    for r in records:
+        size = r.requested or r.nbytes
+        if size <= 0 or (end is not None and r.born > end) or r.host:
+            continue  # (host memory, an offload's copies, is not the GPU allocator's)
+        if r.died is not None and r.died <= start:
+            continue
+        ordered.append((r.born if r.born > start else -1, r.uid, "alloc", r.uid, size))
+        if r.died is not None and (end is None or r.died <= end):
+            ordered.append((r.died, r.uid, "free", r.uid, 0))
+    ordered.sort()
+    return [(kind, uid, size) for _, _, kind, uid, size in ordered]

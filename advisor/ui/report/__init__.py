@@ -17,8 +17,6 @@ from advisor.ui.report._load import StudySnapshot, open_study, resolve_storage
 
 __all__ = ["Comparison", "ReportData", "StudySnapshot", "gather", "open_study", "resolve_storage", "write_report"]
 
-FILES = ("report.html", "report.md", "trials.csv")
-
 
 def write_report(data: ReportData, out_dir: str | Path) -> dict[str, Path]:
     """Render ``data`` into ``out_dir``; {file name: path written}."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -240,6 +241,11 @@ def main(argv=None) -> dict:
     cfg_path = Path(args.config).resolve()
     cfg = load_config(cfg_path)
     here = cfg_path.parent
+    for key, value in ((cfg.get("advisor") or {}).get("env") or {}).items():
+        # PYTORCH_CUDA_ALLOC_CONF is read when CUDA starts: set before torch does (the shell's value wins)
+        if key not in os.environ:
+            os.environ[key] = str(value)
+            say(f"{key}={value} (advisor.env)")
 
     import torch
     import transformers

@@ -1,4 +1,4 @@
-"""The plan matrix on which the analytic ledger is held to the simulation (tests and benchmark)."""
+"""The plan matrix on which the analytic ledger is held to the simulation (tests/test_analytic_vs_simulate.py)."""
 
 from __future__ import annotations
 
