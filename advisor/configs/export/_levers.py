@@ -109,3 +109,20 @@ def llamafactory_fields(plan, spec) -> dict[str, Any]:
         out.update(optim="adamw_torch", use_apollo=True, apollo_target="all", apollo_rank=plan.optim_rank,
                    apollo_update_interval=plan.optim_proj_gap)
     return out
+
+
+def trl_fields(plan, spec) -> dict[str, Any]:
+    """SFTConfig keys (TrainingArguments' plus TRL's ``activation_offloading``, trl/trainer/sft_config.py).
+
+    Checkpointed-input offload is TrainingArguments' ``gradient_checkpointing_kwargs.offload``; offload
+    without checkpointing is TRL's own ``activation_offloading`` (OffloadActivations around the loss)."""
+    _no_in_backward("trl", plan)
+    out = {k: v for k, v in training_arguments_fields(plan, spec).items()}
+    if plan.gradient_checkpointing and plan.checkpoint_layers is not None \
+            and len(checkpointed_layers(plan, spec.num_layers)) < spec.num_layers and every_n(plan, spec) is None:
+        raise Unsupported("trl", f"checkpointing {plan.checkpoint_layers} of {spec.num_layers} layers is not every "
+                                 "n-th layer (gradient_checkpointing_kwargs.every_n_layers); use the advisor.yaml "
+                                 "+ train.py export")
+    if plan.activation_offload and not plan.gradient_checkpointing:
+        out["activation_offloading"] = True
+    return out
