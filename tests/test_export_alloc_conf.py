@@ -46,3 +46,27 @@ def test_train_py_sets_the_variable_before_torch_starts(tmp_path):
     proc = subprocess.run([sys.executable, str(written["train"]), "--data", str(tmp_path / "missing.jsonl")],
                           capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     assert f"[train.py] {CONF} (advisor.env)" in proc.stdout
+
+
+def test_a_probe_of_an_expandable_plan_runs_with_the_setting(monkeypatch):
+    from advisor.runtime.probe import run_probe
+    from advisor.runtime.simulate.tiny import tiny_spec
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    r = run_probe(tiny_spec("qwen2", num_layers=2, vocab_size=512), Plan(method="lora", seq_len=32,
+                  expandable_segments=True), device="cpu", steps=1, warmup=0, timeout=240)
+    assert r.ok and CONF in r.notes
+
+
+def test_estimate_flag_sets_the_knob_and_lowers_the_estimated_reserve(capsys):
+    import json
+
+    from advisor.cli import main
+
+    out = {}
+    for flag in ((), ("--expandable-segments",)):
+        assert main(["estimate", "--model", "qwen7b", "--method", "qlora", "--json", *flag]) == 0
+        out[bool(flag)] = json.loads(capsys.readouterr().out)
+    assert out[True]["plan"]["expandable_segments"] is True and out[False]["plan"]["expandable_segments"] is False
+    assert out[True]["tensor_peak_bytes"] == out[False]["tensor_peak_bytes"]
+    assert out[False]["tensor_peak_bytes"] < out[True]["reserved_peak_bytes"] < out[False]["reserved_peak_bytes"]

@@ -137,16 +137,14 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     return plan.validate()
 
 
-def resolve_gpu_and_budget(args: argparse.Namespace) -> tuple[Any, Any]:
-    """(GpuSpec or None, Budget or None) from --gpu / --gpu-budget / NVML."""
-    from advisor.core.catalog import detect_gpu, resolve_gpu
-    from advisor.core.units import parse_budget
+def target_from_args(args: argparse.Namespace, **rules: Any):
+    """The command's Target (model, GPU, budget, whether the GPU is assumed) from --model, --gpu and
+    --gpu-budget, by the one rule every command uses (advisor.core.target.resolve_target; ``rules`` are
+    its keyword options)."""
+    from advisor.core.target import resolve_target
 
-    gpu = resolve_gpu(args.gpu) if getattr(args, "gpu", None) else detect_gpu()
-    budget = None
-    if getattr(args, "gpu_budget", None) is not None:
-        budget = parse_budget(args.gpu_budget, "--gpu-budget", gpu.memory_bytes if gpu else None)
-    return gpu, budget
+    return resolve_target(args.model, gpu=getattr(args, "gpu", None), gpu_budget=getattr(args, "gpu_budget", None),
+                          trust_remote_code=getattr(args, "trust_remote_code", False), **rules)
 
 
 def check_plan_against_model(model, plan) -> None:

@@ -74,4 +74,11 @@ def ladder(space: SearchSpace, fits_with_micro_batch: Callable[[dict[str, Any]],
     return rungs
 
 
-__all__ = ["ladder"]
+def is_reference(plan: dict[str, Any]) -> bool:
+    """Rung 0's kind of plan, told by the plan itself (never by a rung's label): a full fine-tune without
+    gradient checkpointing or offload, which shows what the techniques are for."""
+    return (plan.get("method") == "full" and not plan.get("gradient_checkpointing")
+            and plan.get("offload", "none") == "none")
+
+
+__all__ = ["is_reference", "ladder"]

@@ -104,13 +104,16 @@ def list_spaces(task: str = "train") -> list[str]:
     return sorted(names)
 
 
-def _read_space_file(ref: str) -> tuple[dict, str]:
+def read_space_file(ref: str, task: str = "train") -> tuple[dict, str]:
+    """(the YAML mapping, its path) of a space for ``task``, by built-in name or file path.
+
+    Shared by the training loader (``load_space``) and the serving one (advisor.search.serve_space)."""
     path = Path(ref)
     if not (path.suffix in (".yaml", ".yml") and path.is_file()):
         path = SPACES_DIR / f"{ref}.yaml"
         if not path.is_file():
-            raise AdvisorInputError("--space", f"no such space (built in: {', '.join(list_spaces())}) and no such file",
-                                    ref)
+            raise AdvisorInputError("--space", f"no such space (built in: {', '.join(list_spaces(task))}) and no "
+                                    "such file", ref)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
@@ -120,8 +123,9 @@ def _read_space_file(ref: str) -> tuple[dict, str]:
     if not isinstance(data, dict):
         raise AdvisorInputError("--space", f"{path} must hold a mapping with 'fixed' and 'search'", ref,
                                 show_value=False)
-    if data.get("task", "train") != "train":
-        raise AdvisorInputError("--space", f"{path} is a space for --task {data['task']}", ref, show_value=False)
+    if data.get("task", "train") != task:
+        raise AdvisorInputError("--space", f"{path} is a space for --task {data.get('task', 'train')}, not "
+                                f"--task {task}", ref, show_value=False)
     return data, str(path)
 
 
@@ -138,7 +142,7 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def load_space(ref: str = "default", overrides: list[str] | tuple[str, ...] = ()) -> SearchSpace:
     """Load, apply ``key=value`` overrides, validate (all errors at once)."""
-    data, source = _read_space_file(ref)
+    data, source = read_space_file(ref, "train")
     fixed = dict(data.get("fixed") or {})
     search = dict(data.get("search") or {})
     for key, default in OPTIONAL_KNOBS.items():
@@ -314,9 +318,10 @@ def param_name(knob: str, offered: list, choices: list) -> str:
 class Conditions:
     """The plan rules applied to a space's knobs, for one model (memoized: make one per study).
 
-    A value is offered for a knob when the point so far, with it, breaks no rule reported under a
-    knob already chosen (the knobs not chosen yet keep the Plan's defaults), and every later knob
-    still has a value that breaks none (a one-step lookahead, so no walk runs into a dead end).
+    A value is offered for a knob when some valid plan (every rule checked) extends the point so far
+    with it, so a walk never runs into a dead end. The search for that plan is pruned by the partial
+    check: the point so far breaks no rule reported under a knob already chosen (the knobs not chosen
+    yet keep the Plan's defaults), and every later knob still has a value that breaks none.
     """
 
     def __init__(self, space: SearchSpace, arch: dict[str, Any] | None = None, check: Check | None = None):
@@ -326,6 +331,7 @@ class Conditions:
         self.order = [k for k in SEARCH_KEYS if k in space.search]
         self._breaks: dict[frozenset, bool] = {}
         self._offered: dict[tuple, list] = {}
+        self._complete: dict[tuple, bool] = {}
 
     @staticmethod
     def _knob_of(where: str) -> str:
@@ -346,15 +352,40 @@ class Conditions:
         values = list(self.space.search[knob]) + ([WHEN[knob][1]] if knob in WHEN else [])
         return any(not self.breaks({**params, knob: v}) for v in values)
 
-    def offered(self, knob: str, params: dict[str, Any]) -> list:
-        """The values of ``knob`` the rules allow after ``params`` (the knobs before it), in the space's order."""
-        key = (knob, frozenset(params.items()))
+    def _leads_on(self, i: int, params: dict[str, Any], v: Any) -> bool:
+        """Does value ``v`` of knob ``order[i]`` after ``params`` lead to at least one valid plan?"""
+        point = {**params, self.order[i]: v}
+        return (not self.breaks(point)
+                and all(self._settles(j, point) for j in self.order[i + 1:])  # cheap pruning first
+                and self._completes(i + 1, point))
+
+    def _allowed(self, i: int, params: dict[str, Any]) -> list:
+        """The values of knob ``order[i]`` after ``params`` that lead to at least one valid plan."""
+        key = (i, frozenset(params.items()))
         if key not in self._offered:
-            later = self.order[self.order.index(knob) + 1:]
-            self._offered[key] = [v for v in self.space.search[knob]
-                                  if not self.breaks({**params, knob: v})
-                                  and all(self._settles(j, {**params, knob: v}) for j in later)]
+            self._offered[key] = [v for v in self.space.search[self.order[i]] if self._leads_on(i, params, v)]
         return self._offered[key]
+
+    def _completes(self, i: int, params: dict[str, Any]) -> bool:
+        """Is there a valid plan that extends ``params`` (knobs ``order[:i]`` chosen)? Depth first, stopping
+        at the first one found (usually on the first path), memoized."""
+        key = (i, frozenset(params.items()))
+        hit = self._complete.get(key)
+        if hit is None:
+            if i == len(self.order):
+                hit = not self.check(plan_from_params(params, self.space, self.arch))
+            elif not applies(self.order[i], params):
+                hit = self._completes(i + 1, {**params, self.order[i]: WHEN[self.order[i]][1]})
+            elif key in self._offered:
+                hit = bool(self._offered[key])
+            else:
+                hit = any(self._leads_on(i, params, v) for v in self.space.search[self.order[i]])
+            self._complete[key] = hit
+        return hit
+
+    def offered(self, knob: str, params: dict[str, Any]) -> list:
+        """The values of ``knob`` after ``params`` (the knobs before it) that lead to a valid plan, in the space's order."""
+        return self._allowed(self.order.index(knob), params)
 
     def walk(self, ask: Ask) -> dict[str, Any]:
         """One point, each knob in turn: not asked where it does not apply or where one value is left."""
