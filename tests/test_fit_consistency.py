@@ -3,7 +3,8 @@
 The plan's peak sits exactly between the two rules the advisor once had: ``peak x (1 + headroom) <=
 budget`` (estimate, the renderer) said it fits, ``peak <= budget x (1 - headroom)`` (the tuner,
 pre-flight, the callback) said it does not. Now `advisor estimate`, the renderer, the tuner's pruning
-and selection, pre-flight's verdict and the Trainer callback all say "does not fit" at that budget,
+and selection, the TUI's and the report's selection, pre-flight's verdict and the Trainer callback all
+say "does not fit" at that budget,
 and all say "fits" at a budget just large enough under the one rule.
 """
 
@@ -87,6 +88,15 @@ def test_tuner_prunes_and_selects_by_the_same_rule(case, tmp_path, which, expect
                              for r in evaluated)
     assert {r.state for r in evaluated} == {"complete" if expected else "pruned"}
     assert (tuner.selection().best is not None) is expected
+    # the TUI and the report choose from the same stored study by the same rule
+    from advisor.search.description import ATTR
+    from advisor.ui.report import gather, open_study, resolve_storage
+    from advisor.ui.tui.state import Board, StudyInfo
+
+    board = Board(StudyInfo.from_description(which, tuner.study.user_attrs[ATTR]), tuner.records())
+    assert (board.selection.best is not None) is expected
+    storage, folder = resolve_storage(str(tmp_path / which), None, None, str(tmp_path))
+    assert (gather(open_study(storage, None, folder)).best is not None) is expected
 
 
 @pytest.mark.parametrize("which,expected", [("between", "warning"), ("enough", "ok")])

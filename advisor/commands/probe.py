@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         # measured beats predicted: the probe also refits this GPU model's step-time scales
         from advisor.speed.calibration import record_probe
 
-        gpu = detect_gpu()
+        gpu = target.detected
         if gpu is not None:
             try:
                 record_probe(model, plan, gpu, result.tokens_per_s)
