@@ -74,7 +74,32 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
                    help="sequences per evaluation forward (default 0: the micro-batch)")
     g.add_argument("--max-new-tokens", type=int, default=0,
                    help="tokens a generation-based evaluation generates per sequence (default 0: none)")
+    add_memory_lever_flags(g)
     add_gpus_flags(p)
+
+
+def add_memory_lever_flags(g) -> None:
+    """Optimizer step inside backward, low-rank optimizer knobs, checkpointing granularity, activation offload."""
+    g.add_argument("--optimizer-in-backward", action="store_true",
+                   help="step each parameter inside backward and free its gradient (torchtune optimizer_in_bwd; "
+                        "needs --grad-accum 1)")
+    g.add_argument("--optim-rank", type=positive_int("--optim-rank"), default=128,
+                   help="GaLore / APOLLO projection rank (default 128)")
+    g.add_argument("--optim-proj-gap", type=positive_int("--optim-proj-gap"), default=200,
+                   help="steps between GaLore / APOLLO projection updates (default 200)")
+    g.add_argument("--checkpoint-layers", type=positive_int("--checkpoint-layers"), default=None, metavar="K",
+                   help="checkpoint K decoder layers only (implies --gradient-checkpointing; default: all)")
+    g.add_argument("--activation-offload", action="store_true",
+                   help="keep saved activations in pinned host memory (with checkpointing: the layer inputs)")
+
+
+def memory_lever_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The Plan fields of add_memory_lever_flags."""
+    k = getattr(args, "checkpoint_layers", None)
+    return dict(optimizer_in_backward=getattr(args, "optimizer_in_backward", False),
+                optim_rank=getattr(args, "optim_rank", 128), optim_proj_gap=getattr(args, "optim_proj_gap", 200),
+                checkpoint_layers=k, activation_offload=getattr(args, "activation_offload", False),
+                gradient_checkpointing=bool(args.gradient_checkpointing or k is not None))
 
 
 def add_gpus_flags(p: argparse.ArgumentParser) -> None:
@@ -97,7 +122,6 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         lora_alpha=args.lora_alpha,
         lora_dropout=args.lora_dropout,
         lora_targets=normalize_targets(args.lora_targets),
-        gradient_checkpointing=args.gradient_checkpointing,
         optimizer=args.optimizer,
         micro_batch=args.micro_batch,
         grad_accum=args.grad_accum,
@@ -108,6 +132,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         expandable_segments=getattr(args, "expandable_segments", False),
         eval_batch=getattr(args, "eval_batch", 0),
         max_new_tokens=getattr(args, "max_new_tokens", 0),
+        **memory_lever_fields(args),
     )
     return plan.validate()
 
@@ -127,6 +152,9 @@ def check_plan_against_model(model, plan) -> None:
     from advisor.core.plan import lora_target_modules
 
     lora_target_modules(plan, list(model.linear_shapes()))
+    if plan.checkpoint_layers is not None and plan.checkpoint_layers > model.num_layers:
+        raise AdvisorInputError("--checkpoint-layers", f"{model.name} has {model.num_layers} decoder layers",
+                                plan.checkpoint_layers)
     if model.max_position_embeddings and plan.seq_len > model.max_position_embeddings:
         raise AdvisorInputError("--seq-len", f"longer than {model.name}'s context of {model.max_position_embeddings:,} tokens",
                                 plan.seq_len)

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if args.task == "train":
         result.update(throughput_fields(model, plan, gpu, budget, args.gpus, args.sharding, report))
     for key in ("phases", "run_peak_phase", "run_peak_bytes", "reserved_peak_bytes"):
-        if key in report.extra:
+        if key in report.extra and result.get(key) is None:  # the report's own reserved peak (the step's) stays
             result[key] = report.extra[key]
     if budget is not None:
         result["budget"] = {"bytes": budget.bytes, "text": budget.text, "unit": budget.unit}

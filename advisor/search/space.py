@@ -20,8 +20,8 @@ from typing import Any, Callable, Iterator
 import yaml
 
 from advisor.core.errors import AdvisorInputError, ConfigErrors
-from advisor.core.plan import (ATTENTION, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS, QUANTIZATIONS, Plan, flag_of,
-                                lora_target_modules)
+from advisor.core.plan import (ATTENTION, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS, QUANTIZATIONS, Plan,
+                               checkpoint_depth_problems, flag_of, lora_target_modules)
 
 SPACES_DIR = Path(__file__).resolve().parents[1] / "data" / "spaces"
 """The shipped search spaces (package data: they travel in the wheel)."""
@@ -30,12 +30,17 @@ SPACES_DIR = Path(__file__).resolve().parents[1] / "data" / "spaces"
 # a knob comes after every knob its plan rules involve.
 SEARCH_KEYS: dict[str, tuple | None] = {
     "method": METHODS, "quantization": QUANTIZATIONS, "double_quant": (True, False), "lora_r": None,
-    "lora_targets": None, "gradient_checkpointing": (True, False), "optimizer": OPTIMIZERS, "micro_batch": None,
+    "lora_targets": None, "gradient_checkpointing": (True, False),
+    "checkpoint_layers": None, "activation_offload": (True, False),
+    "optimizer": OPTIMIZERS, "micro_batch": None,
     "precision": PRECISIONS, "attn_impl": ATTENTION, "offload": OFFLOADS, "chunked_ce": (True, False),
+    "optimizer_in_backward": (True, False),
     "expandable_segments": (True, False),
 }
 # knobs a space file may leave out (spaces written before the knob existed): the choice it then has
-OPTIONAL_KNOBS: dict[str, list] = {"expandable_segments": [False]}
+# (every layer checkpointed when checkpointing, activations on the device, the optimizer step after backward)
+OPTIONAL_KNOBS: dict[str, list] = {"expandable_segments": [False], "checkpoint_layers": [None],
+                                   "activation_offload": [False], "optimizer_in_backward": [False]}
 FIXED_KEYS = {"seq_len": "int", "global_batch": "int", "lora_dropout": "dropout", "lora_alpha_ratio": "positive"}
 
 # Where a knob applies at all, and the value it takes where it does not (it is then never asked).
@@ -53,6 +58,7 @@ WHEN: dict[str, tuple[Callable[[dict[str, Any]], bool], Any]] = {
     "double_quant": (lambda p: p.get("quantization") in FOUR_BIT, False),  # constants of 4-bit weights only
     "lora_r": (lambda p: p.get("method") != "full", None),  # adapters only
     "lora_targets": (lambda p: p.get("method") != "full", None),
+    "checkpoint_layers": (lambda p: bool(p.get("gradient_checkpointing")), None),  # k of L only with checkpointing
 }
 
 
@@ -201,6 +207,10 @@ def _check(data: dict, fixed: dict, search: dict) -> list[AdvisorInputError]:
                 errs.append(AdvisorInputError(f"search.{key}", f"must be among {', '.join(map(str, allowed))}", v))
             elif key in ("lora_r", "micro_batch") and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 errs.append(AdvisorInputError(f"search.{key}", "choices must be whole numbers of at least 1", v))
+            elif key == "checkpoint_layers" and v is not None and (not isinstance(v, int) or isinstance(v, bool)
+                                                                   or v < 1):
+                errs.append(AdvisorInputError(f"search.{key}", "choices are null (every layer) or whole numbers "
+                                                               "of at least 1", v))
             elif key == "lora_targets" and not (isinstance(v, str) and v):
                 errs.append(AdvisorInputError(f"search.{key}", "choices are set names (attention, mlp, all-linear) "
                                                                "or comma-separated module names", v))
@@ -268,7 +278,7 @@ def model_rules(model) -> Check:
     linears = list(model.linear_shapes())
 
     def check(plan: Plan) -> list[AdvisorInputError]:
-        errs = plan.problems()
+        errs = plan.problems() + checkpoint_depth_problems(plan, model.num_layers)
         if not errs and plan.peft:
             try:
                 lora_target_modules(plan, linears)
@@ -412,6 +422,7 @@ class Conditions:
     def optuna_params(self, params: dict[str, Any]) -> dict[str, Any] | None:
         """A point under the Optuna parameter names a walk asks, for ``enqueue_trial`` (None: no walk reaches it)."""
         named: dict[str, Any] = {}
+        params = {**{k: v[0] for k, v in OPTIONAL_KNOBS.items()}, **params}  # a ladder point predates them
 
         def ask(name: str, knob: str, offered: list) -> Any:
             # a point written before an optional knob existed takes the knob's default choice

@@ -21,7 +21,7 @@ from typing import Any, Callable
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.errors import AdvisorInputError
 from advisor.core.fit import fits, overshoot, usable_bytes
-from advisor.core.plan import Plan, lora_target_modules
+from advisor.core.plan import Plan, checkpoint_depth_problems, lora_target_modules
 from advisor.core.target import Target
 from advisor.memory.phases import run_peak_bytes
 from advisor.runtime.backends import BackendFailed, BackendOptions, get_backend
@@ -395,6 +395,8 @@ class Tuner:
         try:
             lora_target_modules(plan, list(s.model.linear_shapes()))
         except AdvisorInputError as e:
+            return {**rec, "reason": f"invalid: {e.rule}", "invalid": True}
+        for e in checkpoint_depth_problems(plan, s.model.num_layers):
             return {**rec, "reason": f"invalid: {e.rule}", "invalid": True}
 
         rec["stage"] = "estimate"

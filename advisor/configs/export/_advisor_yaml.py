@@ -23,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from advisor.configs.export._levers import advisor_fields, training_arguments_fields
 from advisor.configs.export._base import (ADAM, DEEPSPEED_FILE, LEARNING_RATE, LR_SCHEDULER, PRECISION_FLAGS,
                                   TORCH_DTYPE, WARMUP_STEPS, ExportContext, alloc_env, comment_block, dump_yaml, env_prefix,
                                   lora_alpha_value, plan_summary, write_text)
@@ -103,6 +104,7 @@ def sections(ctx: ExportContext) -> dict[str, Any]:
         "format_version": FORMAT_VERSION,
         "max_seq_length": plan.seq_len,
         "chunked_ce": bool(plan.chunked_ce),
+        **advisor_fields(plan, ctx.spec),
         "plan": plan.to_dict(),
     }
     if alloc_env(plan):
@@ -116,7 +118,7 @@ def sections(ctx: ExportContext) -> dict[str, Any]:
         "model": model_section(ctx),
         "quantization": quantization_section(plan),
         "lora": lora_section(plan),
-        "training": training_section(plan),
+        "training": {**training_section(plan), **training_arguments_fields(plan, ctx.spec)},
         "deepspeed": deepspeed_config(plan) if plan.offload != "none" else None,
         "advisor": advisor,
     }

@@ -23,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from advisor.configs.export._levers import axolotl_fields
 from advisor.configs.export._base import (ADAM, DEEPSPEED_FILE, LEARNING_RATE, LR_SCHEDULER, TORCH_DTYPE, WARMUP_STEPS,
                                   ExportContext, Unsupported, alloc_env, comment_block, dump_yaml, env_prefix,
                                   plan_summary,
@@ -89,6 +90,7 @@ def axolotl_config(ctx: ExportContext) -> dict[str, Any]:
         cfg["deepspeed"] = DEEPSPEED_FILE
     cfg["logging_steps"] = 10
     cfg["save_steps"] = 500
+    cfg.update(axolotl_fields(plan, ctx.spec))
     return cfg
 
 

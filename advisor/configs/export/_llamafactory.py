@@ -29,6 +29,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from advisor.configs.export._levers import llamafactory_fields
 from advisor.configs.export._base import (DEEPSPEED_FILE, LEARNING_RATE, LR_SCHEDULER, WARMUP_STEPS, ExportContext,
                                   Unsupported, alloc_env, comment_block, dump_yaml, env_prefix, plan_summary,
                                   require_int_alpha, write_text)
@@ -102,6 +103,7 @@ def llamafactory_config(ctx: ExportContext) -> dict[str, Any]:
     })
     if plan.offload != "none":
         cfg["deepspeed"] = DEEPSPEED_FILE
+    cfg.update(llamafactory_fields(plan, ctx.spec))
     return cfg
 
 

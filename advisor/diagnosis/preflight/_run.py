@@ -69,7 +69,7 @@ def _memory_dict(report: MemoryReport | None) -> dict[str, Any] | None:
         return None
     d = report.to_dict()
     for key in ("phases", "run_peak_phase", "run_peak_bytes", "reserved_peak_bytes"):
-        if key in report.extra:
+        if key in report.extra and d.get(key) is None:
             d[key] = report.extra[key]
     return d
 

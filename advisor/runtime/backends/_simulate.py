@@ -44,7 +44,7 @@ def _measure(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *, layers
     traced = plan.with_(offload="none") if plan.offload != "none" else plan
     sim = simulate(model, traced, layers=layers)
     notes = list(sim.notes)
-    if sim.extrapolated:
+    if sim.extrapolated and len(sim.layers_traced) == 2:
         notes.append(f"traced {sim.layers_traced[0]} and {sim.layers_traced[1]} decoder layers, "
                      f"extrapolated to {model.num_layers}")
     device, phase, host = dict(sim.ledger), sim.peak_phase, empty()
@@ -54,6 +54,15 @@ def _measure(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *, layers
     if plan.optimizer.startswith("paged"):
         notes.append("paged optimizer states are counted on the GPU (resident); under memory pressure "
                      "bitsandbytes pages them to host memory")
+    offloaded = max((p.host_bytes for p in sim.phases.values()), default=0)
+    if offloaded:
+        host["activations"] = host.get("activations", 0) + offloaded
+    from advisor.memory.training import paged_spill
+
+    device = {**empty(), **device}
+    if plan.offload == "none":
+        host = {**empty(), **host}
+        notes += paged_spill(device, host, plan, gpu)
     tensor_peak = sum(device.values())
     expandable = bool(getattr(plan, "expandable_segments", False))
     allocator = None
