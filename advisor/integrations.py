@@ -24,6 +24,7 @@ from typing import Callable
 from transformers import TrainerCallback
 
 from advisor.core.catalog import ModelSpec
+from advisor.core.fit import HEADROOM, fits, usable_bytes
 from advisor.core.plan import DTYPE_BYTES, Plan
 from advisor.core.units import format_bytes
 
@@ -52,7 +53,7 @@ class MemoryGuardCallback(TrainerCallback):
     """Stop a run early when the rest of the run (its longest batch, its evaluation) will not fit."""
 
     def __init__(self, spec: ModelSpec, plan: Plan, budget_bytes: int, *, longest_seq_len: int | None = None,
-                 first_seq_len: int | None = None, check_steps: int = 2, headroom: float = 0.05,
+                 first_seq_len: int | None = None, check_steps: int = 2, headroom: float = HEADROOM,
                  memory_reader: Callable[[], int] | None = None, current_reader: Callable[[], int] | None = None,
                  backend: str = "estimate", eval_seq_len: int | None = None, eval_samples: int | None = None):
         self.spec, self.plan = spec, plan
@@ -83,7 +84,7 @@ class MemoryGuardCallback(TrainerCallback):
             from advisor.runtime.backends import get_backend
             from advisor.runtime.phases import with_phases
 
-            self._cache[key] = with_phases(self.spec, plan, None, get_backend(self.backend)(self.spec, plan, None))
+            self._cache[key] = with_phases(self.spec, plan, None, get_backend(self.backend).measure(self.spec, plan))
         return self._cache[key]
 
     def _phases_of_run(self, args) -> tuple[str, ...]:
@@ -98,7 +99,8 @@ class MemoryGuardCallback(TrainerCallback):
         return self.plan.with_(seq_len=self.eval_seq_len, eval_batch=int(args.per_device_eval_batch_size))
 
     def _limit(self) -> float:
-        return self.budget * (1 - self.headroom)
+        """What the run may use: the budget less the headroom (advisor.core.fit, the rule every part uses)."""
+        return usable_bytes(self.budget, self.headroom)
 
     def _stop(self, control, message: str):
         self.message = message
@@ -133,7 +135,8 @@ class MemoryGuardCallback(TrainerCallback):
         else:
             self.projected_peak = predicted_run
         self.projected_phase = name
-        if state.global_step >= self.check_steps and self.projected_peak > self._limit():
+        # the feasibility rule every part of the advisor uses (advisor.core.fit)
+        if state.global_step >= self.check_steps and not fits(self.projected_peak, self.budget, self.headroom):
             measured = (f"measured {format_bytes(self.measured_peak)} at seq {self.first_seq_len:,} "
                         f"(predicted {format_bytes(predicted_now)}); " if self.measured_peak is not None else "")
             where = (f"the longest batch (seq {self.longest_seq_len:,})" if name == "train"
@@ -173,7 +176,7 @@ class MemoryGuardCallback(TrainerCallback):
         held = self.accumulated_logits_bytes(args, eval_dataloader)
         base = int(self.current()) if self.current is not None else resident_bytes(report)
         self.projected_eval_peak = base + forward + held
-        if self.projected_eval_peak > self._limit():
+        if not fits(self.projected_eval_peak, self.budget, self.headroom):
             kept = (f" including {format_bytes(held)} of eval logits the Trainer keeps on the GPU "
                     "(set prediction_loss_only=True or eval_accumulation_steps)" if held else "")
             self._stop(control, f"advisor: stopping before evaluation: it will need about "

@@ -9,7 +9,11 @@ child process (advisor.runtime.probe.run_probe: warm-up step, measured steps, pe
 allocator and NVML) and compares the peak with the simulate backend (a fake-tensor trace of the
 same step, when registered) and the estimate backend (the closed-form ledger). Errors are
 (predicted - measured) / measured: tensors against torch.cuda.max_memory_allocated (on the CPU
-against the live-bytes tracker), whole-process predictions against NVML. A wall-clock budget
+against the live-bytes tracker), the simulation's reserved peak (its allocations replayed through
+the caching-allocator model, advisor.memory.allocator) against torch.cuda.max_memory_reserved,
+whole-process predictions against NVML. A second table gives the run's phases (advisor.memory.phases:
+load, train, eval, generate, save) as predicted, next to what the probe measured of them (its
+build-and-load and its steps; it runs no evaluation, generation or save). A wall-clock budget
 (--max-minutes) skips what would not fit and says so in the report.
 """
 
@@ -70,12 +74,26 @@ def models(tiny: bool) -> list[Any]:
 
 
 def simulate_one(spec: Any, plan: Any, gpu: Any) -> Any:
-    """The simulate backend's report (None when it is not registered)."""
+    """The simulate backend's report with the run's phases (None when it is not registered)."""
     from advisor.runtime.backends import available, get_backend
 
     if "simulate" not in available():
         return None
-    return get_backend("simulate")(spec, plan, gpu)
+    return _with_phases(spec, plan, gpu, get_backend("simulate")(spec, plan, gpu))
+
+
+def _with_phases(spec: Any, plan: Any, gpu: Any, report: Any) -> Any:
+    """``report`` with its run's phases (advisor.runtime.phases), or as it is where phases are not available."""
+    try:
+        from advisor.runtime.phases import with_phases
+    except ImportError:
+        return report
+    try:
+        return with_phases(spec, plan, gpu, report)
+    except Exception as e:  # noqa: BLE001 - a phase that cannot be predicted is a note, never fatal
+        from dataclasses import replace
+
+        return replace(report, extra={**report.extra, "phases_error": f"{type(e).__name__}: {e}"[:120]})
 
 
 def _pct(pred: float | None, meas: float | None) -> str:
@@ -106,8 +124,8 @@ def render(rows: list[Row], *, device: str, tiny: bool, gpu: Any, elapsed: float
         "predictions against NVML.", "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items() if v), "",
         f"| model | plan | status | tensor peak | reserved | {measured_total} | simulated tensors (err) | "
-        "simulated total (err) | analytic total (err) | tokens/s | step ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "simulated total (err) | analytic total (err) | tokens/s | step ms | simulated reserved (err) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     body = []
     for r in rows:
@@ -129,11 +147,49 @@ def render(rows: list[Row], *, device: str, tiny: bool, gpu: Any, elapsed: float
         reserved = _gib(p.peak_reserved_bytes, tiny) if p else "n/a"
         nvml = _gib(meas_w, tiny) if device == "cuda" else _gib(meas_t, tiny)
         status_cell = status + (f": {p.message}" if p and p.message else "")
+        sim_r = getattr(r.sim, "reserved_peak_bytes", None) if r.sim is not None else None
+        sim_res = (f"{_gib(sim_r, tiny)} ({_pct(sim_r, p.peak_reserved_bytes if p else None)})" if sim_r
+                   else "n/a")
         body.append(f"| {r.model} | {r.plan.short()} | {status_cell} | {_gib(meas_t, tiny)} | {reserved} | {nvml} | "
-                    f"{sim_t} | {sim_w} | {est_w} | {tps} | {ms} |")
+                    f"{sim_t} | {sim_w} | {est_w} | {tps} | {ms} | {sim_res} |")
     notes = sorted({n for r in rows for n in r.notes})
     tail = ["", "Notes:"] + [f"- {n}" for n in notes] if notes else []
-    return "\n".join(head + body + tail) + "\n"
+    return "\n".join(head + body + phase_table(rows, device=device, tiny=tiny) + tail) + "\n"
+
+
+def phase_table(rows: list[Row], *, device: str, tiny: bool) -> list[str]:
+    """The run's phases as predicted (the simulation's, else the estimate's), beside what the probe measured.
+
+    The probe measures two of them: its build-and-load (``load_peak_bytes``, ``load_reserved_bytes``)
+    and its training steps (the step peaks above); evaluation, generation and saving are predicted only.
+    """
+    lines = ["", "## Phases of the run", "",
+             "Predicted per phase (live = allocated tensors, reserved = the caching allocator's segments); "
+             "measured where the probe runs that phase (load: the probe's build and load of the model; train: its "
+             "steps). The probe builds the model with the advisor's own setup, not `from_pretrained`, so the "
+             "load comparison checks the order of magnitude more than the exact peak.", "",
+             "| phase | model · plan | predicted live | measured live (err) | predicted reserved | "
+             "measured reserved (err) | source |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        rep = r.sim if r.sim is not None and "phases" in getattr(r.sim, "extra", {}) else r.est
+        phases = getattr(rep, "extra", {}).get("phases") if rep is not None else None
+        if not phases:
+            continue
+        p = r.probe if r.probe is not None and r.probe.ok else None
+        measured = {"load": ((p.load_peak_bytes, getattr(p, "load_reserved_bytes", None)) if p else (None, None)),
+                    "train": ((p.peak_allocated_bytes, p.peak_reserved_bytes) if p else (None, None))}
+        for name, ph in phases.items():
+            if not ph.get("included", True):
+                continue
+            live, res = ph.get("live_bytes"), ph.get("reserved_bytes")
+            m_live, m_res = measured.get(name, (None, None))
+            ml = f"{_gib(m_live, tiny)} ({_pct(live, m_live)})" if m_live else "not measured"
+            mr = (f"{_gib(m_res, tiny)} ({_pct(res, m_res)})" if m_res
+                  else "n/a (CPU)" if device == "cpu" and m_live else "not measured")
+            lines.append(f"| {name} | {r.model} · {r.plan.short()} | {_gib(live, tiny)} | {ml} | {_gib(res, tiny)} | "
+                         f"{mr} | {ph.get('source', rep.source)} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.device == "cuda" else None
     futures = {}
     for i, r in enumerate(rows):
-        r.est = estimate(specs[r.model], r.plan, gpu)
+        r.est = _with_phases(specs[r.model], r.plan, gpu, estimate(specs[r.model], r.plan, gpu))
         if pool is not None:
             futures[i] = pool.submit(simulate_one, specs[r.model], r.plan, gpu)
     versions: dict = {}

@@ -99,3 +99,11 @@ def test_calibrate_without_a_gpu_is_a_one_line_error(capsys):
     assert main(["calibrate"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "needs an NVIDIA GPU" in err
+
+
+def test_a_cuda_probe_result_is_recorded_and_a_failed_one_is_not(tmp_path):
+    path = tmp_path / "c.json"
+    assert cal.record_probe_result(PROBE_RESULTS[0], path)
+    assert not cal.record_probe_result({**PROBE_RESULTS[1], "status": "oom"}, path)
+    assert not cal.record_probe_result({**PROBE_RESULTS[1], "device": "cpu"}, path)
+    assert [p.workload for p in cal.load(path)] == ["probe qwen2.5-0.5b-instruct lora seq 512"]

@@ -84,6 +84,10 @@ def test_human_verdict_follows_the_budget(capsys, budget, verdict):
     (["--model", "qwen7b", "--gpu", "rtx-9999"], "--gpu"),
     (["--model", "qwen7b", "--seq-len", "100000"], "--seq-len"),
     (["--model", "qwen7b", "--backend", "nope"], "--backend"),
+    (["--model", "qwen7b", "--checkpoint-layers", "40"], "--checkpoint-layers"),
+    (["--model", "qwen7b", "--optimizer", "lomo", "--grad-accum", "4"], "--grad-accum"),
+    (["--model", "qwen7b", "--optimizer", "galore_adamw"], "--optimizer"),
+    (["--model", "qwen7b", "--optimizer", "adamw_bnb_16bit"], "--optimizer"),
 ])
 def test_bad_input_subprocess(argv, flag):
     """The real console entry point: exit 2, one line on stderr naming the flag and the value, no traceback."""
@@ -147,3 +151,32 @@ def test_estimate_without_a_gpu_says_so(capsys, monkeypatch):
     code, out, _ = run_cli(capsys, "estimate", "--model", "qwen7b", "--method", "lora", "--json")
     d = json.loads(out)
     assert code == 0 and d["tokens_per_s"] is None and d["step_seconds"] is None and d["step_terms"] == {}
+
+
+@pytest.mark.parametrize("optimizer", ["adamw_torch_fused", "adamw_torch", "adamw_torch_8bit", "adamw_torch_4bit",
+                                       "adamw_8bit", "paged_adamw_8bit", "adafactor", "galore_adamw",
+                                       "galore_adamw_8bit", "galore_adamw_layerwise", "apollo_adamw", "lomo",
+                                       "adalomo"])
+def test_every_optimizer_name_is_accepted(capsys, optimizer):
+    code, out, _ = run_cli(capsys, "estimate", "--model", "qwen7b", "--method", "full", "--optimizer", optimizer,
+                           "--gradient-checkpointing", "--json")
+    assert code == 0
+    d = json.loads(out)
+    assert d["plan"]["optimizer"] == optimizer and d["ledger"]["weights"] > 0
+
+
+def test_levers_flags(capsys):
+    """--checkpoint-layers K implies checkpointing; --activation-offload moves activations to the host;
+    --optimizer-in-backward drops the gradient buffer (the estimate backend)."""
+    base = ["estimate", "--model", "qwen7b", "--json"]
+    _, out, _ = run_cli(capsys, *base, "--checkpoint-layers", "7")
+    d = json.loads(out)
+    assert d["plan"]["gradient_checkpointing"] and d["plan"]["checkpoint_layers"] == 7
+    assert "ckpt7" in d["plan_short"]
+    _, out, _ = run_cli(capsys, *base, "--gradient-checkpointing", "--activation-offload")
+    d = json.loads(out)
+    assert d["host"]["activations"] == 28 * 1024 * 3584 * 2  # each layer's input, bf16
+    _, out, _ = run_cli(capsys, *base, "--method", "full", "--gradient-checkpointing", "--optimizer",
+                        "adamw_torch_fused", "--optimizer-in-backward")
+    d = json.loads(out)
+    assert d["ledger"]["gradients"] < 2 * 2**30  # one tensor's gradient at a time, not 14 GiB

@@ -16,7 +16,8 @@ from advisor.configs.read import canonical, detect_format, read_config
 from advisor.core.errors import AdvisorInputError, ConfigErrors
 from advisor.configs.export import FILENAMES, export_plan
 from advisor.configs.export._base import Unsupported
-from advisor.core.plan import ATTENTION, OFFLOADS, OPTIMIZERS, PRECISIONS, Plan
+from advisor.core.plan import (ATTENTION, FUSED_BACKWARD_OPTIMIZERS, LOW_RANK_OPTIMIZERS, OFFLOADS, OPTIMIZERS,
+                               PRECISIONS, Plan)
 
 SPEC = resolve_model("qwen7b")
 LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -24,7 +25,8 @@ LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 @st.composite
 def plans(draw) -> Plan:
-    method = draw(st.sampled_from(["full", "lora", "qlora"]))
+    optimizer = draw(st.sampled_from(OPTIMIZERS))
+    method = "full" if optimizer in LOW_RANK_OPTIMIZERS else draw(st.sampled_from(["full", "lora", "qlora"]))
     quant = {"full": st.just("none"), "lora": st.sampled_from(["none", "int8"]),
              "qlora": st.sampled_from(["nf4", "fp4"])}[method]
     q = draw(quant)
@@ -37,6 +39,13 @@ def plans(draw) -> Plan:
     attn = draw(st.sampled_from(ATTENTION))
     if attn == "flash_attention_2" and precision == "fp32":
         attn = "sdpa"
+    if offload != "none":
+        optimizer = "adamw_torch"
+    in_bwd = optimizer in FUSED_BACKWARD_OPTIMIZERS or (offload == "none" and precision != "mixed_fp16"
+                                                        and draw(st.booleans()) and draw(st.booleans()))
+    if optimizer in ("lomo", "adalomo") and precision == "mixed_fp16":
+        precision = "mixed_bf16"
+    ckpt = draw(st.booleans())
     targets = draw(st.one_of(st.just("all-linear"),
                              st.lists(st.sampled_from(LINEARS), min_size=1, max_size=7, unique=True).map(tuple)))
     plan = Plan(
@@ -45,9 +54,12 @@ def plans(draw) -> Plan:
         lora_r=draw(st.integers(1, 256)),
         lora_alpha=draw(st.one_of(st.integers(1, 512).map(float), st.sampled_from([0.5, 12.5, 48.25]))),
         lora_dropout=draw(st.sampled_from([0.0, 0.05, 0.1, 0.3])), lora_targets=targets,
-        gradient_checkpointing=draw(st.booleans()),
-        optimizer="adamw_torch" if offload != "none" else draw(st.sampled_from(OPTIMIZERS)),
-        micro_batch=draw(st.integers(1, 64)), grad_accum=draw(st.integers(1, 128)),
+        gradient_checkpointing=ckpt, optimizer=optimizer,
+        micro_batch=draw(st.integers(1, 64)), grad_accum=1 if in_bwd else draw(st.integers(1, 128)),
+        optimizer_in_backward=in_bwd and optimizer not in FUSED_BACKWARD_OPTIMIZERS,
+        checkpoint_layers=draw(st.sampled_from([None, 1, 7, 14, 20])) if ckpt else None,
+        activation_offload=draw(st.booleans()), optim_rank=draw(st.sampled_from([8, 128, 512])),
+        optim_proj_gap=draw(st.sampled_from([50, 200])),
         seq_len=draw(st.integers(1, 131072)), attn_impl=attn, offload=offload, loss=draw(st.sampled_from(["plain", "chunked", "fused-linear"])),
         dora=method == "lora" and q == "none" and draw(st.booleans()), packing=draw(st.booleans()),
     )
@@ -58,8 +70,19 @@ def plans(draw) -> Plan:
 def _expressible(fmt: str, plan: Plan) -> bool:
     """What each format's documentation lets it say (see the exporter modules)."""
     int_alpha = not plan.peft or float(plan.lora_alpha).is_integer()
+    some_layers = plan.gradient_checkpointing and plan.checkpoint_layers not in (None, SPEC.num_layers)
+    if fmt == "trl":  # every n-th layer is TrainingArguments' every_n_layers; TRL offloads on its own
+        from advisor.configs.export._levers import every_n
+
+        return (not plan.optimizer_in_backward and (not some_layers or every_n(plan, SPEC) is not None)
+                and int_alpha and (not plan.four_bit or plan.compute_dtype == plan.param_dtype))
+    if plan.optimizer_in_backward or some_layers:
+        return False  # advisor.yaml + train.py only
     if fmt == "axolotl":
-        return int_alpha and not plan.precision.startswith("mixed")
+        return int_alpha and not plan.precision.startswith("mixed") and not (
+            plan.activation_offload and plan.gradient_checkpointing)
+    if plan.activation_offload:
+        return False  # LLaMA-Factory has no activation offloading
     if fmt == "llamafactory":
         ok_prec = plan.precision in (("mixed_bf16", "mixed_fp16", "bf16") if plan.method == "full" else ("bf16", "fp16"))
         pure_z3 = plan.method == "full" and plan.precision == "bf16" and plan.offload == "zero3_cpu"
@@ -176,8 +199,9 @@ def test_flat_training_arguments_json(tmp_path):
     }))
     name, plan, extras = read_config(p)
     assert extras["format"] == "hf" and name == "Qwen/Qwen2.5-0.5B-Instruct"
+    # adamw_torch_fused is the fused kernel, read as itself (not as foreach adamw_torch: issue 15)
     assert plan == canonical(Plan(method="full", precision="bf16", micro_batch=4, grad_accum=2, seq_len=2048,
-                                  optimizer="adamw_torch", gradient_checkpointing=True))
+                                  optimizer="adamw_torch_fused", gradient_checkpointing=True))
     assert "model.attn_implementation" in extras["defaulted"]
 
 

@@ -244,6 +244,15 @@ RUNS = {
     # DoRA on every linear, packed documents (position_ids per document), fused-linear loss (Liger: off on the CPU)
     "dora-packed-fused": Plan(method="lora", lora_targets="all-linear", dora=True, packing=True, loss="fused-linear",
                               micro_batch=2, seq_len=32, lora_r=4, lora_alpha=8.0),
+    # issue 15: fused AdamW, one checkpointed layer (every_n_layers), its input offloaded to host memory
+    "full-fused-ckpt1-offload": Plan(method="full", optimizer="adamw_torch_fused", gradient_checkpointing=True,
+                                     checkpoint_layers=1, activation_offload=True, seq_len=32),
+    # LoRA, the optimizer step inside backward (per-parameter AdamW), activations offloaded without checkpointing
+    "lora-in-bwd-offload": Plan(method="lora", optimizer="adamw_torch_fused", optimizer_in_backward=True,
+                                activation_offload=True, seq_len=32),
+    # GaLore (rank 4, a projection update every 2 steps) and LOMO, the TrainingArguments names
+    "full-galore": Plan(method="full", optimizer="galore_adamw", optim_rank=4, optim_proj_gap=2, seq_len=32),
+    "full-lomo": Plan(method="full", optimizer="lomo", gradient_checkpointing=True, seq_len=32),
 }
 
 
@@ -289,6 +298,12 @@ def test_train_py_runs_one_step_on_cpu(name, tiny_model, qwen7b, tmp_path):
         assert "DeepSpeed ZeRO offload skipped" in out
     if plan.attn_impl == "flash_attention_2":
         assert "sdpa instead of flash_attention_2" in out
+    if plan.checkpoint_layers is not None:
+        assert "checkpointing 1 of 2 decoder layers" in out
+    if plan.optimizer_in_backward:
+        assert s["optimizer"].endswith("LayerWiseDummyOptimizer")
+    if plan.optimizer in ("galore_adamw", "lomo"):
+        assert s["optimizer"] in ("galore_torch.adamw.AdamW", "lomo_optim.lomo.Lomo")
     assert (tmp_path / "ckpt").is_dir()  # saved
 
 

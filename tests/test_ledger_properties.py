@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from advisor.memory.training import estimate_training
 from advisor.core.catalog import model_catalog, resolve_model
-from advisor.core.plan import OPTIMIZERS, Plan
+from advisor.core.plan import FUSED_BACKWARD_OPTIMIZERS, LOW_RANK_OPTIMIZERS, OPTIMIZERS, Plan
 
 MODELS = st.sampled_from(list(model_catalog()))
 METHOD_QUANT = st.sampled_from([("full", "none"), ("lora", "none"), ("lora", "int8"), ("qlora", "nf4"), ("qlora", "fp4")])
@@ -17,12 +17,20 @@ METHOD_QUANT = st.sampled_from([("full", "none"), ("lora", "none"), ("lora", "in
 def plans(draw):
     method, quant = draw(METHOD_QUANT)
     optimizer = draw(st.sampled_from(OPTIMIZERS))
+    if optimizer in LOW_RANK_OPTIMIZERS:
+        method, quant = "full", "none"  # GaLore / APOLLO project full-rank weight gradients
+    in_backward = optimizer in FUSED_BACKWARD_OPTIMIZERS or (optimizer not in FUSED_BACKWARD_OPTIMIZERS
+                                                            and draw(st.booleans()) and draw(st.booleans()))
+    ckpt = draw(st.booleans())
     return Plan(
+        optimizer_in_backward=in_backward and optimizer not in FUSED_BACKWARD_OPTIMIZERS,
+        checkpoint_layers=draw(st.sampled_from([None, 1, 4, 9])) if ckpt else None,
+        activation_offload=draw(st.booleans()), optim_rank=draw(st.sampled_from([8, 128])),
         method=method, quantization=quant, double_quant=quant in ("nf4", "fp4") and draw(st.booleans()),
         lora_r=draw(st.sampled_from([1, 4, 8, 16, 64, 256])),
         lora_targets=draw(st.sampled_from([("q_proj", "v_proj"), ("q_proj", "k_proj", "v_proj", "o_proj"), "all-linear"])),
-        gradient_checkpointing=draw(st.booleans()), optimizer=optimizer,
-        micro_batch=draw(st.integers(1, 8)), grad_accum=draw(st.integers(1, 4)),
+        gradient_checkpointing=ckpt, optimizer=optimizer,
+        micro_batch=draw(st.integers(1, 8)), grad_accum=1 if in_backward else draw(st.integers(1, 4)),
         seq_len=draw(st.sampled_from([128, 512, 1024, 2048, 4096])),
         loss=draw(st.sampled_from(["plain", "chunked", "fused-linear"])),
     )
@@ -75,10 +83,33 @@ def test_weights_qlora_below_lora_below_full(name):
 @given(MODELS, plans())
 def test_checkpointing_lowers_activations(name, plan):
     spec = resolve_model(name)
-    plan = _fix_targets(name, plan)
-    off = estimate_training(spec, plan.with_(gradient_checkpointing=False))
+    plan = _fix_targets(name, plan).with_(activation_offload=False)
+    off = estimate_training(spec, plan.with_(gradient_checkpointing=False, checkpoint_layers=None))
     on = estimate_training(spec, plan.with_(gradient_checkpointing=True))
     assert on.extra["saved_activations_bytes"] < off.extra["saved_activations_bytes"]
     # the peak itself can only grow by the one layer recomputed in backward (when gradients and
     # optimizer states, not activations, set the peak)
     assert on.tensor_peak_bytes <= off.tensor_peak_bytes + on.extra["activations_per_layer_bytes"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(MODELS, plans(), st.integers(1, 8))
+def test_checkpointing_more_layers_saves_fewer_activations(name, plan, more):
+    """Memory is linear in k, the checkpointed layers: more of them keep fewer activations."""
+    spec = resolve_model(name)
+    plan = _fix_targets(name, plan).with_(gradient_checkpointing=True, activation_offload=False)
+    k = min(plan.checkpoint_layers or 1, spec.num_layers - more)
+    few = estimate_training(spec, plan.with_(checkpoint_layers=k)).extra["saved_activations_bytes"]
+    many = estimate_training(spec, plan.with_(checkpoint_layers=k + more)).extra["saved_activations_bytes"]
+    assert many < few
+
+
+@settings(max_examples=60, deadline=None)
+@given(MODELS, plans())
+def test_activation_offload_moves_activations_to_the_host(name, plan):
+    spec = resolve_model(name)
+    plan = _fix_targets(name, plan)
+    kept = estimate_training(spec, plan.with_(activation_offload=False))
+    moved = estimate_training(spec, plan.with_(activation_offload=True))
+    assert moved.host["activations"] > 0 == kept.host["activations"]
+    assert moved.extra["saved_activations_bytes"] < kept.extra["saved_activations_bytes"]

@@ -54,3 +54,26 @@ def test_targets_must_exist_in_the_model():
     assert lora_target_modules(Plan(lora_targets=ALL_LINEAR), layers) == layers
     with pytest.raises(AdvisorInputError, match="--lora-targets.*qkv_proj"):
         lora_target_modules(Plan(lora_targets=("qkv_proj",)), layers)
+
+
+
+def test_lever_rules():
+    from advisor.core.plan import checkpointed_layers, every_n_layers
+
+    assert Plan(method="full", optimizer="galore_adamw").problems() == []
+    [e] = Plan(method="lora", optimizer="apollo_adamw").problems()
+    assert e.where == "--optimizer" and "--method full" in e.rule
+    [e] = Plan(optimizer="adalomo", grad_accum=2).problems()
+    assert e.where == "--grad-accum" and "must be 1" in e.rule
+    [e] = Plan(optimizer_in_backward=True, grad_accum=8).problems()
+    assert e.where == "--grad-accum"
+    [e] = Plan(checkpoint_layers=4).problems()
+    assert e.where == "--checkpoint-layers" and "--gradient-checkpointing" in e.rule
+    [e] = Plan(optimizer="lomo", optimizer_in_backward=True).problems()
+    assert e.where == "--optimizer-in-backward"
+    # transformers' every_n_layers choice where one gives k layers, even spans otherwise
+    assert checkpointed_layers(Plan(gradient_checkpointing=True, checkpoint_layers=14), 28) == tuple(range(0, 28, 2))
+    assert len(checkpointed_layers(Plan(gradient_checkpointing=True, checkpoint_layers=11), 28)) == 11
+    assert every_n_layers(4, 28) == 7 and every_n_layers(11, 28) is None
+    assert Plan(method="full", optimizer="galore_adamw", gradient_checkpointing=True, checkpoint_layers=4,
+                activation_offload=True).short() == "full bf16 ckpt4 act-offload galore_adamw(r128) b1x1 s1024"

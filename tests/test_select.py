@@ -71,3 +71,14 @@ def test_explanation_names_the_deciding_step_time_terms():
     plain = [replace(r, step_terms={}) for r in records]
     assert not any(line.startswith(("Decided by", "Throughput tie", "Its predicted"))
                    for line in select(plain, 80 * 2**30, 0.05, 0.1).explanation)
+
+
+def test_one_pareto_rule_for_training_and_serving():
+    """non_dominated is what both the training selection and the serving one keep (larger is better)."""
+    from advisor.search.select import non_dominated
+
+    points = {"a": (3, 1), "b": (1, 3), "c": (1, 1), "d": (3, 1), "e": (2, 2)}
+    assert non_dominated(points, lambda k: points[k]) == ["a", "b", "d", "e"]  # equal points do not dominate
+    from advisor.search import serve_select
+
+    assert serve_select.non_dominated is non_dominated

@@ -27,3 +27,24 @@ def test_extrapolated_equals_full(arch, plan):
     assert extra.extrapolated and not full.extrapolated
     assert abs(extra.peak_bytes - full.peak_bytes) / full.peak_bytes < 0.005, (extra.peak_bytes, full.peak_bytes)
     assert extra.peak_phase == full.peak_phase
+
+
+@pytest.mark.parametrize("arch,plan", [
+    ("qwen2", Plan(method="lora", seq_len=128, gradient_checkpointing=True, checkpoint_layers=3)),
+    ("llama", Plan(method="full", seq_len=64, gradient_checkpointing=True, checkpoint_layers=5,
+                   optimizer="adamw_torch_fused")),
+    ("qwen2", Plan(method="lora", seq_len=128, gradient_checkpointing=True, checkpoint_layers=4,
+                   activation_offload=True)),
+    ("qwen2", Plan(method="lora", seq_len=128, activation_offload=True)),
+], ids=lambda x: x if isinstance(x, str) else x.short())
+def test_partial_checkpointing_and_offload_extrapolate_to_the_full_trace(arch, plan):
+    """k of L checkpointed layers: three small traces, extended affinely in (checkpointed, other) layers,
+    equal the full trace of the model with the plan's own choice of layers (host memory too)."""
+    spec = tiny_spec(arch, num_layers=9)
+    full = simulate(spec, plan, layers="full")
+    extra = simulate(spec, plan, layers="auto")
+    assert extra.extrapolated and not full.extrapolated
+    assert abs(extra.peak_bytes - full.peak_bytes) / full.peak_bytes < 0.005, (extra.peak_bytes, full.peak_bytes)
+    host_full = max(p.host_bytes for p in full.phases.values())
+    host_extra = max(p.host_bytes for p in extra.phases.values())
+    assert abs(host_extra - host_full) <= 0.005 * max(host_full, 1)

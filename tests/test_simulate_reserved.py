@@ -101,3 +101,17 @@ def test_simulate_backend_reports_the_reserved_peak():
     e = sim(spec, base.with_(expandable_segments=True), None)
     assert e.tensor_peak_bytes == r.tensor_peak_bytes
     assert e.reserved_peak_bytes <= r.reserved_peak_bytes
+
+
+def test_a_rebuild_that_misses_the_tensor_peak_falls_back_to_the_traced_ratio():
+    traced = [(2, toy_step(2)), (3, toy_step(3))]
+    good = step_reserved(traced, 12)
+    assert good.method == "replayed"
+    assert step_reserved(traced, 12, tensor_peak_bytes=good.replay.requested_peak_bytes).method == "replayed"
+    # a tensor peak 30% above what the rebuilt sequence holds: the rebuild missed something
+    peak = int(good.replay.requested_peak_bytes * 1.3)
+    off = step_reserved(traced, 12, tensor_peak_bytes=peak)
+    own = replay(toy_step(3))
+    ratio = own.reserved_peak_bytes / own.requested_peak_bytes
+    assert "ratio" in off.method
+    assert off.fragmentation_bytes == max(good.fragmentation_bytes, int((ratio - 1) * peak))

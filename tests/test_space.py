@@ -137,3 +137,41 @@ def test_a_space_without_any_valid_plan_is_refused(tmp_path):
 
 def test_every_knob_in_when_is_a_knob():
     assert set(WHEN) <= set(SEARCH_KEYS)
+
+
+def test_a_walk_never_runs_into_a_dead_end():
+    # offload pinned to zero2_cpu: only qlora nf4 with adamw_torch is valid. lora passes a one-knob-at-a-time
+    # look ahead (int8 alone, zero2_cpu alone) but has no valid completion, so it must not be offered.
+    space = load_space("default", ["method=[lora, qlora]", "quantization=[int8, nf4]",
+                                   "optimizer=[paged_adamw_8bit, adamw_torch]", "offload=zero2_cpu"])
+    c = space.conditions()
+    assert c.offered("method", {}) == ["qlora"]
+    for pick in (0, -1):
+        params = c.walk(lambda name, knob, offered: offered[pick])
+        assert params["optimizer"] == "adamw_torch" and params["offload"] == "zero2_cpu"
+        plan_from_params(params, space, {}).validate()
+
+
+def test_random_spaces_only_ever_propose_valid_plans():
+    import random
+
+    from hypothesis import given, settings, strategies as st
+
+    subsets = {"method": ["full", "lora", "qlora"], "quantization": ["none", "int8", "nf4", "fp4"],
+               "double_quant": [True, False], "gradient_checkpointing": [True, False],
+               "optimizer": ["adamw_torch", "paged_adamw_8bit", "adafactor"], "precision": ["bf16", "fp16", "fp32"],
+               "attn_impl": ["sdpa", "flash_attention_2"], "offload": ["none", "zero2_cpu", "zero3_cpu"]}
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.fixed_dictionaries({k: st.lists(st.sampled_from(v), min_size=1, unique=True)
+                                  for k, v in subsets.items()}), st.integers(0, 2**16))
+    def check(choices, seed):
+        try:
+            space = load_space("default", [f"{k}={v}" for k, v in choices.items()])
+        except AdvisorInputError:
+            return  # no valid plan at all: refused when loaded
+        c, rng = space.conditions(), random.Random(seed)
+        for _ in range(20):
+            plan_from_params(c.walk(lambda name, knob, offered: rng.choice(offered)), space, {}).validate()
+
+    check()

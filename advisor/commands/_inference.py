@@ -7,17 +7,30 @@ import json
 from dataclasses import replace
 
 
-def _gpu_and_budget(args):
-    from advisor.core.catalog import detect_gpu, gpu_for_budget, resolve_gpu
-    from advisor.core.units import parse_budget
+# flags of `advisor tune` that belong to the training study machinery, and why inference refuses them
+STUDY_FLAGS = {
+    "trials": ("--trials", "every plan of the serving grid is scored in closed form (a few hundred, in "
+                           "milliseconds); there are no trials to count"),
+    "storage": ("--storage", "the serving search keeps no Optuna study to store or resume"),
+    "study": ("--study", "the serving search keeps no Optuna study to name"),
+    "no_work": ("--no-work", "the serving search keeps no study for `advisor worker`s to share"),
+    "tui": ("--tui", "the Textual app browses an Optuna study and the serving search keeps none; use --json or "
+                     "the printed table"),
+    "gpus": ("--gpus", "serving plans are for one GPU (no tensor-parallel ledger yet)"),
+}
 
-    detected = detect_gpu()
-    gpu = resolve_gpu(args.gpu) if getattr(args, "gpu", None) else detected
-    budget = parse_budget(args.gpu_budget, "--gpu-budget", gpu.memory_bytes if gpu else None)
-    assumed = gpu is None
-    if assumed:
-        gpu = gpu_for_budget(budget.bytes)
-    return gpu, assumed, budget
+
+def refuse_study_flags(args: argparse.Namespace) -> None:
+    """A flag `tune --task inference` does not support is an input error naming it, never silently ignored."""
+    from advisor.core.errors import AdvisorInputError
+
+    for attr, (flag, why) in STUDY_FLAGS.items():
+        value = getattr(args, attr, None)
+        if value not in (None, False) and not (attr == "gpus" and value == 1):
+            raise AdvisorInputError(flag, f"not supported with --task inference: {why}", value)
+    if getattr(args, "backend", "auto") in ("cpu", "cuda"):
+        raise AdvisorInputError("--backend", "not supported with --task inference: the serving plan is estimated "
+                                "and checked by simulation (auto, simulate or estimate)", args.backend)
 
 
 def _simulate_check(model, cand) -> dict:
@@ -36,22 +49,25 @@ def _simulate_check(model, cand) -> dict:
 
 
 def run_inference(args: argparse.Namespace) -> int:
-    from advisor.core.catalog import resolve_model
+    from advisor.commands.common import target_from_args
     from advisor.core.errors import AdvisorInputError
+    from advisor.core.fit import HEADROOM
     from advisor.search.serve_grid import search
     from advisor.search.serve_select import select
     from advisor.search.serve_space import load_serve_space
     from advisor.memory.inference import vllm_memory_utilization
 
-    model = resolve_model(args.model, trust_remote_code=getattr(args, "trust_remote_code", False))
+    target = target_from_args(args, budget_required=True)
+    model, gpu, assumed, budget = target.model, target.gpu, target.gpu_assumed, target.budget
     space_ref = args.space if getattr(args, "space", "default") not in (None, "default") else "inference"
     space = load_serve_space(space_ref, getattr(args, "overrides", None) or [])
-    gpu, assumed, budget = _gpu_and_budget(args)
     ctx, conc = getattr(args, "context_len", None), getattr(args, "concurrency", None)
     if ctx is not None and model.max_position_embeddings and ctx > model.max_position_embeddings:
         raise AdvisorInputError("--context-len", f"longer than {model.name}'s maximum context "
                                 f"{model.max_position_embeddings}", ctx)
-    headroom = getattr(args, "headroom", 0.05)
+    headroom = getattr(args, "headroom", HEADROOM)
+    # vLLM may use gpu_memory_utilization x total = the budget less the headroom (rounded down): the same
+    # feasibility rule as training (advisor.core.fit)
     util = vllm_memory_utilization(budget.bytes, gpu.memory_bytes, headroom)
     if util <= 0:
         raise AdvisorInputError("--gpu-budget", "leaves nothing for vLLM after the headroom", budget.text)

@@ -54,10 +54,15 @@ def run(args: argparse.Namespace) -> int:
                                 "no GPU", show_value=False)
     spec = resolve_model(args.model)
     path = args.calibration or cal.default_path()
-    child = subprocess.run([sys.executable, "-m", "advisor.runtime.probe._overheads"], capture_output=True,
-                           text=True, timeout=args.timeout)
-    lines = (child.stdout or "").strip().splitlines()
-    measured = json.loads(lines[-1]) if lines else {"error": (child.stderr or "").strip()[-300:]}
+    try:
+        child = subprocess.run([sys.executable, "-m", "advisor.runtime.probe._overheads"], capture_output=True,
+                               text=True, timeout=args.timeout)
+        lines = (child.stdout or "").strip().splitlines()
+        measured = json.loads(lines[-1]) if lines else {"error": (child.stderr or "").strip()[-300:]}
+    except subprocess.TimeoutExpired:
+        measured = {"error": f"no answer within --timeout {args.timeout:g} s"}
+    except ValueError:
+        measured = {"error": f"unreadable answer: {lines[-1][:200]}"}
     if "error" in measured:
         raise AdvisorInputError("calibrate", f"the CUDA measurement failed: {measured['error']}", None,
                                 show_value=False)

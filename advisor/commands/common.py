@@ -74,6 +74,7 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
                    help="sequences per evaluation forward (default 0: the micro-batch)")
     g.add_argument("--max-new-tokens", type=int, default=0,
                    help="tokens a generation-based evaluation generates per sequence (default 0: none)")
+    add_memory_lever_flags(g)
     add_gpus_flags(p)
 
 
@@ -96,6 +97,28 @@ def loss_from_args(args: argparse.Namespace) -> str:
             raise AdvisorInputError("--chunked-ce", f"is --loss chunked, which contradicts --loss {loss}", loss)
         return "chunked"
     return loss or "plain"
+def add_memory_lever_flags(g) -> None:
+    """Optimizer step inside backward, low-rank optimizer knobs, checkpointing granularity, activation offload."""
+    g.add_argument("--optimizer-in-backward", action="store_true",
+                   help="step each parameter inside backward and free its gradient (torchtune optimizer_in_bwd; "
+                        "needs --grad-accum 1)")
+    g.add_argument("--optim-rank", type=positive_int("--optim-rank"), default=128,
+                   help="GaLore / APOLLO projection rank (default 128)")
+    g.add_argument("--optim-proj-gap", type=positive_int("--optim-proj-gap"), default=200,
+                   help="steps between GaLore / APOLLO projection updates (default 200)")
+    g.add_argument("--checkpoint-layers", type=positive_int("--checkpoint-layers"), default=None, metavar="K",
+                   help="checkpoint K decoder layers only (implies --gradient-checkpointing; default: all)")
+    g.add_argument("--activation-offload", action="store_true",
+                   help="keep saved activations in pinned host memory (with checkpointing: the layer inputs)")
+
+
+def memory_lever_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The Plan fields of add_memory_lever_flags."""
+    k = getattr(args, "checkpoint_layers", None)
+    return dict(optimizer_in_backward=getattr(args, "optimizer_in_backward", False),
+                optim_rank=getattr(args, "optim_rank", 128), optim_proj_gap=getattr(args, "optim_proj_gap", 200),
+                checkpoint_layers=k, activation_offload=getattr(args, "activation_offload", False),
+                gradient_checkpointing=bool(args.gradient_checkpointing or k is not None))
 
 
 def add_gpus_flags(p: argparse.ArgumentParser) -> None:
@@ -118,7 +141,6 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         lora_alpha=args.lora_alpha,
         lora_dropout=args.lora_dropout,
         lora_targets=normalize_targets(args.lora_targets),
-        gradient_checkpointing=args.gradient_checkpointing,
         optimizer=args.optimizer,
         micro_batch=args.micro_batch,
         grad_accum=args.grad_accum,
@@ -131,20 +153,19 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         expandable_segments=getattr(args, "expandable_segments", False),
         eval_batch=getattr(args, "eval_batch", 0),
         max_new_tokens=getattr(args, "max_new_tokens", 0),
+        **memory_lever_fields(args),
     )
     return plan.validate()
 
 
-def resolve_gpu_and_budget(args: argparse.Namespace) -> tuple[Any, Any]:
-    """(GpuSpec or None, Budget or None) from --gpu / --gpu-budget / NVML."""
-    from advisor.core.catalog import detect_gpu, resolve_gpu
-    from advisor.core.units import parse_budget
+def target_from_args(args: argparse.Namespace, **rules: Any):
+    """The command's Target (model, GPU, budget, whether the GPU is assumed) from --model, --gpu and
+    --gpu-budget, by the one rule every command uses (advisor.core.target.resolve_target; ``rules`` are
+    its keyword options)."""
+    from advisor.core.target import resolve_target
 
-    gpu = resolve_gpu(args.gpu) if getattr(args, "gpu", None) else detect_gpu()
-    budget = None
-    if getattr(args, "gpu_budget", None) is not None:
-        budget = parse_budget(args.gpu_budget, "--gpu-budget", gpu.memory_bytes if gpu else None)
-    return gpu, budget
+    return resolve_target(args.model, gpu=getattr(args, "gpu", None), gpu_budget=getattr(args, "gpu_budget", None),
+                          trust_remote_code=getattr(args, "trust_remote_code", False), **rules)
 
 
 def check_plan_against_model(model, plan) -> None:
@@ -152,6 +173,9 @@ def check_plan_against_model(model, plan) -> None:
     from advisor.core.plan import lora_target_modules
 
     lora_target_modules(plan, list(model.linear_shapes()))
+    if plan.checkpoint_layers is not None and plan.checkpoint_layers > model.num_layers:
+        raise AdvisorInputError("--checkpoint-layers", f"{model.name} has {model.num_layers} decoder layers",
+                                plan.checkpoint_layers)
     if model.max_position_embeddings and plan.seq_len > model.max_position_embeddings:
         raise AdvisorInputError("--seq-len", f"longer than {model.name}'s context of {model.max_position_embeddings:,} tokens",
                                 plan.seq_len)

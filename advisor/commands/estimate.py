@@ -6,9 +6,9 @@ import argparse
 import json
 
 from advisor.commands._help import DefaultsHelpFormatter
-from advisor.commands.common import add_model_flags, add_plan_flags, positive_int
-
-HEADROOM = 0.05
+from advisor.commands.common import add_model_flags, add_plan_flags, number, positive_int
+from advisor.core.fit import HEADROOM
+from advisor.runtime.backends import BACKENDS
 
 
 def add_parser(subs) -> None:
@@ -27,20 +27,27 @@ def add_parser(subs) -> None:
     p.add_argument("--data", metavar="FILE",
                    help="your training documents (JSONL with \"text\", text, or one token length per line): the "
                         "peak is that of the longest batch unless --packing")
-    p.add_argument("--backend", default="estimate", help="estimate (closed form) or simulate (fake-tensor trace)")
+    p.add_argument("--backend", default="estimate", choices=BACKENDS,
+                   help="estimate (closed form), simulate (fake-tensor trace), or a cpu / cuda probe (real run, "
+                        "the budget enforced)")
+    p.add_argument("--headroom", type=number("--headroom", low=0, low_inclusive=True, high=1), default=HEADROOM,
+                   help="fraction of the budget kept free")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from advisor.core.catalog import resolve_model
-    from advisor.commands.common import check_plan_against_model, plan_from_args, resolve_gpu_and_budget
+    import sys
 
-    model = resolve_model(args.model, trust_remote_code=args.trust_remote_code)
-    gpu, budget = resolve_gpu_and_budget(args)
+    from advisor.commands.common import check_plan_against_model, plan_from_args, target_from_args
+    from advisor.core.fit import fits
+    from advisor.memory.phases import run_peak_bytes
+
+    target = target_from_args(args)
+    model, gpu, budget = target.model, target.gpu, target.budget
     result: dict = {"model": {"name": model.name, "hf_id": model.hf_id, "params_total": model.params_total,
                               "source": model.source},
-                    "gpu": gpu.to_dict() if gpu else None, "task": args.task}
+                    "gpu": gpu.to_dict() if gpu else None, "gpu_assumed": target.gpu_assumed, "task": args.task}
     if args.task == "inference":
         from advisor.memory.inference import ServePlan, estimate_inference
 
@@ -50,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         result["plan"] = splan.to_dict()
         result["kv_cache_bytes_per_token"] = report.extra["kv_cache_bytes_per_token"]
     else:
-        from advisor.runtime.backends import get_backend
+        from advisor.runtime.backends import PROBES, BackendFailed, BackendOptions, get_backend
 
         plan = plan_from_args(args)
         check_plan_against_model(model, plan)
@@ -62,8 +69,13 @@ def run(args: argparse.Namespace) -> int:
                               "real_token_fraction": data.real_token_fraction(plan.seq_len, plan.micro_batch,
                                                                               plan.packing)}
             plan = data.sized(plan)
-        measure = get_backend(args.backend)
-        report = measure(model, plan, gpu)
+        # a real run is held to the budget (a probe over it ends as oom)
+        options = BackendOptions(budget_bytes=budget.bytes if budget and args.backend in PROBES else None)
+        try:
+            report = get_backend(args.backend).measure(model, plan, gpu, options)
+        except BackendFailed as e:
+            print(f"estimate: {e}", file=sys.stderr)
+            return 1
         if args.gpus > 1:
             from advisor.memory.sharding import shard_report
 
@@ -78,19 +90,19 @@ def run(args: argparse.Namespace) -> int:
     if args.task == "train":
         result.update(throughput_fields(model, plan, gpu, budget, args.gpus, args.sharding, report))
     for key in ("phases", "run_peak_phase", "run_peak_bytes", "reserved_peak_bytes"):
-        if key in report.extra:
+        if key in report.extra and result.get(key) is None:  # the report's own reserved peak (the step's) stays
             result[key] = report.extra[key]
     if budget is not None:
         result["budget"] = {"bytes": budget.bytes, "text": budget.text, "unit": budget.unit}
-        result["headroom"] = HEADROOM
-        # the run fits when its highest phase does (load, train, eval, generate, save)
-        result["fits"] = result.get("run_peak_bytes", report.peak_bytes) * (1 + HEADROOM) <= budget.bytes
+        result["headroom"] = args.headroom
+        # the run fits when its highest phase does (load, train, eval, generate, save): the one rule
+        result["fits"] = fits(run_peak_bytes(report), budget.bytes, args.headroom)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         from advisor.ui.render import print_estimate
 
-        print_estimate(result, report, budget)
+        print_estimate(result, report, budget, args.headroom)
     return 0
 
 

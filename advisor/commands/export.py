@@ -24,31 +24,26 @@ def add_parser(subs) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from advisor.core.catalog import GpuSpec, resolve_model
     from advisor.core.errors import AdvisorInputError
-    from advisor.configs.export import export_plan
-    from advisor.core.plan import Plan
+    from advisor.ui.tui.exporting import export_record
     from advisor.ui.report import open_study, resolve_storage
+    from advisor.search.description import StudyDescription
     from advisor.search.select import select
 
     storage, folder = resolve_storage(args.study, args.storage, args.study_name, args.reports_dir)
     snap = open_study(storage, args.study_name, folder)
-    st = snap.settings
+    d = StudyDescription.from_dict(snap.settings)
     if args.trial is not None:
         chosen = next((r for r in snap.records if r.number == args.trial), None)
         if chosen is None or chosen.state != "complete":
             raise AdvisorInputError("--trial", "no complete trial with this number in the study", args.trial)
     else:
-        chosen = select(snap.records, st["budget"]["bytes"], st["headroom"], st["tolerance"], st["budget"]["unit"]).best
+        chosen = select(snap.records, d.budget.bytes, d.headroom, d.tolerance, d.budget.unit).best
         if chosen is None:
             raise AdvisorInputError("STUDY", "the study has no feasible plan to export yet", snap.name)
     formats = [f.strip() for item in (args.format or []) for f in item.split(",") if f.strip()] or None
-    model = st["model"]
-    spec = resolve_model(model.get("path") or model["name"])
     out = Path(args.out) if args.out else (folder or Path(args.reports_dir) / snap.name) / "export"
-    written = export_plan(spec, Plan.from_dict(chosen.plan), out, formats, gpu=GpuSpec(**st["gpu"]),
-                          extra={"peak_bytes": chosen.peak_bytes, "source": chosen.source,
-                                 "tokens_per_s": chosen.tokens_per_s, "study": snap.name, "trial": chosen.number})
+    written = export_record(d, chosen, str(out), formats, snap.name)
     paths = {k: str(v) for k, v in written.items()}
     if args.json:
         print(json.dumps({"trial": chosen.number, "plan": chosen.plan_short, "written": paths,

@@ -20,7 +20,11 @@ def add_parser(subs) -> None:
     p.add_argument("--max-seq-len", type=positive_int("--max-seq-len"), help="longest sequence (without --data)")
     p.add_argument("--epochs", type=number("--epochs", low=0), help="epochs for the time estimate")
     p.add_argument("--headroom", type=number("--headroom", low=0, low_inclusive=True, high=1), default=0.05)
-    p.add_argument("--probe", action="store_true", help="also run a short real training probe")
+    p.add_argument("--probe", action="store_true",
+                   help="also run a short real training probe held to the budget (a failed probe is NO-GO)")
+    p.add_argument("--backend", choices=("simulate", "estimate"), default="simulate",
+                   help="how the memory check knows the peak: a fake-tensor trace (simulate) or the closed-form "
+                        "ledger (estimate, instant)")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run_preflight_cmd)
@@ -38,7 +42,7 @@ def run_preflight_cmd(args: argparse.Namespace) -> int:
     result = run_preflight(PreflightInput(
         config=args.config, gpu_budget=args.gpu_budget, gpu=args.gpu, data=args.data, probe=args.probe,
         max_seq_len=args.max_seq_len, headroom=args.headroom, epochs=args.epochs,
-        trust_remote_code=args.trust_remote_code))
+        trust_remote_code=args.trust_remote_code, backend=args.backend))
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, default=str))
     else:
@@ -73,7 +77,7 @@ def run_doctor_cmd(args: argparse.Namespace) -> int:
         from advisor.configs.read import read_config
 
         name, plan, _ = read_config(args.config)
-        report = get_backend("estimate")(resolve_model(name), plan, None)
+        report = get_backend("estimate").measure(resolve_model(name), plan, None)
     findings = diagnose(text, report)
     if args.json:
         print(json.dumps({"findings": [f.to_dict() for f in findings]}, indent=2))

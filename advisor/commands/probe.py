@@ -33,15 +33,14 @@ def add_parser(subs) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from advisor.core.catalog import detect_gpu, resolve_model
-    from advisor.commands.common import check_plan_against_model, plan_from_args, resolve_gpu_and_budget
+    from advisor.commands.common import check_plan_against_model, plan_from_args, target_from_args
     from advisor.runtime.probe import run_probe
 
-    model = resolve_model(args.model, trust_remote_code=args.trust_remote_code)
+    target = target_from_args(args)
+    model, budget = target.model, target.budget
     plan = plan_from_args(args)
     check_plan_against_model(model, plan)
-    device = args.device or ("cuda" if detect_gpu() is not None else "cpu")
-    _, budget = resolve_gpu_and_budget(args)
+    device = args.device or ("cuda" if target.detected is not None else "cpu")
     result = run_probe(model, plan, device=device, steps=args.steps, warmup=args.warmup, timeout=args.timeout,
                        data=args.data, memory_limit_bytes=budget.bytes if budget else None, weights_dir=args.weights,
                        eval_texts=args.eval_texts, num_layers=args.num_layers, seed=args.seed)
@@ -49,12 +48,16 @@ def run(args: argparse.Namespace) -> int:
         # measured beats predicted: the probe also refits this GPU model's step-time scales
         from advisor.speed.calibration import record_probe
 
-        gpu = detect_gpu()
+        gpu = target.detected
         if gpu is not None:
             try:
                 record_probe(model, plan, gpu, result.tokens_per_s)
             except (OSError, ValueError):
                 pass
+    if result.ok and device == "cuda":
+        from advisor.memory.calibration import record_probe_result
+
+        record_probe_result(result.to_dict())   # its CUDA context and allocator reserve, for later predictions
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

@@ -8,6 +8,8 @@ import sys
 
 from advisor.commands._help import DefaultsHelpFormatter
 from advisor.commands.common import add_gpus_flags, number, positive_int
+from advisor.core.fit import HEADROOM
+from advisor.runtime.backends import BACKENDS
 
 
 def add_parser(subs) -> None:
@@ -23,10 +25,10 @@ def add_parser(subs) -> None:
     p.add_argument("--gpu", help="GPU to plan for (catalog name); default: the detected one, else one the budget matches")
     p.add_argument("--space", default="default", help="search space: a built-in name (advisor/data/spaces/) or a YAML file")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="override space keys, e.g. method=qlora seq_len=2048")
-    p.add_argument("--backend", default="auto", choices=("auto", "estimate", "simulate", "cpu", "cuda"),
+    p.add_argument("--backend", default="auto", choices=("auto", *BACKENDS),
                    help="last stage of each trial; auto: cuda with a GPU, else simulate")
     p.add_argument("--trials", type=positive_int("--trials"), help="finished trials to reach (default: the space's)")
-    p.add_argument("--headroom", type=number("--headroom", low=0, low_inclusive=True, high=1), default=0.05,
+    p.add_argument("--headroom", type=number("--headroom", low=0, low_inclusive=True, high=1), default=HEADROOM,
                    help="fraction of the budget kept free")
     p.add_argument("--accuracy-tolerance", type=number("--accuracy-tolerance", low=0, low_inclusive=True), default=0.05,
                    help="largest accuracy loss accepted (KL nats/token; priors: int8 0.002, nf4 0.015, fp4 0.035)")
@@ -54,43 +56,28 @@ def add_parser(subs) -> None:
 
 
 def build_settings(args: argparse.Namespace):
-    from advisor.runtime.backends import available
-    from advisor.core.catalog import detect_gpu, gpu_for_budget, resolve_gpu, resolve_model
-    from advisor.core.errors import AdvisorInputError
+    from advisor.commands.common import target_from_args
+    from advisor.runtime.backends import BackendOptions, resolve_backend
     from advisor.search.space import load_space
     from advisor.search.tuner import TuneSettings, default_storage, default_study_name
-    from advisor.core.units import parse_budget
 
-    model = resolve_model(args.model, trust_remote_code=args.trust_remote_code)
+    target = target_from_args(args, budget_required=True)
     space = load_space(args.space, args.overrides)
     data = None
     if getattr(args, "data", None):
         from advisor.runtime.probe._data import data_profile
 
-        data = data_profile(args.data, model.path)
+        data = data_profile(args.data, target.model.path)
         if not any(o.split("=", 1)[0].strip() == "packing" for o in args.overrides):
             space.search["packing"] = [False, True]  # with real lengths packing is a real trade-off
-    detected = detect_gpu()
-    gpu = resolve_gpu(args.gpu) if args.gpu else detected
-    budget = parse_budget(args.gpu_budget, "--gpu-budget", gpu.memory_bytes if gpu else None)
-    assumed = gpu is None
-    if assumed:
-        gpu = gpu_for_budget(budget.bytes)
-    backend = args.backend
-    if backend == "auto":
-        backend = "cuda" if detected else ("simulate" if "simulate" in available() else "estimate")
-    if backend == "cuda" and not detected:
-        raise AdvisorInputError("--backend", "cuda needs a GPU and none was detected (use simulate or cpu)", backend)
-    if backend not in ("estimate",) and backend not in available():
-        raise AdvisorInputError("--backend", f"this installation has no {backend} backend "
-                                f"(available: {', '.join(available())})", backend)
-    name = args.study or default_study_name(model, budget, space)
+    backend = resolve_backend(args.backend, target.detected)
+    name = args.study or default_study_name(target.model, target.budget, space)
     storage = args.storage or default_storage(name, args.reports_dir)
-    return TuneSettings(model=model, space=space, budget=budget, gpu=gpu, gpu_assumed=assumed, backend=backend,
-                        storage=storage, study_name=name, trials=args.trials or space.trials,
-                        headroom=args.headroom, tolerance=args.accuracy_tolerance, seed=args.seed,
-                        probe_options={"steps": args.probe_steps}, heartbeat_seconds=args.heartbeat,
-                        gpus=args.gpus, sharding=args.sharding, data=data)
+    return TuneSettings(model=target.model, space=space, budget=target.budget, gpu=target.gpu,
+                        gpu_assumed=target.gpu_assumed, backend=backend, storage=storage, study_name=name,
+                        trials=args.trials or space.trials, headroom=args.headroom, tolerance=args.accuracy_tolerance,
+                        seed=args.seed, probe_options=BackendOptions(steps=args.probe_steps),
+                        heartbeat_seconds=args.heartbeat, gpus=args.gpus, sharding=args.sharding, data=data)
 
 
 def check_budget_reachable(settings) -> None:
@@ -109,7 +96,9 @@ def check_budget_reachable(settings) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.task == "inference":
-        from advisor.commands._inference import run_inference
+        from advisor.commands._inference import refuse_study_flags, run_inference
+
+        refuse_study_flags(args)
         return run_inference(args)
     from advisor.search.tuner import Tuner
 

@@ -7,6 +7,7 @@ import os
 import sys
 
 from advisor.commands.common import positive_int
+from advisor.runtime.backends import BACKENDS
 
 
 def add_parser(subs) -> None:
@@ -17,7 +18,7 @@ def add_parser(subs) -> None:
     p.add_argument("--storage", required=True, help="Optuna RDB URL, e.g. postgresql://user:pass@host/db")
     p.add_argument("--study", required=True, help="study name (made by advisor tune --storage URL --study NAME)")
     p.add_argument("--gpu", type=int, metavar="INDEX", help="CUDA device index to probe on (sets CUDA_VISIBLE_DEVICES)")
-    p.add_argument("--backend", choices=("estimate", "simulate", "cpu", "cuda"),
+    p.add_argument("--backend", choices=BACKENDS,
                    help="override the study's backend for this worker")
     p.add_argument("--heartbeat", type=positive_int("--heartbeat"), default=10,
                    help="seconds between heartbeats; a trial is retried after 3 missed beats")
@@ -30,7 +31,13 @@ def run(args: argparse.Namespace) -> int:
     from advisor.search.storage import redact
     from advisor.search.tuner import Tuner, WORKER_ID, settings_from_study
 
+    # the target (model, GPU, budget) is the study's description; this machine only decides where probes run
     settings = settings_from_study(args.storage, args.study, args.backend, args.heartbeat)
+    if settings.backend == "cuda":
+        from advisor.core.catalog import detect_gpu
+        from advisor.runtime.backends import resolve_backend
+
+        resolve_backend("cuda", detect_gpu())
     tuner = Tuner(settings)
     tuner.open_study()
     print(f"worker {WORKER_ID} joined {args.study} at {redact(args.storage)} "

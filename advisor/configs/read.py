@@ -49,13 +49,20 @@ FLAGS_PRECISION = {("bf16", True, False): "bf16", ("fp16", False, True): "fp16",
                    ("fp32", True, False): "mixed_bf16", ("fp32", False, True): "mixed_fp16",
                    ("bf16", False, False): "bf16", ("fp16", False, False): "fp16"}
 OPTIM_ALIASES = {
-    "adamw_torch": "adamw_torch", "adamw_torch_fused": "adamw_torch", "adamw_hf": "adamw_torch",
+    # each name is read as itself: adamw_torch_fused is the fused kernel, not foreach adamw_torch (issue 15);
+    # adamw_bnb_8bit is transformers' other name for the same bitsandbytes class as adamw_8bit
+    "adamw_torch": "adamw_torch", "adamw_torch_fused": "adamw_torch_fused", "adamw_hf": "adamw_torch",
+    "adamw_torch_8bit": "adamw_torch_8bit", "adamw_torch_4bit": "adamw_torch_4bit",
+    "galore_adamw": "galore_adamw", "galore_adamw_8bit": "galore_adamw_8bit",
+    "galore_adamw_layerwise": "galore_adamw_layerwise", "apollo_adamw": "apollo_adamw",
+    "lomo": "lomo", "adalomo": "adalomo",
     "adamw_8bit": "adamw_8bit", "adamw_bnb_8bit": "adamw_8bit",
     "paged_adamw_8bit": "paged_adamw_8bit", "paged_adamw_32bit": "paged_adamw_32bit",
     "adafactor": "adafactor", "sgd": "sgd",
 }
 ATTN = {"sdpa": "sdpa", "eager": "eager", "flash_attention_2": "flash_attention_2"}
-HF_TRAINING_DEFAULTS = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "optim": "adamw_torch"}
+HF_TRAINING_DEFAULTS = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1,
+                        "optim": "adamw_torch_fused"}  # TrainingArguments.optim's default in transformers 5
 TRAINING_MARKERS = ("per_device_train_batch_size", "gradient_accumulation_steps", "output_dir", "optim")
 _FLAG_FIELD = {flag_of(f.name): f.name for f in dc_fields(Plan)}
 
@@ -73,6 +80,10 @@ def canonical(plan: Plan) -> Plan:
                        lora_targets=d.lora_targets)
     if not plan.four_bit:
         changes.update(double_quant=False, compute_dtype=d.compute_dtype)
+    from advisor.core.plan import LOW_RANK_OPTIMIZERS
+
+    if plan.optimizer not in LOW_RANK_OPTIMIZERS:
+        changes.update(optim_rank=d.optim_rank, optim_proj_gap=d.optim_proj_gap)
     return plan.with_(**changes) if changes else plan
 
 
@@ -313,9 +324,10 @@ def _read_hf(data: dict, c: _Collect, fmt: str) -> tuple[str | None, dict, dict]
                             record=False)
     ckpt_key = "activation_checkpointing" if "activation_checkpointing" in training else "gradient_checkpointing"
     f["gradient_checkpointing"] = c.get(training, ckpt_key, f"{sect}{ckpt_key}", "bool", False, record=False)
-    f["optimizer"] = c.choice(training.get("optim", "adamw_torch"), OPTIM_ALIASES, f"{sect}optim")
+    f["optimizer"] = c.choice(training.get("optim", HF_TRAINING_DEFAULTS["optim"]), OPTIM_ALIASES, f"{sect}optim")
     if "optim" not in training:
         c.defaulted.append(f"{sect}optim")
+    _read_levers_hf(data, training, sect, name, c, f)
 
     ds_value = training.get("deepspeed")
     ds_where = f"{sect}deepspeed"
@@ -377,6 +389,15 @@ def _read_hf(data: dict, c: _Collect, fmt: str) -> tuple[str | None, dict, dict]
         c.defaulted.append("max_seq_length")
     f["seq_len"] = seq
     f.update(_hf_levers(advisor, training, lora, c, sect))
+    env = advisor.get("env") if isinstance(advisor.get("env"), dict) else {}
+    if env.get("PYTORCH_CUDA_ALLOC_CONF"):
+        from advisor.memory.allocator import AllocatorConfig
+
+        try:
+            conf = AllocatorConfig.from_env(str(env["PYTORCH_CUDA_ALLOC_CONF"]))
+        except AdvisorInputError as e:
+            raise AdvisorInputError("advisor.env.PYTORCH_CUDA_ALLOC_CONF", e.rule, env["PYTORCH_CUDA_ALLOC_CONF"]) from None
+        f["expandable_segments"] = conf.expandable_segments
     for key in ("prediction", "gpu"):
         if key in advisor:
             extras[key] = advisor[key]
@@ -428,6 +449,8 @@ def _trl_as_sections(data: dict) -> dict:
     training = {k: v for k, v in data.items() if k not in TRL_MODEL_KEYS and k not in
                 ("max_length", "packing", "packing_strategy", "padding_free", "dataset_text_field", "loss_type")}
     advisor = {"max_seq_length": data.get("max_length", 1024), "packing": bool(data.get("packing"))}
+    if training.pop("activation_offloading", False):
+        advisor["activation_offload"] = True  # TRL's own offload (without checkpointing)
     return {"model": model, "quantization": quant, "lora": lora, "training": training, "advisor": advisor}
 
 
@@ -494,6 +517,7 @@ def _read_axolotl(data: dict, c: _Collect) -> tuple[str | None, dict, dict]:
     f["optimizer"] = c.choice(data.get("optimizer", "adamw_torch_fused"), OPTIM_ALIASES, "optimizer")
     if "optimizer" not in data:
         c.defaulted.append("optimizer")
+    _read_levers_axolotl(data, c, f)
     attn = data.get("attn_implementation")
     if attn is None:
         attn = ("flash_attention_2" if data.get("flash_attention") else "eager" if data.get("eager_attention")
@@ -558,7 +582,8 @@ def _read_llamafactory(data: dict, c: _Collect) -> tuple[str | None, dict, dict]
                             record=False)
     f["gradient_checkpointing"] = not c.get(data, "disable_gradient_checkpointing", "disable_gradient_checkpointing",
                                             "bool", False, record=False)
-    f["optimizer"] = c.choice(data.get("optim", "adamw_torch"), OPTIM_ALIASES, "optim")
+    f["optimizer"] = c.choice(data.get("optim", HF_TRAINING_DEFAULTS["optim"]), OPTIM_ALIASES, "optim")
+    _read_levers_llamafactory(data, c, f)
     f["attn_impl"] = c.choice(data.get("flash_attn", "auto"),
                               {"auto": "sdpa", "sdpa": "sdpa", "disabled": "eager", "fa2": "flash_attention_2"},
                               "flash_attn")
@@ -567,6 +592,100 @@ def _read_llamafactory(data: dict, c: _Collect) -> tuple[str | None, dict, dict]
     f["packing"] = bool(data.get("packing"))
     f["offload"], _ = c.deepspeed(data.get("deepspeed"), "deepspeed")
     return name, f, {}
+
+
+# --------------------------------------------------------------------------- levers of issue 15
+
+
+def _optim_args(text: Any, where: str, c: _Collect, f: dict) -> None:
+    """optim_args "rank=128,update_proj_gap=200" → optim_rank / optim_proj_gap (trainer_optimizer's parser)."""
+    if text in (None, ""):
+        return
+    if not isinstance(text, str):
+        c.bad(where, 'must be a string like "rank=128,update_proj_gap=200"', text)
+        return
+    for part in text.replace(" ", "").split(","):
+        key, _, value = part.partition("=")
+        field = {"rank": "optim_rank", "update_proj_gap": "optim_proj_gap"}.get(key)
+        if field is None:
+            continue  # scale, proj_type...: no memory effect
+        if not value.isdigit() or int(value) < 1:
+            c.bad(where, f"{key} must be a whole number of at least 1", value)
+        else:
+            f[field] = int(value)
+
+
+def _layers_of(name: str | None) -> int | None:
+    """Decoder layers of a catalog model (for every_n_layers), without reaching the network."""
+    if not name:
+        return None
+    from advisor.core.catalog import model_catalog
+
+    lowered = str(name).strip().lower()
+    for key, entry in model_catalog().items():
+        if lowered in (key, entry["hf_id"].lower(), *(a.lower() for a in entry.get("aliases", []))):
+            return int(entry["config"]["num_hidden_layers"])
+    return None
+
+
+def _read_levers_hf(data: dict, training: dict, sect: str, name: str | None, c: _Collect, f: dict) -> None:
+    """optim_args, checkpointing kwargs (every_n_layers, offload) and the advisor section's lever keys."""
+    _optim_args(training.get("optim_args"), f"{sect}optim_args", c, f)
+    advisor = data.get("advisor") if isinstance(data.get("advisor"), dict) else {}
+    kw_key = "activation_checkpointing_kwargs" if "activation_checkpointing_kwargs" in training \
+        else "gradient_checkpointing_kwargs"
+    kwargs = training.get(kw_key) or {}
+    if not isinstance(kwargs, dict):
+        c.bad(f"{sect}{kw_key}", "must be a mapping", kwargs)
+        kwargs = {}
+    f["activation_offload"] = bool(kwargs.get("offload")) or c.get(
+        advisor, "activation_offload", "advisor.activation_offload", "bool", False, record=False)
+    f["optimizer_in_backward"] = c.get(advisor, "optimizer_in_backward", "advisor.optimizer_in_backward", "bool",
+                                       False, record=False)
+    k = advisor.get("checkpoint_layers")
+    if k is not None:
+        f["checkpoint_layers"] = c.get(advisor, "checkpoint_layers", "advisor.checkpoint_layers", "int", None,
+                                       record=False)
+        f["gradient_checkpointing"] = True
+    elif kwargs.get("every_n_layers") not in (None, 1):
+        n = kwargs["every_n_layers"]
+        layers = _layers_of(name)
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            c.bad(f"{sect}{kw_key}.every_n_layers", "must be a whole number of at least 1", n)
+        elif layers is None:
+            c.bad(f"{sect}{kw_key}.every_n_layers", "needs the model's layer count: name a catalog model, or set "
+                  "advisor.checkpoint_layers", n)
+        else:
+            f["checkpoint_layers"] = len(range(0, layers, n))
+
+
+def _read_levers_axolotl(data: dict, c: _Collect, f: dict) -> None:
+    _optim_args(data.get("optim_args"), "optim_args", c, f)
+    offload = data.get("activation_offloading", False)
+    if offload not in (True, False, None):
+        c.bad("activation_offloading", "only true/false are planned (legacy / disk offload are not)", offload)
+    f["activation_offload"] = offload is True
+
+
+LF_GALORE = {"adamw_torch": "galore_adamw", "adamw_torch_fused": "galore_adamw", "adamw_8bit": "galore_adamw_8bit"}
+
+
+def _read_levers_llamafactory(data: dict, c: _Collect, f: dict) -> None:
+    """use_galore / use_apollo with their rank and interval (LLaMA-Factory defaults: rank 16, every 200 steps)."""
+    _optim_args(data.get("optim_args"), "optim_args", c, f)
+    if c.get(data, "use_galore", "use_galore", "bool", False, record=False):
+        layerwise = c.get(data, "galore_layerwise", "galore_layerwise", "bool", False, record=False)
+        base = LF_GALORE.get(f.get("optimizer") or "")
+        if base is None:
+            c.bad("optim", "GaLore in LLaMA-Factory runs with optim adamw_torch or adamw_8bit", f.get("optimizer"))
+            return
+        f["optimizer"] = "galore_adamw_layerwise" if layerwise and base == "galore_adamw" else base
+        f["optim_rank"] = c.get(data, "galore_rank", "galore_rank", "int", 16)
+        f["optim_proj_gap"] = c.get(data, "galore_update_interval", "galore_update_interval", "int", 200)
+    elif c.get(data, "use_apollo", "use_apollo", "bool", False, record=False):
+        f["optimizer"] = "apollo_adamw"
+        f["optim_rank"] = c.get(data, "apollo_rank", "apollo_rank", "int", 16)
+        f["optim_proj_gap"] = c.get(data, "apollo_update_interval", "apollo_update_interval", "int", 200)
 
 
 # Plan field → the key a person edits, per format (for the rules Plan.problems() checks).
@@ -578,14 +697,20 @@ _KEYS = {
                 "optimizer": "training.optim", "micro_batch": "training.per_device_train_batch_size",
                 "grad_accum": "training.gradient_accumulation_steps", "seq_len": "advisor.max_seq_length",
                 "attn_impl": "model.attn_implementation", "offload": "training.deepspeed",
-                "loss": "advisor.loss", "dora": "lora.use_dora", "packing": "advisor.packing"},
+                "loss": "advisor.loss", "dora": "lora.use_dora", "packing": "advisor.packing",
+                                "checkpoint_layers": "advisor.checkpoint_layers",
+                "activation_offload": "advisor.activation_offload",
+                "optimizer_in_backward": "advisor.optimizer_in_backward", "optim_rank": "training.optim_args",
+                "optim_proj_gap": "training.optim_args", "expandable_segments": "advisor.env.PYTORCH_CUDA_ALLOC_CONF"},
     "axolotl": {"method": "adapter", "quantization": "load_in_4bit", "double_quant": "bnb_config_kwargs",
                 "compute_dtype": "bnb_config_kwargs", "precision": "bf16", "lora_r": "lora_r",
                 "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout", "lora_targets": "lora_target_modules",
                 "gradient_checkpointing": "gradient_checkpointing", "optimizer": "optimizer",
                 "micro_batch": "micro_batch_size", "grad_accum": "gradient_accumulation_steps",
                 "seq_len": "sequence_len", "attn_impl": "attn_implementation", "offload": "deepspeed",
-                "loss": "chunked_cross_entropy", "dora": "peft_use_dora", "packing": "sample_packing"},
+                "loss": "chunked_cross_entropy", "dora": "peft_use_dora", "packing": "sample_packing",
+                                "activation_offload": "activation_offloading",
+                "optim_rank": "optim_args", "optim_proj_gap": "optim_args"},
     "llamafactory": {"method": "finetuning_type", "quantization": "quantization_bit",
                      "double_quant": "double_quantization", "compute_dtype": "bf16", "precision": "bf16",
                      "lora_r": "lora_rank", "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout",
@@ -593,7 +718,9 @@ _KEYS = {
                      "optimizer": "optim", "micro_batch": "per_device_train_batch_size",
                      "grad_accum": "gradient_accumulation_steps", "seq_len": "cutoff_len", "attn_impl": "flash_attn",
                      "offload": "deepspeed", "loss": "enable_liger_kernel", "dora": "use_dora",
-                     "packing": "packing"},
+                     "packing": "packing",
+                                          "optim_rank": "galore_rank",
+                     "optim_proj_gap": "galore_update_interval"},
 }
 _KEYS["hf"] = _KEYS["advisor"]
 _KEYS["trl"] = {"method": "use_peft", "quantization": "load_in_4bit", "double_quant": "use_bnb_nested_quant",

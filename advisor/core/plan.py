@@ -15,7 +15,16 @@ METHODS = ("full", "lora", "qlora")
 QUANTIZATIONS = ("none", "int8", "nf4", "fp4")
 DTYPES = ("bf16", "fp16", "fp32")
 PRECISIONS = ("bf16", "fp16", "fp32", "mixed_bf16", "mixed_fp16")
-OPTIMIZERS = ("adamw_torch", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit", "adafactor", "sgd")
+OPTIMIZERS = ("adamw_torch", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit", "adafactor", "sgd",
+              # transformers 5 OptimizerNames (training_args.py): fused torch AdamW (the default), torchao
+              # low-bit AdamW, GaLore / APOLLO low-rank projections, LOMO / AdaLomo (update inside backward)
+              "adamw_torch_fused", "adamw_torch_8bit", "adamw_torch_4bit", "galore_adamw", "galore_adamw_8bit",
+              "galore_adamw_layerwise", "apollo_adamw", "lomo", "adalomo")
+LOW_RANK_OPTIMIZERS = ("galore_adamw", "galore_adamw_8bit", "galore_adamw_layerwise", "apollo_adamw")
+"""Optimizers that project each targeted weight's gradient to rank ``optim_rank`` (full fine-tuning only)."""
+FUSED_BACKWARD_OPTIMIZERS = ("lomo", "adalomo", "galore_adamw_layerwise")
+"""Optimizers that update each parameter inside backward and free its gradient at once."""
+PAGED_OPTIMIZERS = ("paged_adamw_8bit", "paged_adamw_32bit")
 ATTENTION = ("sdpa", "eager", "flash_attention_2")
 OFFLOADS = ("none", "zero2_cpu", "zero3_cpu")
 LOSSES = ("plain", "chunked", "fused-linear")
@@ -79,6 +88,19 @@ class Plan:
     """Sequences per evaluation forward (per_device_eval_batch_size); 0: the micro-batch."""
     max_new_tokens: int = 0
     """Tokens generated per sequence by a generation-based evaluation; 0: the run does not generate."""
+    # ---- optimizer implementation, checkpointing granularity, activation offload (issue 15, levers 1-3)
+    optim_rank: int = 128
+    """GaLore / APOLLO projection rank (TrainingArguments optim_args "rank=", transformers' default 128)."""
+    optim_proj_gap: int = 200
+    """Steps between GaLore / APOLLO projection updates (optim_args "update_proj_gap="; an SVD spike each time)."""
+    optimizer_in_backward: bool = False
+    """Step each parameter's optimizer inside backward, as soon as its gradient exists, and free the gradient
+    (torchtune optimizer_in_bwd): no full gradient buffer; needs grad_accum 1, no clipping."""
+    checkpoint_layers: int | None = None
+    """With gradient_checkpointing: how many decoder layers are checkpointed (None: all of them)."""
+    activation_offload: bool = False
+    """Keep saved activations in pinned host memory (with checkpointing: the checkpointed layer inputs,
+    transformers' activation_checkpointing_kwargs offload; without: TRL/torchtune activation offloading)."""
 
     # ------------------------------------------------------------------ derived
 
@@ -129,7 +151,7 @@ class Plan:
                              ("offload", OFFLOADS), ("loss", LOSSES)):
             if getattr(self, key) not in allowed:
                 bad(key, f"must be one of {', '.join(allowed)}", getattr(self, key))
-        for key in ("micro_batch", "grad_accum", "seq_len"):
+        for key in ("micro_batch", "grad_accum", "seq_len", "optim_rank", "optim_proj_gap"):
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 bad(key, "must be a whole number of at least 1", v)
@@ -173,6 +195,7 @@ class Plan:
             if self.offload == "zero3_cpu" and self.four_bit:
                 bad("offload", "ZeRO-3 parameter offload of 4-bit bitsandbytes weights is not planned here; "
                     "use zero2_cpu with qlora", self.offload)
+        optimizer_problems(self, bad)
         if self.precision in ("fp16",) and self.method == "full":
             bad("precision", "pure fp16 full fine-tuning diverges (no fp32 master weights): use mixed_fp16 or bf16",
                 self.precision)
@@ -239,8 +262,11 @@ class Plan:
             parts.append(f"r{self.lora_r}[{targets}]" + ("+dora" if self.dora else ""))
         parts.append(self.precision)
         if self.gradient_checkpointing:
-            parts.append("ckpt")
-        parts.append(self.optimizer)
+            parts.append("ckpt" if self.checkpoint_layers is None else f"ckpt{self.checkpoint_layers}")
+        if self.activation_offload:
+            parts.append("act-offload")
+        parts.append(self.optimizer + (f"(r{self.optim_rank})" if self.optimizer in LOW_RANK_OPTIMIZERS else "")
+                     + ("+in-bwd" if self.optimizer_in_backward else ""))
         if self.offload != "none":
             parts.append(self.offload)
         parts.append(f"b{self.micro_batch}x{self.grad_accum} s{self.seq_len}")
@@ -267,6 +293,9 @@ _FLAGS = {
     "lora_targets": "--lora-targets", "gradient_checkpointing": "--gradient-checkpointing",
     "attn_impl": "--attn-impl", "compute_dtype": "--compute-dtype", "double_quant": "--double-quant",
     "loss": "--loss", "dora": "--dora", "packing": "--packing",
+    "checkpoint_layers": "--checkpoint-layers",
+    "activation_offload": "--activation-offload", "optimizer_in_backward": "--optimizer-in-backward",
+    "optim_rank": "--optim-rank", "optim_proj_gap": "--optim-proj-gap",
     "eval_batch": "--eval-batch", "max_new_tokens": "--max-new-tokens",
     "expandable_segments": "--expandable-segments",
 }
@@ -304,3 +333,72 @@ def lora_target_modules(plan: Plan, layer_linears: list[str]) -> list[str]:
             "--lora-targets", f"module(s) {', '.join(missing)} not in this model's layers "
             f"(it has {', '.join(layer_linears)})", ",".join(plan.lora_targets), show_value=False)
     return [t for t in layer_linears if t in plan.lora_targets]
+
+
+def optimizer_problems(plan: Plan, bad) -> None:
+    """The rules of the optimizer implementation, the step inside backward and partial checkpointing
+    (levers of issue 15); each broken rule is reported through ``bad(key, rule, value)``."""
+    opt = plan.optimizer
+    if opt in LOW_RANK_OPTIMIZERS and plan.method != "full":
+        bad("optimizer", "GaLore and APOLLO project full-rank weight gradients: use them with --method full",
+            opt)
+    in_bwd = opt in FUSED_BACKWARD_OPTIMIZERS or plan.optimizer_in_backward
+    if in_bwd and plan.grad_accum != 1:
+        what = opt if opt in FUSED_BACKWARD_OPTIMIZERS else "--optimizer-in-backward"
+        bad("grad_accum", f"{what} updates the weights inside backward, so there is no gradient to accumulate: "
+            "gradient accumulation must be 1", plan.grad_accum)
+    if plan.optimizer_in_backward:
+        if opt in FUSED_BACKWARD_OPTIMIZERS:
+            bad("optimizer_in_backward", f"{opt} already updates inside backward", plan.optimizer_in_backward)
+        if plan.offload != "none":
+            bad("optimizer_in_backward", "DeepSpeed CPU offload runs its own optimizer step", plan.optimizer_in_backward)
+        if plan.precision == "mixed_fp16":
+            bad("optimizer_in_backward", "fp16 loss scaling must unscale every gradient before any step: use bf16",
+                plan.precision)
+    if opt in ("lomo", "adalomo") and plan.precision == "mixed_fp16":
+        bad("optimizer", "LOMO keeps its own loss scaler; the Trainer's fp16 GradScaler cannot wrap it: use bf16",
+            opt)
+    k = plan.checkpoint_layers
+    if k is not None:
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            bad("checkpoint_layers", "must be a whole number of at least 1 (or unset for every layer)", k)
+        elif not plan.gradient_checkpointing:
+            bad("checkpoint_layers", "checkpointing k layers needs --gradient-checkpointing on", k)
+
+
+def checkpoint_depth_problems(plan: Plan, num_layers: int) -> list[AdvisorInputError]:
+    """The model-dependent rule of partial checkpointing: at most the model's decoder layers."""
+    k = plan.checkpoint_layers
+    if plan.gradient_checkpointing and isinstance(k, int) and k > num_layers:
+        return [AdvisorInputError("--checkpoint-layers", f"the model has {num_layers} decoder layers; at most "
+                                  f"{num_layers} can be checkpointed", k)]
+    return []
+
+
+def checkpointed_layers(plan: Plan, num_layers: int) -> tuple[int, ...]:
+    """Indices of the decoder layers ``plan`` checkpoints in a model of ``num_layers`` layers.
+
+    Every n-th layer from layer 0 where some n gives exactly k layers (what transformers'
+    ``activation_checkpointing_kwargs={"every_n_layers": n}`` selects: ``layer_index % n == 0``,
+    modeling_utils._set_gradient_checkpointing); otherwise the first layer of each of k equal spans.
+    """
+    if not plan.gradient_checkpointing:
+        return ()
+    k = plan.checkpoint_layers
+    if k is None or k == num_layers:
+        return tuple(range(num_layers))
+    if k > num_layers:
+        raise AdvisorInputError("--checkpoint-layers", f"the model has {num_layers} decoder layers; "
+                                f"at most {num_layers} can be checkpointed", k)
+    n = every_n_layers(k, num_layers)
+    if n is not None:
+        return tuple(range(0, num_layers, n))
+    return tuple(i for i in range(num_layers) if i == 0 or (i * k) // num_layers != ((i - 1) * k) // num_layers)
+
+
+def every_n_layers(k: int, num_layers: int) -> int | None:
+    """The ``every_n_layers`` that checkpoints exactly ``k`` of ``num_layers`` layers, if there is one."""
+    for n in range(1, num_layers + 1):
+        if len(range(0, num_layers, n)) == k:
+            return n
+    return None

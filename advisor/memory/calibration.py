@@ -143,6 +143,19 @@ def record(probes: Iterable[OverheadProbe], path: Path | str | None = None) -> P
     return p
 
 
+def record_probe_result(result: dict[str, Any], path: Path | str | None = None) -> bool:
+    """Add a CUDA probe's overheads (``ProbeResult.to_dict()``) to the file; False when it measured none
+    or the file cannot be written (a read-only cache never stops a probe)."""
+    probe = OverheadProbe.from_probe(result) if result.get("status") == "ok" else None
+    if probe is None:
+        return False
+    try:
+        record([probe], path)
+    except (OSError, AdvisorInputError):
+        return False
+    return True
+
+
 def _torch_version() -> str | None:
     from importlib import metadata
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from advisor.core.catalog import MIB, GpuSpec, ModelSpec
 from advisor.core.errors import AdvisorInputError
+from advisor.core.fit import usable_bytes
 from advisor.memory.ledger import MemoryReport
 
 WEIGHT_FORMATS = ("bf16", "fp16", "fp8", "int8", "int4")
@@ -233,10 +234,11 @@ def estimate_inference(model: ModelSpec, plan: ServePlan, gpu: GpuSpec | None = 
 
 
 def vllm_memory_utilization(budget_bytes: int, total_bytes: int, headroom: float) -> float:
-    """The --gpu-memory-utilization that keeps the whole instance within ``budget x (1 - headroom)``:
+    """The --gpu-memory-utilization that keeps the whole instance within ``budget x (1 - headroom)`` (the
+    feasibility rule training uses too, advisor.core.fit):
     vLLM may use ``total x utilization`` (vllm/config/cache.py ``CacheConfig.gpu_memory_utilization``),
     rounded down to 0.01 so the flag never exceeds the budget; at most 0.98."""
     import math
 
-    u = math.floor(min(budget_bytes * (1 - headroom), total_bytes) / total_bytes * 100) / 100
+    u = math.floor(min(usable_bytes(budget_bytes, headroom), total_bytes) / total_bytes * 100) / 100
     return min(u, 0.98)

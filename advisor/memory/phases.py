@@ -91,12 +91,12 @@ class RunPhases:
 
 
 def outside_allocator_bytes(gpu: GpuSpec | None) -> int:
-    """CUDA context and cuBLAS workspace: GPU memory no tensor and no segment accounts for (overheads.yaml)."""
-    from advisor.memory.overhead import overhead_terms
-    from advisor.core.catalog import MIB
+    """CUDA context and cuBLAS workspace: GPU memory no tensor and no segment accounts for (measured on
+    the GPU when it has been calibrated, advisor.memory.calibration; else overheads.yaml)."""
+    from advisor.memory.overhead import overhead_of
 
-    t = overhead_terms(gpu)
-    return int((t["cuda_context_mib"] + t["cublas_workspace_mib"]) * MIB)
+    parts = overhead_of(0, gpu).parts
+    return int(parts["cuda_context"] + parts["cublas_workspace"])
 
 
 def reserved_for(live_peak: int, gpu: GpuSpec | None, events: Sequence[tuple[int, int]] | None = None, *,
@@ -121,8 +121,9 @@ def reserved_for(live_peak: int, gpu: GpuSpec | None, events: Sequence[tuple[int
         return int(live_peak * (1 + fragmentation)), f"allocated x {1 + fragmentation:.3f}, the step's reserved/allocated"
     from advisor.memory.overhead import overhead_terms
 
-    frac = float(overhead_terms(gpu)["fragmentation"])
-    return int(live_peak * (1 + frac)), f"interim: allocated x (1 + {frac:g}) (overheads.yaml fragmentation)"
+    key = "fragmentation_expandable" if getattr(plan, "expandable_segments", False) else "fragmentation"
+    frac = float(overhead_terms(gpu)[key])
+    return int(live_peak * (1 + frac)), f"interim: allocated x (1 + {frac:g}) (overheads.yaml {key})"
 
 
 # ----------------------------------------------------------------------------- phases

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.memory.ledger import MemoryReport, empty
 from advisor.memory.overhead import overhead_of as framework_overhead_of
-from advisor.core.plan import DTYPE_BYTES, Plan, lora_target_modules
-from advisor.memory import levers
+from advisor.core.plan import (DTYPE_BYTES, FUSED_BACKWARD_OPTIMIZERS, Plan, checkpointed_layers,
+                               lora_target_modules)
+from advisor.memory import levers as lever_terms
 
 NF4_BLOCK = 64            # bitsandbytes Params4bit default blocksize (bitsandbytes/nn/modules.py)
 DQ_BLOCK = 256            # nested (double) quantization block of the absmax (bitsandbytes functional.quantize_4bit)
@@ -40,7 +41,7 @@ def param_breakdown(model: ModelSpec, plan: Plan) -> ParamBreakdown:
     targets = lora_target_modules(plan, list(shapes))
     # LoRA adds A (r x in) and B (out x r) to each targeted module (Hu et al. 2021, eq. 3)
     adapter = model.num_layers * sum(plan.lora_r * (shapes[m][0] + shapes[m][1]) for m in targets)
-    adapter += levers.dora_magnitude_params(model, plan, tuple(targets))
+    adapter += lever_terms.dora_magnitude_params(model, plan, tuple(targets))
     trainable = adapter if plan.peft else model.params_total
     return ParamBreakdown(linear, model.params_total - linear, adapter, tuple(targets), trainable)
 
@@ -77,6 +78,9 @@ def optimizer_state_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> i
     opt = plan.optimizer
     if plan.offload != "none":
         return 0  # on the host: see host_bytes
+    newer = implementation_state_bytes(model, plan, pb)
+    if newer is not None:
+        return newer
     if opt == "adamw_torch":
         # exp_avg and exp_avg_sq, zeros_like(param) (torch/optim/adamw.py _init_group)
         return 2 * n * tb
@@ -87,6 +91,9 @@ def optimizer_state_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> i
         # 8-bit blockwise: 1 B per value per state + fp32 absmax per 256 values; small tensors stay fp32
         # (Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization")
         small = _small_tensor_params(model, plan, pb)
+        if not plan.peft:
+            # Trainer.create_optimizer keeps nn.Embedding weights in 32-bit states (GlobalOptimManager override)
+            small += model.embedding_params
         big = n - small
         return int(2 * big * (1 + 4 / OPT8_BLOCK) + 2 * small * 4)
     if opt == "adafactor":
@@ -112,7 +119,7 @@ def _adafactor_elems(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
     shapes = model.linear_shapes()
     if plan.peft:
         return model.num_layers * sum(plan.lora_r + shapes[m][0] + plan.lora_r + shapes[m][1]
-                                      for m in pb.lora_modules) + levers.dora_magnitude_params(
+                                      for m in pb.lora_modules) + lever_terms.dora_magnitude_params(
             model, plan, pb.lora_modules)  # a vector's second moment is not factored (Adafactor._get_options)
     per_layer = sum(i + o for i, o in shapes.values()) + model.layer_norm_params() + sum(
         model.layer_bias_params().values())
@@ -124,6 +131,9 @@ def _adafactor_elems(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
 def optimizer_transient_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
     """Temporaries of the optimizer step on top of parameters, gradients and states."""
     tb = trainable_dtype_bytes(plan)
+    newer = implementation_transient_bytes(model, plan, pb)
+    if newer is not None:
+        return newer
     if plan.optimizer == "adamw_torch":
         # foreach AdamW materialises sqrt(exp_avg_sq) for a whole parameter group
         # (torch/optim/adamw.py _multi_tensor_adamw: torch._foreach_sqrt)
@@ -191,15 +201,15 @@ def layer_activation_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> 
         saved += 4 * T * fan_in + 4 * T * plan.lora_r
         if plan.lora_dropout > 0:
             saved += T * fan_in  # dropout mask, 1 byte per element
-    saved += levers.dora_layer_activation_bytes(model, plan, pb.lora_modules)
-    saved += levers.packed_layer_bytes(model, plan)
+    saved += lever_terms.dora_layer_activation_bytes(model, plan, pb.lora_modules)
+    saved += lever_terms.packed_layer_bytes(model, plan)
     return int(saved)
 
 
 def logits_bytes(model: ModelSpec, plan: Plan) -> tuple[int, int]:
     """(forward, backward) transient of the logits and the loss."""
     if plan.loss == "fused-linear":
-        return levers.fused_linear_loss_bytes(model, plan)
+        return lever_terms.fused_linear_loss_bytes(model, plan)
     p = DTYPE_BYTES[plan.activation_dtype]
     T = plan.micro_batch * plan.seq_len
     if plan.chunked_ce:
@@ -218,13 +228,13 @@ def logits_bytes(model: ModelSpec, plan: Plan) -> tuple[int, int]:
 
 def _lever_activation_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
     """Held through forward and backward by the levers: the packed-documents mask, less DoRA's first layer."""
-    return levers.packed_mask_bytes(model, plan) - levers.dora_first_layer_saving(model, plan, pb.lora_modules)
+    return lever_terms.packed_mask_bytes(model, plan) - lever_terms.dora_first_layer_saving(model, plan, pb.lora_modules)
 
 
 def _add_lever_phases(phases: dict, model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> None:
     """DoRA's forward spike: at the last layer's forward, every activation held (loss phase's), no logits yet;
     with checkpointing again when the last layer is recomputed."""
-    spike = levers.dora_forward_spike(model, plan, pb.lora_modules)
+    spike = lever_terms.dora_forward_spike(model, plan, pb.lora_modules)
     if not spike:
         return
     loss = phases["loss"]
@@ -271,7 +281,13 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
     # final norm: fp32 input and rsqrt; its bf16 normalized input too when the norm weight trains
     final_norm = 4 * T * h + 4 * T + (p * T * h if plan.method == "full" else 0)
     head_input = p * T * h if plan.method == "full" else 0
-    if plan.gradient_checkpointing:
+    levers = activation_levers(model, plan, pb, layer_acts, final_norm, head_input) \
+        if plan.activation_offload or plan.checkpoint_layers is not None else None
+    if levers is not None:
+        acts, recomputed = levers["loss"], levers["recomputed"]
+        host["activations"] = levers["host"]
+        notes.append(levers["note"])
+    elif plan.gradient_checkpointing:
         # HF checkpointing keeps each layer's input; one layer is recomputed at a time in backward,
         # after the loss's backward (Chen et al. 2016; transformers GradientCheckpointingLayer)
         acts = L * p * T * h + final_norm + head_input
@@ -297,7 +313,9 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
     layer_bwd_temp = 2 * p * T * model.intermediate_size + dequant
     # full fine-tuning: embedding_dense_backward makes a vocab x hidden gradient, added into the tied /
     # existing one at the end of backward (aten embedding_backward; traced)
-    emb_bwd_temp = model.embedding_params * DTYPE_BYTES[plan.param_dtype] if plan.method == "full" else 0
+    # (an untied embedding's first gradient is the .grad itself: no separate sum; traced on Qwen2.5-7B)
+    emb_bwd_temp = model.embedding_params * DTYPE_BYTES[plan.param_dtype] \
+        if plan.method == "full" and (model.tie_word_embeddings or plan.grad_accum > 1) else 0
 
     phases = {
         "loss": dict(gradients=grads_held, activations=acts, transient=logits_fwd + autocast_cache),
@@ -317,12 +335,17 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
         # the last layer's backward, every layer's activations still held (the logits are gone by then)
         phases["backward-layers"] = dict(gradients=grads_held, activations=acts,
                                          transient=layer_bwd_temp + autocast_cache)
+    if levers is not None:
+        apply_activation_levers(phases, levers, grads_held, layer_bwd_temp + autocast_cache)
+    if updates_in_backward(plan):
+        apply_update_in_backward(model, plan, pb, phases)
     _add_lever_phases(phases, model, plan, pb)
     peak_phase, at_peak = max(phases.items(), key=lambda kv: sum(kv[1].values()))
 
     device = empty()
     device.update(weights=weights, quant_constants=consts, adapter_weights=adapters,
                   optimizer_states=states, master_weights=masters, **at_peak)
+    notes += paged_spill(device, host, plan, gpu)
     tensor_peak = sum(device.values())
     over = framework_overhead_of(tensor_peak, gpu, expandable_segments=getattr(plan, "expandable_segments", False))
     device["overhead"] = over.total
@@ -331,6 +354,311 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
         source="estimated", backend="estimate", device=device, host=host,
         tensor_peak_bytes=int(tensor_peak), peak_bytes=int(tensor_peak + over.total), peak_phase=peak_phase,
         notes=tuple(notes), reserved_peak_bytes=int(tensor_peak + over.parts["fragmentation"]),
-        extra={"params_trainable": pb.trainable, "lora_modules": list(pb.lora_modules),
+        extra={"params_trainable": pb.trainable, "lora_modules": list(pb.lora_modules), "overhead_parts": over.parts,
+               "overhead_source": over.source, "fragmentation_source": over.fragmentation_source,
                "activations_per_layer_bytes": layer_acts, "saved_activations_bytes": int(acts)},
     )
+
+
+# --------------------------------------------------------------------------- optimizer implementations (issue 15)
+
+AO_BLOCK = 256            # torchao low-bit AdamW block, as transformers passes it (trainer_optimizer._get_torchao_adamw)
+AO_MIN_SIZE = 4096        # torchao quantizes tensors of >= 4096 values whose size divides the block (optim/adam.py)
+AO_QMAP = {8: 256 * 4, 4: 16 * 4}  # one fp32 code map per quantized state tensor (torchao subclass_8bit / _4bit)
+ALLOC_BLOCK = 512         # CUDA caching allocator's smallest block (c10 CUDACachingAllocator kMinBlockSize)
+
+
+def _blocks(n: int) -> int:
+    return -(-n // ALLOC_BLOCK) * ALLOC_BLOCK
+
+
+def trainable_tensors(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> list[tuple[int, ...]]:
+    """Shapes of the trainable tensors: (out, in) for matrices, (n,) for vectors (what per-tensor
+    optimizers allocate state for, tensor by tensor)."""
+    shapes = model.linear_shapes()
+    L = model.num_layers
+    if plan.peft:
+        # LoRA A is (r, in), B is (out, r) (peft/tuners/lora/layer.py update_layer)
+        return [t for m in pb.lora_modules for t in ((plan.lora_r, shapes[m][0]), (shapes[m][1], plan.lora_r))] * L
+    arch = model.arch or {}
+    norms = [(model.hidden_size,)] * arch.get("norms_per_layer", 2)
+    if arch.get("qk_norm"):
+        norms += [(model.head_dim,), (model.head_dim,)]
+    layer = [(o, i) for i, o in shapes.values()] + [(n,) for n in model.layer_bias_params().values()] + norms
+    out = layer * L + [(model.vocab_size, model.hidden_size), (model.hidden_size,)]
+    if not model.tie_word_embeddings:
+        out.append((model.vocab_size, model.hidden_size))
+    return out
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def low_rank_targets(model: ModelSpec, plan: Plan) -> list[tuple[int, int]]:
+    """(out, in) of every weight GaLore / APOLLO project: the decoder-layer linears (advisor.build.GALORE_TARGETS)."""
+    return [(o, i) for i, o in model.linear_shapes().values()] * model.num_layers
+
+
+def projected_shape(out: int, inp: int, plan: Plan) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(low-rank gradient, projection matrix) shapes of one (out, in) weight.
+
+    GaLore "std": a tall matrix is projected on the right by Vh[:r] (r x in), a wide one on the left by
+    U[:, :r] (out x r); an SVD has at most min(out, in) singular vectors (galore_projector.py). APOLLO's
+    random projection has exactly r rows or columns (apollo_torch/random_projector.py)."""
+    r = plan.optim_rank
+    if plan.optimizer.startswith("galore"):
+        r = min(r, out, inp)
+    if out >= inp:
+        return (out, r), (r, inp)
+    return (r, inp), (out, r)
+
+
+def _adam_state(n: int, tb: int) -> int:
+    return 2 * _blocks(n * tb)
+
+
+def _bnb8_state(n: int) -> int:
+    # bitsandbytes blockwise 8-bit: uint8 per value + fp32 absmax per OPT8_BLOCK, fp32 under min_8bit_size
+    if n < OPT8_MIN_SIZE:
+        return 2 * _blocks(n * 4)
+    return 2 * (_blocks(n) + _blocks(-(-n // OPT8_BLOCK) * 4))
+
+
+def torchao_state_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown, bits: int) -> int:
+    """torchao AdamW8bit / AdamW4bit: exp_avg and exp_avg_sq as quantized subclasses (codes, an fp32 scale per
+    block, the code map) for big tensors; zeros_like(param) below (torchao/optim/adam.py _new_buffer)."""
+    tb = trainable_dtype_bytes(plan)
+    total = 0
+    for shape in trainable_tensors(model, plan, pb):
+        n = _numel(shape)
+        if n >= AO_MIN_SIZE and n % AO_BLOCK == 0:
+            total += 2 * (_blocks(n * bits // 8) + _blocks(n // AO_BLOCK * 4) + _blocks(AO_QMAP[bits]))
+        else:
+            total += _adam_state(n, tb)
+    return total
+
+
+def low_rank_state_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
+    """GaLore / APOLLO: Adam moments of the projected gradient and the projection matrix for each target,
+    plain Adam states (param dtype) for the rest: embeddings, head, norms (GaLore §3, Zhao et al. 2024;
+    APOLLO, Zhu et al. 2024; galore_torch/adamw.py, apollo_torch/apollo.py)."""
+    tb = trainable_dtype_bytes(plan)
+    eight = plan.optimizer == "galore_adamw_8bit"
+    total = 0
+    targets = low_rank_targets(model, plan)
+    for out, inp in targets:
+        low, proj = projected_shape(out, inp, plan)
+        n = _numel(low)
+        total += _bnb8_state(n) if eight else _adam_state(n, tb)
+        # the projection matrix is cast back to the parameter dtype (galore_projector get_orthogonal_matrix)
+        total += _blocks(_numel(proj) * tb)
+    target_elems = sum(o * i for o, i in targets)
+    rest = [s for s in trainable_tensors(model, plan, pb)]
+    # the non-target tensors: everything but the decoder-layer matrices
+    rest_elems = [_numel(s) for s in rest]
+    for n in _without(rest_elems, [o * i for o, i in targets]):
+        total += _bnb8_state(n) if eight else _adam_state(n, tb)
+    assert target_elems >= 0
+    return total
+
+
+def _without(values: list[int], remove: list[int]) -> list[int]:
+    left = list(values)
+    for v in remove:
+        left.remove(v)
+    return left
+
+
+def adalomo_state_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
+    """AdaLomo: a factored fp32 second moment, a row and a column vector per matrix, a vector per vector
+    (Lv et al. 2023; lomo_optim/adalomo.py)."""
+    # every parameter gets one, trainable or not (it loops over model.named_parameters())
+    tensors = trainable_tensors(model, plan.with_(method="full", quantization="none", double_quant=False), pb)
+    if plan.peft:
+        tensors += trainable_tensors(model, plan, pb)
+    return sum(_blocks(4 * s[0]) + (_blocks(4 * s[1]) if len(s) == 2 else 0) for s in tensors)
+
+
+def implementation_state_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int | None:
+    """States of the optimizers issue 15 added (None: an optimizer optimizer_state_bytes already knows)."""
+    opt = plan.optimizer
+    tb = trainable_dtype_bytes(plan)
+    if opt == "adamw_torch_fused":
+        return 2 * pb.trainable * tb  # the same two moments as foreach AdamW (torch/optim/adamw.py)
+    if opt in ("adamw_torch_8bit", "adamw_torch_4bit"):
+        return torchao_state_bytes(model, plan, pb, 8 if opt.endswith("8bit") else 4)
+    if opt.startswith(("galore", "apollo")):
+        return low_rank_state_bytes(model, plan, pb)
+    if opt == "lomo":
+        return 0  # plain SGD update inside backward: no state (Lv et al. 2023, LOMO)
+    if opt == "adalomo":
+        return adalomo_state_bytes(model, plan, pb)
+    return None
+
+
+def implementation_transient_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int | None:
+    """The optimizer step's temporaries for the optimizers issue 15 added (None: not one of them)."""
+    opt = plan.optimizer
+    tb = trainable_dtype_bytes(plan)
+    if opt in ("adamw_torch_fused", "adamw_torch_8bit", "adamw_torch_4bit", "lomo", "adalomo",
+               "galore_adamw_layerwise"):
+        # fused AdamW updates in place in one kernel (torch._fused_adamw_); torchao's compiled step writes its
+        # states in place; LOMO / AdaLomo / layer-wise GaLore step inside backward (see in_backward_bytes)
+        return 0
+    if opt.startswith(("galore", "apollo")):
+        # the projection update of the largest target, or the plain Adam step of the largest other tensor
+        # (embedding / head): exp_avg_sq.sqrt() and exp_avg / denom, full size (galore_torch/adamw.py)
+        if opt == "galore_adamw_8bit":
+            return low_rank_spike_bytes(model, plan, tb)  # bitsandbytes updates the other tensors in place
+        rest = max(_numel(s) for s in trainable_tensors(model, plan, pb) if len(s) == 1 or s[0] == model.vocab_size)
+        return max(low_rank_spike_bytes(model, plan, tb), 2 * _blocks(rest * tb))
+    return None
+
+
+def low_rank_spike_bytes(model: ModelSpec, plan: Plan, tb: int) -> int:
+    """The projection-update step (every optim_proj_gap steps) of the largest target weight.
+
+    GaLore: an fp32 copy of the gradient and its reduced SVD, U (m x k), S and Vh (k x n), k = min(m, n)
+    (torch.linalg.svd full_matrices=False, galore_projector.get_orthogonal_matrix); then the projected-back
+    update, a full m x n tensor in the gradient dtype (project_back). APOLLO: the random projection is small;
+    the channel-scaled gradient is a full m x n tensor (apollo.py "scaled_grad = p.grad * ...")."""
+    out, inp = max(low_rank_targets(model, plan), key=lambda s: s[0] * s[1])
+    k = min(out, inp)
+    if plan.optimizer.startswith("galore"):
+        return (_blocks(4 * out * inp) + _blocks(4 * out * k) + _blocks(4 * k * inp) + _blocks(4 * k)
+                + _blocks(tb * out * inp))
+    # the scaled gradient, the update and the norm-limited copy, full size in the gradient dtype (traced)
+    return 3 * _blocks(tb * out * inp)
+
+
+def in_backward_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> tuple[int, int]:
+    """(gradients, step temporaries) when the largest parameter is updated inside backward, right after the
+    loss's backward (the output head's update; every decoder activation is still held).
+
+    LOMO / AdaLomo: the hook copies the gradient to fp32, drops it, and updates an fp32 copy of the parameter
+    (lomo_optim/lomo.py fuse_update: grad.to(float32), p.grad = None, p.data.to(float32)). An optimizer per
+    parameter (torchtune optimizer_in_bwd, layer-wise GaLore) steps with the accumulated gradient alive."""
+    tb = trainable_dtype_bytes(plan)
+    biggest = max(_numel(s) for s in trainable_tensors(model, plan, pb))
+    if plan.optimizer == "lomo":
+        return 0, 2 * _blocks(biggest * 4)
+    if plan.optimizer == "adalomo":
+        # and the fp32 update built from the factored second moment (adalomo.py fuse_update; traced)
+        return 0, 3 * _blocks(biggest * 4)
+    grad = _blocks(biggest * tb)
+    if plan.optimizer == "galore_adamw_layerwise":
+        # the embedding and head are not projected: plain Adam (sqrt of exp_avg_sq and exp_avg / denom)
+        return grad, max(low_rank_spike_bytes(model, plan, tb), 2 * grad)
+    whole = optimizer_transient_bytes(model, plan, pb)
+    return grad, min(whole, grad)  # one parameter's share of the step's temporaries
+
+
+def updates_in_backward(plan: Plan) -> bool:
+    """Each parameter updated inside backward (LOMO, AdaLomo, layer-wise GaLore, optimizer_in_backward)."""
+    return plan.optimizer in FUSED_BACKWARD_OPTIMIZERS or plan.optimizer_in_backward
+
+
+def apply_update_in_backward(model: ModelSpec, plan: Plan, pb: ParamBreakdown, phases: dict) -> None:
+    """No full gradient buffer: during backward only the parameter being updated has a gradient, and its
+    update's temporaries; nothing is left for the optimizer phase (torchtune optimizer_in_bwd; LOMO §3)."""
+    grads, temp = in_backward_bytes(model, plan, pb)
+    for name, ph in phases.items():
+        if name == "optimizer":
+            ph.update(gradients=0, transient=0)
+        elif name.startswith("backward"):
+            ph["gradients"] = 0  # a layer's few gradients at most, each freed by its update
+    phases["backward-update"] = dict(gradients=grads, activations=phases["backward"]["activations"],
+                                     transient=temp)
+
+
+def activation_levers(model: ModelSpec, plan: Plan, pb: ParamBreakdown, layer_acts: int, final_norm: int,
+                      head_input: int) -> dict:
+    """Saved activations with k of L layers checkpointed and / or activation offload.
+
+    Checkpointed layers keep only their input (Chen et al. 2016), the others every activation; the layers are
+    advisor.plan.checkpointed_layers. With offload and checkpointing, the inputs go to pinned host memory
+    (transformers activation_checkpointing_kwargs offload: save_on_cpu around checkpoint) and one comes back per
+    recomputed layer; offload without checkpointing moves
+    every decoder activation of >= 1 KiB to the host (TRL / torchtune OffloadActivations), one layer's coming
+    back in its backward, the last FWD_STASH tensors kept on the device until backward begins."""
+    L = model.num_layers
+    p = DTYPE_BYTES[plan.activation_dtype]
+    T = plan.micro_batch * plan.seq_len
+    x = p * T * model.hidden_size
+    chosen = checkpointed_layers(plan, L)
+    k = len(chosen)
+    int8 = p * T * (2 * model.hidden_size + model.q_dim + model.intermediate_size) if plan.quantization == "int8" else 0
+    top = max(chosen) if chosen else -1
+    below_top = top + 1 - k if chosen else 0          # non-checkpointed layers under the top checkpointed one
+    last_checkpointed = (L - 1) in chosen
+    host = 0
+    if plan.activation_offload and plan.gradient_checkpointing:
+        # each checkpointed layer's input on the host (the rotary tables are keyword arguments bound into the
+        # recomputed function, not saved: modeling_layers.GradientCheckpointingLayer); one comes back at a time
+        host = k * x
+        held_inputs, back = 0, x
+        rest = (L - k) * layer_acts
+        stash = 0
+    elif plan.activation_offload:
+        # every saved tensor of >= 1 KiB in the decoder that is not a Parameter: the activations, and the
+        # transposed views of the linear weights that matmul saves for the input gradient (views are not
+        # Parameters); the head and the loss keep theirs on the device (advisor.runtime.build)
+        weight_views = pb.linear * p if not plan.four_bit else 0
+        host = L * layer_acts + weight_views
+        held_inputs, back, rest = 0, 0, 0
+        # TRL's forward stash, the last FWD_STASH (5) tensors the last layer saved, still on the device until
+        # backward begins: the MLP's gate, activation and up outputs (p*T*i each) and the second norm's fp32
+        # input and rsqrt (transformers Qwen2MLP / RMSNorm; traced)
+        stash = 3 * p * T * model.intermediate_size + 4 * T * model.hidden_size + 4 * T
+    else:
+        held_inputs, back, rest, stash = k * (x + int8), 0, (L - k) * layer_acts, 0
+    loss = held_inputs + rest + final_norm + head_input + stash
+    if plan.activation_offload and not plan.gradient_checkpointing:
+        recompute_held, layers_held = None, layer_acts + final_norm + head_input
+    else:
+        recompute_held = (held_inputs if not plan.activation_offload else back) + below_top * layer_acts + layer_acts
+        layers_held = None if last_checkpointed else loss - stash
+    what = (f"checkpointing {k} of {L} layers" if plan.gradient_checkpointing else "no checkpointing") + \
+        (", activations offloaded to pinned host memory" if plan.activation_offload else "")
+    return {"loss": loss, "recomputed": layer_acts if chosen else 0, "host": int(host), "recompute": recompute_held,
+            "layers": layers_held, "end": (x if chosen else 0) + (layer_acts if chosen else layer_acts),
+            "stash": stash, "note": what}
+
+
+def apply_activation_levers(phases: dict, lv: dict, grads_held: int, temp: int) -> None:
+    """Replace the activation terms of the step's phases by those of activation_levers."""
+    phases.pop("backward-recompute", None)
+    phases.pop("backward-layers", None)
+    for name in ("loss", "backward"):
+        phases[name]["activations"] = lv["loss"]
+    phases["backward"]["activations"] = lv["loss"] - lv["stash"]
+    if lv["recompute"] is not None:
+        phases["backward-recompute"] = dict(gradients=grads_held, activations=lv["recompute"], transient=temp)
+    if lv["layers"] is not None:
+        phases["backward-layers"] = dict(gradients=grads_held, activations=lv["layers"], transient=temp)
+    phases["backward-end"]["activations"] = lv["end"]
+
+
+
+def paged_spill(device: dict, host: dict, plan: Plan, gpu: GpuSpec | None) -> list[str]:
+    """Paged optimizers keep their states in CUDA unified memory (cudaMallocManaged, bitsandbytes
+    ``get_paged``): when the GPU is full the driver evicts state pages to host memory instead of failing, and
+    pages them back for the optimizer step (bitsandbytes docs "Paged optimizers"; Dettmers et al. 2023, QLoRA
+    §3). The ledger moves the states that do not fit the GPU to the host, in place; the time it costs is
+    advisor.throughput.paged_spill_seconds. Returns the note to show (none when nothing spills)."""
+    from advisor.core.plan import PAGED_OPTIMIZERS
+
+    if plan.optimizer not in PAGED_OPTIMIZERS or gpu is None or not gpu.memory_bytes:
+        return []
+    over = sum(v for k, v in device.items() if k != "overhead") - gpu.memory_bytes
+    spill = min(device.get("optimizer_states", 0), max(0, int(over)))
+    if spill <= 0:
+        return []
+    device["optimizer_states"] -= spill
+    host["optimizer_states"] = host.get("optimizer_states", 0) + spill
+    return [f"paged optimizer: {spill / 2**30:.2f} GiB of its states spill to host memory when the "
+            f"{gpu.name} is full, and page back over PCIe every step"]

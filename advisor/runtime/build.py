@@ -93,6 +93,10 @@ class TrainingSetup:
         self._phase("backward")
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
+        elif self.plan.optimizer in ("lomo", "adalomo"):
+            # Trainer passes the learning rate to accelerate's lomo_backward -> optimizer.fused_backward(loss, lr),
+            # which updates each parameter from its gradient hook (accelerate Accelerator.lomo_backward)
+            self.optimizer.fused_backward(loss, LEARNING_RATE)
         else:
             loss.backward()
         return loss.detach()
@@ -104,6 +108,11 @@ class TrainingSetup:
         if self.optimizer is None:
             return
         self._phase("optimizer")
+        if updates_in_backward(self.plan):
+            # every parameter was updated and its gradient freed inside backward: no clipping over a full
+            # gradient, no step (torchtune optimizer_in_bwd; LOMO; transformers' layer-wise GaLore hooks)
+            self._phase("zero_grad")
+            return
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
@@ -205,13 +214,16 @@ def fused_linear_loss(model, input_ids, labels, device: str, target: str, positi
 
 def build_training_setup(spec: ModelSpec, plan: Plan, *, device: str = "cpu", num_layers: int | None = None,
                          quant_impl: str = "auto", weights_dir: str | None = None, seed: int = 0,
-                         target_device: str | None = None) -> TrainingSetup:
+                         target_device: str | None = None, checkpoint_set: tuple[int, ...] | None = None,
+                         on_grad=None, proj_gap: int | None = None) -> TrainingSetup:
     """The model of ``spec`` with ``plan`` applied, and its optimizer, on ``device``.
 
     Under an active ``FakeTensorMode`` every tensor is fake (shapes and dtypes only) and
     ``quant_impl="auto"`` picks the stand-ins; on real tensors it picks real bitsandbytes.
     ``num_layers`` builds fewer decoder layers (layer extrapolation). ``target_device`` is the
-    device whose behaviour to reproduce (default: ``device``).
+    device whose behaviour to reproduce (default: ``device``). ``checkpoint_set`` overrides which decoder
+    layers are checkpointed (layer extrapolation of partial checkpointing); ``on_grad`` is called with
+    each parameter once its gradient is accumulated (the tracker's gradient marks).
     """
     import torch
 
@@ -237,13 +249,23 @@ def build_training_setup(spec: ModelSpec, plan: Plan, *, device: str = "cpu", nu
         for p in model.parameters():
             p.requires_grad_(True)
     if plan.gradient_checkpointing:
-        # what Trainer does for TrainingArguments(gradient_checkpointing=True) in transformers 5:
-        # activation_checkpointing_enable(None) -> use_reentrant=False, enable_input_require_grads()
-        model.activation_checkpointing_enable()
+        if plan.checkpoint_layers is None and not plan.activation_offload and checkpoint_set is None:
+            # what Trainer does for TrainingArguments(gradient_checkpointing=True) in transformers 5:
+            # activation_checkpointing_enable(None) -> use_reentrant=False, enable_input_require_grads()
+            model.activation_checkpointing_enable()
+        else:
+            enable_checkpointing(model, spec, plan, checkpoint_set)
+    if plan.activation_offload and not plan.gradient_checkpointing:
+        offload_decoder_activations(model)
     if plan.peft:
         model = _apply_lora(model, spec, plan, fake)
     model.train()
-    optimizer = build_optimizer(model, plan, target, fake)
+    if on_grad is not None:
+        # registered before the optimizer's own hooks, so it sees each gradient before an in-backward step frees it
+        for p in model.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(on_grad)
+    optimizer = build_optimizer(model, plan, target, fake, proj_gap=proj_gap)
     scaler = None
     if plan.precision == "mixed_fp16" and not fake:
         scaler = torch.amp.GradScaler("cuda" if device.startswith("cuda") else "cpu")
@@ -325,11 +347,131 @@ def _apply_lora(model, spec: ModelSpec, plan: Plan, fake: bool):
     return peft_model
 
 
+# --------------------------------------------------------------------------- checkpointing and offload
+
+
+def enable_checkpointing(model, spec: ModelSpec, plan: Plan, checkpoint_set: tuple[int, ...] | None = None) -> None:
+    """Checkpoint some decoder layers, their saved inputs optionally in host memory.
+
+    The real path: ``activation_checkpointing_enable(offload=...)`` as Trainer calls it for
+    ``activation_checkpointing_kwargs={"every_n_layers": n, "offload": True}`` (transformers 5
+    modeling_utils: ``save_on_cpu(pin_memory=True)`` around ``checkpoint``), then each
+    ``GradientCheckpointingLayer``'s flag set to the plan's layers (advisor.plan.checkpointed_layers:
+    transformers' own every-n-th choice whenever one gives k layers).
+    """
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    from advisor.core.plan import checkpointed_layers
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    chosen = set(checkpoint_set if checkpoint_set is not None else checkpointed_layers(plan, len(layers)))
+    model.activation_checkpointing_enable(offload=plan.activation_offload)
+    for i, layer in enumerate(layers):
+        layer.gradient_checkpointing = i in chosen
+
+
+_HOST = [contextlib.nullcontext]
+"""Context under which offloaded copies are made: the tracker's ``on_host`` while tracing."""
+_SAVED: list = []
+"""Called with each tensor an offload hook is handed (autograd saved it): the tracker's saved-tensor mark."""
+
+
+@contextlib.contextmanager
+def host_allocations(context_factory, on_saved=None):
+    """Label the copies an activation offload makes as host memory, and what it was handed as saved (for the
+    tracker: the offload's own saved-tensor hooks replace the tracker's while they are active)."""
+    _HOST.append(context_factory)
+    if on_saved is not None:
+        _SAVED.append(on_saved)
+    try:
+        yield
+    finally:
+        _HOST.pop()
+        if on_saved is not None:
+            _SAVED.remove(on_saved)
+
+
+FWD_STASH = 5
+"""TRL OffloadActivations max_fwd_stash_size: device tensors kept alive until their copy to the host is done."""
+
+
+def offload_hooks(min_bytes: int = 1024, skip_parameters: bool = True, stash: int = 0):
+    """Saved-tensor hooks that keep activations in (pinned) host memory until backward needs them.
+
+    With the defaults, TRL's / torchtune's ``OffloadActivations`` rule (trl/models/activation_offloading.py:
+    tensors of at least ``min_offload_size`` = 1024 bytes that are not parameters); with ``min_bytes=0,
+    skip_parameters=False``, ``torch.autograd.graph.save_on_cpu`` (every saved tensor). Pack copies the
+    tensor into a host tensor; unpack copies it back to the device, where it lives until backward uses it.
+    On the CPU (the simulation, CPU runs) the copy back is a clone standing for the host-to-device copy.
+    ``stash``: the last ``stash`` device tensors stay alive until backward begins (TRL's forward stash, whose
+    copies run on a side stream and must finish before the memory is reused).
+    """
+    import collections
+
+    import torch
+
+    pending = collections.deque(maxlen=stash or None) if stash else None
+
+    def pack(t):
+        for seen in _SAVED:
+            seen(t)
+        if (skip_parameters and isinstance(t, torch.nn.Parameter)) or t.numel() * t.element_size() < min_bytes:
+            return t
+        with _HOST[-1]():
+            packed = torch.empty(t.size(), dtype=t.dtype, layout=t.layout,
+                                 pin_memory=torch.cuda.is_available() and t.device.type == "cuda")
+            packed.copy_(t)
+        if pending is not None:
+            pending.append(t)
+        return (t.device, packed)
+
+    def unpack(x):
+        if pending:
+            pending.clear()  # backward began: every forward copy has finished
+        if isinstance(x, torch.Tensor):
+            return x
+        device, packed = x
+        if device.type == "cpu":
+            return packed.clone()
+        return packed.to(device, non_blocking=packed.is_pinned())
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+
+def offload_decoder_activations(model) -> None:
+    """Activation offloading without checkpointing (TRL ``activation_offloading``, torchtune
+    ``enable_activation_offloading``: their OffloadActivations hooks, ``offload_hooks`` here): every
+    activation the decoder layers save goes to host memory, the last FWD_STASH kept on the device until
+    backward begins. The scope is the decoder stack: the output head and the loss keep theirs on the device
+    (TRL's no-op manager spares the head; its loss's log-softmax, which TRL would offload too, is counted on
+    the device here: the prediction errs high by at most that tensor), and the chunked loss, which calls the
+    decoder directly, is covered the same way."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    state: list = []
+
+    def enter(_module, _args):
+        ctx = offload_hooks(stash=FWD_STASH)
+        ctx.__enter__()
+        state.append(ctx)
+
+    def leave(_module, _args, _out):
+        state.pop().__exit__(None, None, None)
+
+    decoder.register_forward_pre_hook(enter)
+    decoder.register_forward_hook(leave, always_call=True)
+
+
 # --------------------------------------------------------------------------- optimizer
 
 
-def build_optimizer(model, plan: Plan, target: str, fake: bool = False):
-    """The optimizer ``transformers.Trainer`` builds for ``plan.optimizer`` (TrainingArguments.optim)."""
+def build_optimizer(model, plan: Plan, target: str, fake: bool = False, *, proj_gap: int | None = None):
+    """The optimizer ``transformers.Trainer`` builds for ``plan.optimizer`` (TrainingArguments.optim).
+
+    Mirrors ``Trainer.create_optimizer``: the class and kwargs from ``get_optimizer_cls_and_kwargs``, the
+    weight-decay groups, or the ``params`` / ``model`` that GaLore, APOLLO and LOMO bring themselves.
+    ``proj_gap`` overrides GaLore / APOLLO ``update_proj_gap`` (the simulation traces a projection-update step).
+    ``plan.optimizer_in_backward`` wraps one optimizer per parameter stepped from its gradient hook.
+    """
     import tempfile
 
     import torch
@@ -339,7 +481,8 @@ def build_optimizer(model, plan: Plan, target: str, fake: bool = False):
     if not params:
         return None
     with tempfile.TemporaryDirectory() as tmp:
-        args = TrainingArguments(output_dir=tmp, optim=plan.optimizer, report_to=[], use_cpu=True)
+        args = TrainingArguments(output_dir=tmp, optim=plan.optimizer, report_to=[], use_cpu=True,
+                                 **low_rank_args(plan, proj_gap))
         cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
     kwargs = dict(kwargs)
     # Trainer.create_optimizer: weight decay (0.0 by default) on all but biases and norms, two groups
@@ -350,13 +493,119 @@ def build_optimizer(model, plan: Plan, target: str, fake: bool = False):
         {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},
     ]
     groups = [g for g in groups if g["params"]]
+    # GaLore / APOLLO bring their own groups (projected and not), LOMO the model (Trainer.create_optimizer)
+    if "params" in kwargs:
+        groups = kwargs.pop("params")
+    if "model" in kwargs:
+        groups = kwargs.pop("model")
+    if "optimizer_dict" in kwargs:
+        groups = kwargs.pop("optimizer_dict")
     if cls is torch.optim.AdamW and "fused" not in kwargs and "foreach" not in kwargs:
         # torch's default (foreach=None): foreach on CUDA tensors, the per-tensor loop on the CPU
         # (torch/optim/optimizer.py _default_to_fused_or_foreach); reproduce the target's choice
         kwargs["foreach"] = target.startswith("cuda")
+    if isinstance(groups, dict):
+        # layer-wise GaLore: one optimizer per parameter, stepped by the hooks transformers registered
+        for opt in groups.values():
+            _run_eagerly_on_cpu(opt, plan, fake)
+    if plan.optimizer_in_backward:
+        return optimizer_in_backward(model, cls, kwargs, plan, fake)
     if "bitsandbytes" in getattr(cls, "__module__", ""):
         return _bnb_optimizer(cls, groups, kwargs, model, fake)
-    return cls(groups, **kwargs)
+    if getattr(cls, "__module__", "").startswith("lomo_optim") and not torch.cuda.is_available():
+        from advisor.runtime.simulate.standins import cuda_is_the_cpu
+
+        with cuda_is_the_cpu():  # AdaLomo makes its factored states with .cuda() (lomo_optim/adalomo.py)
+            return cls(groups, **kwargs)
+    return _run_eagerly_on_cpu(cls(groups, **kwargs), plan, fake)
+
+
+GALORE_TARGETS = ["self_attn", "mlp"]
+"""TrainingArguments.optim_target_modules for GaLore / APOLLO: every decoder-layer linear (substring match,
+transformers trainer_utils.check_target_module_exists), as in the transformers GaLore docs' ["attn", "mlp"]."""
+
+
+def low_rank_args(plan: Plan, proj_gap: int | None = None) -> dict:
+    """The TrainingArguments fields GaLore and APOLLO read: target modules and optim_args (rank, gap)."""
+    from advisor.core.plan import LOW_RANK_OPTIMIZERS
+
+    if plan.optimizer not in LOW_RANK_OPTIMIZERS:
+        return {}
+    gap = proj_gap or plan.optim_proj_gap
+    return {"optim_target_modules": list(GALORE_TARGETS),
+            "optim_args": f"rank={plan.optim_rank},update_proj_gap={gap}"}
+
+
+def updates_in_backward(plan: Plan) -> bool:
+    """Whether each parameter is updated inside backward (no full gradient buffer, no optimizer.step)."""
+    from advisor.core.plan import FUSED_BACKWARD_OPTIMIZERS
+
+    return plan.optimizer in FUSED_BACKWARD_OPTIMIZERS or plan.optimizer_in_backward
+
+
+class InBackwardOptimizers:
+    """torchtune's optimizer-in-backward: one optimizer per parameter, stepped from the parameter's
+    post-accumulate-grad hook, which then frees the gradient (torchtune/training/memory.py
+    ``register_optim_in_bwd_hooks`` / ``OptimizerInBackwardWrapper``)."""
+
+    def __init__(self, model, make):
+        self.optimizers = {}
+        for p in model.parameters():
+            if p.requires_grad:
+                self.optimizers[p] = make([{"params": [p]}])
+                p.register_post_accumulate_grad_hook(self._hook)
+
+    def _hook(self, p) -> None:
+        opt = self.optimizers[p]
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    @property
+    def param_groups(self) -> list:
+        return [g for opt in self.optimizers.values() for g in opt.param_groups]
+
+    @property
+    def state(self) -> dict:
+        return {p: s for opt in self.optimizers.values() for p, s in opt.state.items()}
+
+    def step(self) -> None:  # the work was done in backward
+        pass
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+
+def optimizer_in_backward(model, cls, kwargs, plan: Plan, fake: bool) -> InBackwardOptimizers:
+    if "bitsandbytes" in getattr(cls, "__module__", ""):
+        return InBackwardOptimizers(model, lambda groups: _bnb_optimizer(cls, groups, kwargs, model, fake))
+    return InBackwardOptimizers(model, lambda groups: _run_eagerly_on_cpu(cls(groups, **kwargs), plan, fake))
+
+
+def _run_eagerly_on_cpu(opt, plan: Plan, fake: bool):
+    """torchao's low-bit AdamW compiles its per-parameter update (``torch.compile(single_param_adam,
+    fullgraph=True)``), which cannot run under a dispatch mode or without a GPU compiler; run the same
+    function eagerly there (its memory is an upper bound of the compiled kernel's: every fp32 temporary of
+    one parameter is materialized). GaLore's 8-bit step calls ``torch.cuda.synchronize``: a no-op without CUDA."""
+    import torch
+
+    module = type(opt).__module__
+    if module.startswith("torchao.optim") and (fake or not torch.cuda.is_available()):
+        from advisor.runtime.simulate.standins import eager_torchao_step
+
+        eager_torchao_step(opt)
+    if module == "galore_torch.adamw8bit":
+        # a bitsandbytes optimizer: forget the process-wide overrides an earlier model registered (the Trainer
+        # registers none for GaLore: "bitsandbytes" is not in its class name)
+        import bitsandbytes
+
+        bitsandbytes.optim.GlobalOptimManager.get_instance().initialize()
+    if module.startswith("galore_torch") and not torch.cuda.is_available():
+        from advisor.runtime.simulate.standins import fake_update_norm, no_cuda_synchronize
+
+        no_cuda_synchronize(opt)
+        if fake:
+            fake_update_norm()
+    return opt
 
 
 def _bnb_optimizer(cls, groups, kwargs, model, fake: bool):

@@ -35,6 +35,7 @@ def ladder(space: SearchSpace, fits_with_micro_batch: Callable[[dict[str, Any]],
         "loss": _pick(s["loss"], ["plain"]),
         "dora": False,
         "packing": _pick(s["packing"], [False]),
+        "expandable_segments": _pick(s.get("expandable_segments", [False]), [True]),  # less reserved, same speed
         "offload": _pick(s["offload"], ["none"]),
     }
     rungs: list[tuple[str, dict]] = []
@@ -80,4 +81,11 @@ def ladder(space: SearchSpace, fits_with_micro_batch: Callable[[dict[str, Any]],
     return rungs
 
 
-__all__ = ["ladder"]
+def is_reference(plan: dict[str, Any]) -> bool:
+    """Rung 0's kind of plan, told by the plan itself (never by a rung's label): a full fine-tune without
+    gradient checkpointing or offload, which shows what the techniques are for."""
+    return (plan.get("method") == "full" and not plan.get("gradient_checkpointing")
+            and plan.get("offload", "none") == "none")
+
+
+__all__ = ["is_reference", "ladder"]

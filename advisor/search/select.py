@@ -6,9 +6,13 @@ so the CLI, the TUI and the report render the same selection.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterable, TypeVar
 
+from advisor.core.fit import fits
 from advisor.core.units import format_bytes
+from advisor.search.ladder import is_reference
+
+T = TypeVar("T")
 
 TIE = 0.02  # throughputs within 2% are a tie, broken by more headroom
 
@@ -51,11 +55,6 @@ def run_peak(t: TrialRecord) -> int | None:
     return t.run_peak_bytes or t.peak_bytes
 
 
-def fits(peak_bytes: float, budget_bytes: int, headroom: float) -> bool:
-    """Feasible: the peak plus a headroom (a fraction of the budget) fits the budget."""
-    return peak_bytes <= budget_bytes * (1 - headroom)
-
-
 @dataclass(frozen=True)
 class Selection:
     best: TrialRecord | None
@@ -74,13 +73,23 @@ def _key(t: TrialRecord) -> tuple:
     return (t.tokens_per_s or 0.0, -(t.peak_bytes or 0))
 
 
+def non_dominated(items: Iterable[T], objectives: Callable[[T], tuple]) -> list[T]:
+    """The items no other item beats: at least as good on every objective and better on one.
+
+    ``objectives`` gives a tuple where larger is better on each axis (negate what is minimised). Shared by
+    the training selection and the serving one (advisor.search.serve_select)."""
+    items = list(items)
+    keys = [tuple(objectives(t)) for t in items]
+
+    def dominates(a: tuple, b: tuple) -> bool:
+        return all(x >= y for x, y in zip(a, b)) and a != b
+
+    return [t for t, k in zip(items, keys) if not any(dominates(o, k) for o in keys)]
+
+
 def pareto_front(records: list[TrialRecord]) -> list[TrialRecord]:
     """Trials no other trial beats on throughput, accuracy loss and memory at once."""
-    def dominates(a: TrialRecord, b: TrialRecord) -> bool:
-        ge = (a.tokens_per_s >= b.tokens_per_s and a.accuracy_loss <= b.accuracy_loss and a.peak_bytes <= b.peak_bytes)
-        gt = (a.tokens_per_s > b.tokens_per_s or a.accuracy_loss < b.accuracy_loss or a.peak_bytes < b.peak_bytes)
-        return ge and gt
-    front = [t for t in records if not any(dominates(o, t) for o in records if o is not t)]
+    front = non_dominated(records, lambda t: (t.tokens_per_s, -t.accuracy_loss, -t.peak_bytes))
     seen, unique = set(), []
     for t in sorted(front, key=lambda t: -(t.tokens_per_s or 0)):
         k = (t.plan_short, round(t.tokens_per_s or 0, 3))
@@ -146,7 +155,7 @@ def explain(best, runner_up, records, feasible, budget_bytes, headroom, toleranc
                      f"loss {f.accuracy_loss:.3f} > {tolerance}).")
     over = [t for t in records if t.state == "pruned" and t.plan.get("method") == "full" and t.peak_bytes]
     if over:
-        reference = [t for t in over if t.ladder.startswith("0")]
+        reference = [t for t in over if is_reference(t.plan)]
         t = reference[0] if reference else min(over, key=lambda t: t.peak_bytes)
         lines.append(f"Full fine-tuning rejected: #{t.number} {t.plan_short}: {t.reason}.")
     if pruned:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from advisor.search.select import non_dominated
 from advisor.search.serve_grid import Candidate
 
 
@@ -17,13 +18,6 @@ class ServeSelection:
     """How many candidates were dropped, by reason."""
 
 
-def _dominated(a: Candidate, b: Candidate) -> bool:
-    """b is at least as good as a everywhere and better somewhere."""
-    ka = (a.served_tokens, a.throughput.tokens_per_s, a.quality)
-    kb = (b.served_tokens, b.throughput.tokens_per_s, b.quality)
-    return all(y >= x for x, y in zip(ka, kb)) and kb != ka
-
-
 def select(cands: list[Candidate], quality_floor: float, tie_tolerance: float) -> ServeSelection:
     fitting = [c for c in cands if c.fits]
     good = [c for c in fitting if c.quality >= quality_floor]
@@ -35,7 +29,7 @@ def select(cands: list[Candidate], quality_floor: float, tie_tolerance: float) -
     top = max(c.served_tokens for c in good)
     near = [c for c in good if c.served_tokens >= (1 - tie_tolerance) * top]
     best = max(near, key=lambda c: (c.throughput.tokens_per_s, c.quality, -c.report.peak_bytes))
-    pareto = [c for c in good if not any(_dominated(c, o) for o in good)]
+    pareto = non_dominated(good, lambda c: (c.served_tokens, c.throughput.tokens_per_s, c.quality))
     pareto.sort(key=lambda c: (-c.served_tokens, -c.throughput.tokens_per_s))
     text = (f"{best.plan.short()}: {best.served_tokens:,} tokens in flight (within {tie_tolerance:.0%} of the most, "
             f"{top:,}), {best.throughput.tokens_per_s:,.0f} tokens/s predicted, quality prior {best.quality:.3f} "

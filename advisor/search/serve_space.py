@@ -8,8 +8,10 @@ from typing import Any
 
 from advisor.core.errors import AdvisorInputError, ConfigErrors
 from advisor.memory.inference import KV_DTYPES, QUANT_METHODS, WEIGHT_FORMATS
+from advisor.search.space import SPACES_DIR, parse_override, read_space_file
 
-SPACES_DIR = Path(__file__).resolve().parents[1] / "data" / "spaces"
+__all__ = ["SPACES_DIR", "ServeSpace", "load_serve_space"]
+
 
 # key -> allowed values (None: positive whole numbers)
 SEARCH_KEYS: dict[str, tuple | None] = {
@@ -37,34 +39,21 @@ class ServeSpace:
         return {"name": self.name, "fixed": self.fixed, "search": self.search, "source": self.source}
 
 
-def _parse_value(text: str):
-    import yaml
-
-    return yaml.safe_load(text)
-
-
 def load_serve_space(ref: str = "inference", overrides: list[str] | tuple[str, ...] = ()) -> ServeSpace:
-    """Load a space by name (advisor/data/spaces/<name>.yaml) or path; ``key=value`` overrides; all errors at once."""
-    import yaml
+    """Load a space by name (advisor/data/spaces/<name>.yaml) or path; ``key=value`` overrides; all errors at once.
 
-    path = Path(ref) if ref.endswith((".yaml", ".yml")) else SPACES_DIR / f"{ref}.yaml"
-    if not path.is_file():
-        raise AdvisorInputError("--space", f"no serving space {path}", ref)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as e:
-        raise AdvisorInputError("--space", f"{path} is not valid YAML ({e})", ref, show_value=False) from None
-    if data.get("task") != "inference":
-        raise AdvisorInputError("--space", "a serving space must say `task: inference` (--task inference)", ref)
+    The file is read, and overrides parsed, by the training loader's functions (advisor.search.space)."""
+    data, source = read_space_file(ref, "inference")
+    path = Path(source)
     fixed = dict(data.get("fixed") or {})
     search = {k: list(v) if isinstance(v, list) else [v] for k, v in (data.get("search") or {}).items()}
     errors: list[AdvisorInputError] = []
     for text in overrides:
-        if "=" not in text:
-            errors.append(AdvisorInputError("key=value", "an override needs an '='", text))
+        try:
+            key, value = parse_override(text)
+        except AdvisorInputError as e:
+            errors.append(e)
             continue
-        key, raw = text.split("=", 1)
-        value = _parse_value(raw)
         if key in FIXED_KEYS:
             fixed[key] = value
         elif key in SEARCH_KEYS:

@@ -21,7 +21,7 @@ import yaml
 
 from advisor.core.errors import AdvisorInputError, ConfigErrors
 from advisor.core.plan import (ATTENTION, LOSSES, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS, QUANTIZATIONS, Plan,
-                               flag_of, lora_target_modules)
+                               checkpoint_depth_problems, flag_of, lora_target_modules)
 
 SPACES_DIR = Path(__file__).resolve().parents[1] / "data" / "spaces"
 """The shipped search spaces (package data: they travel in the wheel)."""
@@ -30,12 +30,19 @@ SPACES_DIR = Path(__file__).resolve().parents[1] / "data" / "spaces"
 # a knob comes after every knob its plan rules involve.
 SEARCH_KEYS: dict[str, tuple | None] = {
     "method": METHODS, "quantization": QUANTIZATIONS, "double_quant": (True, False), "lora_r": None,
-    "lora_targets": None, "dora": (True, False), "gradient_checkpointing": (True, False), "optimizer": OPTIMIZERS,
-    "micro_batch": None, "precision": PRECISIONS, "attn_impl": ATTENTION, "offload": OFFLOADS, "loss": LOSSES,
-    "packing": (True, False),
+    "lora_targets": None, "dora": (True, False), "gradient_checkpointing": (True, False),
+    "checkpoint_layers": None, "activation_offload": (True, False),
+    "optimizer": OPTIMIZERS, "micro_batch": None,
+    "precision": PRECISIONS, "attn_impl": ATTENTION, "offload": OFFLOADS, "loss": LOSSES, "packing": (True, False),
+    "optimizer_in_backward": (True, False),
+    "expandable_segments": (True, False),
 }
+# knobs a space file may leave out (spaces written before the knob existed): the choice it then has
+# (every layer checkpointed when checkpointing, activations on the device, the optimizer step after backward)
+OPTIONAL_KNOBS: dict[str, list] = {"expandable_segments": [False], "checkpoint_layers": [None],
+                                   "activation_offload": [False], "optimizer_in_backward": [False]}
 LEVER_KNOBS: dict[str, list] = {"dora": [False], "loss": ["plain"], "packing": [False]}
-"""Knobs a space file may leave out (spaces written before them): the Plan's default."""
+"""The loss / DoRA / packing knobs a space file may leave out: the Plan's default."""
 LEGACY_KNOBS = {"chunked_ce": ("loss", lambda v: "chunked" if v else "plain")}
 """Knobs of older space files → (the knob now, the value now)."""
 FIXED_KEYS = {"seq_len": "int", "global_batch": "int", "lora_dropout": "dropout", "lora_alpha_ratio": "positive"}
@@ -56,6 +63,7 @@ WHEN: dict[str, tuple[Callable[[dict[str, Any]], bool], Any]] = {
     "lora_r": (lambda p: p.get("method") != "full", None),  # adapters only
     "lora_targets": (lambda p: p.get("method") != "full", None),
     "dora": (lambda p: p.get("method") != "full", False),  # decomposes adapters: none in a full fine-tune
+    "checkpoint_layers": (lambda p: bool(p.get("gradient_checkpointing")), None),  # k of L only with checkpointing
 }
 
 
@@ -101,13 +109,16 @@ def list_spaces(task: str = "train") -> list[str]:
     return sorted(names)
 
 
-def _read_space_file(ref: str) -> tuple[dict, str]:
+def read_space_file(ref: str, task: str = "train") -> tuple[dict, str]:
+    """(the YAML mapping, its path) of a space for ``task``, by built-in name or file path.
+
+    Shared by the training loader (``load_space``) and the serving one (advisor.search.serve_space)."""
     path = Path(ref)
     if not (path.suffix in (".yaml", ".yml") and path.is_file()):
         path = SPACES_DIR / f"{ref}.yaml"
         if not path.is_file():
-            raise AdvisorInputError("--space", f"no such space (built in: {', '.join(list_spaces())}) and no such file",
-                                    ref)
+            raise AdvisorInputError("--space", f"no such space (built in: {', '.join(list_spaces(task))}) and no "
+                                    "such file", ref)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
@@ -117,8 +128,9 @@ def _read_space_file(ref: str) -> tuple[dict, str]:
     if not isinstance(data, dict):
         raise AdvisorInputError("--space", f"{path} must hold a mapping with 'fixed' and 'search'", ref,
                                 show_value=False)
-    if data.get("task", "train") != "train":
-        raise AdvisorInputError("--space", f"{path} is a space for --task {data['task']}", ref, show_value=False)
+    if data.get("task", "train") != task:
+        raise AdvisorInputError("--space", f"{path} is a space for --task {data.get('task', 'train')}, not "
+                                f"--task {task}", ref, show_value=False)
     return data, str(path)
 
 
@@ -135,9 +147,11 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def load_space(ref: str = "default", overrides: list[str] | tuple[str, ...] = ()) -> SearchSpace:
     """Load, apply ``key=value`` overrides, validate (all errors at once)."""
-    data, source = _read_space_file(ref)
+    data, source = read_space_file(ref, "train")
     fixed = dict(data.get("fixed") or {})
     search = _lever_defaults(dict(data.get("search") or {}))
+    for key, default in OPTIONAL_KNOBS.items():
+        search.setdefault(key, list(default))
     errors: list[AdvisorInputError] = []
     for text in overrides:
         try:
@@ -219,6 +233,10 @@ def _check(data: dict, fixed: dict, search: dict) -> list[AdvisorInputError]:
                 errs.append(AdvisorInputError(f"search.{key}", f"must be among {', '.join(map(str, allowed))}", v))
             elif key in ("lora_r", "micro_batch") and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 errs.append(AdvisorInputError(f"search.{key}", "choices must be whole numbers of at least 1", v))
+            elif key == "checkpoint_layers" and v is not None and (not isinstance(v, int) or isinstance(v, bool)
+                                                                   or v < 1):
+                errs.append(AdvisorInputError(f"search.{key}", "choices are null (every layer) or whole numbers "
+                                                               "of at least 1", v))
             elif key == "lora_targets" and not (isinstance(v, str) and v):
                 errs.append(AdvisorInputError(f"search.{key}", "choices are set names (attention, mlp, all-linear) "
                                                                "or comma-separated module names", v))
@@ -286,7 +304,7 @@ def model_rules(model) -> Check:
     linears = list(model.linear_shapes())
 
     def check(plan: Plan) -> list[AdvisorInputError]:
-        errs = plan.problems()
+        errs = plan.problems() + checkpoint_depth_problems(plan, model.num_layers)
         if not errs and plan.peft:
             try:
                 lora_target_modules(plan, linears)
@@ -326,9 +344,10 @@ def param_name(knob: str, offered: list, choices: list) -> str:
 class Conditions:
     """The plan rules applied to a space's knobs, for one model (memoized: make one per study).
 
-    A value is offered for a knob when the point so far, with it, breaks no rule reported under a
-    knob already chosen (the knobs not chosen yet keep the Plan's defaults), and every later knob
-    still has a value that breaks none (a one-step lookahead, so no walk runs into a dead end).
+    A value is offered for a knob when some valid plan (every rule checked) extends the point so far
+    with it, so a walk never runs into a dead end. The search for that plan is pruned by the partial
+    check: the point so far breaks no rule reported under a knob already chosen (the knobs not chosen
+    yet keep the Plan's defaults), and every later knob still has a value that breaks none.
     """
 
     def __init__(self, space: SearchSpace, arch: dict[str, Any] | None = None, check: Check | None = None):
@@ -338,6 +357,7 @@ class Conditions:
         self.order = [k for k in SEARCH_KEYS if k in space.search]
         self._breaks: dict[frozenset, bool] = {}
         self._offered: dict[tuple, list] = {}
+        self._complete: dict[tuple, bool] = {}
 
     @staticmethod
     def _knob_of(where: str) -> str:
@@ -358,15 +378,40 @@ class Conditions:
         values = list(self.space.search[knob]) + ([WHEN[knob][1]] if knob in WHEN else [])
         return any(not self.breaks({**params, knob: v}) for v in values)
 
-    def offered(self, knob: str, params: dict[str, Any]) -> list:
-        """The values of ``knob`` the rules allow after ``params`` (the knobs before it), in the space's order."""
-        key = (knob, frozenset(params.items()))
+    def _leads_on(self, i: int, params: dict[str, Any], v: Any) -> bool:
+        """Does value ``v`` of knob ``order[i]`` after ``params`` lead to at least one valid plan?"""
+        point = {**params, self.order[i]: v}
+        return (not self.breaks(point)
+                and all(self._settles(j, point) for j in self.order[i + 1:])  # cheap pruning first
+                and self._completes(i + 1, point))
+
+    def _allowed(self, i: int, params: dict[str, Any]) -> list:
+        """The values of knob ``order[i]`` after ``params`` that lead to at least one valid plan."""
+        key = (i, frozenset(params.items()))
         if key not in self._offered:
-            later = self.order[self.order.index(knob) + 1:]
-            self._offered[key] = [v for v in self.space.search[knob]
-                                  if not self.breaks({**params, knob: v})
-                                  and all(self._settles(j, {**params, knob: v}) for j in later)]
+            self._offered[key] = [v for v in self.space.search[self.order[i]] if self._leads_on(i, params, v)]
         return self._offered[key]
+
+    def _completes(self, i: int, params: dict[str, Any]) -> bool:
+        """Is there a valid plan that extends ``params`` (knobs ``order[:i]`` chosen)? Depth first, stopping
+        at the first one found (usually on the first path), memoized."""
+        key = (i, frozenset(params.items()))
+        hit = self._complete.get(key)
+        if hit is None:
+            if i == len(self.order):
+                hit = not self.check(plan_from_params(params, self.space, self.arch))
+            elif not applies(self.order[i], params):
+                hit = self._completes(i + 1, {**params, self.order[i]: WHEN[self.order[i]][1]})
+            elif key in self._offered:
+                hit = bool(self._offered[key])
+            else:
+                hit = any(self._leads_on(i, params, v) for v in self.space.search[self.order[i]])
+            self._complete[key] = hit
+        return hit
+
+    def offered(self, knob: str, params: dict[str, Any]) -> list:
+        """The values of ``knob`` after ``params`` (the knobs before it) that lead to a valid plan, in the space's order."""
+        return self._allowed(self.order.index(knob), params)
 
     def walk(self, ask: Ask) -> dict[str, Any]:
         """One point, each knob in turn: not asked where it does not apply or where one value is left."""
@@ -404,12 +449,15 @@ class Conditions:
         """A point under the Optuna parameter names a walk asks, for ``enqueue_trial`` (None: no walk reaches it)."""
         named: dict[str, Any] = {}
         params = _lever_point(params)  # a point written before the lever knobs
+        params = {**{k: v[0] for k, v in OPTIONAL_KNOBS.items()}, **params}  # a ladder point predates them
 
         def ask(name: str, knob: str, offered: list) -> Any:
-            if params.get(knob) not in offered:
+            # a point written before an optional knob existed takes the knob's default choice
+            value = params[knob] if knob in params else OPTIONAL_KNOBS.get(knob, [None])[0]
+            if value not in offered:
                 raise DeadEnd(knob, params)
-            named[name] = params[knob]
-            return params[knob]
+            named[name] = value
+            return value
 
         try:
             got = self.walk(ask)

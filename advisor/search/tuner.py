@@ -14,18 +14,21 @@ import socket
 import threading
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from advisor.search.accuracy import accuracy_prior
-from advisor.memory.phases import run_peak_bytes
-from advisor.memory.training import estimate_training
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.errors import AdvisorInputError
+from advisor.core.fit import fits, overshoot, usable_bytes
+from advisor.core.plan import Plan, checkpoint_depth_problems, lora_target_modules
+from advisor.core.target import Target
+from advisor.memory.phases import run_peak_bytes
+from advisor.runtime.backends import BackendFailed, BackendOptions, get_backend
+from advisor.search.accuracy import accuracy_prior
+from advisor.search.description import ATTR, StudyDescription
 from advisor.search.ladder import ladder
-from advisor.core.plan import Plan, lora_target_modules
-from advisor.search.select import TIE, Selection, TrialRecord, fits, select
+from advisor.search.select import TIE, Selection, TrialRecord, select
 from advisor.search.space import Conditions, DeadEnd, SearchSpace, model_rules, plan_from_params
 from advisor.search.storage import Heartbeat, is_sqlite, make_storage, study_lock
 from advisor.speed.throughput import predict_throughput
@@ -54,7 +57,8 @@ class TuneSettings:
     headroom: float = 0.05
     tolerance: float = 0.05
     seed: int = 0
-    probe_options: dict[str, Any] = field(default_factory=dict)
+    probe_options: BackendOptions = field(default_factory=BackendOptions)
+    """Options of the cpu / cuda probe (steps...); the budget is added for a cuda probe."""
     heartbeat_seconds: int = 10
     """Heartbeat of running trials in a shared (non-SQLite) storage; stale after 3 missed beats."""
     gpus: int = 1
@@ -65,13 +69,29 @@ class TuneSettings:
     """The user's documents (advisor.core.data_profile.DataProfile, --data): memory at the longest batch
     unless packed, tokens/s in real tokens."""
 
+    @property
+    def target(self) -> Target:
+        return Target(model=self.model, gpu=self.gpu, budget=self.budget, gpu_assumed=self.gpu_assumed)
+
+    def description(self) -> StudyDescription:
+        """What the study is for, typed (stored as JSON in the study's "advisor" attribute)."""
+        return StudyDescription(model=self.model, gpu=self.gpu, budget=self.budget, space=self.space,
+                                backend=self.backend, gpu_assumed=self.gpu_assumed, headroom=self.headroom,
+                                tolerance=self.tolerance, seed=self.seed, trials=self.trials, task="train",
+                                gpus=self.gpus, sharding=self.sharding, versions=library_versions(),
+                                environment=gpu_environment())
+
     def describe(self) -> dict[str, Any]:
-        return {"model": self.model.to_dict(), "gpu": self.gpu.to_dict(), "gpu_assumed": self.gpu_assumed,
-                "budget": {"bytes": self.budget.bytes, "text": self.budget.text, "unit": self.budget.unit},
-                "space": self.space.to_dict(), "backend": self.backend, "headroom": self.headroom,
-                "tolerance": self.tolerance, "seed": self.seed, "trials": self.trials, "gpus": self.gpus,
-                "sharding": self.sharding, "versions": library_versions(), "environment": gpu_environment(),
-                **({"data": self.data.to_dict()} if self.data is not None else {})}
+        return self.description().to_dict()
+
+    @classmethod
+    def from_description(cls, d: StudyDescription, *, storage: str, study_name: str, backend: str | None = None,
+                         heartbeat_seconds: int = 10) -> "TuneSettings":
+        """The settings of a stored study (a worker joining it may run another backend)."""
+        return cls(model=d.model, space=d.space, budget=d.budget, gpu=d.gpu, gpu_assumed=d.gpu_assumed,
+                   backend=backend or d.backend, storage=storage, study_name=study_name, trials=d.trials,
+                   headroom=d.headroom, tolerance=d.tolerance, seed=d.seed, heartbeat_seconds=heartbeat_seconds,
+                   gpus=d.gpus, sharding=d.sharding)
 
 
 def default_study_name(model: ModelSpec, budget: Budget, space: SearchSpace) -> str:
@@ -142,10 +162,10 @@ class Tuner:
         self.storage = make_storage(self.s.storage, self.s.heartbeat_seconds)
         study = optuna.create_study(study_name=self.s.study_name, storage=self.storage, sampler=sampler,
                                     directions=["maximize", "minimize"], load_if_exists=True)
-        stored = study.user_attrs.get("advisor")
+        stored = study.user_attrs.get(ATTR)
         mine = self.s.describe()
         if stored is None:
-            study.set_user_attr("advisor", mine)
+            study.set_user_attr(ATTR, mine)
         else:
             for key in ("space", "backend"):
                 if _comparable(stored[key]) != _comparable(mine[key]):
@@ -327,8 +347,8 @@ class Tuner:
         peak = rec.get("run_peak_bytes") or rec.get("peak_bytes")  # the run's peak decides
         invalid = rec.pop("invalid", False)
         # constraint for the sampler: > 0 when the peak (with headroom) exceeds the budget
-        limit = self.s.budget.bytes * (1 - self.s.headroom)
-        trial.set_constraint("memory", 1.0 if invalid or peak is None else (peak - limit) / limit)
+        trial.set_constraint("memory", 1.0 if invalid or peak is None
+                             else overshoot(peak, self.s.budget.bytes, self.s.headroom))
         trial.set_user_attr("record", rec)
         state = "pruned" if pruned else "complete"
         self.on_event(TrialFinished(TrialRecord(number=trial.number, state=state, **rec)))
@@ -362,7 +382,7 @@ class Tuner:
         if plan.problems():
             return False
         try:
-            rep = self._per_gpu(estimate_training(self.s.model, plan, self.s.gpu), plan)
+            rep = self._per_gpu(get_backend("estimate").measure(self.s.model, plan, self.s.gpu), plan)
         except AdvisorInputError:
             return False
         return fits(run_peak_bytes(rep), self.s.budget.bytes, self.s.headroom)
@@ -379,11 +399,13 @@ class Tuner:
             lora_target_modules(plan, list(s.model.linear_shapes()))
         except AdvisorInputError as e:
             return {**rec, "reason": f"invalid: {e.rule}", "invalid": True}
+        for e in checkpoint_depth_problems(plan, s.model.num_layers):
+            return {**rec, "reason": f"invalid: {e.rule}", "invalid": True}
 
         rec["stage"] = "estimate"
-        report = self._per_gpu(estimate_training(s.model, plan, s.gpu), plan)
+        report = self._per_gpu(get_backend("estimate").measure(s.model, plan, s.gpu), plan)
         rec.update(_memory_fields(report))
-        limit = s.budget.bytes * (1 - s.headroom)
+        limit = usable_bytes(s.budget.bytes, s.headroom)
         last_stage = s.backend == "estimate"
         if run_peak_bytes(report) > (limit if last_stage else s.budget.bytes * (1 + PRESCREEN_MARGIN)):
             return {**rec, "reason": f"estimated peak {fmt(run_peak_bytes(report))}{_during(report)} over the budget "
@@ -397,36 +419,30 @@ class Tuner:
                 # cannot become the answer: the estimate (within a few % of the simulation) decides,
                 # and the seconds of a simulation go to plans that could win
                 rec.update(prediction)
-                if run_peak_bytes(report) > limit:
+                if not fits(run_peak_bytes(report), s.budget.bytes, s.headroom):
                     return {**rec, "reason": f"estimated peak {fmt(run_peak_bytes(report))}{_during(report)} leaves less than "
                                              f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
                 rec["note"] = (f"not simulated: predicted {tps.tokens_per_s:,.0f} tokens/s cannot beat "
                                f"#{incumbent.number} ({incumbent.tokens_per_s:,.0f})")
                 return rec
         if s.backend in ("simulate", "cpu", "cuda"):
-            from advisor.runtime.backends import get_backend
-
             rec["stage"] = "simulate"
-            report = self._per_gpu(get_backend("simulate")(s.model, plan, s.gpu), plan)
+            report = self._per_gpu(get_backend("simulate").measure(s.model, plan, s.gpu), plan)
             rec.update(_memory_fields(report))
             if not fits(run_peak_bytes(report), s.budget.bytes, s.headroom):
                 return {**rec, "reason": f"simulated peak {fmt(run_peak_bytes(report))}{_during(report)} leaves less than "
                                          f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
         rec.update(prediction)
         if s.backend in ("cpu", "cuda"):
-            from advisor.runtime.backends import get_backend
-
-            from advisor.runtime.probe._backend import ProbeFailed
-
             rec["stage"] = "probe"
-            options = dict(s.probe_options)
-            if s.backend == "cuda":
+            options = s.probe_options
+            if s.backend == "cuda" and options.budget_bytes is None:
                 # the budget enforced for real: torch.cuda.set_per_process_memory_fraction in the child
-                options.setdefault("memory_limit_bytes", s.budget.bytes)
+                options = replace(options, budget_bytes=s.budget.bytes)
             try:
-                report = self._per_gpu(get_backend(s.backend)(s.model, plan, s.gpu, **options), plan)
-            except ProbeFailed as e:
-                return {**rec, "reason": f"probe {e.result.status}: {e.result.message}"[:300]}
+                report = self._per_gpu(get_backend(s.backend).measure(s.model, plan, s.gpu, options), plan)
+            except BackendFailed as e:
+                return {**rec, "reason": f"probe {e.status}: {e.message}"[:300]}
             rec.update(_memory_fields(report))
             if report.extra.get("tokens_per_s"):
                 rec.update(tokens_per_s=float(report.extra["tokens_per_s"]) * s.gpus, tokens_per_s_source="measured")
@@ -497,7 +513,7 @@ def smallest_plan_report(settings: TuneSettings):
         if plan.problems():
             continue
         try:
-            rep = _shard(settings, estimate_training(settings.model, plan, settings.gpu), plan)
+            rep = _shard(settings, get_backend("estimate").measure(settings.model, plan, settings.gpu), plan)
         except AdvisorInputError:
             continue
         if best is None or rep.peak_bytes < best[1].peak_bytes:
@@ -517,16 +533,14 @@ def _frugal_candidates(space: SearchSpace):
                            "micro_batch": min(s["micro_batch"]), "precision": s["precision"][0],
                            "attn_impl": s["attn_impl"][0], "offload": offload,
                            "loss": next((v for v in ("fused-linear", "chunked") if v in s["loss"]), s["loss"][0]),
-                           "dora": False, "packing": s["packing"][0]}
+                           "dora": False, "packing": s["packing"][0],
+                           "expandable_segments": True in s.get("expandable_segments", [False])}
 
 
 def settings_from_study(storage_url: str, study_name: str, backend: str | None = None,
                         heartbeat_seconds: int = 10) -> TuneSettings:
-    """The settings a study was created with (its "advisor" attribute), for a worker that joins it."""
+    """The settings a study was created with (its description), for a worker that joins it."""
     import optuna
-
-    from advisor.core.catalog import GpuSpec, resolve_model
-    from advisor.core.units import Budget
 
     storage = make_storage(storage_url, heartbeat_seconds)
     try:
@@ -534,17 +548,8 @@ def settings_from_study(storage_url: str, study_name: str, backend: str | None =
     except KeyError:
         raise AdvisorInputError("--study", "no such study in this storage (create it with advisor tune --storage ...)",
                                 study_name) from None
-    d = study.user_attrs.get("advisor")
+    d = study.user_attrs.get(ATTR)
     if not d:
         raise AdvisorInputError("--study", "this study was not made by advisor tune", study_name)
-    m = d["model"]
-    model = resolve_model(m["path"] or m["name"])
-    sp = d["space"]
-    space = SearchSpace(name=sp["name"], trials=sp["trials"], fixed=sp["fixed"], search=sp["search"],
-                        source=sp.get("source", ""), overrides=tuple(sp.get("overrides", ())))
-    b = d["budget"]
-    return TuneSettings(model=model, space=space, budget=Budget(b["bytes"], b["unit"], b["text"]),
-                        gpu=GpuSpec(**d["gpu"]), gpu_assumed=d["gpu_assumed"], backend=backend or d["backend"],
-                        storage=storage_url, study_name=study_name, trials=d["trials"], headroom=d["headroom"],
-                        tolerance=d["tolerance"], seed=d["seed"], heartbeat_seconds=heartbeat_seconds,
-                        gpus=d.get("gpus", 1), sharding=d.get("sharding", "zero3"))
+    return TuneSettings.from_description(StudyDescription.from_dict(d), storage=storage_url, study_name=study_name,
+                                         backend=backend, heartbeat_seconds=heartbeat_seconds)

@@ -58,13 +58,14 @@ def activation_offload(s: StepInputs) -> float:
     plan = s.plan
     if not getattr(plan, "activation_offload", False):
         return 0.0
-    L, p = s.model.num_layers, s.act_bytes
-    if plan.gradient_checkpointing:
-        offloaded = L * s.tokens * s.model.hidden_size * p
-        return 2 * offloaded / s.host_link
-    from advisor.memory.training import layer_activation_bytes
+    from advisor.memory.training import estimate_training
 
-    offloaded = L * layer_activation_bytes(s.model, plan, s.pb)
+    # what the ledger moves to the host: the checkpointed layers' inputs, or every saved activation of
+    # 1 KiB or more (the weight views matmul saves and the loss's log-softmax included)
+    offloaded = estimate_training(s.model, plan).host.get("activations", 0)
+    if plan.gradient_checkpointing:
+        return 2 * offloaded / s.host_link
+    L = s.model.num_layers
     window = L * (layer_forward_seconds(s) + layer_gemm_seconds(s, "dx") + layer_gemm_seconds(s, "dw"))
     return max(0.0, 2 * offloaded / s.host_link - window)
 

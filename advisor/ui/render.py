@@ -6,6 +6,7 @@ from typing import Any
 
 from rich.markup import escape
 
+from advisor.core.fit import HEADROOM, fit_verdict
 from advisor.memory.ledger import LABELS, MemoryReport
 from advisor.core.units import Budget, format_bytes
 
@@ -37,18 +38,26 @@ def ledger_table(report: MemoryReport, budget: Budget | None = None, title: str 
     return table
 
 
-def verdict_lines(report: MemoryReport, budget: Budget | None, headroom: float = 0.05) -> list[str]:
-    """Fits / does not fit, with the headroom left, in the unit the user typed."""
+def verdict_lines(report: MemoryReport, budget: Budget | None, headroom: float = HEADROOM) -> list[str]:
+    """Fits / tight / does not fit (advisor.core.fit.fit_verdict), with what is left, in the unit the user typed."""
     lines = [f"Tensor peak {_fmt(report.tensor_peak_bytes, budget)} + overhead "
              f"{_fmt(report.device.get('overhead', 0), budget)} = [bold]{_fmt(report.peak_bytes, budget)}[/] "
              f"({report.source}, peak during {report.peak_phase})"]
+    parts = report.extra.get("overhead_parts") or {}
+    if report.reserved_peak_bytes and "fragmentation" in parts:
+        frag_src = "replayed" if str(report.extra.get("fragmentation_source", "")).startswith("replayed") else "estimated"
+        ctx_src = report.extra.get("overhead_source", "estimated")
+        ctx_src = ctx_src if ctx_src.startswith("calibrated") else "estimated"
+        lines.append(f"[dim]reserved {_fmt(report.reserved_peak_bytes, budget)} (allocator fragmentation "
+                     f"{_fmt(parts['fragmentation'], budget)}, {frag_src}); CUDA context + cuBLAS workspace "
+                     f"{_fmt(parts['cuda_context'] + parts['cublas_workspace'], budget)} ({escape(ctx_src)})[/]")
     if budget is not None:
-        needed = report.peak_bytes * (1 + headroom)
+        verdict = fit_verdict(report.peak_bytes, budget.bytes, headroom)
         left = budget.bytes - report.peak_bytes
-        if needed <= budget.bytes:
+        if verdict == "fits":
             lines.append(f"[green]FITS[/] in {budget}: {budget.format(left)} left "
                          f"({100 * left / budget.bytes:.1f}% headroom)")
-        elif report.peak_bytes <= budget.bytes:
+        elif verdict == "tight":
             lines.append(f"[yellow]TIGHT[/] in {budget}: only {budget.format(left)} left, under the "
                          f"{headroom:.0%} headroom")
         else:
@@ -56,7 +65,8 @@ def verdict_lines(report: MemoryReport, budget: Budget | None, headroom: float =
     return lines
 
 
-def print_estimate(result: dict[str, Any], report: MemoryReport, budget: Budget | None) -> None:
+def print_estimate(result: dict[str, Any], report: MemoryReport, budget: Budget | None,
+                   headroom: float = HEADROOM) -> None:
     from rich.console import Console
 
     console = Console()
@@ -65,14 +75,14 @@ def print_estimate(result: dict[str, Any], report: MemoryReport, budget: Budget 
     if result.get("plan_short"):
         head += f" · {escape(result['plan_short'])}"
     if result.get("gpu"):
-        head += f" · {result['gpu']['name']}"
+        head += f" · {result['gpu']['name']}" + (" (assumed from the budget)" if result.get("gpu_assumed") else "")
     console.print(head)
     console.print(ledger_table(report, budget))
-    for line in verdict_lines(report, budget):
+    for line in verdict_lines(report, budget, headroom):
         console.print(line)
     if report.extra.get("phases"):
         console.print(phase_table(report.extra["phases"], report.extra["run_peak_phase"], budget))
-        for line in run_verdict_lines(report, budget):
+        for line in run_verdict_lines(report, budget, headroom):
             console.print(line)
     for note in report.notes:
         console.print(f"[dim]note: {note}[/]")
@@ -126,8 +136,8 @@ def phase_table(phases: dict[str, dict[str, Any]], run_peak_phase: str, budget: 
     return t
 
 
-def run_verdict_lines(report: MemoryReport, budget: Budget | None, headroom: float = 0.05) -> list[str]:
-    """The run's peak (the highest phase) against the budget."""
+def run_verdict_lines(report: MemoryReport, budget: Budget | None, headroom: float = HEADROOM) -> list[str]:
+    """The run's peak (the highest phase) against the budget (advisor.core.fit.fit_verdict)."""
     peak = int(report.extra["run_peak_bytes"])
     phase = report.extra["run_peak_phase"]
     lines = [f"Run peak [bold]{_fmt(peak, budget)}[/] during {phase} (* above; reserved "
@@ -135,9 +145,10 @@ def run_verdict_lines(report: MemoryReport, budget: Budget | None, headroom: flo
     lines += [f"[dim]note: {n}[/]" for n in report.extra.get("phase_notes", ())]
     if budget is not None:
         left = budget.bytes - peak
-        if peak * (1 + headroom) <= budget.bytes:
+        verdict = fit_verdict(peak, budget.bytes, headroom)
+        if verdict == "fits":
             lines.append(f"[green]THE RUN FITS[/] in {budget}: {budget.format(left)} left")
-        elif peak <= budget.bytes:
+        elif verdict == "tight":
             lines.append(f"[yellow]THE RUN IS TIGHT[/] in {budget}: only {budget.format(left)} left")
         else:
             lines.append(f"[red]THE RUN DOES NOT FIT[/] in {budget}: {budget.format(-left)} over, during {phase}")

@@ -10,7 +10,8 @@ Sections (each is passed with ``**section`` by the exported train.py, so the nam
 - ``training``: ``transformers.TrainingArguments`` fields.
 - ``deepspeed``: the DeepSpeed config (also written to deepspeed.json, which
   ``training.deepspeed`` names), or null.
-- ``advisor``: what the libraries have no field for (``max_seq_length``, ``loss``, ``packing``), the
+- ``advisor``: what the libraries have no field for (``max_seq_length``, ``loss``, ``packing``, ``env``: the
+  environment the run needs, PYTORCH_CUDA_ALLOC_CONF for the allocator settings), the
   Plan itself, and the prediction it was chosen on.
 
 Field names checked against transformers 5.x / peft 0.17+ by constructing the classes in
@@ -22,9 +23,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from advisor.configs.export._levers import advisor_fields, training_arguments_fields
 from advisor.configs.export._base import (ADAM, DEEPSPEED_FILE, LEARNING_RATE, LIGER_FUSED_LOSS_ONLY, LR_SCHEDULER,
                                           PRECISION_FLAGS,
-                                  TORCH_DTYPE, WARMUP_STEPS, ExportContext, comment_block, dump_yaml,
+                                  TORCH_DTYPE, WARMUP_STEPS, ExportContext, alloc_env, comment_block, dump_yaml, env_prefix,
                                   lora_alpha_value, plan_summary, write_text)
 
 FILENAME = "advisor.yaml"
@@ -109,8 +111,11 @@ def sections(ctx: ExportContext) -> dict[str, Any]:
         "loss": plan.loss,
         "chunked_ce": bool(plan.chunked_ce),  # read by train.py files written before the loss knob
         "packing": bool(plan.packing),
+        **advisor_fields(plan, ctx.spec),
         "plan": plan.to_dict(),
     }
+    if alloc_env(plan):
+        advisor["env"] = alloc_env(plan)   # train.py sets these before torch starts CUDA
     if ctx.gpu is not None:
         advisor["gpu"] = {"key": ctx.gpu.key, "name": ctx.gpu.name, "memory_bytes": ctx.gpu.memory_bytes,
                           "bf16": ctx.gpu.bf16}
@@ -120,7 +125,7 @@ def sections(ctx: ExportContext) -> dict[str, Any]:
         "model": model_section(ctx),
         "quantization": quantization_section(plan),
         "lora": lora_section(plan),
-        "training": training_section(plan),
+        "training": {**training_section(plan), **training_arguments_fields(plan, ctx.spec)},
         "deepspeed": deepspeed_config(plan) if plan.offload != "none" else None,
         "advisor": advisor,
     }
@@ -159,5 +164,11 @@ HEADER = [
 
 def write(ctx: ExportContext, out_dir: Path) -> Path:
     summary = "\n".join(plan_summary(ctx))
-    header = comment_block("\n".join(HEADER).replace("{summary}", summary).split("\n"))
+    lines = "\n".join(HEADER).replace("{summary}", summary).split("\n")
+    if alloc_env(ctx.plan):
+        env = env_prefix(ctx.plan).strip()
+        lines = [ln.replace("python train.py", f"{env} python train.py") for ln in lines]
+        lines.insert(lines.index("Check it: advisor preflight advisor.yaml --gpu-budget <GB>"),
+                     f"          (train.py sets {env} itself from advisor.env; a value in the shell wins)")
+    header = comment_block(lines)
     return write_text(out_dir / FILENAME, dump_yaml(sections(ctx), header))

@@ -23,8 +23,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from advisor.configs.export._levers import axolotl_fields
 from advisor.configs.export._base import (ADAM, DEEPSPEED_FILE, LEARNING_RATE, LR_SCHEDULER, TORCH_DTYPE, WARMUP_STEPS,
-                                  ExportContext, Unsupported, comment_block, dump_yaml, plan_summary,
+                                  ExportContext, Unsupported, alloc_env, comment_block, dump_yaml, env_prefix,
+                                  plan_summary,
                                   require_int_alpha, write_text)
 
 FILENAME = "axolotl.yaml"
@@ -87,6 +89,7 @@ def axolotl_config(ctx: ExportContext) -> dict[str, Any]:
         cfg["deepspeed"] = DEEPSPEED_FILE
     cfg["logging_steps"] = 10
     cfg["save_steps"] = 500
+    cfg.update(axolotl_fields(plan, ctx.spec))
     return cfg
 
 
@@ -113,7 +116,9 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
         "axolotl config written by vram-advisor.",
         *plan_summary(ctx),
         "",
-        "Run:  axolotl train axolotl.yaml",
+        f"Run:  {env_prefix(ctx.plan)}axolotl train axolotl.yaml",
+        *(["axolotl.yaml has no field for environment variables: PYTORCH_CUDA_ALLOC_CONF (the plan's",
+           "allocator setting) must be set in the shell that launches it, as above."] if alloc_env(ctx.plan) else []),
         "Replace `datasets` with yours (here: data.jsonl, one {\"text\": ...} per line). pad_to_sequence_len",
         "keeps every batch at sequence_len tokens, the length the memory plan was sized for.",
         *(["deepspeed.json (ZeRO CPU offload) must sit next to this file."] if ctx.plan.offload != "none" else []),

@@ -113,6 +113,20 @@ def write_json(path: Path, data: Any) -> Path:
     return write_text(path, json.dumps(data, indent=2) + "\n")
 
 
+def alloc_env(plan) -> dict[str, str]:
+    """Environment the run needs for the plan's allocator settings: PYTORCH_CUDA_ALLOC_CONF
+    (advisor.memory.allocator.AllocatorConfig.to_env; torch reads it when CUDA starts)."""
+    from advisor.memory.allocator import AllocatorConfig
+
+    conf = AllocatorConfig(expandable_segments=bool(getattr(plan, "expandable_segments", False))).to_env()
+    return {"PYTORCH_CUDA_ALLOC_CONF": conf} if conf else {}
+
+
+def env_prefix(plan) -> str:
+    """``PYTORCH_CUDA_ALLOC_CONF=... `` to put before a launch command ('' when none is needed)."""
+    return "".join(f"{k}={v} " for k, v in alloc_env(plan).items())
+
+
 def plan_summary(ctx: ExportContext) -> list[str]:
     """Header lines naming the model, the plan and the prediction."""
     lines = [f"model: {ctx.spec.name} ({ctx.spec.hf_id})", f"plan:  {ctx.plan.short()}"]

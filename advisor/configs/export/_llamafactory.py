@@ -31,9 +31,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from advisor.configs.export._levers import llamafactory_fields
 from advisor.configs.export._base import (DEEPSPEED_FILE, LEARNING_RATE, LR_SCHEDULER, WARMUP_STEPS, ExportContext,
-                                  Unsupported, comment_block, dump_yaml, plan_summary, require_int_alpha,
-                                  write_text)
+                                  Unsupported, alloc_env, comment_block, dump_yaml, env_prefix, plan_summary,
+                                  require_int_alpha, write_text)
 
 FILENAME = "llamafactory.yaml"
 FORMAT = "llamafactory"
@@ -109,6 +110,7 @@ def llamafactory_config(ctx: ExportContext) -> dict[str, Any]:
     })
     if plan.offload != "none":
         cfg["deepspeed"] = DEEPSPEED_FILE
+    cfg.update(llamafactory_fields(plan, ctx.spec))
     return cfg
 
 
@@ -118,11 +120,14 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
         "LLaMA-Factory config written by vram-advisor.",
         *plan_summary(ctx),
         "",
-        "Run:  llamafactory-cli train llamafactory.yaml"
+        f"Run:  {env_prefix(ctx.plan)}llamafactory-cli train llamafactory.yaml"
         + ("   (with FORCE_TORCHRUN=1 for DeepSpeed)" if ctx.plan.offload != "none" else ""),
         "Set `dataset` (a name in your data/dataset_info.json) and `template` (the model's chat",
         "template, e.g. qwen for Qwen2.5, llama3 for Llama 3). cutoff_len is the sequence length the",
         "memory plan was sized for; longer examples are cut to it.",
         *(["deepspeed.json (ZeRO CPU offload) must sit next to this file."] if ctx.plan.offload != "none" else []),
+        *(["LLaMA-Factory's YAML has no field for environment variables: PYTORCH_CUDA_ALLOC_CONF (the",
+           "plan's allocator setting) must be set in the shell that launches it, as above."]
+          if alloc_env(ctx.plan) else []),
     ])
     return write_text(out_dir / FILENAME, dump_yaml(cfg, header))

@@ -103,11 +103,16 @@ ROWS: list[tuple[str, Callable[[ExportContext], Any]]] = [
 
 
 def trl_config(ctx: ExportContext) -> dict[str, Any]:
+    from advisor.configs.export._levers import trl_fields
+
     out: dict[str, Any] = {}
     for key, value in ROWS:
         v = value(ctx)
         if v is not SKIP and not key.startswith("_"):
             out[key] = v
+    # the memory levers of advisor.configs.export._levers (optimizer arguments, checkpointing kwargs,
+    # activation_offloading), refused there where TRL cannot say them
+    out.update(trl_fields(ctx.plan, ctx.spec))
     return out
 
 

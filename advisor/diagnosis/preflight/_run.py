@@ -5,15 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from advisor.core.catalog import GpuSpec, ModelSpec, detect_gpu, resolve_gpu, resolve_model
+from advisor.core.catalog import GpuSpec, ModelSpec
+from advisor.core.fit import HEADROOM, fit_verdict, fits
+from advisor.core.target import Target, resolve_target
 from advisor.diagnosis.doctor import ledger_over
 from advisor.diagnosis.findings import Finding, verdict
 from advisor.memory.ledger import LABELS, MemoryReport
 from advisor.core.plan import Plan
 from advisor.diagnosis.preflight import _config, _env
 from advisor.diagnosis.preflight._data import DataStats, data_stats
-from advisor.search.select import fits
-from advisor.core.units import Budget, format_bytes, parse_budget
+from advisor.core.units import Budget, format_bytes
 
 
 @dataclass(frozen=True)
@@ -24,9 +25,11 @@ class PreflightInput:
     data: str | None = None
     probe: bool = False
     max_seq_len: int | None = None
-    headroom: float = 0.05
+    headroom: float = HEADROOM
     epochs: float | None = None
     trust_remote_code: bool = False
+    backend: str = "simulate"
+    """How the memory check knows the peak: simulate (a fake-tensor trace) or estimate (the closed-form ledger)."""
 
 
 @dataclass
@@ -41,6 +44,8 @@ class PreflightResult:
     data: DataStats | None = None
     hours: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    gpu_assumed: bool = False
+    """No GPU was named or detected: ``gpu`` is the catalog GPU the budget matches."""
 
     @property
     def exit_code(self) -> int:
@@ -51,7 +56,7 @@ class PreflightResult:
             "verdict": self.verdict, "exit_code": self.exit_code,
             "model": {"name": self.model.name, "params_total": self.model.params_total},
             "plan": self.plan.to_dict(), "plan_short": self.plan.short(),
-            "gpu": self.gpu.to_dict() if self.gpu else None,
+            "gpu": self.gpu.to_dict() if self.gpu else None, "gpu_assumed": self.gpu_assumed,
             "budget": {"bytes": self.budget.bytes, "text": self.budget.text} if self.budget else None,
             "memory": _memory_dict(self.report),
             "data": self.data.__dict__ if self.data else None, "hours": self.hours,
@@ -64,7 +69,7 @@ def _memory_dict(report: MemoryReport | None) -> dict[str, Any] | None:
         return None
     d = report.to_dict()
     for key in ("phases", "run_peak_phase", "run_peak_bytes", "reserved_peak_bytes"):
-        if key in report.extra:
+        if key in report.extra and d.get(key) is None:
             d[key] = report.extra[key]
     return d
 
@@ -77,17 +82,12 @@ def _load(path: str):
 
 def run_preflight(inp: PreflightInput) -> PreflightResult:
     name_or_path, plan, extras = _load(inp.config)
-    model = resolve_model(name_or_path, trust_remote_code=inp.trust_remote_code)
+    target = resolve_target(name_or_path, gpu=inp.gpu, gpu_budget=inp.gpu_budget,
+                            trust_remote_code=inp.trust_remote_code, budget_defaults_to_gpu=True)
+    model, gpu, budget = target.model, target.gpu, target.budget
     sections = extras.get("sections", extras) if isinstance(extras, dict) else {}
     training = dict(sections.get("training") or {})
     model_section = dict(sections.get("model") or {})
-    detected = detect_gpu()
-    gpu = resolve_gpu(inp.gpu) if inp.gpu else detected
-    budget = None
-    if inp.gpu_budget:
-        budget = parse_budget(inp.gpu_budget, "--gpu-budget", gpu.memory_bytes if gpu else None)
-    elif gpu is not None:
-        budget = Budget(gpu.memory_bytes, "GiB", gpu.name)
 
     findings: list[Finding] = []
     findings += _config.check_plan_rules(plan)
@@ -96,7 +96,7 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
     findings += _config.check_use_cache(plan, model_section, model)
     findings += _config.check_pad_token(model)
     findings += _env.check_versions(plan)
-    findings += _env.check_gpu(plan, gpu, budget.bytes if budget else None)
+    findings += _env.check_gpu(plan, target.known_gpu, budget.bytes if budget else None)
 
     stats = data_stats(inp.data, model.path) if inp.data else None
     seq = inp.max_seq_len or plan.seq_len
@@ -110,28 +110,29 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
         mem_plan = mem_plan.with_(eval_batch=int(training.get("per_device_eval_batch_size") or 8))
     report = None
     if not any(f.severity == "error" and f.area == "config" for f in findings):
-        report = _memory(model, mem_plan, gpu, evaluates)
+        report = _memory(model, mem_plan, gpu, evaluates, inp.backend)
         findings += memory_findings(report, budget, inp.headroom, seq, stats)
         if inp.probe:
-            findings += _probe(model, mem_plan, gpu, budget)
+            findings += _probe(model, mem_plan, target, inp.headroom)
         ckpt = _checkpoint_bytes(model, plan, report)
         findings += _env.check_host(report.host_bytes, ckpt, training.get("output_dir", "outputs"))
-        hours, time_finding = _time(model, mem_plan, gpu, stats, training, inp.epochs)
+        hours, time_finding = _time(model, mem_plan, target, stats, training, inp.epochs)
         findings += time_finding
     else:
         hours = None
     order = {"error": 0, "warning": 1, "info": 2, "ok": 3}
     findings.sort(key=lambda f: order[f.severity])
-    return PreflightResult(verdict(findings), findings, model, plan, budget, gpu, report, stats, hours)
+    return PreflightResult(verdict(findings), findings, model, plan, budget, gpu, report, stats, hours,
+                           gpu_assumed=target.gpu_assumed)
 
 
-def _memory(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, evaluates: bool = True) -> MemoryReport:
+def _memory(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, evaluates: bool = True,
+            backend: str = "simulate") -> MemoryReport:
     """The step at the longest batch, with the phases of the whole run attached (advisor.memory.phases)."""
-    from advisor.runtime.backends import available, get_backend
+    from advisor.runtime.backends import get_backend
     from advisor.runtime.phases import with_phases
 
-    backend = "simulate" if "simulate" in available() else "estimate"
-    return with_phases(model, plan, gpu, get_backend(backend)(model, plan, gpu), evaluates=evaluates)
+    return with_phases(model, plan, gpu, get_backend(backend).measure(model, plan, gpu), evaluates=evaluates)
 
 
 def memory_findings(report: MemoryReport, budget: Budget | None, headroom: float, seq: int,
@@ -152,13 +153,14 @@ def memory_findings(report: MemoryReport, budget: Budget | None, headroom: float
                 f"{budget.format(report.peak_bytes)}"
     data = {"peak_bytes": peak, "step_peak_bytes": report.peak_bytes, "run_peak_phase": phase,
             "budget_bytes": budget.bytes, "seq_len": seq}
-    if peak > budget.bytes:
+    fit = fit_verdict(peak, budget.bytes, headroom)
+    if fit == "over":
         over = ledger_over(report, budget.bytes, budget.format).replace("the card's", "the budget of")
         fixes = _memory_fixes(report) if phase == "train" else _phase_fixes(phase)
         return [Finding("memory.fit", "error",
                         f"does not fit: peak {budget.format(peak)} ({report.source}) > {budget} {where}",
                         f"ledger: {ledger}. {over}", fixes, "memory", data)]
-    if not fits(peak, budget.bytes, headroom):
+    if fit == "tight":
         return [Finding("memory.fit", "warning",
                         f"tight: peak {budget.format(peak)} ({report.source}) leaves less than "
                         f"{headroom:.0%} of {budget} {where}", f"ledger: {ledger}",
@@ -196,19 +198,29 @@ def _memory_fixes(report: MemoryReport) -> tuple[str, ...]:
     return tuple(fixes)
 
 
-def _probe(model, plan, gpu, budget) -> list[Finding]:
-    from advisor.runtime.backends import available, get_backend
+def _probe(model: ModelSpec, plan: Plan, target: Target, headroom: float) -> list[Finding]:
+    """A real short run of the plan held to the budget (cuda on the GPU here, else the CPU): a run that fails
+    (oom, timeout, crash, error) is an error finding, so the verdict is NO-GO naming the status."""
+    from advisor.runtime.backends import BackendFailed, BackendOptions, get_backend
 
-    device = "cuda" if gpu is not None and gpu.detected else "cpu"
-    if device not in available():
-        return [Finding("memory.probe", "warning", f"--probe asked but no {device} probe backend is installed", "", (),
-                        "memory")]
-    rep = get_backend(device)(model, plan, gpu, budget_bytes=budget.bytes if budget else None)
-    status = rep.extra.get("status", "ok")
-    if status != "ok":
-        return [Finding("memory.probe", "error", f"probe {status}: {rep.extra.get('message', '')}", "", (), "memory")]
-    return [Finding("memory.probe", "ok", f"probe ran: peak {format_bytes(rep.peak_bytes)} measured, "
-                    f"{rep.extra.get('tokens_per_s', 0):,.0f} tokens/s", "", (), "memory", rep.extra)]
+    device = "cuda" if target.detected is not None else "cpu"
+    budget = target.budget
+    options = BackendOptions(budget_bytes=budget.bytes if budget else None)
+    held = f" held to {budget}" if budget else " (no budget to hold it to)"
+    try:
+        rep = get_backend(device).measure(model, plan, target.detected, options)
+    except BackendFailed as e:
+        return [Finding("memory.probe", "error", f"probe {e.status}: {e.message}",
+                        f"a real {device} run of the plan{held} ended with status {e.status}",
+                        ("lower the micro-batch or the sequence length, or run `advisor tune` for a plan that fits",),
+                        "memory", {"status": e.status, "budget_bytes": options.budget_bytes})]
+    title = (f"probe ran: peak {format_bytes(rep.peak_bytes)} measured on the {device}{held}, "
+             f"{rep.extra.get('tokens_per_s') or 0:,.0f} tokens/s")
+    data = {"status": "ok", **rep.extra}
+    if budget is not None and not fits(rep.peak_bytes, budget.bytes, headroom):
+        return [Finding("memory.probe", "warning", title + f"; less than {headroom:.0%} of the budget left", "",
+                        ("lower the micro-batch or turn on gradient checkpointing for headroom",), "memory", data)]
+    return [Finding("memory.probe", "ok", title, "", (), "memory", data)]
 
 
 def _checkpoint_bytes(model: ModelSpec, plan: Plan, report: MemoryReport) -> int:
@@ -219,12 +231,9 @@ def _checkpoint_bytes(model: ModelSpec, plan: Plan, report: MemoryReport) -> int
     return int(model.params_total * 2 + d.get("optimizer_states", 0) + report.host.get("optimizer_states", 0))
 
 
-def _time(model, plan, gpu, stats, training, epochs):
-    from advisor.core.catalog import gpu_for_budget
+def _time(model, plan, target: Target, stats, training, epochs):
     from advisor.speed.throughput import predict_throughput
 
-    target = gpu or gpu_for_budget(24 * 2**30)
-    tps = predict_throughput(model, plan, target)
     epochs = epochs or training.get("num_train_epochs") or 1
     if stats is not None:
         tokens = stats.total_tokens * float(epochs)
@@ -235,7 +244,13 @@ def _time(model, plan, gpu, stats, training, epochs):
     else:
         return None, [Finding("time.estimate", "info", "no --data and no max_steps: training time not estimated", "",
                               ("pass --data FILE",), "time")]
+    gpu = target.gpu
+    if gpu is None:
+        return None, [Finding("time.estimate", "info", "no GPU named or detected and no budget: training time not "
+                              "estimated", how, ("pass --gpu NAME or --gpu-budget SIZE",), "time")]
+    tps = predict_throughput(model, plan, gpu)
     hours = tokens / tps.tokens_per_s / 3600
-    return hours, [Finding("time.estimate", "info", f"about {hours:,.1f} h on a {target.name} "
+    on = f"{gpu.name} (assumed from the budget)" if target.gpu_assumed else gpu.name
+    return hours, [Finding("time.estimate", "info", f"about {hours:,.1f} h on a {on} "
                            f"({tps.tokens_per_s:,.0f} tokens/s predicted)", how, (), "time",
                            {"hours": hours, "tokens": tokens, "tokens_per_s": tps.tokens_per_s})]

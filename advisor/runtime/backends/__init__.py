@@ -1,44 +1,58 @@
-"""Ways to measure a plan's memory, one interface: ``measure(model, plan, gpu) -> MemoryReport``.
+"""Ways to measure a plan's memory, one contract (``_base``): ``get_backend(name).measure(model, plan, gpu, options)``.
 
-| backend  | what runs                                   | needs        |
-|----------|---------------------------------------------|--------------|
-| estimate | the closed-form ledger (advisor.memory.training)    | nothing      |
-| simulate | the real step under FakeTensorMode           | torch        |
-| cpu      | a real short run on the CPU (child process)  | torch        |
-| cuda     | a real short run on the GPU (child process)  | a GPU        |
+| backend  | what runs                                          | needs  |
+|----------|----------------------------------------------------|--------|
+| estimate | the closed-form ledger (advisor.memory.training)   | nothing|
+| simulate | the real step under FakeTensorMode                 | torch  |
+| cpu      | a real short run on the CPU (child process)        | torch  |
+| cuda     | a real short run on the GPU (child process)        | a GPU  |
 
-Backends are imported when first asked for, so that listing them costs nothing.
+``BACKENDS`` is the list, written once (the commands' ``--backend`` choices import it). Backends are
+imported when first asked for, so that listing them costs nothing.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Callable
 
 from advisor.core.errors import AdvisorInputError
+from advisor.runtime.backends._base import Backend, BackendFailed, BackendOptions, FAILURE_STATUSES
 
-# name -> "module:function"; each function is measure(model, plan, gpu, **options) -> MemoryReport
+# name -> "module:class"; each class implements the Backend protocol
 _REGISTRY = {
-    "estimate": "advisor.runtime.backends._estimate:measure",
-    "cpu": "advisor.runtime.probe._backend:measure_cpu",
-    "cuda": "advisor.runtime.probe._backend:measure_cuda",
-    "simulate": "advisor.runtime.backends._simulate:measure",
+    "estimate": "advisor.runtime.backends._estimate:EstimateBackend",
+    "simulate": "advisor.runtime.backends._simulate:SimulateBackend",
+    "cpu": "advisor.runtime.backends._probe:CpuBackend",
+    "cuda": "advisor.runtime.backends._probe:CudaBackend",
 }
+BACKENDS: tuple[str, ...] = tuple(_REGISTRY)
+"""Every backend, cheapest first."""
+PROBES: tuple[str, ...] = ("cpu", "cuda")
+"""The backends that run the plan for real (and enforce a budget)."""
 
-__all__ = ["available", "get_backend", "register"]
-
-
-def register(name: str, target: str) -> None:
-    """Add a backend ("module:function")."""
-    _REGISTRY[name] = target
+__all__ = ["BACKENDS", "PROBES", "FAILURE_STATUSES", "Backend", "BackendFailed", "BackendOptions", "available",
+           "get_backend", "resolve_backend"]
 
 
 def available() -> list[str]:
-    return list(_REGISTRY)
+    return list(BACKENDS)
 
 
-def get_backend(name: str) -> Callable:
+def get_backend(name: str, flag: str = "--backend") -> Backend:
+    """The backend called ``name``; an unknown name is an input error naming ``flag``."""
     if name not in _REGISTRY:
-        raise AdvisorInputError("--backend", f"must be one of {', '.join(_REGISTRY)}", name)
-    module, func = _REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module), func)
+        raise AdvisorInputError(flag, f"must be one of {', '.join(BACKENDS)}", name)
+    module, cls = _REGISTRY[name].split(":")
+    return getattr(importlib.import_module(module), cls)()
+
+
+def resolve_backend(name: str, detected_gpu: object | None, flag: str = "--backend") -> str:
+    """The backend a command runs: ``auto`` is cuda when a GPU is detected, else simulate; cuda without a
+    detected GPU is an input error naming ``flag``."""
+    if name == "auto":
+        return "cuda" if detected_gpu is not None else "simulate"
+    if name not in _REGISTRY:
+        raise AdvisorInputError(flag, f"must be one of auto, {', '.join(BACKENDS)}", name)
+    if name == "cuda" and detected_gpu is None:
+        raise AdvisorInputError(flag, "cuda needs a GPU and none was detected (use simulate or cpu)", name)
+    return name

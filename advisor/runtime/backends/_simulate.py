@@ -15,10 +15,23 @@ from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.errors import AdvisorInputError
 from advisor.memory.ledger import MemoryReport, empty
 from advisor.core.plan import DTYPE_BYTES, Plan
+from advisor.runtime.backends._base import BackendOptions, BaseBackend
 
 
-def measure(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *, layers: str | int = "auto",
-            **_: object) -> MemoryReport:
+class SimulateBackend(BaseBackend):
+    """One real training step under FakeTensorMode on the CPU: exact memory without a GPU or weights."""
+
+    name = "simulate"
+    source = "simulated"
+    accepts = frozenset({"layers"})
+
+    def measure(self, model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None,
+                options: BackendOptions | None = None) -> MemoryReport:
+        o = self.check(options)
+        return _measure(model, plan, gpu, layers="auto" if o.layers is None else o.layers)
+
+
+def _measure(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *, layers: str | int = "auto") -> MemoryReport:
     from advisor.memory.allocator import AllocatorConfig
     from advisor.memory.overhead import overhead_of
     from advisor.runtime.simulate.extrapolate import simulate
@@ -31,7 +44,7 @@ def measure(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *, layers:
     traced = plan.with_(offload="none") if plan.offload != "none" else plan
     sim = simulate(model, traced, layers=layers)
     notes = list(sim.notes)
-    if sim.extrapolated:
+    if sim.extrapolated and len(sim.layers_traced) == 2:
         notes.append(f"traced {sim.layers_traced[0]} and {sim.layers_traced[1]} decoder layers, "
                      f"extrapolated to {model.num_layers}")
     device, phase, host = dict(sim.ledger), sim.peak_phase, empty()
@@ -41,17 +54,26 @@ def measure(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *, layers:
     if plan.optimizer.startswith("paged"):
         notes.append("paged optimizer states are counted on the GPU (resident); under memory pressure "
                      "bitsandbytes pages them to host memory")
+    offloaded = max((p.host_bytes for p in sim.phases.values()), default=0)
+    if offloaded:
+        host["activations"] = host.get("activations", 0) + offloaded
+    from advisor.memory.training import paged_spill
+
+    device = {**empty(), **device}
+    if plan.offload == "none":
+        host = {**empty(), **host}
+        notes += paged_spill(device, host, plan, gpu)
     tensor_peak = sum(device.values())
     expandable = bool(getattr(plan, "expandable_segments", False))
     allocator = None
     if plan.offload == "none" and sim.traced_events:
         allocator = step_reserved(sim.traced_events, model.num_layers if sim.extrapolated else sim.layers_traced[-1],
-                                  AllocatorConfig(expandable_segments=expandable))
+                                  AllocatorConfig(expandable_segments=expandable), tensor_peak_bytes=int(tensor_peak))
         rebuilt = (f", the full depth rebuilt from the {allocator.rebuilt_from[0]}- and "
                    f"{allocator.rebuilt_from[1]}-layer traces" if len(allocator.rebuilt_from) == 2 else "")
         notes.append(f"reserved memory: {allocator.replay.events:,} allocations and frees replayed through the "
                      f"CUDA caching-allocator model{' with expandable segments' if expandable else ''}{rebuilt} "
-                     f"({allocator.seconds:.2f} s)")
+                     f"({allocator.seconds:.2f} s)" + ("" if allocator.method == "replayed" else f"; {allocator.method}"))
     over = overhead_of(tensor_peak, gpu, fragmentation_bytes=allocator.fragmentation_bytes if allocator else None,
                        expandable_segments=expandable)
     notes += over.notes()

@@ -44,6 +44,8 @@ class ProbeResult:
     """When the peak happened (forward, backward, optimizer, zero_grad), where the method can tell; else empty."""
     load_peak_bytes: int | None = None
     """Peak live bytes while building and loading the model (before the first step)."""
+    load_reserved_bytes: int | None = None
+    """Peak bytes the caching allocator reserved while building and loading (torch.cuda.max_memory_reserved); None on the CPU."""
     memory_method: str = ""
     """How peak_allocated_bytes was measured."""
     breakdown: dict[str, int] = field(default_factory=dict)

@@ -165,6 +165,10 @@ def _run(req: ProbeRequest, work: Path, timeout: float, on_start: Callable[[int]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([_package_root(), *filter(None, [env.get("PYTHONPATH")])])
     env["PYTHONUNBUFFERED"] = "1"
+    conf = env.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if req.plan.get("expandable_segments") and "expandable_segments" not in conf:
+        # the plan's allocator setting: torch reads it when the child starts CUDA
+        env["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(filter(None, [conf, "expandable_segments:True"]))
     cmd = [sys.executable, "-X", "faulthandler", "-m", "advisor.runtime.probe._worker", str(req_path), str(ev_path)]
     reader = _EventReader(ev_path)
     state: dict[str, Any] = {"steps": [], "phase": "spawn", "result": None, "failed": None, "loaded": None}

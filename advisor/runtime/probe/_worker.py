@@ -104,6 +104,8 @@ def run(req: ProbeRequest, events: Events) -> dict[str, Any]:
     plan = Plan.from_dict(req.plan)
     device = req.device
     notes: list[str] = []
+    if os.environ.get("PYTORCH_CUDA_ALLOC_CONF"):
+        notes.append(f"PYTORCH_CUDA_ALLOC_CONF={os.environ['PYTORCH_CUDA_ALLOC_CONF']}")
     out: dict[str, Any] = {"versions": versions(), "notes": notes, "gpu_name": None}
     cuda_mem = None
     if device == "cuda":
@@ -177,6 +179,7 @@ def run(req: ProbeRequest, events: Events) -> dict[str, Any]:
             tracker.track_all(_memory.module_tensors(setup.model, setup.optimizer))
         load = peaks()
         out["load_peak_bytes"] = load["peak"]
+        out["load_reserved_bytes"] = load["reserved"]
         events.emit("loaded", **load)
 
         if ref is not None:

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from advisor.core.catalog import ModelSpec
-from advisor.core.plan import Plan
+from advisor.core.plan import Plan, checkpointed_layers
 from advisor.runtime.simulate.runner import PhasePeak, StepTrace, trace_step
 
 TRACE_LAYERS = (2, 3)   # the first layer's input is the embedding output; trace from two layers on
@@ -46,6 +46,8 @@ def simulate(spec: ModelSpec, plan: Plan, *, layers: str | int = "auto", fake: b
         t = trace_step(spec, plan, fake=fake, num_layers=n, target_device=target_device)
         return Simulation(t.peak_bytes, t.peak_phase, t.ledger, t.phases, (n,), False,
                           time.perf_counter() - start, t.notes, ((n, t.events),))
+    if plan.gradient_checkpointing and 0 < len(checkpointed_layers(plan, L)) < L:
+        return simulate_partial_checkpointing(spec, plan, fake=fake, target_device=target_device, start=start)
     n1, n2 = TRACE_LAYERS
     a = trace_step(spec, plan, fake=fake, num_layers=n1, target_device=target_device)
     b = trace_step(spec, plan, fake=fake, num_layers=n2, target_device=target_device)
@@ -63,5 +65,36 @@ def extrapolate_phases(a: StepTrace, b: StepTrace, L: int) -> dict[str, PhasePea
             continue
         pa, pb = a.phases[name], b.phases[name]
         ledger = {c: max(0, round(pb.ledger[c] + k * (pb.ledger[c] - pa.ledger[c]))) for c in pb.ledger}
-        out[name] = PhasePeak(name, sum(ledger.values()), ledger)
+        host = max(0, round(pb.host_bytes + k * (pb.host_bytes - pa.host_bytes)))
+        out[name] = PhasePeak(name, sum(ledger.values()), ledger, host_bytes=host)
     return out
+
+
+def simulate_partial_checkpointing(spec: ModelSpec, plan: Plan, *, fake: bool, target_device: str,
+                                   start: float) -> Simulation:
+    """k of L layers checkpointed: memory is affine in the number of checkpointed layers c and of the others f,
+    ``m(c, f) = m(1, 1) + (c - 1) * (m(2, 1) - m(1, 1)) + (f - 1) * (m(1, 2) - m(1, 1))``, from three traces with
+    the checkpointed layers at the bottom (1+1, 2+1 and 1+2 layers). Proven against full traces in
+    tests/test_simulate_extrapolate.py."""
+    L = spec.num_layers
+    c = len(checkpointed_layers(plan, L))
+    f = L - c
+    base = trace_step(spec, plan, fake=fake, num_layers=2, target_device=target_device, checkpoint_set=(0,))
+    more_c = trace_step(spec, plan, fake=fake, num_layers=3, target_device=target_device, checkpoint_set=(0, 1))
+    more_f = trace_step(spec, plan, fake=fake, num_layers=3, target_device=target_device, checkpoint_set=(0,))
+    phases = {}
+    for name in base.phases:
+        if name not in more_c.phases or name not in more_f.phases:
+            continue
+        a, bc, bf = base.phases[name], more_c.phases[name], more_f.phases[name]
+
+        def affine(va, vc, vf):
+            return max(0, round(va + (c - 1) * (vc - va) + (f - 1) * (vf - va)))
+
+        ledger = {k: affine(a.ledger[k], bc.ledger[k], bf.ledger[k]) for k in a.ledger}
+        phases[name] = PhasePeak(name, sum(ledger.values()), ledger,
+                                 host_bytes=affine(a.host_bytes, bc.host_bytes, bf.host_bytes))
+    top = max(phases.values(), key=lambda p: p.bytes)
+    return Simulation(top.bytes, top.phase, top.ledger, phases, (2, 3, 3), True, time.perf_counter() - start,
+                      base.notes + [f"checkpointed {c} of {L} layers: traced 1+1, 2+1 and 1+2 (checkpointed + "
+                                    "other) layers, extended affinely"])

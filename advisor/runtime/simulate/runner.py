@@ -37,6 +37,8 @@ class PhasePeak:
     ledger: dict[str, int]
     largest: list = field(default_factory=list)
     """The largest live storages at the peak: (bytes, category, op that made it, phase it was made in)."""
+    host_bytes: int = 0
+    """The most bytes in host memory during the phase (offloaded activations)."""
 
 
 @dataclass
@@ -118,12 +120,18 @@ def cuda_semantics():
 
 
 def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: int | None = None,
-               target_device: str = "cuda", quant_impl: str = "auto", seed: int = 0) -> StepTrace:
-    """Trace warm-up + one measured step of ``plan`` on ``spec`` (``num_layers`` decoder layers)."""
+               target_device: str = "cuda", quant_impl: str = "auto", seed: int = 0,
+               checkpoint_set: tuple[int, ...] | None = None) -> StepTrace:
+    """Trace warm-up + one measured step of ``plan`` on ``spec`` (``num_layers`` decoder layers).
+
+    GaLore / APOLLO: the measured step updates the projection (``update_proj_gap`` 1 in the trace), the
+    step every ``optim_proj_gap`` steps whose SVD / random projection is the optimizer's memory spike.
+    """
     import torch
     from torch._subclasses import FakeTensorMode
 
-    from advisor.runtime.build import build_training_setup
+    from advisor.core.plan import LOW_RANK_OPTIMIZERS
+    from advisor.runtime.build import build_training_setup, host_allocations
     from advisor.runtime.simulate.standins import quant_constant_tensors
     from advisor.runtime.simulate.tracker import LiveBytes
 
@@ -144,11 +152,20 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
     measuring = {"on": False}
     forward_begin = {"clock": 0}
 
+    host_peaks: dict[str, int] = {}
+
     def close_phase():
         if measuring["on"] and tracker.phase in PHASES:
             best = phase_peaks.get(tracker.phase)
             if best is None or tracker.peak.bytes > best[0]:
                 phase_peaks[tracker.phase] = (tracker.peak.bytes, tracker.peak.clock)
+            host_peaks[tracker.phase] = max(host_peaks.get(tracker.phase, 0), tracker.host_peak)
+
+    def on_grad(p):
+        # gradients an update inside backward frees before zero_grad (LOMO, optimizer_in_backward)
+        rec = tracker.record_of(p.grad) if measuring["on"] and p.grad is not None else None
+        if rec is not None:
+            ids["gradients"].add(rec.uid)
 
     def hook(name: str) -> None:
         close_phase()
@@ -162,23 +179,33 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
                 rec = tracker.record_of(p.grad) if p.grad is not None else None
                 if rec is not None:
                     ids["gradients"].add(rec.uid)
-            for state in setup.optimizer.state.values():
-                for v in state.values():
-                    rec = tracker.record_of(v)
-                    if rec is not None:
-                        ids["optimizer_states"].add(rec.uid)
+            for v in optimizer_state_tensors(setup.optimizer):
+                rec = tracker.record_of(v)
+                if rec is not None:
+                    ids["optimizer_states"].add(rec.uid)
         if name == "forward":
             forward_begin["clock"] = tracker.clock
+            if measuring["on"] and not ids.get("params"):
+                # the parameters' storages as the measured step begins (GaLore's 8-bit step swaps p.data)
+                ids["params"] = {rec.uid for p in setup.model.parameters()
+                                 if (rec := tracker.record_of(p)) is not None and (not plan.peft or not p.requires_grad)}
+                # and the optimizer's state (GaLore / APOLLO replace their projection at the update step)
+                for v in optimizer_state_tensors(setup.optimizer) if setup.optimizer is not None else ():
+                    if (rec := tracker.record_of(v)) is not None:
+                        ids["optimizer_states"].add(rec.uid)
         tracker.phase = name if name in PHASES else tracker.phase
         tracker.reset_peak()
+        tracker.host_peak = tracker.host_bytes
         marks.setdefault(name, tracker.clock)
 
+    gap = 1 if plan.optimizer in LOW_RANK_OPTIMIZERS else None
     PACKED["on"] = plan.packing
-    with cuda_semantics(), fake_mode, tracker:
+    with cuda_semantics(), offload_semantics(), fake_mode, tracker, host_allocations(tracker.on_host, pack):
         # built outside the saved-tensor hook: a graph made while building (DoRA's weight norm at peft's
         # init, never backpropagated) would stay alive through the hook's reference to its own output
         setup = build_training_setup(spec, plan, device="cpu", num_layers=num_layers, quant_impl=quant_impl,
-                                     seed=seed, target_device=target_device)
+                                     seed=seed, target_device=target_device, checkpoint_set=checkpoint_set,
+                                     on_grad=on_grad, proj_gap=gap)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             batches = [setup.make_batch(i) for i in range(plan.grad_accum)]
             setup.phase_hook = hook
@@ -192,6 +219,8 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
             measuring["on"] = False
         # identities of what persists, while the setup is alive
         groups = _identity_groups(tracker, setup, quant_constant_tensors(setup.model), plan)
+        for rec_uid in ids.get("params", ()):
+            groups.setdefault(rec_uid, "weights")
         for rec_uid in ids["gradients"]:
             groups.setdefault(rec_uid, "gradients")
         for rec_uid in ids["optimizer_states"]:
@@ -206,7 +235,7 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
                 ledger[groups.get(rec.uid, "transient")] += rec.nbytes
             largest = sorted(((r.nbytes, groups.get(r.uid, "transient"), r.op, r.phase) for r in live
                               if groups.get(r.uid) not in ("weights", "quant_constants")), reverse=True)[:LARGEST]
-            phases[phase] = PhasePeak(phase, nbytes, ledger, largest)
+            phases[phase] = PhasePeak(phase, nbytes, ledger, largest, host_peaks.get(phase, 0))
         notes = list(setup.notes)
         layers = len(_decoder_layers(setup.model))
         events = tracker.allocator_events(warm_clock)
@@ -214,6 +243,68 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
     return StepTrace(num_layers=layers, peak_bytes=top.bytes, peak_phase=top.phase, ledger=top.ledger,
                      phases=phases, baseline_bytes=baseline, seconds=time.perf_counter() - start, fake=fake,
                      notes=notes, events=events)
+
+
+@contextlib.contextmanager
+def offload_semantics():
+    """transformers' checkpoint offload (``save_on_cpu(pin_memory=True)`` around ``checkpoint``) with the
+    host copies labelled host memory: the same hooks, ``advisor.build.offload_hooks`` in save_on_cpu's mode
+    (every saved tensor copied out, copied back in backward)."""
+    from transformers import modeling_utils
+
+    from advisor.runtime.build import offload_hooks
+
+    original = modeling_utils.save_on_cpu
+    modeling_utils.save_on_cpu = lambda pin_memory=False, device_type="cuda": offload_hooks(0, False)
+    try:
+        yield
+    finally:
+        modeling_utils.save_on_cpu = original
+
+
+def optimizer_state_tensors(optimizer) -> list:
+    """Every tensor an optimizer keeps between steps: its states, the inner tensors of torchao's quantized
+    state subclasses, GaLore / APOLLO projection matrices, the per-parameter optimizers of layer-wise GaLore
+    and of an update inside backward."""
+    import torch
+
+    opts = [optimizer]
+    inner = getattr(optimizer, "optimizer_dict", None) or getattr(optimizer, "optimizers", None)
+    if isinstance(inner, dict):
+        opts = list(inner.values())
+    out = []
+
+    def add(v):
+        if isinstance(v, torch.Tensor):
+            if hasattr(v, "__tensor_flatten__") and type(v) is not torch.Tensor and not _is_fake_tensor(v):
+                names, _ = v.__tensor_flatten__()
+                for n in names:
+                    add(getattr(v, n))
+            else:
+                out.append(v)
+        elif hasattr(v, "ortho_matrix"):
+            add(v.ortho_matrix)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                add(x)
+
+    for opt in opts:
+        for state in getattr(opt, "state", {}).values():
+            for v in state.values():
+                add(v)
+        # AdaLomo keeps its factored second moments as attributes, name -> tensor (lomo_optim/adalomo.py)
+        for attr in ("exp_avg_sq", "exp_avg_sq_row", "exp_avg_sq_col"):
+            held = getattr(opt, attr, None)
+            if isinstance(held, dict):
+                for v in held.values():
+                    add(v)
+    return out
+
+
+def _is_fake_tensor(t) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
 
 
 def _decoder_layers(model):

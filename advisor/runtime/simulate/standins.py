@@ -214,3 +214,115 @@ def unpage_optimizer(opt) -> None:
     """Paged bitsandbytes optimizers allocate state with cudaMallocManaged; without CUDA (or under fake
     tensors) allocate it as ordinary tensors of the same size (bnb Optimizer8bit.get_state_buffer)."""
     opt.is_paged = False
+
+
+# --------------------------------------------------------------------------- optimizers without a GPU compiler
+
+
+def eager_torchao_step(opt) -> None:
+    """Run torchao's ``single_param_adam`` eagerly: ``_AdamBase.step`` compiles it with ``torch.compile(...,
+    fullgraph=True)``, which refuses to trace under a ``TorchDispatchMode`` (the tracker, fake tensors) and
+    needs a compiler on the CPU. The same Python function runs instead, op by op (torchao/optim/adam.py),
+    as one kernel would: its fp32 intermediates are not counted (Inductor fuses the dequantize, the Adam
+    update and the blockwise requantize of one parameter into kernels that write the states and the
+    parameter in place). The states it keeps are the library's own tensors; only the step's transient is
+    this stand-in's, and it is unverified on a GPU."""
+    import types
+
+    import torch
+    import torchao.optim.adam as ao_adam
+
+    if getattr(ao_adam, "_advisor_eager", False):
+        return
+
+    class _Torch(types.ModuleType):
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+    proxy = _Torch("torch")
+    proxy.compile = lambda fn=None, **_: _as_one_kernel(fn)
+    ao_adam.torch = proxy  # only torchao.optim.adam sees the eager compile
+    ao_adam._advisor_eager = True
+
+
+def _as_one_kernel(fn):
+    """``fn`` with the live-bytes tracker paused: a compiled kernel allocates no intermediates."""
+    import functools
+
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        modes = [m for m in _get_current_dispatch_mode_stack() if hasattr(m, "paused")]
+        for m in modes:
+            m.paused += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            for m in modes:
+                m.paused -= 1
+
+    return run
+
+
+def no_cuda_synchronize(opt) -> None:
+    """GaLore's 8-bit AdamW calls ``torch.cuda.synchronize()`` around its update
+    (galore_torch/adamw8bit.py); without CUDA there is nothing to wait for."""
+    import types
+
+    import torch
+    import galore_torch.adamw8bit as g8
+
+    if getattr(g8, "_advisor_nosync", False):
+        return
+
+    class _Torch(types.ModuleType):
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+    proxy = _Torch("torch")
+    proxy.cuda = types.SimpleNamespace(synchronize=lambda *a, **k: None, is_available=lambda: False)
+    g8.torch = proxy
+    g8._advisor_nosync = True
+
+
+@contextlib.contextmanager
+def cuda_is_the_cpu():
+    """``Tensor.cuda()`` returns the tensor itself while building an optimizer that hard-codes it (AdaLomo's
+    factored states), on a machine without CUDA: the sizes are the same wherever the tensor lives."""
+    import torch
+
+    original = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = original
+
+
+def fake_update_norm() -> None:
+    """galore-torch's 8-bit AdamW passes its arguments to bitsandbytes' Optimizer2State by position, so
+    ``block_wise=True`` lands on ``max_unorm`` (bitsandbytes 0.4x+ signature): every 32-bit update then
+    computes ``torch.norm(p.data.float())`` and passes it as a float, which a fake tensor cannot be. Under
+    fake tensors, compute the same norm (its fp32 copy is the memory) and pass the op a placeholder float."""
+    import bitsandbytes.functional as F
+    import torch
+
+    if getattr(F, "_advisor_fake_norm", False):
+        return
+    original = F.optimizer_update_32bit
+
+    def update(optimizer_name, g, p, state1, beta1, eps, step, lr, state2=None, beta2=0.0, beta3=0.0, alpha=0.0,
+               weight_decay=0.0, gnorm_scale=1.0, unorm_vec=None, max_unorm=0.0, skip_zeros=False):
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        if isinstance(p, FakeTensor) and max_unorm > 0.0:
+            torch.norm(p.data.float())
+            return torch.ops.bitsandbytes.optimizer_update_32bit(
+                optimizer_name, g, p, state1, state2, unorm_vec, float(max_unorm), 1.0, beta1, beta2, beta3, alpha,
+                eps, weight_decay, step, lr, gnorm_scale, skip_zeros)
+        return original(optimizer_name, g, p, state1, beta1, eps, step, lr, state2, beta2, beta3, alpha,
+                        weight_decay, gnorm_scale, unorm_vec, max_unorm, skip_zeros)
+
+    F.optimizer_update_32bit = update
+    F._advisor_fake_norm = True

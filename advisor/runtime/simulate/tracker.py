@@ -35,6 +35,8 @@ class Record:
     """The op that allocated it (for explaining a peak)."""
     requested: int = 0
     """The storage's own nbytes, before the 512-byte rounding (what the CUDA allocator is asked for)."""
+    host: bool = False
+    """Allocated in host memory (an offloaded activation), outside the device count."""
 
 
 @dataclass
@@ -46,7 +48,7 @@ class Peak:
 
 def _make_mode_class():
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
     from torch.utils._pytree import tree_flatten
 
     class LiveBytes(TorchDispatchMode):
@@ -64,6 +66,9 @@ def _make_mode_class():
             self.peak = Peak()
             self.paused = 0
             self.phantoms = PHANTOMS
+            self.host_bytes = 0
+            self.host_peak = 0
+            self._on_host = 0
 
         # -------------------------------------------------------------- bookkeeping
 
@@ -73,8 +78,12 @@ def _make_mode_class():
 
         def _alloc(self, nbytes: int) -> Record:
             rec = Record(uid=len(self.records), nbytes=round_block(nbytes, self.block), born=self._tick(),
-                         phase=self.phase, requested=int(nbytes))
+                         phase=self.phase, requested=int(nbytes), host=self._on_host > 0)
             self.records.append(rec)
+            if rec.host:
+                self.host_bytes += rec.nbytes
+                self.host_peak = max(self.host_peak, self.host_bytes)
+                return rec
             self.live_bytes += rec.nbytes
             if self.live_bytes > self.peak.bytes:
                 self.peak = Peak(self.live_bytes, rec.born, self.phase)
@@ -83,11 +92,16 @@ def _make_mode_class():
         def _free(self, rec: Record) -> None:
             if rec.died is None:
                 rec.died = self._tick()
-                self.live_bytes -= rec.nbytes
+                if rec.host:
+                    self.host_bytes -= rec.nbytes
+                else:
+                    self.live_bytes -= rec.nbytes
 
         def track(self, t, op: str = "") -> None:
             """Record ``t``'s storage if it is new (also used for tensors made outside the mode)."""
-            if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            if not isinstance(t, torch.Tensor) or t.device.type == "meta" or is_traceable_wrapper_subclass(t):
+                # a wrapper subclass (torchao's quantized optimizer states) owns no storage of its own:
+                # its inner tensors are allocated, and tracked, by the ops that make them
                 return
             st = t.untyped_storage()
             key = id(st)
@@ -120,7 +134,24 @@ def _make_mode_class():
             self.peak = Peak(self.live_bytes, self.clock, self.phase)
 
         def live_at(self, clock: int) -> list[Record]:
-            return [r for r in self.records if r.born <= clock and (r.died is None or r.died > clock)]
+            return [r for r in self.records if r.born <= clock and (r.died is None or r.died > clock) and not r.host]
+
+        def host_live_at(self, clock: int) -> list[Record]:
+            return [r for r in self.records if r.born <= clock and (r.died is None or r.died > clock) and r.host]
+
+        def on_host(self):
+            """Allocations made inside this context live in host memory (an offload's copies)."""
+            import contextlib
+
+            @contextlib.contextmanager
+            def ctx():
+                self._on_host += 1
+                try:
+                    yield
+                finally:
+                    self._on_host -= 1
+
+            return ctx()
 
         def allocator_events(self, start: int = 0, end: int | None = None) -> list[tuple]:
             """This tracker's allocations and frees, in order, for advisor.memory.allocator.replay."""
@@ -130,6 +161,8 @@ def _make_mode_class():
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            if func is torch.ops.aten._local_scalar_dense.default and _is_fake(args[0]):
+                return _data_dependent_scalar(args[0])
             name = func.name()
             phantom = self.phantoms.get(name) if not self.paused else None
             extra = self._alloc(phantom(args, kwargs)) if phantom else None
@@ -144,6 +177,24 @@ def _make_mode_class():
             return out
 
     return LiveBytes
+
+
+def _is_fake(t) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+def _data_dependent_scalar(t):
+    """A fake tensor has no values, so ``.item()`` / ``.tolist()`` / ``bool()`` cannot be answered; some
+    optimizers read one to steer control flow, not memory (APOLLO's next projection seed and its norm-growth
+    limiter, apollo_torch/random_projector.py next_seed). Answer 1 (True for bools): every branch they take
+    allocates the same tensors, which the fake-vs-real tests prove on the CPU."""
+    import torch
+
+    if t.dtype is torch.bool:
+        return True
+    return 1.0 if t.dtype.is_floating_point or t.dtype.is_complex else 1
 
 
 def _gemm_4bit_dequant(args, kwargs) -> int:
@@ -180,8 +231,8 @@ def allocator_events(records: list[Record], start: int = 0, end: int | None = No
     ordered: list[tuple[int, int, str, int, int]] = []
     for r in records:
         size = r.requested or r.nbytes
-        if size <= 0 or (end is not None and r.born > end):
-            continue
+        if size <= 0 or (end is not None and r.born > end) or r.host:
+            continue  # (host memory, an offload's copies, is not the GPU allocator's)
         if r.died is not None and r.died <= start:
             continue
         ordered.append((r.born if r.born > start else -1, r.uid, "alloc", r.uid, size))

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.ui.report._load import StudySnapshot
+from advisor.search.description import StudyDescription
 from advisor.search.select import Selection, TrialRecord, select
 from advisor.core.units import format_bytes
 
@@ -56,6 +57,8 @@ class ReportData:
     """The `advisor tune` command that makes the same study."""
     notes: list[str] = field(default_factory=list)
     """Caveats a reader must see (assumed GPU, only estimates...)."""
+    description: StudyDescription | None = None
+    """``settings``, typed (advisor.search.description)."""
 
     # -- conveniences for the renderers ----------------------------------------
 
@@ -91,9 +94,8 @@ class ReportData:
 
 def gather(snap: StudySnapshot) -> ReportData:
     s = snap.settings
-    budget = s["budget"]
-    selection = select(snap.records, int(budget["bytes"]), float(s.get("headroom", 0.05)),
-                       float(s.get("tolerance", 0.05)), budget.get("unit") or "GiB")
+    d = StudyDescription.from_dict(s)
+    selection = select(snap.records, d.budget.bytes, d.headroom, d.tolerance, d.budget.unit)
     notes = []
     if s.get("gpu_assumed"):
         notes.append(f"No GPU was detected or named when the study ran: throughput is predicted for a "
@@ -109,7 +111,8 @@ def gather(snap: StudySnapshot) -> ReportData:
     return ReportData(
         study=snap.name, storage=snap.storage, settings=s, records=list(snap.records), selection=selection,
         timeline=timeline(snap), comparisons=comparisons(snap.records, s), exports=list(snap.exports),
-        environment=environment(s), reproduce=reproduce_command(s, snap.name), notes=notes)
+        environment=environment(s), reproduce=reproduce_command(s, snap.name), notes=notes,
+        description=d)
 
 
 def timeline(snap: StudySnapshot) -> list[dict[str, Any]]:
@@ -129,23 +132,16 @@ def timeline(snap: StudySnapshot) -> list[dict[str, Any]]:
 
 
 def _specs(settings: dict[str, Any]):
-    """ModelSpec and GpuSpec rebuilt from what the study recorded (no catalog or network needed)."""
-    from advisor.core.catalog import GpuSpec, ModelSpec, resolve_gpu, resolve_model
+    """ModelSpec and GpuSpec rebuilt from what the study recorded (advisor.search.description: no catalog
+    or network needed)."""
+    from advisor.search.description import gpu_from_dict, model_from_dict
 
-    try:
-        model = ModelSpec(**settings["model"])
-    except TypeError:
-        model = resolve_model(settings["model"]["name"])
-    try:
-        gpu = GpuSpec(**settings["gpu"])
-    except TypeError:
-        gpu = resolve_gpu(settings["gpu"]["key"])
-    return model, gpu
+    return model_from_dict(settings["model"]), gpu_from_dict(settings["gpu"])
 
 
 def analytic_numbers(records: list[TrialRecord], settings: dict[str, Any]) -> dict[int, tuple[int, float]]:
     """{trial number: (analytic peak bytes, predicted tokens/s)} for every trial with a valid plan."""
-    from advisor.memory.training import estimate_training
+    from advisor.runtime.backends import get_backend
     from advisor.core.errors import AdvisorInputError
     from advisor.core.plan import Plan
     from advisor.speed.throughput import predict_throughput
@@ -157,7 +153,7 @@ def analytic_numbers(records: list[TrialRecord], settings: dict[str, Any]) -> di
             continue
         try:
             plan = Plan.from_dict(r.plan)
-            out[r.number] = (int(estimate_training(model, plan, gpu).peak_bytes),
+            out[r.number] = (int(get_backend("estimate").measure(model, plan, gpu).peak_bytes),
                              float(predict_throughput(model, plan, gpu).tokens_per_s))
         except (AdvisorInputError, KeyError, ValueError):
             continue

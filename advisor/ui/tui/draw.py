@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
+from advisor.core.fit import usable_bytes
 from advisor.memory.ledger import CATEGORIES, LABELS
 from advisor.search.select import TrialRecord
 
@@ -55,7 +56,7 @@ def ledger_lines(record: TrialRecord, budget_bytes: int, headroom: float, fmt, w
     bar_w = max(10, width - LABEL_W - val_w - 2)
     scale = max(budget_bytes, record.peak_bytes) * 1.02
     budget_col = min(bar_w - 1, int(budget_bytes / scale * bar_w))
-    limit_col = int(budget_bytes * (1 - headroom) / scale * bar_w)
+    limit_col = int(usable_bytes(budget_bytes, headroom) / scale * bar_w)
     left = budget_bytes - record.peak_bytes
     head = Text.assemble((f"#{record.number} ", "bold"), record.plan_short, "  ",
                          (f"peak {fmt(record.peak_bytes)} ({record.source})", "bold"), f" of {fmt(budget_bytes)}: ",
@@ -115,7 +116,7 @@ def pareto_lines(records: list[TrialRecord], pareto: list[TrialRecord], best: Tr
     plot_h = max(3, height - 3)  # legend, x axis, x labels
     grid = [[(" ", "")] * plot_w for _ in range(plot_h)]
     budget_col = min(plot_w - 1, int(budget_bytes / x_max * (plot_w - 1)))
-    limit_col = int(budget_bytes * (1 - headroom) / x_max * (plot_w - 1))
+    limit_col = int(usable_bytes(budget_bytes, headroom) / x_max * (plot_w - 1))
     for row in grid:
         row[budget_col] = ("│", "bold red")
         if limit_col != budget_col:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -142,6 +143,92 @@ def chunked_causal_lm_loss(model, input_ids, attention_mask, labels, chunk_token
     return total / (y != IGNORE_INDEX).sum().clamp(min=1)
 
 
+def checkpointed_layers(k, num_layers: int) -> list[int]:
+    """The decoder layers to checkpoint when only k of them are (advisor.core.plan.checkpointed_layers):
+    every n-th from layer 0 when some n gives k layers (transformers' every_n_layers), else the first layer
+    of each of k equal spans."""
+    if k is None or k >= num_layers:
+        return list(range(num_layers))
+    for n in range(1, num_layers + 1):
+        if len(range(0, num_layers, n)) == k:
+            return list(range(0, num_layers, n))
+    return [i for i in range(num_layers) if i == 0 or (i * k) // num_layers != ((i - 1) * k) // num_layers]
+
+
+def checkpoint_only(model, k):
+    """A TrainerCallback that, once Trainer has turned checkpointing on (before the first step), keeps it on
+    the plan's k layers only (each GradientCheckpointingLayer has its own flag)."""
+    from transformers import TrainerCallback
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    class CheckpointOnly(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+            chosen = set(checkpointed_layers(k, len(layers)))
+            for i, layer in enumerate(layers):
+                layer.gradient_checkpointing = i in chosen
+            say(f"checkpointing {len(chosen)} of {len(layers)} decoder layers")
+
+    return CheckpointOnly()
+
+
+def offload_activations(model) -> None:
+    """Activation offloading without checkpointing, with TRL's rule (trl/models/activation_offloading.py):
+    every tensor the decoder layers save, of 1 KiB or more and not a parameter, goes to (pinned) host memory
+    in forward and comes back in backward. The output head and the loss keep theirs (as the advisor's
+    memory plan counts them)."""
+    import torch
+
+    def pack(t):
+        if isinstance(t, torch.nn.Parameter) or t.numel() * t.element_size() < 1024:
+            return t
+        host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout, pin_memory=t.is_cuda)
+        host.copy_(t, non_blocking=t.is_cuda)
+        return (t.device, host)
+
+    def unpack(x):
+        if isinstance(x, torch.Tensor):
+            return x
+        device, host = x
+        return host.to(device, non_blocking=host.is_pinned())
+
+    stack = []
+
+    def enter(_module, _args):
+        ctx = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+        ctx.__enter__()
+        stack.append(ctx)
+
+    def leave(_module, _args, _out):
+        stack.pop().__exit__(None, None, None)
+
+    decoder = model.get_decoder()
+    decoder.register_forward_pre_hook(enter)
+    decoder.register_forward_hook(leave, always_call=True)
+
+
+def optimizer_in_backward(model, targs):
+    """torchtune's optimizer_in_bwd with the optimizer TrainingArguments.optim names: one optimizer per
+    parameter, stepped from its post-accumulate-grad hook, which then frees the gradient (no gradient buffer).
+    Returns the (optimizer, scheduler) pair for Trainer: transformers' LayerWiseDummyOptimizer (the layer-wise
+    GaLore wrapper). The learning rate stays at training.learning_rate (no per-parameter schedule)."""
+    from transformers import Trainer
+    from transformers.trainer_pt_utils import LayerWiseDummyOptimizer
+
+    cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(targs, model)
+    per_param = {}
+    for p in model.parameters():
+        if p.requires_grad:
+            per_param[p] = cls([{"params": [p]}], **kwargs)
+
+            def step(param):
+                per_param[param].step()
+                per_param[param].zero_grad(set_to_none=True)
+
+            p.register_post_accumulate_grad_hook(step)
+    return LayerWiseDummyOptimizer(optimizer_dict=per_param, lr=targs.learning_rate), None
+
+
 def adapt_to_cpu(model_s: dict, quant: dict | None, training: dict) -> None:
     """No CUDA: keep the plan's structure, change only what a CPU cannot do (and say so)."""
     if model_s.get("torch_dtype") not in (None, "float32", "auto"):
@@ -158,6 +245,11 @@ def adapt_to_cpu(model_s: dict, quant: dict | None, training: dict) -> None:
     if model_s.get("attn_implementation") == "flash_attention_2":
         say("no CUDA GPU: attention sdpa instead of flash_attention_2")
         model_s["attn_implementation"] = "sdpa"
+    kwargs = training.get("gradient_checkpointing_kwargs") or {}
+    if kwargs.get("offload"):
+        # transformers pins the host copies, which needs an accelerator; on the CPU they are host memory already
+        say("no CUDA GPU: checkpoint offload off (the activations already live in host memory)")
+        training["gradient_checkpointing_kwargs"] = {k: v for k, v in kwargs.items() if k != "offload"}
     if training.get("deepspeed"):
         say("no CUDA GPU: DeepSpeed ZeRO offload skipped (it needs a GPU); training with the plain optimizer")
         training["deepspeed"] = None
@@ -171,6 +263,11 @@ def main(argv=None) -> dict:
     cfg_path = Path(args.config).resolve()
     cfg = load_config(cfg_path)
     here = cfg_path.parent
+    for key, value in ((cfg.get("advisor") or {}).get("env") or {}).items():
+        # PYTORCH_CUDA_ALLOC_CONF is read when CUDA starts: set before torch does (the shell's value wins)
+        if key not in os.environ:
+            os.environ[key] = str(value)
+            say(f"{key}={value} (advisor.env)")
 
     import torch
     import transformers
@@ -185,6 +282,7 @@ def main(argv=None) -> dict:
     loss_kind = advisor.get("loss") or ("chunked" if advisor.get("chunked_ce") else "plain")
     chunked_ce = loss_kind == "chunked"
     packing = bool(advisor.get("packing"))
+    checkpoint_layers = advisor.get("checkpoint_layers")
 
     cuda = torch.cuda.is_available()
     if not cuda:
@@ -228,6 +326,8 @@ def main(argv=None) -> dict:
         model = get_peft_model(model, LoraConfig(**lora))
         model.print_trainable_parameters()
 
+    if advisor.get("activation_offload") and not targs.gradient_checkpointing:
+        offload_activations(model)  # with checkpointing, gradient_checkpointing_kwargs.offload does it
     data = pack(tokenizer, load_texts(Path(args.data)), seq_len,
                 min_blocks=targs.per_device_train_batch_size * targs.gradient_accumulation_steps, per_document=packing)
     say(f"{len(data)} block(s) of {seq_len} tokens; micro batch {targs.per_device_train_batch_size}, "
@@ -243,8 +343,13 @@ def main(argv=None) -> dict:
 
     if cuda:
         torch.cuda.reset_peak_memory_stats()
+    extra = {}
+    if advisor.get("optimizer_in_backward"):
+        extra["optimizers"] = optimizer_in_backward(model, targs)
+    if checkpoint_layers is not None and targs.gradient_checkpointing:
+        extra["callbacks"] = [checkpoint_only(model, int(checkpoint_layers))]
     trainer = AdvisorTrainer(model=model, args=targs, train_dataset=data, data_collator=default_data_collator,
-                             processing_class=tokenizer)
+                             processing_class=tokenizer, **extra)
     result = trainer.train()
     kinds = [type(m).__name__ for m in model.modules()]
     summary = {"steps": trainer.state.global_step, "train_loss": result.training_loss,

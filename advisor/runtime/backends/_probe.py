@@ -1,27 +1,62 @@
-"""The cpu and cuda backends: ``measure(model, plan, gpu, **options) -> MemoryReport`` by a real probe.
+"""The cpu and cuda backends: a real short run of the plan in a child process, measured.
 
 The probe measures the peak of live tensors and the persistent tensors by category (weights,
 quantization constants, adapters, gradients, optimizer states); what is left of the peak is
 activations and transient tensors together (a real run cannot tell them apart), and on a GPU the
 overhead is the whole process's NVML memory minus the allocator's peak.
+
+``BackendOptions.budget_bytes`` is enforced for real (advisor.runtime.probe._limits: RLIMIT_DATA on
+the CPU, the caching allocator's cap on a GPU); a run that ends otherwise than ok (oom, timeout,
+crash, error) raises ``BackendFailed`` carrying the ProbeResult.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from advisor.core.errors import AdvisorInputError
 from advisor.memory.ledger import CATEGORIES, MemoryReport
+from advisor.runtime.backends._base import BackendFailed, BackendOptions, BaseBackend
 from advisor.runtime.probe._result import ProbeResult
 
+PROBE_OPTIONS = frozenset({"budget_bytes", "steps", "warmup", "timeout", "data", "weights_dir", "num_layers", "seed"})
 
-class ProbeFailed(AdvisorInputError):
-    """The plan did not run under a measuring backend (out of memory, crash, timeout, error)."""
 
-    def __init__(self, backend: str, result: ProbeResult):
-        self.result = result
-        super().__init__(f"--backend {backend}", f"the probe ended with status {result.status}: {result.message}",
-                         show_value=False)
+class _ProbeBackend(BaseBackend):
+    source = "measured"
+    accepts = PROBE_OPTIONS
+    device = ""
+
+    def measure(self, model, plan, gpu=None, options: BackendOptions | None = None) -> MemoryReport:
+        from advisor.runtime.probe._runner import run_probe
+
+        o = self.check(options)
+        kwargs: dict[str, Any] = {"steps": o.steps or 2, "warmup": 1 if o.warmup is None else o.warmup,
+                                  "memory_limit_bytes": o.budget_bytes, "data": o.data, "weights_dir": o.weights_dir,
+                                  "num_layers": o.num_layers, "seed": o.seed or 0}
+        if o.timeout is not None:
+            kwargs["timeout"] = o.timeout
+        result = run_probe(model, plan, device=self.device, **kwargs)
+        if not result.ok:
+            raise BackendFailed(self.name, result.status, result.message, result)
+        if self.device == "cuda":
+            from advisor.memory.calibration import record_probe_result
+
+            record_probe_result(result.to_dict())  # measured overheads for later predictions on this GPU
+        return report_from_result(result)
+
+
+class CpuBackend(_ProbeBackend):
+    """A real run on the CPU: tests and small models."""
+
+    name = "cpu"
+    device = "cpu"
+
+
+class CudaBackend(_ProbeBackend):
+    """A real run on the GPU: the truth (memory, speed, accuracy)."""
+
+    name = "cuda"
+    device = "cuda"
 
 
 def report_from_result(result: ProbeResult) -> MemoryReport:
@@ -49,24 +84,3 @@ def report_from_result(result: ProbeResult) -> MemoryReport:
     return MemoryReport(source="measured", backend=result.device, device=device, host={}, tensor_peak_bytes=peak,
                         peak_bytes=whole, peak_phase=result.peak_phase, notes=tuple(notes), extra=extra,
                         reserved_peak_bytes=result.peak_reserved_bytes)
-
-
-def _measure(device: str, model: Any, plan: Any, gpu: Any, options: dict[str, Any]) -> MemoryReport:
-    from advisor.runtime.probe._runner import run_probe
-
-    known = ("steps", "warmup", "timeout", "data", "memory_limit_bytes", "weights_dir", "num_layers", "seed")
-    kwargs = {k: options[k] for k in known if options.get(k) is not None}
-    kwargs.setdefault("steps", 2)
-    kwargs.setdefault("warmup", 1)
-    result = run_probe(model, plan, device=device, **kwargs)
-    if not result.ok:
-        raise ProbeFailed(device, result)
-    return report_from_result(result)
-
-
-def measure_cpu(model: Any, plan: Any, gpu: Any = None, **options: Any) -> MemoryReport:
-    return _measure("cpu", model, plan, gpu, options)
-
-
-def measure_cuda(model: Any, plan: Any, gpu: Any = None, **options: Any) -> MemoryReport:
-    return _measure("cuda", model, plan, gpu, options)

@@ -1,0 +1,116 @@
+"""A study's description, typed: what `advisor tune` was asked and for what, stored with the study.
+
+It travels as JSON in the Optuna study's user attribute "advisor" (``to_dict`` / ``from_dict``, a
+tested round trip), and every reader rebuilds the model, GPU, budget and space from it in this one
+way: the tuner (and a worker joining the study), `advisor export`, `advisor report` and the TUI.
+Studies written before this type existed (missing task, gpus, sharding; older ModelSpec / GpuSpec
+fields) still load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from advisor.core.catalog import GpuSpec, ModelSpec
+from advisor.core.target import Target
+from advisor.core.units import Budget
+from advisor.search.space import SearchSpace
+
+ATTR = "advisor"
+"""The Optuna study user attribute holding the description."""
+
+
+@dataclass(frozen=True)
+class StudyDescription:
+    """What one study searches: the target, the space, the backend and the selection settings."""
+
+    model: ModelSpec
+    """The model (the whole spec, so a reader needs no catalog, hub or network)."""
+    gpu: GpuSpec
+    """The GPU throughput is predicted for (named, detected, or assumed from the budget)."""
+    budget: Budget
+    """The memory budget per GPU."""
+    space: SearchSpace
+    """The resolved search space (overrides applied)."""
+    backend: str
+    """estimate, simulate, cpu or cuda: the last stage of each trial."""
+    gpu_assumed: bool = False
+    """No GPU was named or detected: ``gpu`` was assumed from the budget."""
+    headroom: float = 0.05
+    """Fraction of the budget kept free (advisor.core.fit)."""
+    tolerance: float = 0.05
+    """Largest accuracy loss accepted (KL nats/token)."""
+    seed: int = 0
+    """Sampler seed."""
+    trials: int = 40
+    """Finished trials the study aims for."""
+    task: str = "train"
+    """train (fine-tuning plans); the inference search keeps no study."""
+    gpus: int = 1
+    """Data-parallel GPUs of the target run (the budget is per GPU)."""
+    sharding: str = "zero3"
+    """How model state is split across ``gpus`` (advisor.memory.sharding)."""
+    versions: dict[str, Any] = field(default_factory=dict, compare=False)
+    """Library versions when the study was made."""
+    environment: dict[str, Any] = field(default_factory=dict, compare=False)
+    """GPU driver and CUDA when the study was made."""
+
+    @property
+    def target(self) -> Target:
+        return Target(model=self.model, gpu=self.gpu, budget=self.budget, gpu_assumed=self.gpu_assumed)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object stored with the study (the keys studies have always had, plus task)."""
+        return {"model": self.model.to_dict(), "gpu": self.gpu.to_dict(), "gpu_assumed": self.gpu_assumed,
+                "budget": {"bytes": self.budget.bytes, "text": self.budget.text, "unit": self.budget.unit},
+                "space": self.space.to_dict(), "backend": self.backend, "headroom": self.headroom,
+                "tolerance": self.tolerance, "seed": self.seed, "trials": self.trials, "task": self.task,
+                "gpus": self.gpus, "sharding": self.sharding, "versions": dict(self.versions),
+                "environment": dict(self.environment)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "StudyDescription":
+        """The description from its stored JSON (this version's or an older study's)."""
+        b = d["budget"]
+        space = _space(d["space"])
+        return cls(model=model_from_dict(d["model"]), gpu=gpu_from_dict(d["gpu"]),
+                   budget=Budget(int(b["bytes"]), b.get("unit") or "GiB", b.get("text") or f"{b['bytes']}B"),
+                   space=space, backend=d.get("backend", "estimate"), gpu_assumed=bool(d.get("gpu_assumed", False)),
+                   headroom=float(d.get("headroom", 0.05)), tolerance=float(d.get("tolerance", 0.05)),
+                   seed=int(d.get("seed", 0)), trials=int(d.get("trials") or space.trials),
+                   task=d.get("task", "train"), gpus=int(d.get("gpus", 1)), sharding=d.get("sharding", "zero3"),
+                   versions=dict(d.get("versions") or {}), environment=dict(d.get("environment") or {}))
+
+
+def _known(cls, d: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in d.items() if k in names}
+
+
+def model_from_dict(m: dict[str, Any]) -> ModelSpec:
+    """The stored spec; one from an older version missing a field is resolved again by its path or name."""
+    try:
+        return ModelSpec(**_known(ModelSpec, m))
+    except TypeError:
+        from advisor.core.catalog import resolve_model
+
+        return resolve_model(m.get("path") or m["name"])
+
+
+def gpu_from_dict(g: dict[str, Any]) -> GpuSpec:
+    try:
+        return GpuSpec(**_known(GpuSpec, g))
+    except TypeError:
+        from advisor.core.catalog import resolve_gpu
+
+        return resolve_gpu(g.get("key") or g["name"])
+
+
+def _space(sp: dict[str, Any]) -> SearchSpace:
+    return SearchSpace(name=sp["name"], trials=int(sp.get("trials", 40)), fixed=dict(sp["fixed"]),
+                       search={k: list(v) for k, v in sp["search"].items()}, source=sp.get("source", ""),
+                       overrides=tuple(sp.get("overrides", ())))
+
+
+__all__ = ["ATTR", "StudyDescription", "gpu_from_dict", "model_from_dict"]

@@ -1,0 +1,46 @@
+"""benchmarks/memory_vs_published.py: every published point is predicted or listed with its reason."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("memory_vs_published", ROOT / "benchmarks" / "memory_vs_published.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    if not mod.DEFAULT_DATA.exists():
+        pytest.skip("published_runs/memory.json is not beside this checkout")
+    return mod
+
+
+def test_every_point_is_predicted_or_has_a_reason(bench):
+    points = json.loads(bench.DEFAULT_DATA.read_text())
+    rows, skipped, _ = bench.run(bench.DEFAULT_DATA, "estimate")
+    assert len(rows) + len(skipped) == len(points)
+    assert not [pid for pid, why in skipped if why == "not mapped"]
+    ids = {p["id"] for p in points}
+    assert set(bench.CASES) <= ids and set(bench.GEN_CASES) <= ids  # no case for a point that is not there
+    for r in rows:
+        assert r.predicted > 0 and r.published > 0
+        assert set(r.phases.split("+")) <= {"load", "train", "eval", "generate", "save"}
+    # the stacks are reported apart: the advisor's own (transformers) and the others
+    assert {r.stack for r in rows} == {bench.HF, bench.LITGPT, bench.TORCHTUNE}
+
+
+def test_the_report_lists_every_row_and_reason(bench, tmp_path):
+    out = tmp_path / "r.md"
+    assert bench.main(["--backend", "estimate", "--out", str(out)]) == 0
+    text = out.read_text()
+    rows, skipped, _ = bench.run(bench.DEFAULT_DATA, "estimate")
+    assert all(f"| {r.id} |" in text for r in rows) and all(f"| {pid} |" in text for pid, _ in skipped)
+    assert "What litgpt does differently" in text and "What torchtune does differently" in text
