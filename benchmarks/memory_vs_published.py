@@ -107,14 +107,14 @@ class Case:
 def _litgpt_rt(model, mbs, quant=None, dq=False, gpus=1):
     plan = dict(method="qlora" if quant else "lora", quantization=quant or "none", double_quant=dq,
                 lora_r=8, lora_alpha=16.0, lora_dropout=0.05, lora_targets=QV, micro_batch=mbs, seq_len=1304,
-                chunked_ce=True, optimizer="paged_adamw_32bit" if quant else "adamw_torch", max_new_tokens=100,
+                loss="chunked", optimizer="paged_adamw_32bit" if quant else "adamw_torch", max_new_tokens=100,
                 gradient_checkpointing=gpus > 1)
     return Case(model, plan, "allocated", LITGPT_RUN + ("save",), LITGPT, gpus=gpus)
 
 
 def _litgpt_hub(model, mbs, quant=None, r=32, targets=QV, method=None):
     plan = dict(method=method or ("qlora" if quant else "lora"), quantization=quant or "none", micro_batch=mbs,
-                seq_len=512, chunked_ce=True, optimizer="paged_adamw_32bit" if quant else "adamw_torch",
+                seq_len=512, loss="chunked", optimizer="paged_adamw_32bit" if quant else "adamw_torch",
                 max_new_tokens=100)
     if plan["method"] != "full":
         plan.update(lora_r=r, lora_alpha=16.0, lora_dropout=0.05, lora_targets=targets)
