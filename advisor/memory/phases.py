@@ -114,14 +114,14 @@ def reserved_for(live_peak: int, gpu: GpuSpec | None, events: Sequence[tuple[int
         except ImportError:  # the allocator model is not in this checkout
             pass
         else:
-            config = AllocatorConfig(expandable_segments=bool(getattr(plan, "expandable_segments", False)))
+            config = AllocatorConfig(expandable_segments=plan.expandable_segments)
             seq = [("alloc", uid, n) if n > 0 else ("free", uid, 0) for uid, n in events]
             return int(replay(seq, config).reserved_peak_bytes), "replayed through the caching-allocator model"
     if fragmentation is not None:
         return int(live_peak * (1 + fragmentation)), f"allocated x {1 + fragmentation:.3f}, the step's reserved/allocated"
     from advisor.memory.overhead import overhead_terms
 
-    key = "fragmentation_expandable" if getattr(plan, "expandable_segments", False) else "fragmentation"
+    key = "fragmentation_expandable" if plan.expandable_segments else "fragmentation"
     frac = float(overhead_terms(gpu)[key])
     return int(live_peak * (1 + frac)), f"interim: allocated x (1 + {frac:g}) (overheads.yaml {key})"
 
@@ -135,11 +135,11 @@ def resident_bytes(report: MemoryReport) -> int:
 
 
 def eval_batch(plan: Plan) -> int:
-    return getattr(plan, "eval_batch", 0) or plan.micro_batch
+    return plan.eval_batch or plan.micro_batch
 
 
 def max_new_tokens(plan: Plan) -> int:
-    return int(getattr(plan, "max_new_tokens", 0) or 0)
+    return plan.max_new_tokens
 
 
 def forward_transient(model: ModelSpec, plan: Plan, batch: int, seq: int, *, full_logits: bool) -> tuple[int, str]:

@@ -58,7 +58,7 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
         d["quant_constants"] = d.get("quant_constants", 0) // gpus
     tensor_peak = sum(d.values())
     overhead, parts = framework_overhead(tensor_peak, gpu,
-                                         expandable_segments=getattr(plan, "expandable_segments", False))
+                                         expandable_segments=plan.expandable_segments)
     d["overhead"] = overhead
     host = {k: v // gpus for k, v in report.host.items()}
     notes = (*report.notes, f"{strategy} over {gpus} GPUs: per-GPU ledger; collectives are modelled, not traced")

@@ -347,7 +347,7 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
                   optimizer_states=states, master_weights=masters, **at_peak)
     notes += paged_spill(device, host, plan, gpu)
     tensor_peak = sum(device.values())
-    over = framework_overhead_of(tensor_peak, gpu, expandable_segments=getattr(plan, "expandable_segments", False))
+    over = framework_overhead_of(tensor_peak, gpu, expandable_segments=plan.expandable_segments)
     device["overhead"] = over.total
     notes += over.notes()
     return MemoryReport(

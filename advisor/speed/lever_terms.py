@@ -1,29 +1,24 @@
 """Step-time terms of the newer levers (issue 15): low-rank optimizers (GaLore, APOLLO), the update
 inside backward, activation offload, paged optimizer states that spill to the host.
 
-Each reads its lever with ``getattr(plan, name, default)`` so plans without the knob still work;
-the optimizer implementations themselves are rows of ``optimizer_bytes_per_param`` in
+The optimizer implementations themselves are rows of ``optimizer_bytes_per_param`` in
 ``advisor/data/throughput.yaml`` (terms.optimizer).
 """
 
 from __future__ import annotations
 
+from advisor.core.plan import LOW_RANK_OPTIMIZERS, PAGED_OPTIMIZERS
 from advisor.speed.inputs import StepInputs
 from advisor.speed.kernels import gemm_seconds
 from advisor.speed.terms import layer_forward_seconds, layer_gemm_seconds, term
 
-LOW_RANK = ("galore_adamw", "galore_adamw_8bit", "galore_adamw_layerwise", "apollo_adamw")
-PAGED = ("paged_adamw_8bit", "paged_adamw_32bit")
 SVD_EFFICIENCY = 0.05  # a GPU SVD (cuSOLVER gesvd) reaches a few % of the fp32 rate (issue 15's GaLore term)
 
 
 def _low_rank_targets(s: StepInputs) -> list[tuple[int, int]]:
-    """(out, in) of every weight a low-rank optimizer projects: the ledger's list when it has one,
-    else every decoder-layer linear (GaLore's usual optim_target_modules: attn and mlp)."""
-    try:
-        from advisor.memory.training import low_rank_targets  # the ledger's rule, once it has one
-    except ImportError:
-        return [(o, i) for i, o in s.shapes.values()] * s.model.num_layers
+    """(out, in) of every weight a low-rank optimizer projects: the training ledger's rule."""
+    from advisor.memory.training import low_rank_targets
+
     return list(low_rank_targets(s.model, s.plan))
 
 
@@ -34,10 +29,10 @@ def low_rank_projection(s: StepInputs) -> float:
     optim_proj_gap steps: ~4 m n k + 8 k^3 FLOPs, k = min(m, n) (Golub & Van Loan, 4th ed. §8.6.3),
     at the fp32 rate and a GPU SVD's low efficiency, amortized per step."""
     plan = s.plan
-    if plan.optimizer not in LOW_RANK:
+    if plan.optimizer not in LOW_RANK_OPTIMIZERS:
         return 0.0
-    r = getattr(plan, "optim_rank", 128)
-    gap = max(1, getattr(plan, "optim_proj_gap", 200))
+    r = plan.optim_rank
+    gap = max(1, plan.optim_proj_gap)
     fp32_peak = s.peak_flops * s.k["fp32_tensor_ratio"]
     total = 0.0
     for m, n in _low_rank_targets(s):
@@ -56,7 +51,7 @@ def activation_offload(s: StepInputs) -> float:
     inputs on the compute stream (nothing hidden); without it TRL / torchtune activation offloading
     copies every saved activation on a side stream, hidden behind the layers' matmuls (use_streams)."""
     plan = s.plan
-    if not getattr(plan, "activation_offload", False):
+    if not plan.activation_offload:
         return 0.0
     from advisor.memory.training import estimate_training
 
@@ -76,7 +71,7 @@ def paged_spill(s: StepInputs) -> float:
     twice over the host link per step, page-fault driven (bitsandbytes paged optimizers, unified
     memory); the ledger says how much spills."""
     plan = s.plan
-    if plan.optimizer not in PAGED or plan.offload != "none" or not s.gpu.memory_bytes:
+    if plan.optimizer not in PAGED_OPTIMIZERS or plan.offload != "none" or not s.gpu.memory_bytes:
         return 0.0
     if s.pb.trainable * 4 < 0.2 * s.gpu.memory_bytes:
         return 0.0  # states far smaller than the card (LoRA, small models): nothing spills; skip the ledger

@@ -16,6 +16,6 @@ from advisor.speed.terms import term
 def chunked_loss_recompute(s: StepInputs) -> float:
     """The lm_head GEMM (tokens x hidden x vocab) run again in backward, chunk by chunk (Chen et al. 2016 §3
     applied to the loss; torch.utils.checkpoint per chunk)."""
-    if getattr(s.plan, "loss", "plain") != "chunked":
+    if s.plan.loss != "chunked":
         return 0.0
     return gemm_seconds(s, s.tokens, s.model.vocab_size, s.model.hidden_size)

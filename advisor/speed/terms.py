@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from advisor.core.catalog import GpuSpec, ModelSpec
-from advisor.core.plan import Plan
+from advisor.core.plan import FUSED_BACKWARD_OPTIMIZERS, Plan
 from advisor.speed.inputs import StepInputs
 from advisor.speed.kernels import attention_seconds, gemm_seconds, stream_seconds
 
@@ -184,7 +184,7 @@ def dora_layer_seconds(s: StepInputs) -> float:
     """DoRA (peft use_dora) recomputes each adapted weight's column norm every forward:
     W + scale B A materialized (a K x r x N GEMM) and read again for the norm (Liu et al. 2024 §4;
     peft DoraLinearLayer.get_weight_norm), plus rescaling the base output."""
-    if not (getattr(s.plan, "use_dora", False) or getattr(s.plan, "dora", False)):
+    if not s.plan.dora:
         return 0.0
     p, total = s.act_bytes, 0.0
     for mod in s.pb.lora_modules:
@@ -245,8 +245,7 @@ def lora(s: StepInputs) -> float:
 
 
 def _fused_loss(s: StepInputs) -> bool:
-    loss = getattr(s.plan, "loss_impl", None) or getattr(s.plan, "loss", None)
-    return bool(getattr(s.plan, "fused_ce", False) or loss in ("fused-linear", "fused_linear_ce", "liger"))
+    return s.plan.loss == "fused-linear"
 
 
 @term("loss", label="loss over the vocabulary")
@@ -331,8 +330,7 @@ def optimizer(s: StepInputs) -> float:
 
 def in_backward(s: StepInputs) -> bool:
     """The update runs inside backward (LOMO / AdaLomo / layer-wise GaLore, or optimizer_in_backward)."""
-    return bool(getattr(s.plan, "optimizer_in_backward", False)) or s.plan.optimizer in (
-        "lomo", "adalomo", "galore_adamw_layerwise")
+    return s.plan.optimizer_in_backward or s.plan.optimizer in FUSED_BACKWARD_OPTIMIZERS
 
 
 @term("grad_accumulation", per="step", label="gradient accumulation")

@@ -27,8 +27,7 @@ Constants: ``advisor/data/throughput.yaml`` (source and whether fitted beside ea
 Adding a term for a new lever (e.g. a new optimizer, activation offload):
 
 1. write ``def my_term(s: StepInputs) -> float`` in ``terms.py`` returning seconds, read the
-   lever with ``getattr(s.plan, "my_lever", default)`` so older plans still work, and put a
-   one-line citation in its docstring;
+   lever from ``s.plan`` (a Plan field), and put a one-line citation in its docstring;
 2. decorate it ``@term("my_term", per="micro_batch" | "step", kind="gpu" | "cpu" | "link",
    label="what a person reads")``: it then appears in ``ThroughputPrediction.terms``, in
    ``advisor estimate`` and in the tuner's explanations;
@@ -136,7 +135,7 @@ def predict_throughput(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1
     unless packed, and packed attention runs over each document's own block."""
     frac, stack = 1.0, dict(stack or {})
     if data is not None:
-        if getattr(plan, "packing", False):
+        if plan.packing:
             stack.setdefault("attention_scale", packed_attention_scale(list(data.lengths), plan.seq_len))
         else:
             padded = max(1, round(data.expected_padded(plan.seq_len, plan.micro_batch)))

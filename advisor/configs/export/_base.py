@@ -118,7 +118,7 @@ def alloc_env(plan) -> dict[str, str]:
     (advisor.memory.allocator.AllocatorConfig.to_env; torch reads it when CUDA starts)."""
     from advisor.memory.allocator import AllocatorConfig
 
-    conf = AllocatorConfig(expandable_segments=bool(getattr(plan, "expandable_segments", False))).to_env()
+    conf = AllocatorConfig(expandable_segments=plan.expandable_segments).to_env()
     return {"PYTORCH_CUDA_ALLOC_CONF": conf} if conf else {}
 
 

@@ -105,7 +105,7 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
         seq = min(seq, max(1, stats.longest_tokens))
     evaluates = str(training.get("eval_strategy") or training.get("evaluation_strategy") or "no") != "no"
     mem_plan = plan.with_(seq_len=seq)
-    if evaluates and not getattr(plan, "eval_batch", 0):
+    if evaluates and not plan.eval_batch:
         # TrainingArguments.per_device_eval_batch_size defaults to 8
         mem_plan = mem_plan.with_(eval_batch=int(training.get("per_device_eval_batch_size") or 8))
     report = None

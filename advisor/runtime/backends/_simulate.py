@@ -64,7 +64,7 @@ def _measure(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *, layers
         host = {**empty(), **host}
         notes += paged_spill(device, host, plan, gpu)
     tensor_peak = sum(device.values())
-    expandable = bool(getattr(plan, "expandable_segments", False))
+    expandable = plan.expandable_segments
     allocator = None
     if plan.offload == "none" and sim.traced_events:
         allocator = step_reserved(sim.traced_events, model.num_layers if sim.extrapolated else sim.layers_traced[-1],
