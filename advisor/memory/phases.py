@@ -103,25 +103,23 @@ def reserved_for(live_peak: int, gpu: GpuSpec | None, events: Sequence[tuple[int
                  plan: Plan | None = None, fragmentation: float | None = None) -> tuple[int, str]:
     """Reserved bytes at a phase's peak, and how they were obtained.
 
-    With ``events`` (uid, +bytes for an allocation / -bytes for a free, in order) and the caching-allocator
-    model of issue 16 (advisor.memory.allocator), the sequence is replayed through it. Otherwise reserved
+    With ``events`` (uid, +bytes for an allocation / -bytes for a free, in order) the sequence is replayed
+    through the caching-allocator model (advisor.memory.allocator). Otherwise reserved
     = live x (1 + ``fragmentation``): the replayed step's fraction when the caller has one, else the
     fragmentation term of advisor/data/overheads.yaml (the interim guess).
     """
+    expandable = plan is not None and plan.expandable_segments
     if events:
-        try:
-            from advisor.memory.allocator import AllocatorConfig, replay
-        except ImportError:  # the allocator model is not in this checkout
-            pass
-        else:
-            config = AllocatorConfig(expandable_segments=plan.expandable_segments)
-            seq = [("alloc", uid, n) if n > 0 else ("free", uid, 0) for uid, n in events]
-            return int(replay(seq, config).reserved_peak_bytes), "replayed through the caching-allocator model"
+        from advisor.memory.allocator import AllocatorConfig, replay
+
+        seq = [("alloc", uid, n) if n > 0 else ("free", uid, 0) for uid, n in events]
+        return (int(replay(seq, AllocatorConfig(expandable_segments=expandable)).reserved_peak_bytes),
+                "replayed through the caching-allocator model")
     if fragmentation is not None:
         return int(live_peak * (1 + fragmentation)), f"allocated x {1 + fragmentation:.3f}, the step's reserved/allocated"
     from advisor.memory.overhead import overhead_terms
 
-    key = "fragmentation_expandable" if plan.expandable_segments else "fragmentation"
+    key = "fragmentation_expandable" if expandable else "fragmentation"
     frac = float(overhead_terms(gpu)[key])
     return int(live_peak * (1 + frac)), f"interim: allocated x (1 + {frac:g}) (overheads.yaml {key})"
 
