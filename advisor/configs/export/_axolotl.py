@@ -25,7 +25,7 @@ from typing import Any
 
 from advisor.configs.export._levers import axolotl_fields
 from advisor.configs.export._base import (ADAM, DEEPSPEED_FILE, LEARNING_RATE, LR_SCHEDULER, TORCH_DTYPE, WARMUP_STEPS,
-                                  ExportContext, Unsupported, alloc_env, comment_block, dump_yaml, env_prefix,
+                                  ExportContext, Unsupported, comment_block, dump_yaml, env_note, env_prefix,
                                   plan_summary,
                                   require_int_alpha, write_text)
 
@@ -117,8 +117,7 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
         *plan_summary(ctx),
         "",
         f"Run:  {env_prefix(ctx.plan)}axolotl train axolotl.yaml",
-        *(["axolotl.yaml has no field for environment variables: PYTORCH_CUDA_ALLOC_CONF (the plan's",
-           "allocator setting) must be set in the shell that launches it, as above."] if alloc_env(ctx.plan) else []),
+        *env_note(ctx.plan, "axolotl.yaml"),
         "Replace `datasets` with yours (here: data.jsonl, one {\"text\": ...} per line). pad_to_sequence_len",
         "keeps every batch at sequence_len tokens, the length the memory plan was sized for.",
         *(["deepspeed.json (ZeRO CPU offload) must sit next to this file."] if ctx.plan.offload != "none" else []),

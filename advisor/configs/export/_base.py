@@ -127,6 +127,14 @@ def env_prefix(plan) -> str:
     return "".join(f"{k}={v} " for k, v in alloc_env(plan).items())
 
 
+def env_note(plan, config: str) -> list[str]:
+    """Header lines for a format with no field for environment variables, when the plan needs one."""
+    if not alloc_env(plan):
+        return []
+    return [f"{config} has no field for environment variables: PYTORCH_CUDA_ALLOC_CONF (the plan's",
+            "allocator setting) must be set in the shell that launches it, as above."]
+
+
 def plan_summary(ctx: ExportContext) -> list[str]:
     """Header lines naming the model, the plan and the prediction."""
     lines = [f"model: {ctx.spec.name} ({ctx.spec.hf_id})", f"plan:  {ctx.plan.short()}"]

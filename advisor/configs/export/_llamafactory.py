@@ -33,7 +33,7 @@ from typing import Any
 
 from advisor.configs.export._levers import llamafactory_fields
 from advisor.configs.export._base import (DEEPSPEED_FILE, LEARNING_RATE, LR_SCHEDULER, WARMUP_STEPS, ExportContext,
-                                  Unsupported, alloc_env, comment_block, dump_yaml, env_prefix, plan_summary,
+                                  Unsupported, comment_block, dump_yaml, env_note, env_prefix, plan_summary,
                                   require_int_alpha, write_text)
 
 FILENAME = "llamafactory.yaml"
@@ -126,8 +126,6 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
         "template, e.g. qwen for Qwen2.5, llama3 for Llama 3). cutoff_len is the sequence length the",
         "memory plan was sized for; longer examples are cut to it.",
         *(["deepspeed.json (ZeRO CPU offload) must sit next to this file."] if ctx.plan.offload != "none" else []),
-        *(["LLaMA-Factory's YAML has no field for environment variables: PYTORCH_CUDA_ALLOC_CONF (the",
-           "plan's allocator setting) must be set in the shell that launches it, as above."]
-          if alloc_env(ctx.plan) else []),
+        *env_note(ctx.plan, "LLaMA-Factory's YAML"),
     ])
     return write_text(out_dir / FILENAME, dump_yaml(cfg, header))
