@@ -219,7 +219,9 @@ def estimate_inference(model: ModelSpec, plan: ServePlan, gpu: GpuSpec | None = 
         tensor_peak = weights + consts + kv + prefill
         from advisor.memory.overhead import framework_overhead
 
-        overhead, _ = framework_overhead(tensor_peak, gpu)
+        # the weights are loaded once, a segment each; what fragments is what comes and goes: the
+        # KV cache that DynamicCache grows by torch.cat every token, and the forward's activations
+        overhead, _ = framework_overhead(kv + prefill, gpu)
         extra.update(prefill_transient=prefill, decode_transient=decode, prefill_peak_in=where,
                      prompt_len=plan.prompt_len)
         phase = "prefill"

@@ -32,7 +32,8 @@ class Simulation:
     seconds: float
     notes: list[str]
     traced_events: tuple = ()
-    """(layers, allocation events) of each trace, for the caching-allocator replay (reserved.py)."""
+    """(layers, allocation events, the layer of each event) of each trace, for the caching-allocator
+    replay (reserved.py)."""
 
 
 def simulate(spec: ModelSpec, plan: Plan, *, layers: str | int = "auto", fake: bool = True,
@@ -45,7 +46,7 @@ def simulate(spec: ModelSpec, plan: Plan, *, layers: str | int = "auto", fake: b
         n = L if not isinstance(layers, int) or isinstance(layers, bool) else layers
         t = trace_step(spec, plan, fake=fake, num_layers=n, target_device=target_device)
         return Simulation(t.peak_bytes, t.peak_phase, t.ledger, t.phases, (n,), False,
-                          time.perf_counter() - start, t.notes, ((n, t.events),))
+                          time.perf_counter() - start, t.notes, ((n, t.events, t.event_layers),))
     if plan.gradient_checkpointing and 0 < len(checkpointed_layers(plan, L)) < L:
         return simulate_partial_checkpointing(spec, plan, fake=fake, target_device=target_device, start=start)
     n1, n2 = TRACE_LAYERS
@@ -54,7 +55,7 @@ def simulate(spec: ModelSpec, plan: Plan, *, layers: str | int = "auto", fake: b
     phases = extrapolate_phases(a, b, L)
     top = max(phases.values(), key=lambda p: p.bytes)
     return Simulation(top.bytes, top.phase, top.ledger, phases, (n1, n2), True, time.perf_counter() - start,
-                      b.notes, ((n1, a.events), (n2, b.events)))
+                      b.notes, ((n1, a.events, a.event_layers), (n2, b.events, b.event_layers)))
 
 
 def extrapolate_phases(a: StepTrace, b: StepTrace, L: int) -> dict[str, PhasePeak]:

@@ -58,6 +58,8 @@ class StepTrace:
     events: list = field(default_factory=list)
     """Allocations and frees from the warm-up step on (what was live before it allocated fresh, in
     order), for the caching-allocator replay (advisor.runtime.simulate.reserved)."""
+    event_layers: list = field(default_factory=list)
+    """For each event, the decoder layer it happened in, or None (``tag_layers``)."""
 
 
 @contextlib.contextmanager
@@ -194,6 +196,7 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
                     if (rec := tracker.record_of(v)) is not None:
                         ids["optimizer_states"].add(rec.uid)
         tracker.phase = name if name in PHASES else tracker.phase
+        tracker.layer = None
         tracker.reset_peak()
         tracker.host_peak = tracker.host_bytes
         marks.setdefault(name, tracker.clock)
@@ -206,17 +209,23 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
         setup = build_training_setup(spec, plan, device="cpu", num_layers=num_layers, quant_impl=quant_impl,
                                      seed=seed, target_device=target_device, checkpoint_set=checkpoint_set,
                                      on_grad=on_grad, proj_gap=gap)
+        layer_hooks = tag_layers(_decoder_layers(setup.model), tracker)
+        tag_layer_storages(_decoder_layers(setup.model), tracker, None)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             batches = [setup.make_batch(i) for i in range(plan.grad_accum)]
             setup.phase_hook = hook
             warm_clock = tracker.clock
             setup.train_step(batches)  # warm-up
+            tag_layer_storages(_decoder_layers(setup.model), tracker, setup.optimizer)
             measuring["on"] = True
             tracker.phase = "baseline"
             baseline = tracker.live_bytes
             setup.train_step(batches)  # measured
             close_phase()
             measuring["on"] = False
+        for handle in layer_hooks:
+            handle.remove()
+        tag_layer_storages(_decoder_layers(setup.model), tracker, setup.optimizer)
         # identities of what persists, while the setup is alive
         groups = _identity_groups(tracker, setup, quant_constant_tensors(setup.model), plan)
         for rec_uid in ids.get("params", ()):
@@ -238,11 +247,11 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
             phases[phase] = PhasePeak(phase, nbytes, ledger, largest, host_peaks.get(phase, 0))
         notes = list(setup.notes)
         layers = len(_decoder_layers(setup.model))
-        events = tracker.allocator_events(warm_clock)
+        events, event_layers = tracker.allocator_events(warm_clock, layers=True)
     top = max(phases.values(), key=lambda p: p.bytes)
     return StepTrace(num_layers=layers, peak_bytes=top.bytes, peak_phase=top.phase, ledger=top.ledger,
                      phases=phases, baseline_bytes=baseline, seconds=time.perf_counter() - start, fake=fake,
-                     notes=notes, events=events)
+                     notes=notes, events=events, event_layers=event_layers)
 
 
 @contextlib.contextmanager
@@ -305,6 +314,54 @@ def _is_fake_tensor(t) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
     return isinstance(t, FakeTensor)
+
+
+def tag_layers(layers, tracker) -> list:
+    """Tag what each decoder layer allocates and frees with its index (``tracker.layer``).
+
+    A layer's forward (and its recomputation under checkpointing) runs from its forward pre-hook to
+    the next layer's, so the free of the previous layer's output as the model's loop moves on counts
+    as this layer's. Its backward ends when the gradient of its input is complete: a hook on that
+    input sets the previous layer (torch.Tensor.register_hook fires once the gradient is computed),
+    which is also where the previous layer's backward begins. The phase hooks reset the tag, so the
+    loss, the last layer's backward and the optimizer step are untagged or tagged to their own layer,
+    never to a middle one. Forward hooks only: module backward hooks break on peft models.
+    """
+    import torch
+
+    def pre_hook(index):
+        def set_previous(_grad):
+            tracker.layer = index - 1 if index > 0 else None
+
+        def hook(_module, args, kwargs):
+            tracker.layer = index
+            h = args[0] if args else kwargs.get("hidden_states")
+            if isinstance(h, torch.Tensor) and h.requires_grad:
+                h.register_hook(set_previous)
+        return hook
+
+    return [layer.register_forward_pre_hook(pre_hook(i), with_kwargs=True) for i, layer in enumerate(layers)]
+
+
+def tag_layer_storages(layers, tracker, optimizer) -> None:
+    """What a layer keeps from step to step is the layer's too: its parameters, buffers, quantization
+    constants and its parameters' optimizer states (made before the trace's clock or in the untagged
+    optimizer step)."""
+    import torch
+
+    from advisor.runtime.simulate.standins import quant_constant_tensors
+
+    states = getattr(optimizer, "state", None) or {}
+    for index, layer in enumerate(layers):
+        params = list(layer.parameters())
+        tensors = [*params, *layer.buffers(), *quant_constant_tensors(layer)]
+        for p in params:
+            state = states.get(p) if hasattr(states, "get") else None
+            tensors += [v for v in (state or {}).values() if isinstance(v, torch.Tensor)]
+        for t in tensors:
+            rec = tracker.record_of(t)
+            if rec is not None:
+                rec.layer = index
 
 
 def _decoder_layers(model):

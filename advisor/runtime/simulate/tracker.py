@@ -37,6 +37,10 @@ class Record:
     """The storage's own nbytes, before the 512-byte rounding (what the CUDA allocator is asked for)."""
     host: bool = False
     """Allocated in host memory (an offloaded activation), outside the device count."""
+    layer: int | None = None
+    """The decoder layer whose forward, recomputation or backward was running when it was made (runner.py tags)."""
+    died_layer: int | None = None
+    """The same when it was freed."""
 
 
 @dataclass
@@ -63,6 +67,7 @@ def _make_mode_class():
             self.by_id: dict[int, Record] = {}
             self._refs: dict[int, weakref.ref] = {}
             self.phase = "build"
+            self.layer: int | None = None
             self.peak = Peak()
             self.paused = 0
             self.phantoms = PHANTOMS
@@ -78,7 +83,7 @@ def _make_mode_class():
 
         def _alloc(self, nbytes: int) -> Record:
             rec = Record(uid=len(self.records), nbytes=round_block(nbytes, self.block), born=self._tick(),
-                         phase=self.phase, requested=int(nbytes), host=self._on_host > 0)
+                         phase=self.phase, requested=int(nbytes), host=self._on_host > 0, layer=self.layer)
             self.records.append(rec)
             if rec.host:
                 self.host_bytes += rec.nbytes
@@ -92,6 +97,7 @@ def _make_mode_class():
         def _free(self, rec: Record) -> None:
             if rec.died is None:
                 rec.died = self._tick()
+                rec.died_layer = self.layer
                 if rec.host:
                     self.host_bytes -= rec.nbytes
                 else:
@@ -153,9 +159,9 @@ def _make_mode_class():
 
             return ctx()
 
-        def allocator_events(self, start: int = 0, end: int | None = None) -> list[tuple]:
+        def allocator_events(self, start: int = 0, end: int | None = None, layers: bool = False):
             """This tracker's allocations and frees, in order, for advisor.memory.allocator.replay."""
-            return allocator_events(self.records, start, end)
+            return allocator_events(self.records, start, end, layers)
 
         # -------------------------------------------------------------- dispatch
 
@@ -172,9 +178,29 @@ def _make_mode_class():
             if extra is not None:
                 self._free(extra)
             if not self.paused:
-                for t in tree_flatten(out)[0]:
-                    self.track(t, name)
+                if self.layer is None and name.startswith("aten::_foreach") and isinstance(out, (list, tuple)):
+                    self._track_per_layer(out, args[0] if args else (), name)
+                elif self.layer is None and self.phase == "optimizer":
+                    first = next((a for a in tree_flatten(args)[0] if isinstance(a, torch.Tensor)), None)
+                    src = self.record_of(first) if first is not None else None
+                    self.layer = src.layer if src is not None else None
+                    for t in tree_flatten(out)[0]:
+                        self.track(t, name)
+                    self.layer = None
+                else:
+                    for t in tree_flatten(out)[0]:
+                        self.track(t, name)
             return out
+
+        def _track_per_layer(self, outs, inputs, name: str) -> None:
+            """Outside the layers a foreach op (the optimizer step, gradient clipping) makes one output
+            per input tensor, each tagged with that input's layer (a parameter's, its gradient's or
+            state's); in the optimizer step any other op's output is its first input's layer's."""
+            for i, t in enumerate(outs):
+                src = self.record_of(inputs[i]) if isinstance(inputs, (list, tuple)) and i < len(inputs) else None
+                self.layer = src.layer if src is not None else None
+                self.track(t, name)
+            self.layer = None
 
     return LiveBytes
 
@@ -219,7 +245,7 @@ def LiveBytes(block: int = BLOCK):
     return _CLS(block)
 
 
-def allocator_events(records: list[Record], start: int = 0, end: int | None = None) -> list[tuple]:
+def allocator_events(records: list[Record], start: int = 0, end: int | None = None, layers: bool = False):
     """The allocations and frees the CUDA caching allocator would see, in the order they happened.
 
     Each storage is one request of its own nbytes (``Record.requested``; the allocator rounds it).
@@ -227,16 +253,20 @@ def allocator_events(records: list[Record], start: int = 0, end: int | None = No
     run had allocated them fresh with nothing else in between (the caching that building the model
     on the CPU caused is not the GPU run's); then every allocation and free after ``start`` up to
     ``end``. Zero-byte storages are left out (the allocator gives them no block).
+
+    ``layers``: also return, for each event, the decoder layer it happened in (None outside the
+    layers; a layer's weights and optimizer states are its own), for ``reserved.deepen_by_layer``.
     """
-    ordered: list[tuple[int, int, str, int, int]] = []
+    ordered: list[tuple[int, int, str, int, int, int | None]] = []
     for r in records:
         size = r.requested or r.nbytes
         if size <= 0 or (end is not None and r.born > end) or r.host:
             continue  # (host memory, an offload's copies, is not the GPU allocator's)
         if r.died is not None and r.died <= start:
             continue
-        ordered.append((r.born if r.born > start else -1, r.uid, "alloc", r.uid, size))
+        ordered.append((r.born if r.born > start else -1, r.uid, "alloc", r.uid, size, r.layer))
         if r.died is not None and (end is None or r.died <= end):
-            ordered.append((r.died, r.uid, "free", r.uid, 0))
-    ordered.sort()
-    return [(kind, uid, size) for _, _, kind, uid, size in ordered]
+            ordered.append((r.died, r.uid, "free", r.uid, 0, r.died_layer))
+    ordered.sort(key=lambda e: e[:2])
+    events = [(kind, uid, size) for _, _, kind, uid, size, _ in ordered]
+    return (events, [e[5] for e in ordered]) if layers else events
