@@ -8,7 +8,7 @@ from typing import Any
 
 from advisor.core.errors import AdvisorInputError, ConfigErrors
 from advisor.memory.inference import KV_DTYPES, QUANT_METHODS, WEIGHT_FORMATS
-from advisor.search.space import SPACES_DIR, parse_override, read_space_file
+from advisor.search.space import SPACES_DIR, parsed_overrides, read_space_file
 
 __all__ = ["SPACES_DIR", "ServeSpace", "load_serve_space"]
 
@@ -48,12 +48,7 @@ def load_serve_space(ref: str = "inference", overrides: list[str] | tuple[str, .
     fixed = dict(data.get("fixed") or {})
     search = {k: list(v) if isinstance(v, list) else [v] for k, v in (data.get("search") or {}).items()}
     errors: list[AdvisorInputError] = []
-    for text in overrides:
-        try:
-            key, value = parse_override(text)
-        except AdvisorInputError as e:
-            errors.append(e)
-            continue
+    for text, key, value in parsed_overrides(overrides, errors):
         if key in FIXED_KEYS:
             fixed[key] = value
         elif key in SEARCH_KEYS:

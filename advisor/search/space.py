@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import yaml
 
@@ -134,6 +134,17 @@ def read_space_file(ref: str, task: str = "train") -> tuple[dict, str]:
     return data, str(path)
 
 
+def parsed_overrides(overrides: Sequence[str], errors: list[AdvisorInputError]) -> Iterator[tuple[str, str, Any]]:
+    """(text, key, value) of each ``key=value`` override that parses; the others' errors go to ``errors``."""
+    for text in overrides:
+        try:
+            key, value = parse_override(text)
+        except AdvisorInputError as e:
+            errors.append(e)
+            continue
+        yield text, key, value
+
+
 def parse_override(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise AdvisorInputError("override", "expected key=value (e.g. method=qlora or micro_batch=[1,2])", text)
@@ -153,12 +164,7 @@ def load_space(ref: str = "default", overrides: list[str] | tuple[str, ...] = ()
     for key, default in OPTIONAL_KNOBS.items():
         search.setdefault(key, list(default))
     errors: list[AdvisorInputError] = []
-    for text in overrides:
-        try:
-            key, value = parse_override(text)
-        except AdvisorInputError as e:
-            errors.append(e)
-            continue
+    for text, key, value in parsed_overrides(overrides, errors):
         if key in LEGACY_KNOBS:
             key, value = LEGACY_KNOBS[key][0], [LEGACY_KNOBS[key][1](v) for v in
                                                 (value if isinstance(value, list) else [value])]

@@ -67,11 +67,12 @@ def _measure(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *, layers
     expandable = plan.expandable_segments
     allocator = None
     if plan.offload == "none" and sim.traced_events:
-        allocator = step_reserved(sim.traced_events, model.num_layers if sim.extrapolated else sim.layers_traced[-1],
-                                  AllocatorConfig(expandable_segments=expandable), tensor_peak_bytes=int(tensor_peak))
+        depth = model.num_layers if sim.extrapolated else sim.layers_traced[-1]
+        allocator = step_reserved(sim.traced_events, depth, AllocatorConfig(expandable_segments=expandable),
+                                  tensor_peak_bytes=int(tensor_peak))
         depths = " and ".join(f"{d}-layer" for d in allocator.rebuilt_from)
         rebuilt = (f", the full depth rebuilt from the {depths} trace{'s' if len(allocator.rebuilt_from) > 1 else ''}"
-                   if allocator.rebuilt_from[-1] != model.num_layers else "")
+                   if allocator.rebuilt_from[-1] != depth else "")
         notes.append(f"reserved memory: {allocator.replay.events:,} allocations and frees replayed through the "
                      f"CUDA caching-allocator model{' with expandable segments' if expandable else ''}{rebuilt} "
                      f"({allocator.seconds:.2f} s)" + ("" if allocator.method == "replayed" else f"; {allocator.method}"))

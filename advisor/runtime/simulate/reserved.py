@@ -30,8 +30,8 @@ from typing import Sequence
 
 from advisor.memory.allocator import AllocatorConfig, AllocatorReplay, replay
 
-REBUILD_TOLERANCE = 0.01
-MIDDLE_LAYER = 1           # the layer a 3-layer trace repeats: it has a neighbour on each side   # the rebuilt sequence's live peak within 1% of the simulation's tensor peak
+REBUILD_TOLERANCE = 0.01   # the rebuilt sequence's live peak within 1% of the simulation's tensor peak
+MIDDLE_LAYER = 1           # the layer a 3-layer trace repeats: it has a neighbour on each side
 
 
 @dataclass(frozen=True)
@@ -170,9 +170,7 @@ def deepen_by_layer(events: Sequence[tuple], layers: Sequence[int | None], layer
             elif cid != uid and freed_in.get(uid, "never") != layer:
                 copies[uid].append(cid)
         elif made_in.get(uid) == layer:
-            if cid == uid:
-                free(uid)
-            elif (uid, cid[1]) in alive:
+            if cid == uid or cid in alive:
                 free(cid)
         elif made_in.get(uid) in neighbours and cid != uid:
             free_oldest_handed(size_of.get(uid, 0))
@@ -206,7 +204,7 @@ def deepen_by_layer(events: Sequence[tuple], layers: Sequence[int | None], layer
     return out
 
 
-def step_reserved(traced: Sequence[tuple[int, Sequence[tuple]]], num_layers: int,
+def step_reserved(traced: Sequence[tuple], num_layers: int,
                   config: AllocatorConfig | None = None, *, tensor_peak_bytes: int | None = None) -> StepReserved:
     """Replay a traced step at ``num_layers`` decoder layers: ``traced`` is one (depth, events) pair
     traced at that depth, or two pairs one layer apart to rebuild the full depth from. When the
@@ -217,8 +215,8 @@ def step_reserved(traced: Sequence[tuple[int, Sequence[tuple]]], num_layers: int
     ``tensor_peak_bytes``: the simulation's own (extrapolated) tensor peak. When the rebuilt
     sequence's live peak is more than ``REBUILD_TOLERANCE`` away from it, the rebuild missed part of
     the step (seen on full fine-tuning with foreach AdamW, whose list ops hold every layer's
-    temporaries at once, outside any layer); the fragmentation is then the larger of the rebuilt one and the deeper trace's own
-    reserved/live ratio applied to the tensor peak, so it errs high, never low.
+    temporaries at once, outside any layer); the fragmentation is then the larger of the rebuilt one
+    and the deeper trace's own reserved/live ratio applied to the tensor peak, so it errs high.
     """
     start = time.perf_counter()
     config = config or AllocatorConfig()

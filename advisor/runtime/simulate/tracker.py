@@ -178,27 +178,33 @@ def _make_mode_class():
             if extra is not None:
                 self._free(extra)
             if not self.paused:
-                if self.layer is None and name.startswith("aten::_foreach") and isinstance(out, (list, tuple)):
-                    self._track_per_layer(out, args[0] if args else (), name)
-                elif self.layer is None and self.phase == "optimizer":
-                    first = next((a for a in tree_flatten(args)[0] if isinstance(a, torch.Tensor)), None)
-                    src = self.record_of(first) if first is not None else None
-                    self.layer = src.layer if src is not None else None
-                    for t in tree_flatten(out)[0]:
-                        self.track(t, name)
-                    self.layer = None
-                else:
-                    for t in tree_flatten(out)[0]:
-                        self.track(t, name)
+                self._track_outputs(out, args, name)
             return out
 
-        def _track_per_layer(self, outs, inputs, name: str) -> None:
-            """Outside the layers a foreach op (the optimizer step, gradient clipping) makes one output
-            per input tensor, each tagged with that input's layer (a parameter's, its gradient's or
-            state's); in the optimizer step any other op's output is its first input's layer's."""
-            for i, t in enumerate(outs):
-                src = self.record_of(inputs[i]) if isinstance(inputs, (list, tuple)) and i < len(inputs) else None
-                self.layer = src.layer if src is not None else None
+        def _layer_of(self, t) -> int | None:
+            rec = self.record_of(t)
+            return rec.layer if rec is not None else None
+
+        def _track_outputs(self, out, args, name: str) -> None:
+            """Record an op's outputs. Outside the layers, a foreach op (the optimizer step, gradient
+            clipping) makes one output per input tensor, each tagged with that input's layer (a
+            parameter's, its gradient's or state's); in the optimizer step any other op's output is
+            its first tensor input's layer's."""
+            outs = tree_flatten(out)[0]
+            if self.layer is not None:
+                for t in outs:
+                    self.track(t, name)
+                return
+            inputs = args[0] if args and isinstance(args[0], (list, tuple)) else ()
+            if name.startswith("aten::_foreach") and isinstance(out, (list, tuple)):
+                layers = [self._layer_of(inputs[i]) if i < len(inputs) else None for i in range(len(outs))]
+            elif self.phase == "optimizer":
+                first = next((a for a in tree_flatten(args)[0] if isinstance(a, torch.Tensor)), None)
+                layers = [self._layer_of(first)] * len(outs)
+            else:
+                layers = [None] * len(outs)
+            for t, layer in zip(outs, layers):
+                self.layer = layer
                 self.track(t, name)
             self.layer = None
 
