@@ -68,11 +68,13 @@ def _join_negative_values(argv: list[str]) -> list[str]:
 
 def _quiet_libraries() -> None:
     """Keep library chatter out of the advisor's output (--debug shows it): bitsandbytes' optional
-    CPU-kernel notice, DeepSpeed's accelerator notice, deprecation warnings of transformers/peft."""
+    CPU-kernel notice, DeepSpeed's accelerator notice, torchao's notice that its CUDA-only extensions did not
+    load, torch's pytree deprecation notices, deprecation warnings of transformers/peft."""
     import logging
     import warnings
 
-    for name in ("bitsandbytes", "DeepSpeed", "deepspeed", "transformers", "peft", "accelerate"):
+    for name in ("bitsandbytes", "DeepSpeed", "deepspeed", "transformers", "peft", "accelerate", "torchao",
+                 "torch.utils._pytree"):
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)

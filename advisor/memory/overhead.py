@@ -4,7 +4,7 @@ Three parts (overheads.yaml documents each): the CUDA context and the cuBLAS wor
 the GPU by ``advisor calibrate`` and real probes when a calibration exists for it,
 advisor.memory.calibration; else the file's figures), and the caching allocator's fragmentation
 (reserved minus allocated at the peak): replayed through the allocator model when the caller has
-the step's allocations (the simulate backend), else estimated as a fraction of the tensor peak.
+the step's allocations (the simulate backend), else estimated (``estimated_fragmentation``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class Overhead:
     source: str
     """Of the context and cuBLAS figures: "calibrated on <GPU> (N probes)" or estimated."""
     fragmentation_source: str
-    """replayed (caching-allocator model) or estimated (a fraction of the tensor peak)."""
+    """replayed (caching-allocator model) or estimated (``estimated_fragmentation``)."""
 
     def notes(self) -> list[str]:
         return [f"framework overhead: CUDA context and cuBLAS workspace {self.source}; "
@@ -65,13 +65,34 @@ def _calibration(gpu: GpuSpec | None):
     return _CAL_CACHE[key]
 
 
+def estimated_fragmentation(tensor_peak_bytes: int, terms: dict[str, Any], *, expandable_segments: bool = False,
+                            loss_transient_bytes: int | None = None) -> tuple[int, str]:
+    """Reserved minus allocated at the peak, without an allocation sequence to replay, and how it was
+    estimated. A training step (``loss_transient_bytes``: the loss's logits transient of the ledger):
+    a share of that transient, whose blocks stay cached and rarely fit what backward allocates next,
+    plus a share of the tensor peak (overheads.yaml ``step_fragmentation``, fitted on replayed steps by
+    benchmarks/fragmentation_replays.py). Otherwise a fraction of the tensor peak (``fragmentation``)."""
+    suffix = "_expandable" if expandable_segments else ""
+    if loss_transient_bytes is not None:
+        key = "step_fragmentation" + suffix
+        f = terms[key]
+        frag = f["of_tensor_peak"] * tensor_peak_bytes + f["of_loss_transient"] * loss_transient_bytes
+        return int(frag), (f"estimated: {f['of_loss_transient']:.0%} of the loss's logits transient + "
+                           f"{f['of_tensor_peak']:.1%} of the tensor peak (overheads.yaml {key}; no allocation "
+                           f"sequence to replay)")
+    key = "fragmentation" + suffix
+    frac = float(terms[key])
+    return int(frac * tensor_peak_bytes), (f"estimated: {frac:.0%} of the tensor peak (overheads.yaml {key}; "
+                                           f"no allocation sequence to replay)")
+
+
 def overhead_of(tensor_peak_bytes: int, gpu: GpuSpec | None, *, fragmentation_bytes: int | None = None,
-             expandable_segments: bool = False) -> Overhead:
+                expandable_segments: bool = False, loss_transient_bytes: int | None = None) -> Overhead:
     """The overhead of a step whose live tensors peak at ``tensor_peak_bytes`` on ``gpu``.
 
     ``fragmentation_bytes``: the replayed reserved-minus-allocated (advisor.runtime.simulate.reserved);
-    without it, the estimate of overheads.yaml (``fragmentation``, or ``fragmentation_expandable``
-    with ``expandable_segments``).
+    without it, the estimate of overheads.yaml (``estimated_fragmentation``; a training step passes
+    its ``loss_transient_bytes``).
     """
     t = overhead_terms(gpu)
     context, cublas, source = int(t["cuda_context_mib"] * MIB), int(t["cublas_workspace_mib"] * MIB), ESTIMATED
@@ -83,18 +104,16 @@ def overhead_of(tensor_peak_bytes: int, gpu: GpuSpec | None, *, fragmentation_by
     if fragmentation_bytes is not None:
         frag, frag_source = int(fragmentation_bytes), "replayed through the caching-allocator model"
     else:
-        key = "fragmentation_expandable" if expandable_segments else "fragmentation"
-        frac = float(t[key])
-        frag = int(frac * tensor_peak_bytes)
-        frag_source = (f"estimated: {frac:.0%} of the tensor peak (overheads.yaml {key}; no allocation "
-                       f"sequence to replay)")
+        frag, frag_source = estimated_fragmentation(tensor_peak_bytes, t, expandable_segments=expandable_segments,
+                                                    loss_transient_bytes=loss_transient_bytes)
     parts = {"cuda_context": context, "cublas_workspace": cublas, "fragmentation": frag}
     return Overhead(sum(parts.values()), parts, source, frag_source)
 
 
 def framework_overhead(tensor_peak_bytes: int, gpu: GpuSpec | None, *, fragmentation_bytes: int | None = None,
-                       expandable_segments: bool = False) -> tuple[int, dict[str, int]]:
-    """Bytes added to the tensor peak on a GPU, and its parts (see ``overhead``)."""
+                       expandable_segments: bool = False,
+                       loss_transient_bytes: int | None = None) -> tuple[int, dict[str, int]]:
+    """Bytes added to the tensor peak on a GPU, and its parts (see ``overhead_of``)."""
     o = overhead_of(tensor_peak_bytes, gpu, fragmentation_bytes=fragmentation_bytes,
-                 expandable_segments=expandable_segments)
+                    expandable_segments=expandable_segments, loss_transient_bytes=loss_transient_bytes)
     return o.total, o.parts

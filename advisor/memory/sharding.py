@@ -57,8 +57,8 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
         d["weights"] = d.get("weights", 0) // gpus + gathered
         d["quant_constants"] = d.get("quant_constants", 0) // gpus
     tensor_peak = sum(d.values())
-    overhead, parts = framework_overhead(tensor_peak, gpu,
-                                         expandable_segments=plan.expandable_segments)
+    overhead, parts = framework_overhead(tensor_peak, gpu, expandable_segments=plan.expandable_segments,
+                                         loss_transient_bytes=report.extra.get("loss_transient_bytes"))
     d["overhead"] = overhead
     host = {k: v // gpus for k, v in report.host.items()}
     notes = (*report.notes, f"{strategy} over {gpus} GPUs: per-GPU ledger; collectives are modelled, not traced")

@@ -347,7 +347,9 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
                   optimizer_states=states, master_weights=masters, **at_peak)
     notes += paged_spill(device, host, plan, gpu)
     tensor_peak = sum(device.values())
-    over = framework_overhead_of(tensor_peak, gpu, expandable_segments=plan.expandable_segments)
+    loss_transient = max(logits_fwd, logits_bwd)
+    over = framework_overhead_of(tensor_peak, gpu, expandable_segments=plan.expandable_segments,
+                                 loss_transient_bytes=loss_transient)
     device["overhead"] = over.total
     notes += over.notes()
     return MemoryReport(
@@ -356,7 +358,8 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
         notes=tuple(notes), reserved_peak_bytes=int(tensor_peak + over.parts["fragmentation"]),
         extra={"params_trainable": pb.trainable, "lora_modules": list(pb.lora_modules), "overhead_parts": over.parts,
                "overhead_source": over.source, "fragmentation_source": over.fragmentation_source,
-               "activations_per_layer_bytes": layer_acts, "saved_activations_bytes": int(acts)},
+               "activations_per_layer_bytes": layer_acts, "saved_activations_bytes": int(acts),
+               "loss_transient_bytes": int(loss_transient)},
     )
 
 
