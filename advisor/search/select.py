@@ -14,7 +14,10 @@ from advisor.search.ladder import is_reference
 
 T = TypeVar("T")
 
-TIE = 0.02  # throughputs within 2% are a tie, broken by more headroom
+TIE = 0.02  # throughputs within 2% are a tie: broken by no CPU offload, then accuracy, then more headroom
+# accuracy losses (KL nats/token) within this are a tie: the priors of accuracy.yaml are int8 0.002,
+# nf4 0.015, fp4 0.035, so one quantization format is never a tie with another
+ACCURACY_TIE = 0.005
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,7 @@ def pareto_front(records: list[TrialRecord]) -> list[TrialRecord]:
 
 def select(records: list[TrialRecord], budget_bytes: int, headroom: float, tolerance: float,
            unit: str = "GiB") -> Selection:
-    """Highest throughput among feasible trials within the accuracy tolerance; ties → more headroom."""
+    """Highest throughput among feasible trials within the accuracy tolerance; ties → ``break_tie``."""
     done = [t for t in records if t.state == "complete" and t.peak_bytes is not None and t.tokens_per_s
             and t.duplicate_of is None]
     feasible = [t for t in done if fits(run_peak(t), budget_bytes, headroom)]
@@ -110,13 +113,33 @@ def select(records: list[TrialRecord], budget_bytes: int, headroom: float, toler
     best = None
     if ranked:
         top = ranked[0].tokens_per_s
-        ties = [t for t in ranked if t.tokens_per_s >= top * (1 - TIE)]
-        # ties: CPU offload only as the last resort (the seeds' priority order), then more headroom
-        best = min(ties, key=lambda t: (t.plan.get("offload", "none") != "none", run_peak(t)))
+        best = break_tie([t for t in ranked if t.tokens_per_s >= top * (1 - TIE)])
     runner_up = next((t for t in ranked if best and t.plan_short != best.plan_short), None)
     pareto = pareto_front(feasible)
     return Selection(best, runner_up, feasible, pareto,
                      explain(best, runner_up, records, feasible, budget_bytes, headroom, tolerance, unit))
+
+
+def _offloads(t: TrialRecord) -> bool:
+    return t.plan.get("offload", "none") != "none"
+
+
+def break_tie(ties: list[TrialRecord]) -> TrialRecord:
+    """Among plans of tied throughput: CPU offload only as the last resort (the seeds' priority order),
+    then the lowest accuracy loss (within ``ACCURACY_TIE``), then the most headroom."""
+    pool = [t for t in ties if not _offloads(t)] or ties
+    least = min(t.accuracy_loss or 0.0 for t in pool)
+    pool = [t for t in pool if (t.accuracy_loss or 0.0) <= least + ACCURACY_TIE]
+    return min(pool, key=run_peak)
+
+
+def tie_decider(best: TrialRecord, other: TrialRecord) -> str:
+    """What chose ``best`` over ``other`` when their throughputs tie (``break_tie``'s order)."""
+    if _offloads(other) and not _offloads(best):
+        return "no CPU offload decided"
+    if (other.accuracy_loss or 0.0) > (best.accuracy_loss or 0.0) + ACCURACY_TIE:
+        return "the lower accuracy loss decided"
+    return "more headroom decided"
 
 
 def explain(best, runner_up, records, feasible, budget_bytes, headroom, tolerance, unit) -> list[str]:
@@ -190,7 +213,7 @@ def deciding_terms(best: TrialRecord, other: TrialRecord, n: int = 2) -> str:
     vs = f"#{other.number} vs #{best.number}"
     if best.tokens_per_s and other.tokens_per_s and abs(other.tokens_per_s / best.tokens_per_s - 1) <= TIE:
         return (f"Throughput tie (within {TIE:.0%}): {vs} differ most in {', '.join(shown)} per 1k tokens "
-                f"(predicted step-time terms); more headroom decided.")
+                f"(predicted step-time terms); {tie_decider(best, other)}.")
     return f"Decided by (predicted step-time terms per 1k tokens, {vs}): {', '.join(shown)}."
 
 
