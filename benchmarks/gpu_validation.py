@@ -13,7 +13,14 @@ against the live-bytes tracker), the simulation's reserved peak (its allocations
 the caching-allocator model, advisor.memory.allocator) against torch.cuda.max_memory_reserved,
 whole-process predictions against NVML. A second table gives the run's phases (advisor.memory.phases:
 load, train, eval, generate, save) as predicted, next to what the probe measured of them (its
-build-and-load and its steps; it runs no evaluation, generation or save). A wall-clock budget
+build-and-load and its steps; it runs no evaluation, generation or save). Each probe's tokens/s is
+shown beside the step-time model's uncalibrated prediction for the same GPU (advisor/speed).
+
+On a GPU a last section squeezes one plan: the probe with the largest gap between reserved and
+allocated memory runs again under budgets that leave the caching allocator less than it reserved
+(set_per_process_memory_fraction), and the table gives the step time and the cudaMalloc retries
+(num_alloc_retries) at each: what memory pressure costs in speed, which the step-time model does not
+model yet (issue 14's Liger baselines at micro-batch 32 are the suspected case). A wall-clock budget
 (--max-minutes) skips what would not fit and says so in the report.
 """
 
@@ -43,6 +50,7 @@ class Row:
     sim: Any = None
     sim_error: str = ""
     est: Any = None
+    tokens_per_s: float | None = None  # predicted by the step-time model (advisor/speed), uncalibrated
     notes: list[str] = field(default_factory=list)
 
 
@@ -108,7 +116,8 @@ def _gib(n: float | None, tiny: bool) -> str:
     return f"{n / 2**20:.2f} MiB" if tiny else f"{n / 2**30:.2f} GiB"
 
 
-def render(rows: list[Row], *, device: str, tiny: bool, gpu: Any, elapsed: float, versions: dict) -> str:
+def render(rows: list[Row], *, device: str, tiny: bool, gpu: Any, elapsed: float, versions: dict,
+           squeezes: list[Squeeze] = ()) -> str:
     measured_total = "NVML" if device == "cuda" else "tracker"
     head = [
         "# GPU validation: measured vs simulated vs analytic peaks", "",
@@ -124,8 +133,9 @@ def render(rows: list[Row], *, device: str, tiny: bool, gpu: Any, elapsed: float
         "predictions against NVML.", "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items() if v), "",
         f"| model | plan | status | tensor peak | reserved | {measured_total} | simulated tensors (err) | "
-        "simulated total (err) | analytic total (err) | tokens/s | step ms | simulated reserved (err) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "simulated total (err) | analytic total (err) | tokens/s | predicted tokens/s (err) | step ms | "
+        "alloc retries | simulated reserved (err) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     body = []
     for r in rows:
@@ -143,6 +153,9 @@ def render(rows: list[Row], *, device: str, tiny: bool, gpu: Any, elapsed: float
                  f"({_pct(r.est.peak_bytes if device == 'cuda' else r.est.tensor_peak_bytes, meas_w)})"
                  if r.est is not None else "n/a")
         tps = f"{p.tokens_per_s:,.0f}" if p and p.tokens_per_s else "n/a"
+        pred_tps = (f"{r.tokens_per_s:,.0f} ({_pct(r.tokens_per_s, p.tokens_per_s if p else None)})"
+                    if r.tokens_per_s else "n/a")
+        retries = str(p.alloc_retries) if p and p.alloc_retries is not None else "n/a"
         ms = f"{p.step_time_median_s * 1e3:.0f}" if p and p.step_time_median_s else "n/a"
         reserved = _gib(p.peak_reserved_bytes, tiny) if p else "n/a"
         nvml = _gib(meas_w, tiny) if device == "cuda" else _gib(meas_t, tiny)
@@ -151,10 +164,66 @@ def render(rows: list[Row], *, device: str, tiny: bool, gpu: Any, elapsed: float
         sim_res = (f"{_gib(sim_r, tiny)} ({_pct(sim_r, p.peak_reserved_bytes if p else None)})" if sim_r
                    else "n/a")
         body.append(f"| {r.model} | {r.plan.short()} | {status_cell} | {_gib(meas_t, tiny)} | {reserved} | {nvml} | "
-                    f"{sim_t} | {sim_w} | {est_w} | {tps} | {ms} | {sim_res} |")
+                    f"{sim_t} | {sim_w} | {est_w} | {tps} | {pred_tps} | {ms} | {retries} | {sim_res} |")
     notes = sorted({n for r in rows for n in r.notes})
     tail = ["", "Notes:"] + [f"- {n}" for n in notes] if notes else []
-    return "\n".join(head + body + phase_table(rows, device=device, tiny=tiny) + tail) + "\n"
+    return "\n".join(head + body + phase_table(rows, device=device, tiny=tiny)
+                     + pressure_table(list(squeezes), device=device) + tail) + "\n"
+
+
+# budgets of the pressure section: the unconstrained NVML peak less this share of (reserved - allocated)
+SQUEEZE = (0.5, 0.9)
+
+
+@dataclass
+class Squeeze:
+    row: Row
+    budget: int
+    share: float
+    probe: Any = None
+
+
+def pressure_runs(rows: list[Row]) -> list[Squeeze]:
+    """Budgets that squeeze the probe with the largest reserved - allocated gap (none without one >= 256 MiB)."""
+    ok = [r for r in rows if r.probe is not None and r.probe.ok and r.probe.nvml_peak_bytes
+          and r.probe.peak_reserved_bytes]
+    if not ok:
+        return []
+    gap = lambda r: r.probe.peak_reserved_bytes - r.probe.peak_allocated_bytes  # noqa: E731
+    base = max(ok, key=gap)
+    if gap(base) < 256 * 2**20:
+        return []
+    return [Squeeze(base, int(base.probe.nvml_peak_bytes - share * gap(base)), share) for share in SQUEEZE]
+
+
+def pressure_table(squeezes: list[Squeeze], *, device: str) -> list[str]:
+    lines = ["", "## Memory pressure: step time when the allocator gets less than it reserved", ""]
+    if device != "cuda":
+        return lines + ["CUDA only (the caching allocator's retries do not exist on the CPU)."]
+    if not squeezes:
+        return lines + ["Not run: no probe left a reserved - allocated gap of at least 256 MiB, or no time was left."]
+    base = squeezes[0].row
+    bp = base.probe
+    lines += [f"{base.model} · {base.plan.short()}: unconstrained, allocated {bp.peak_allocated_bytes / 2**30:.2f} GiB, "
+              f"reserved {bp.peak_reserved_bytes / 2**30:.2f} GiB, NVML {bp.nvml_peak_bytes / 2**30:.2f} GiB. Each "
+              "budget is that NVML peak less a share of the gap (reserved - allocated); the allocator must free "
+              "cached blocks and retry cudaMalloc to stay within it.", "",
+              "| budget | share of the gap taken away | status | step ms (vs unconstrained) | tokens/s | "
+              "alloc retries | reserved |", "|---|---|---|---|---|---|---|",
+              f"| none | 0 | {bp.status} | {bp.step_time_median_s * 1e3:.0f} | {bp.tokens_per_s:,.0f} | "
+              f"{bp.alloc_retries if bp.alloc_retries is not None else 'n/a'} | {bp.peak_reserved_bytes / 2**30:.2f} GiB |"]
+    for q in squeezes:
+        p = q.probe
+        if p is None:
+            lines.append(f"| {q.budget / 2**30:.2f} GiB | {q.share:.0%} | skipped (time) | | | | |")
+            continue
+        ms = (f"{p.step_time_median_s * 1e3:.0f} ({_pct(p.step_time_median_s, bp.step_time_median_s)})"
+              if p.ok and p.step_time_median_s else "n/a")
+        tps = f"{p.tokens_per_s:,.0f}" if p.ok and p.tokens_per_s else "n/a"
+        res = f"{p.peak_reserved_bytes / 2**30:.2f} GiB" if p.peak_reserved_bytes else "n/a"
+        lines.append(f"| {q.budget / 2**30:.2f} GiB | {q.share:.0%} | {p.status}{': ' + p.message if p.message else ''} "
+                     f"| {ms} | {tps} | {p.alloc_retries if p.alloc_retries is not None else 'n/a'} | {res} |")
+    return lines
 
 
 def phase_table(rows: list[Row], *, device: str, tiny: bool) -> list[str]:
@@ -206,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     from advisor.runtime.backends import get_backend
     from advisor.core.catalog import detect_gpu
     from advisor.runtime.probe import run_probe
+    from advisor.speed.throughput import predict_throughput
 
     t0 = time.monotonic()
     gpu = detect_gpu() if args.device == "cuda" else None
@@ -218,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     futures = {}
     for i, r in enumerate(rows):
         r.est = _with_phases(specs[r.model], r.plan, gpu, estimate(specs[r.model], r.plan, gpu))
+        if gpu is not None:
+            r.tokens_per_s = predict_throughput(specs[r.model], r.plan, gpu, calibrated=False).tokens_per_s
         if pool is not None:
             futures[i] = pool.submit(simulate_one, specs[r.model], r.plan, gpu)
     versions: dict = {}
@@ -244,10 +316,19 @@ def main(argv: list[str] | None = None) -> int:
             rows[i].sim_error = f"{type(e).__name__}: {e}"[:120]
     if pool is not None:
         pool.shutdown(wait=False, cancel_futures=True)
+    squeezes = pressure_runs(rows) if args.device == "cuda" else []
+    for q in squeezes:
+        left = deadline + 120 - time.monotonic()  # the pressure section may use two minutes past the matrix's budget
+        if left < 30:
+            break
+        q.probe = run_probe(specs[q.row.model], q.row.plan, device="cuda", steps=args.steps, warmup=1,
+                            timeout=min(args.timeout, left), memory_limit_bytes=q.budget)
+        print(f"[{time.monotonic() - t0:5.0f} s] squeezed to {q.budget / 2**30:.2f} GiB: {q.probe.status} "
+              f"{q.probe.message}", flush=True)
     out = Path(args.out or ROOT / "reports" / ("gpu_validation.md" if args.device == "cuda" else "gpu_validation_cpu.md"))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(rows, device=args.device, tiny=args.tiny, gpu=gpu, elapsed=time.monotonic() - t0,
-                          versions=versions), encoding="utf-8")
+                          versions=versions, squeezes=squeezes), encoding="utf-8")
     print(f"wrote {out}")
     return 0 if all(r.probe is not None and r.probe.ok for r in rows) else 1
 

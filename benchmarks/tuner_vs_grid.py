@@ -13,9 +13,14 @@ of the grid's evaluations.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 from advisor.core.catalog import gpu_for_budget, resolve_model
 from advisor.search.select import TIE, TrialRecord, select

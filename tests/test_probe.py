@@ -39,6 +39,7 @@ def test_real_probe_runs_and_measures(spec, name):
     assert all(math.isfinite(x) and 3.0 < x < 10.0 for x in r.losses)  # ~ln(512)=6.2 for random weights
     assert r.step_time_median_s > 0 and r.step_time_p90_s >= r.step_time_median_s * 0.999 or len(r.step_times_s) == 2
     assert r.tokens_per_s == pytest.approx(plan.tokens_per_step / r.step_time_median_s)
+    assert r.alloc_retries is None  # a CUDA allocator counter
     # the peak holds at least every persistent tensor measured after the run
     persistent = sum(r.breakdown.values())
     assert r.peak_allocated_bytes >= persistent > 0

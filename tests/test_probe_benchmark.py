@@ -28,3 +28,34 @@ def test_gpu_validation_tiny_cpu_writes_the_report(tmp_path):
         if "simulate" in available():
             err = float(cells[6].split("(")[1].rstrip("%)"))
             assert abs(err) <= 2.0  # same step, same counting: within 2%
+
+
+def test_the_pressure_section_squeezes_the_largest_reserved_gap():
+    """On a GPU the benchmark reruns the probe whose reserved - allocated gap is largest under budgets that take
+    half and 90% of that gap away; the table gives each step time against the unconstrained one."""
+    from advisor.core.plan import Plan
+    from advisor.runtime.probe import ProbeResult
+
+    spec = importlib.util.spec_from_file_location("gpu_validation", ROOT / "benchmarks" / "gpu_validation.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_validation"] = mod
+    spec.loader.exec_module(mod)
+    GiB = 2**30
+
+    def probe(alloc, reserved, nvml, ms, retries=0, status="ok"):
+        return ProbeResult(status=status, message="", device="cuda", model="m", plan={}, steps=2, warmup=1,
+                           peak_allocated_bytes=int(alloc * GiB), peak_reserved_bytes=int(reserved * GiB),
+                           nvml_peak_bytes=int(nvml * GiB), step_time_median_s=ms / 1e3, tokens_per_s=1e6 / ms,
+                           alloc_retries=retries)
+
+    small = mod.Row("m", Plan(method="lora"), probe=probe(4, 4.1, 4.6, 100))
+    wide = mod.Row("m", Plan(method="full"), probe=probe(10, 12, 12.5, 200))
+    squeezes = mod.pressure_runs([small, wide])
+    assert [q.row for q in squeezes] == [wide, wide]
+    assert [q.budget for q in squeezes] == [int(11.5 * GiB), int(10.7 * GiB)]
+    assert mod.pressure_runs([small]) == []  # a 100 MiB gap leaves nothing to squeeze
+    squeezes[0].probe = probe(10, 11, 11.5, 260, retries=12)
+    table = "\n".join(mod.pressure_table(squeezes, device="cuda"))
+    assert "| 11.50 GiB | 50% | ok | 260 (+30.0%) |" in table and "| 12 |" in table
+    assert "skipped (time)" in table  # the second budget never ran
+    assert "CUDA only" in "\n".join(mod.pressure_table([], device="cpu"))

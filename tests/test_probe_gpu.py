@@ -33,6 +33,7 @@ def test_cuda_probe_measures_allocator_and_nvml():
     assert r.peak_reserved_bytes >= r.peak_allocated_bytes > 0
     assert r.nvml_peak_bytes > r.peak_allocated_bytes  # the CUDA context is outside the allocator
     assert r.tokens_per_s > 0
+    assert isinstance(r.alloc_retries, int) and r.alloc_retries >= 0
 
 
 @pytest.mark.gpu

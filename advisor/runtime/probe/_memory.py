@@ -290,6 +290,12 @@ class CudaMemory:
     def peak_reserved(self) -> int:
         return int(self._torch.cuda.max_memory_reserved(self.index))
 
+    def alloc_retries(self) -> int:
+        """cudaMalloc calls retried after freeing the cache (``num_alloc_retries`` of torch.cuda.memory_stats):
+        each one synchronizes the device and releases every unused cached segment (c10/cuda/
+        CUDACachingAllocator.cpp, ``release_cached_blocks``), so they cost time as well as memory."""
+        return int(self._torch.cuda.memory_stats(self.index).get("num_alloc_retries", 0))
+
 
 # ---------------------------------------------------------------------------------------------- calibration
 

@@ -54,6 +54,9 @@ class ProbeResult:
     """Peak live tensor bytes of each optimizer step (warm-up included)."""
     step_times_s: tuple[float, ...] = ()
     """Wall time of each measured optimizer step, synchronized before and after."""
+    alloc_retries: int | None = None
+    """cudaMalloc retries after freeing the cache, over the whole probe (torch.cuda.memory_stats
+    num_alloc_retries); None on the CPU."""
     step_time_median_s: float | None = None
     """Median of step_times_s."""
     step_time_p90_s: float | None = None

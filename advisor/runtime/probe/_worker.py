@@ -235,7 +235,8 @@ def run(req: ProbeRequest, events: Events) -> dict[str, Any]:
         tokenizer=out["tokenizer"],
     )
     if cuda_mem is not None:
-        out.update(peak_reserved_bytes=reserved_peak, nvml_peak_bytes=max(nvml_peak, cuda_mem.nvml_peak) or None)
+        out.update(peak_reserved_bytes=reserved_peak, nvml_peak_bytes=max(nvml_peak, cuda_mem.nvml_peak) or None,
+                   alloc_retries=cuda_mem.alloc_retries())
         if cuda_mem.nvml_method:
             notes.append(cuda_mem.nvml_method)
     return out
