@@ -44,3 +44,17 @@ def test_the_report_lists_every_row_and_reason(bench, tmp_path):
     rows, skipped, _ = bench.run(bench.DEFAULT_DATA, "estimate")
     assert all(f"| {r.id} |" in text for r in rows) and all(f"| {pid} |" in text for pid, _ in skipped)
     assert "What litgpt does differently" in text and "What torchtune does differently" in text
+
+
+def test_preflights_error_band_is_the_estimate_backends_measured_one(bench):
+    """advisor/data/prediction_error.yaml (what `advisor preflight` warns with) holds the estimate backend's most
+    under and most over on the transformers rows, as this benchmark computes them now."""
+    from advisor.core.catalog import _load_data
+
+    rows, _, _ = bench.run(bench.DEFAULT_DATA, "estimate")
+    hf = [r for r in rows if r.stack == bench.HF]
+    band = _load_data("prediction_error.yaml")["estimated"]
+    worst = min(hf, key=lambda r: r.error)
+    assert band["points"] == len(hf) and band["worst_under_point"] == worst.id
+    assert band["most_under"] == pytest.approx(worst.error, abs=0.0005)
+    assert band["most_over"] == pytest.approx(max(r.error for r in hf), abs=0.0005)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from advisor.core.catalog import GpuSpec, ModelSpec
+from advisor.core.catalog import GpuSpec, ModelSpec, _load_data
 from advisor.core.fit import HEADROOM, fit_verdict, fits
 from advisor.core.target import Target, resolve_target
 from advisor.diagnosis.doctor import ledger_over
@@ -167,7 +167,28 @@ def memory_findings(report: MemoryReport, budget: Budget | None, headroom: float
                         ("lower the micro-batch or turn on gradient checkpointing for headroom",), "memory", data)]
     left = budget.bytes - peak
     return [Finding("memory.fit", "ok", f"fits: peak {budget.format(peak)} ({report.source}) of {budget}, "
-                    f"{budget.format(left)} left {where}", f"ledger: {ledger}", (), "memory", data)]
+                    f"{budget.format(left)} left {where}", f"ledger: {ledger}", (), "memory", data)] \
+        + error_band_findings(peak, budget, report.source)
+
+
+def error_band_findings(peak: int, budget: Budget, source: str) -> list[Finding]:
+    """An info finding when the run would not fit at the backend's worst under-prediction on published runs
+    (advisor/data/prediction_error.yaml): the margin is inside the prediction's measured error."""
+    band = _load_data("prediction_error.yaml").get(source)
+    if not band:
+        return []
+    at_worst = peak / (1 + band["most_under"])
+    if at_worst <= budget.bytes:
+        return []
+    return [Finding("memory.error-band", "info",
+                    f"the margin is inside the prediction's measured error: {source} peaks were as much as "
+                    f"{-band['most_under']:.1%} under published real-GPU runs, and at that error the peak would be "
+                    f"{budget.format(at_worst)} of {budget}",
+                    f"reports/memory_vs_published.md: {band['points']} published runs of the transformers stack, "
+                    f"most under on {band['worst_under_point']}",
+                    ("confirm on the GPU with --probe (a short real run held to the budget)",
+                     "or keep more headroom: a smaller micro-batch or gradient checkpointing"), "memory",
+                    {"most_under": band["most_under"], "peak_at_most_under_bytes": int(at_worst)})]
 
 
 def _phase_fixes(phase: str) -> tuple[str, ...]:
