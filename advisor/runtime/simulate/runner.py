@@ -319,13 +319,15 @@ def _is_fake_tensor(t) -> bool:
 def tag_layers(layers, tracker) -> list:
     """Tag what each decoder layer allocates and frees with its index (``tracker.layer``).
 
-    A layer's forward (and its recomputation under checkpointing) runs from its forward pre-hook to
-    the next layer's, so the free of the previous layer's output as the model's loop moves on counts
-    as this layer's. Its backward ends when the gradient of its input is complete: a hook on that
-    input sets the previous layer (torch.Tensor.register_hook fires once the gradient is computed),
-    which is also where the previous layer's backward begins. The phase hooks reset the tag, so the
-    loss, the last layer's backward and the optimizer step are untagged or tagged to their own layer,
-    never to a middle one. Forward hooks only: module backward hooks break on peft models.
+    A layer's forward runs from its forward pre-hook to the next layer's, so the free of the previous
+    layer's output as the model's loop moves on counts as this layer's. Its backward ends when the
+    gradient of its input is complete: a hook on that input sets the previous layer
+    (torch.Tensor.register_hook fires once the gradient is computed), which is also where the previous
+    layer's backward, and under checkpointing its recomputation, begins (transformers'
+    GradientCheckpointingLayer checkpoints ``forward``, not ``__call__``, so the recomputation fires no
+    module hook). The phase hooks reset the tag, so the loss, the last layer's backward and its
+    recomputation, and the optimizer step are untagged or tagged to their own layer, never to a middle
+    one. Forward hooks only: module backward hooks break on peft models.
     """
     import torch
 
