@@ -66,6 +66,8 @@ def test_phases_of_a_qlora_run():
         assert p.live_bytes <= p.reserved_bytes < p.peak_bytes
     assert ph.run_peak_phase == "train"
     assert not ph.phases["generate"].included  # no generation-based eval unless max_new_tokens
+    # nor evaluation unless an eval batch is named (the exported configs do not evaluate): shown, not counted
+    assert not ph.phases["eval"].included and "no evaluation in this run" in ph.phases["eval"].notes[0]
     # saving adapters copies them to the host: nothing above the resident state
     assert ph.phases["save"].live_bytes < ph.phases["eval"].live_bytes < ph.phases["train"].live_bytes
 
@@ -75,7 +77,7 @@ def test_a_large_eval_batch_sets_the_runs_peak():
     spec = resolve_model("qwen7b")
     plan = Plan(method="qlora", quantization="nf4", gradient_checkpointing=True, eval_batch=16)
     ph = run_phases(spec, plan, None, estimate_training(spec, plan))
-    assert ph.run_peak_phase == "eval"
+    assert ph.run_peak_phase == "eval" and ph.phases["eval"].included  # an eval batch was named
     logits = 16 * 1024 * spec.vocab_size * (2 + 4 + 4)
     assert ph.phases["eval"].live_bytes - ph.phases["save"].live_bytes >= logits
     # a run that does not evaluate is not decided by its eval phase

@@ -30,6 +30,20 @@ def test_overrides_pin_and_set():
     assert s.search["method"] == ["qlora"] and s.fixed["seq_len"] == 2048 and s.search["micro_batch"] == [1, 2]
 
 
+def test_an_eval_batch_and_generation_are_optional_fixed_values():
+    """Without them a plan does not evaluate (the exported configs do not); eval_batch=N puts evaluation at N in
+    every plan's run, and a negative value is a one-line error naming the key."""
+    arch = resolve_model("qwen7b").arch
+    point = next(iter(load_space("default").grid()))
+    plain = plan_from_params(point, load_space("default"), arch)
+    assert plain.eval_batch == 0 and plain.max_new_tokens == 0
+    space = load_space("default", ["eval_batch=8", "max_new_tokens=128"])
+    plan = plan_from_params(point, space, arch)
+    assert plan.eval_batch == 8 and plan.max_new_tokens == 128
+    with pytest.raises(AdvisorInputError, match="fixed.eval_batch: must be a whole number of at least 0"):
+        load_space("default", ["eval_batch=-1"])
+
+
 def test_all_errors_at_once(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad\ntrials: 0\nfixed: {seq_len: 0, global_batch: 8, lora_dropout: 2, lora_alpha_ratio: 2}\n"

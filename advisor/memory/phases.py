@@ -224,11 +224,13 @@ def load_offload(model: ModelSpec, plan: Plan) -> tuple[int, int, str]:
 
 def run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: MemoryReport, *,
                load: tuple[int, int, str, Sequence[tuple[int, int]] | None] | None = None,
-               source: str | None = None, evaluates: bool = True) -> RunPhases:
+               source: str | None = None, evaluates: bool | None = None) -> RunPhases:
     """The phases of the run of ``plan``, from its training-step report at the longest batch.
 
     ``evaluates``: whether the run evaluates (a Trainer with an eval strategy); its eval phase is shown
-    either way but sets the run's peak only when it runs.
+    either way but sets the run's peak only when it runs. None: when the plan names an eval batch
+    (``--eval-batch``; the exported configs do not evaluate), as generation-based evaluation runs when
+    it names ``--max-new-tokens``.
 
     ``load``: (live peak, live at the end, what, allocation events) of a simulated load; without it the
     closed form (``load_estimate``) is used.
@@ -278,6 +280,10 @@ def run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: MemoryRe
     if plan.loss != "plain":
         eval_notes.append(f"the {plan.loss} loss applies to training steps; Trainer's prediction_step computes the "
                           "model's own loss over full logits")
+    if evaluates is None:
+        evaluates = plan.eval_batch > 0
+    if not evaluates:
+        eval_notes.insert(0, "no evaluation in this run (--eval-batch 0: the exported configs do not evaluate)")
     phase("eval", resident + t, f"forward, batch {b}: {where}", source="estimated", included=evaluates,
           extra_notes=eval_notes)
 

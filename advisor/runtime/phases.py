@@ -17,7 +17,7 @@ SIMULATED_LOAD_BACKENDS = ("simulate", "cpu", "cuda")
 
 
 def measure_run(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, report: MemoryReport, *,
-                evaluates: bool = True) -> RunPhases:
+                evaluates: bool | None = None) -> RunPhases:
     load = None
     if report.backend in SIMULATED_LOAD_BACKENDS and plan.offload == "none" and model.arch is not None:
         from advisor.runtime.simulate.load import simulate_load
@@ -29,6 +29,6 @@ def measure_run(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, report: Memor
 
 
 def with_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, report: MemoryReport, *,
-                evaluates: bool = True) -> MemoryReport:
+                evaluates: bool | None = None) -> MemoryReport:
     """``report`` with the run's phases attached (its ``peak_bytes`` stays the step's)."""
     return attach(report, measure_run(model, plan, gpu, report, evaluates=evaluates))

@@ -149,10 +149,11 @@ def explain(best, runner_up, records, feasible, budget_bytes, headroom, toleranc
     if best is None:
         lines.append(f"No plan fits {fmt(budget_bytes)} with {headroom:.0%} headroom and an accuracy loss "
                      f"within {tolerance}: {len(pruned)} pruned, {len(feasible)} feasible.")
-        smallest = min((t for t in records if t.peak_bytes), key=lambda t: t.peak_bytes, default=None)
+        smallest = min((t for t in records if t.peak_bytes), key=run_peak, default=None)
         if smallest:
+            during = (f", during {smallest.run_peak_phase}" if smallest.run_peak_phase not in ("", "train") else "")
             lines.append(f"The smallest plan seen, #{smallest.number} {smallest.plan_short}, needs "
-                         f"{fmt(smallest.peak_bytes)} ({smallest.source}).")
+                         f"{fmt(run_peak(smallest))} ({smallest.source}{during}).")
         return lines
     left = budget_bytes - run_peak(best)
     during = f" during {best.run_peak_phase}" if best.run_peak_phase not in ("", "train") else ""

@@ -46,6 +46,9 @@ LEVER_KNOBS: dict[str, list] = {"dora": [False], "loss": ["plain"], "packing": [
 LEGACY_KNOBS = {"chunked_ce": ("loss", lambda v: "chunked" if v else "plain")}
 """Knobs of older space files → (the knob now, the value now)."""
 FIXED_KEYS = {"seq_len": "int", "global_batch": "int", "lora_dropout": "dropout", "lora_alpha_ratio": "positive"}
+# fixed values a space may leave out (0: the run does not evaluate / generate, as the exported configs):
+# they put evaluation at that batch and generation-based evaluation in the run's peak (advisor.memory.phases)
+OPTIONAL_FIXED_KEYS = {"eval_batch": 0, "max_new_tokens": 0}
 
 # Where a knob applies at all, and the value it takes where it does not (it is then never asked).
 # A knob without an entry applies everywhere. Which *values* a knob may take is not written here:
@@ -170,14 +173,14 @@ def load_space(ref: str = "default", overrides: list[str] | tuple[str, ...] = ()
                                                 (value if isinstance(value, list) else [value])]
         if key in SEARCH_KEYS:
             search[key] = value if isinstance(value, list) else [value]
-        elif key in FIXED_KEYS or key == "trials":
+        elif key in FIXED_KEYS or key in OPTIONAL_FIXED_KEYS or key == "trials":
             if key == "trials":
                 data["trials"] = value
             else:
                 fixed[key] = value
         else:
             errors.append(AdvisorInputError(key, f"unknown key; knobs: {', '.join(SEARCH_KEYS)}; "
-                                                 f"fixed: {', '.join(FIXED_KEYS)}", text))
+                                                 f"fixed: {', '.join([*FIXED_KEYS, *OPTIONAL_FIXED_KEYS])}", text))
     errors += _check(data, fixed, search)
     if len(errors) == 1:
         raise errors[0]
@@ -211,9 +214,13 @@ def _check(data: dict, fixed: dict, search: dict) -> list[AdvisorInputError]:
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
         errs.append(AdvisorInputError("trials", "must be a whole number of at least 1", trials))
     for key in fixed:
-        if key not in FIXED_KEYS:
-            errs.append(AdvisorInputError(f"fixed.{key}", f"unknown key (known: {', '.join(FIXED_KEYS)})", key,
-                                          show_value=False))
+        if key not in FIXED_KEYS and key not in OPTIONAL_FIXED_KEYS:
+            errs.append(AdvisorInputError(f"fixed.{key}", "unknown key (known: "
+                                          f"{', '.join([*FIXED_KEYS, *OPTIONAL_FIXED_KEYS])})", key, show_value=False))
+    for key in OPTIONAL_FIXED_KEYS:
+        v = fixed.get(key, 0)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            errs.append(AdvisorInputError(f"fixed.{key}", "must be a whole number of at least 0", v))
     for key, kind in FIXED_KEYS.items():
         if key not in fixed:
             errs.append(AdvisorInputError(f"fixed.{key}", "is required", None, show_value=False))
@@ -289,6 +296,7 @@ def plan_from_params(params: dict[str, Any], space: SearchSpace, arch: dict[str,
         lora_targets=(resolve_targets(params.get("lora_targets") or "attention", arch) if method != "full"
                       else ("q_proj",)),
         grad_accum=max(1, math.ceil(fixed["global_batch"] / mb)), seq_len=fixed["seq_len"],
+        **{key: int(fixed.get(key, default)) for key, default in OPTIONAL_FIXED_KEYS.items()},
     )
     return Plan(**values)
 
