@@ -92,7 +92,9 @@ class Board:
         return self.selection.best
 
     def finished_count(self) -> int:
-        return sum(1 for r in self.records.values() if r.state in FINISHED)
+        """Finished trials that evaluated a plan of their own, as the tuner counts them toward --trials (a
+        repeat proposal, answered from the first, is shown but cost nothing)."""
+        return sum(1 for r in self.records.values() if r.state in FINISHED and r.duplicate_of is None)
 
     def pruned(self) -> list[TrialRecord]:
         return [r for r in self.ordered() if r.state == "pruned"]
