@@ -15,7 +15,7 @@ from advisor.search.ladder import is_reference
 T = TypeVar("T")
 
 TIE = 0.02  # throughputs within 2% are a tie: broken by no CPU offload, then accuracy, then more headroom
-# accuracy losses (KL nats/token) within this are a tie: the priors of accuracy.yaml are int8 0.002,
+# accuracy losses (KL nats/token) within this are a tie: the priors of accuracy_priors.yaml are int8 0.002,
 # nf4 0.015, fp4 0.035, so one quantization format is never a tie with another
 ACCURACY_TIE = 0.005
 
