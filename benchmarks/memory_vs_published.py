@@ -259,8 +259,11 @@ STACK_NOTES = {
          "the logits of every prompt position, +0.58 GiB at 2048 tokens, and for Int4 auto-gptq's exllama "
          "dequantization buffer, about 0.1 GB): none of these is modelled. The generation rows are a 2048-token "
          "prefill plus one token, as the README of the time describes them (memory.json reads the later "
-         "relabel, 'generating 2048'). LLaMA-Factory's figures are rounded to whole GB (+-0.5 GB, 3-6% at "
-         "these sizes)."),
+         "relabel, 'generating 2048'). LLaMA-Factory's runs (December 2023: transformers >= 4.36.2) cast the "
+         "lm_head output to fp32 with a forward hook for LoRA and QLoRA (src/llmtuner/model/utils.py "
+         "prepare_model_for_training at 0fdd607), and the Llama loss of that transformers made a contiguous fp32 "
+         "copy of the shifted logits (+0.49 GiB at 4 x 1024 tokens x 32k vocabulary; today's loss shifts the "
+         "labels instead): not modelled. Their figures are rounded to whole GB (+-0.5 GB, 3-6% at these sizes)."),
 }
 
 
