@@ -38,6 +38,7 @@ PLANS = {
     "qlora-fp4-zero2-fp16": Plan(method="qlora", quantization="fp4", compute_dtype="fp16", precision="mixed_fp16",
                                  offload="zero2_cpu", seq_len=4096),
     "full-fp32": Plan(method="full", precision="fp32", optimizer="sgd", attn_impl="eager"),
+    "lora-eval-batch": Plan(method="lora", eval_batch=4),
 }
 
 
@@ -101,6 +102,7 @@ def test_advisor_yaml_sections_build_their_classes(name, qwen7b, tmp_path):
         export_plan(qwen7b, plan, tmp_path, ["deepspeed"])
     args = TrainingArguments(**t, **_cpu_kwargs())
     assert args.per_device_train_batch_size == plan.micro_batch
+    assert args.per_device_eval_batch_size == (plan.eval_batch or 8)  # 8: TrainingArguments' default
     assert args.gradient_accumulation_steps == plan.grad_accum
     assert args.gradient_checkpointing == plan.gradient_checkpointing
     assert str(args.optim.value) == plan.optimizer

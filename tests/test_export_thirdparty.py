@@ -46,6 +46,7 @@ PLANS = [
     Plan(method="full", precision="mixed_bf16", offload="zero3_cpu", gradient_checkpointing=True),  # LF only
     # issue 15's levers: Liger's fused linear loss, DoRA, packed documents
     Plan(method="lora", lora_targets="all-linear", dora=True, packing=True, loss="fused-linear"),
+    Plan(method="lora", eval_batch=4),  # the eval batch the plan's run peak was decided with
 ]
 
 

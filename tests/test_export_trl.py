@@ -27,6 +27,7 @@ PLANS = {
     "dora-packed-fused": Plan(method="lora", lora_targets="all-linear", dora=True, packing=True, loss="fused-linear",
                               micro_batch=2, seq_len=32, lora_r=4, lora_alpha=8.0),
     "full-zero2": Plan(method="full", precision="mixed_bf16", offload="zero2_cpu", attn_impl="flash_attention_2"),
+    "lora-eval-batch": Plan(method="lora", eval_batch=4),
 }
 
 
@@ -51,6 +52,7 @@ def test_trl_yaml_parses_with_trls_own_parser(name, qwen7b, tmp_path, monkeypatc
     assert isinstance(sft, SFTConfig) and isinstance(model, ModelConfig)
     assert sft.max_length == plan.seq_len and sft.packing == plan.packing
     assert sft.per_device_train_batch_size == plan.micro_batch
+    assert sft.per_device_eval_batch_size == (plan.eval_batch or 8)  # 8: TrainingArguments' default
     assert sft.gradient_accumulation_steps == plan.grad_accum
     assert sft.gradient_checkpointing == plan.gradient_checkpointing and sft.optim == plan.optimizer
     assert model.use_peft == plan.peft and model.attn_implementation == plan.attn_impl

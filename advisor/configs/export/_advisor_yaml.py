@@ -77,6 +77,7 @@ def training_section(plan, output_dir: str = "outputs") -> dict[str, Any]:
     section: dict[str, Any] = {
         "output_dir": output_dir,
         "per_device_train_batch_size": plan.micro_batch,
+        **({"per_device_eval_batch_size": plan.eval_batch} if plan.eval_batch else {}),
         "gradient_accumulation_steps": plan.grad_accum,
         "gradient_checkpointing": bool(plan.gradient_checkpointing),
         "gradient_checkpointing_kwargs": {"use_reentrant": False} if plan.gradient_checkpointing else None,

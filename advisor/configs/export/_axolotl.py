@@ -68,6 +68,7 @@ def axolotl_config(ctx: ExportContext) -> dict[str, Any]:
         "pad_to_sequence_len": True,
         "sample_packing": bool(plan.packing),
         "micro_batch_size": plan.micro_batch,
+        **({"eval_batch_size": plan.eval_batch} if plan.eval_batch else {}),
         "gradient_accumulation_steps": plan.grad_accum,
         "num_epochs": 1.0,
         "optimizer": plan.optimizer,

@@ -98,6 +98,7 @@ def llamafactory_config(ctx: ExportContext) -> dict[str, Any]:
         "logging_steps": 10,
         "save_steps": 500,
         "per_device_train_batch_size": plan.micro_batch,
+        **({"per_device_eval_batch_size": plan.eval_batch} if plan.eval_batch else {}),
         "gradient_accumulation_steps": plan.grad_accum,
         "optim": plan.optimizer,
         "learning_rate": LEARNING_RATE[plan.method],

@@ -81,6 +81,7 @@ ROWS: list[tuple[str, Callable[[ExportContext], Any]]] = [
     ("packing_strategy", lambda ctx: "bfd" if ctx.plan.packing else SKIP),
     ("loss_type", lambda ctx: "nll"),
     ("per_device_train_batch_size", lambda ctx: ctx.plan.micro_batch),
+    ("per_device_eval_batch_size", lambda ctx: ctx.plan.eval_batch or SKIP),
     ("gradient_accumulation_steps", lambda ctx: ctx.plan.grad_accum),
     ("gradient_checkpointing", lambda ctx: bool(ctx.plan.gradient_checkpointing)),
     ("gradient_checkpointing_kwargs", lambda ctx: {"use_reentrant": False} if ctx.plan.gradient_checkpointing
