@@ -134,3 +134,13 @@ def test_a_margin_inside_the_measured_error_is_said():
     assert band.data["peak_at_most_under_bytes"] == int(peak / (1 + worst))
     roomy = Budget(int(peak / (1 + worst) * 1.01), "GiB", "roomy")  # fits even at the worst error
     assert [f.severity for f in memory_findings(report, roomy, 0.05, 512, None)] == ["ok"]
+
+
+def test_headroom_fixes_leave_out_what_the_plan_already_does():
+    from advisor.diagnosis.preflight._run import headroom_fixes
+
+    done = headroom_fixes(SEED_QLORA.with_(loss="fused-linear"))  # micro-batch 1, checkpointing, 4-bit, fused loss
+    assert len(done) == 1 and "advisor tune" in done[0]
+    fresh = " ".join(headroom_fixes(Plan(method="lora", micro_batch=4)))
+    for fix in ("micro-batch", "gradient checkpointing", "cross-entropy", "4-bit", "advisor tune"):
+        assert fix in fresh

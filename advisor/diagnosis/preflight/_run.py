@@ -111,7 +111,7 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
     report = None
     if not any(f.severity == "error" and f.area == "config" for f in findings):
         report = _memory(model, mem_plan, gpu, evaluates, inp.backend)
-        findings += memory_findings(report, budget, inp.headroom, seq, stats)
+        findings += memory_findings(report, budget, inp.headroom, seq, stats, mem_plan)
         if inp.probe:
             findings += _probe(model, mem_plan, target, inp.headroom)
         ckpt = _checkpoint_bytes(model, plan, report)
@@ -136,7 +136,7 @@ def _memory(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, evaluates: bool =
 
 
 def memory_findings(report: MemoryReport, budget: Budget | None, headroom: float, seq: int,
-                    stats: DataStats | None) -> list[Finding]:
+                    stats: DataStats | None, plan: Plan | None = None) -> list[Finding]:
     # the decision is on the run's peak: the highest of load, train, eval, generate and save
     from advisor.memory.phases import run_peak_bytes
 
@@ -163,15 +163,31 @@ def memory_findings(report: MemoryReport, budget: Budget | None, headroom: float
     if fit == "tight":
         return [Finding("memory.fit", "warning",
                         f"tight: peak {budget.format(peak)} ({report.source}) leaves less than "
-                        f"{headroom:.0%} of {budget} {where}", f"ledger: {ledger}",
-                        ("lower the micro-batch or turn on gradient checkpointing for headroom",), "memory", data)]
+                        f"{headroom:.0%} of {budget} {where}", f"ledger: {ledger}", headroom_fixes(plan), "memory",
+                        data)]
     left = budget.bytes - peak
     return [Finding("memory.fit", "ok", f"fits: peak {budget.format(peak)} ({report.source}) of {budget}, "
                     f"{budget.format(left)} left {where}", f"ledger: {ledger}", (), "memory", data)] \
-        + error_band_findings(peak, budget, report.source)
+        + error_band_findings(peak, budget, report.source, plan)
 
 
-def error_band_findings(peak: int, budget: Budget, source: str) -> list[Finding]:
+def headroom_fixes(plan: Plan | None) -> tuple[str, ...]:
+    """What frees memory for this plan, the cheapest first, leaving out what it already does."""
+    if plan is None:
+        return ("lower the micro-batch or turn on gradient checkpointing for headroom",)
+    fixes = []
+    if plan.micro_batch > 1:
+        fixes.append("lower the micro-batch (raise gradient_accumulation_steps to keep the batch)")
+    if not plan.gradient_checkpointing:
+        fixes.append("turn on gradient checkpointing")
+    if plan.loss == "plain":
+        fixes.append("use a chunked or fused cross-entropy loss (the whole vocabulary's logits)")
+    if plan.peft and not plan.quantized:
+        fixes.append("load the base in 4-bit (QLoRA nf4)")
+    return (*fixes, "or run `advisor tune` for the fastest plan with more headroom")
+
+
+def error_band_findings(peak: int, budget: Budget, source: str, plan: Plan | None = None) -> list[Finding]:
     """An info finding when the run would not fit at the backend's worst under-prediction on published runs
     (advisor/data/prediction_error.yaml): the margin is inside the prediction's measured error."""
     band = _load_data("prediction_error.yaml").get(source)
@@ -187,7 +203,7 @@ def error_band_findings(peak: int, budget: Budget, source: str) -> list[Finding]
                     f"reports/memory_vs_published.md: {band['points']} published runs of the transformers stack, "
                     f"most under on {band['worst_under_point']}",
                     ("confirm on the GPU with --probe (a short real run held to the budget)",
-                     "or keep more headroom: a smaller micro-batch or gradient checkpointing"), "memory",
+                     *headroom_fixes(plan)), "memory",
                     {"most_under": band["most_under"], "peak_at_most_under_bytes": int(at_worst)})]
 
 
@@ -240,7 +256,7 @@ def _probe(model: ModelSpec, plan: Plan, target: Target, headroom: float) -> lis
     data = {"status": "ok", **rep.extra}
     if budget is not None and not fits(rep.peak_bytes, budget.bytes, headroom):
         return [Finding("memory.probe", "warning", title + f"; less than {headroom:.0%} of the budget left", "",
-                        ("lower the micro-batch or turn on gradient checkpointing for headroom",), "memory", data)]
+                        headroom_fixes(plan), "memory", data)]
     return [Finding("memory.probe", "ok", title, "", (), "memory", data)]
 
 
