@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from advisor.core.catalog import GpuSpec, MIB, _load_data
@@ -18,9 +19,15 @@ from advisor.core.catalog import GpuSpec, MIB, _load_data
 ESTIMATED = "estimated (advisor/data/overheads.yaml)"
 
 
+@lru_cache(maxsize=1)
+def _overheads_file() -> dict[str, Any]:
+    """overheads.yaml, parsed once (every estimate asks for its terms; read-only after this)."""
+    return _load_data("overheads.yaml")
+
+
 def overhead_terms(gpu: GpuSpec | None) -> dict[str, Any]:
     """The overhead terms for ``gpu`` (its catalog key's entry over the defaults)."""
-    data = _load_data("overheads.yaml")
+    data = _overheads_file()
     terms = dict(data["default"])
     if gpu is not None and gpu.key in data:
         terms.update(data[gpu.key])

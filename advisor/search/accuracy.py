@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+from typing import Any
+
 from advisor.core.catalog import _load_data
 from advisor.core.plan import ALL_LINEAR, Plan
 
 
+@lru_cache(maxsize=1)
+def _priors() -> dict[str, Any]:
+    """accuracy_priors.yaml, parsed once (the tuner asks for every trial; read-only after this)."""
+    return _load_data("accuracy_priors.yaml")
+
+
 def accuracy_prior(plan: Plan) -> float:
     """Expected accuracy loss (KL nats/token of the base + adapter capacity penalty), accuracy_priors.yaml."""
-    priors = _load_data("accuracy_priors.yaml")
+    priors = _priors()
     kl = priors["quantization_kl"][plan.quantization]
     if plan.method == "full":
         penalty = priors["adapter_penalty"]["full"]
