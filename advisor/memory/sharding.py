@@ -24,6 +24,7 @@ from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.errors import AdvisorInputError
 from advisor.memory.ledger import MemoryReport
 from advisor.memory.overhead import framework_overhead
+from advisor.memory.training import logits_bytes
 from advisor.core.plan import DTYPE_BYTES, Plan
 
 STRATEGIES = ("ddp", "zero2", "zero3", "fsdp")
@@ -58,7 +59,7 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
         d["quant_constants"] = d.get("quant_constants", 0) // gpus
     tensor_peak = sum(d.values())
     overhead, parts = framework_overhead(tensor_peak, gpu, expandable_segments=plan.expandable_segments,
-                                         loss_transient_bytes=report.extra.get("loss_transient_bytes"))
+                                         loss_transient_bytes=max(logits_bytes(model, plan)))
     d["overhead"] = overhead
     host = {k: v // gpus for k, v in report.host.items()}
     notes = (*report.notes, f"{strategy} over {gpus} GPUs: per-GPU ledger; collectives are modelled, not traced")
