@@ -18,7 +18,8 @@ Models outside the catalog get a local config.json written from their published 
 bitsandbytes stack it exports; litgpt and torchtune runs are predicted as that stack would run the same
 configuration, and the report names what their stack does differently instead of fitting to it.
 
-Run: python benchmarks/memory_vs_published.py [--backend auto|estimate|simulate] [--out reports/memory_vs_published.md]
+Run: python benchmarks/memory_vs_published.py [--backend auto|estimate|simulate] [--auto-section PREFIX ...]
+     [--out reports/memory_vs_published.md]
 """
 
 from __future__ import annotations
@@ -399,6 +400,30 @@ def _fmt_sum(s: dict) -> str:
             f"most under {min(0.0, s['worst_under']):.1%}, within 3%: {s['within_3']}/{s['n']}")
 
 
+def _row_table(rows: list[Row]) -> list[str]:
+    return ["| point | grade | counter | phases | published | predicted | error | peak in | backend | assumed |",
+            "|---|---|---|---|---:|---:|---:|---|---|---|",
+            *(f"| {r.id} | {r.quality} | {r.counter} | {r.phases} | {r.published / GIB:.2f} GiB | "
+              f"{r.predicted / GIB:.2f} GiB | {r.error:+.1%} | {r.at} | {r.backend} | {'; '.join(r.assumed)} |"
+              for r in rows)]
+
+
+def render_auto_section(rows: list[Row], prefixes: list[str]) -> str:
+    """The rows of the points starting with ``prefixes`` predicted with ``--backend auto``, a table per stack."""
+    only = " ".join(f"`--only {p}`" for p in prefixes)
+    lines = ["", "## The same points with `--backend auto`", "",
+             f"`python benchmarks/memory_vs_published.py --auto-section {' '.join(prefixes)}` ({only} with `--backend "
+             "auto`): the training step traced on fake tensors, rebuilt to full depth from one 3-layer trace whose "
+             "events carry their decoder layer (advisor/runtime/simulate/reserved.py `deepen_by_layer`), and "
+             "replayed through the caching-allocator model; the generation rows use the inference ledger, as above.",
+             ""]
+    for st in (HF, LITGPT, TORCHTUNE):
+        rs = [r for r in rows if r.stack == st]
+        if rs:
+            lines += [f"{st}: {_fmt_sum(summary(rs))}.", "", *_row_table(rs), ""]
+    return "\n".join(lines)
+
+
 def render_markdown(rows, skipped, seconds, backend, data: Path) -> str:
     from advisor.memory.phases import reserved_for
 
@@ -427,14 +452,7 @@ def render_markdown(rows, skipped, seconds, backend, data: Path) -> str:
     for st, rs in by_stack.items():
         if not rs:
             continue
-        lines += [f"## {st}", "", STACK_NOTES[st], "",
-                  "| point | grade | counter | phases | published | predicted | error | peak in | backend | assumed |",
-                  "|---|---|---|---|---:|---:|---:|---|---|---|"]
-        for r in rs:
-            lines.append(f"| {r.id} | {r.quality} | {r.counter} | {r.phases} | {r.published / GIB:.2f} GiB | "
-                         f"{r.predicted / GIB:.2f} GiB | {r.error:+.1%} | {r.at} | {r.backend} | "
-                         f"{'; '.join(r.assumed)} |")
-        lines.append("")
+        lines += [f"## {st}", "", STACK_NOTES[st], "", *_row_table(rs), ""]
     lines += ["## Points the advisor does not predict", "", "| point | why |", "|---|---|"]
     lines += [f"| {pid} | {why} |" for pid, why in skipped]
     return "\n".join(lines) + "\n"
@@ -448,6 +466,9 @@ def main(argv=None) -> int:
                          "a point on a loaded 2-core machine), estimate for allocated")
     ap.add_argument("--only", default="", help="predict only the points whose id starts with this")
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "memory_vs_published.md")
+    ap.add_argument("--auto-section", nargs="*", default=[], metavar="PREFIX",
+                    help="also predict the points whose id starts with each PREFIX with --backend auto, and append "
+                         "them to the report (e.g. qwen- llamafactory- torchtune-tut)")
     args = ap.parse_args(argv)
     rows, skipped, seconds = run(args.data, args.backend, args.only)
     print(f"{'point':52} {'stack':12} {'counter':10} {'published':>10} {'predicted':>10} {'error':>7}  peak in")
@@ -458,7 +479,13 @@ def main(argv=None) -> int:
         print(f"{st}: {_fmt_sum(summary([r for r in rows if r.stack == st]))}")
     print(f"not predicted: {len(skipped)} points (reasons in the report)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(render_markdown(rows, skipped, seconds, args.backend, args.data))
+    text = render_markdown(rows, skipped, seconds, args.backend, args.data)
+    if args.auto_section:
+        auto = [r for prefix in args.auto_section for r in run(args.data, "auto", prefix)[0]]
+        for st in (HF, LITGPT, TORCHTUNE):
+            print(f"auto, {st}: {_fmt_sum(summary([r for r in auto if r.stack == st]))}")
+        text += render_auto_section(auto, args.auto_section)
+    args.out.write_text(text)
     print(f"wrote {args.out}")
     return 0
 

@@ -58,3 +58,16 @@ def test_preflights_error_band_is_the_estimate_backends_measured_one(bench):
     assert band["points"] == len(hf) and band["worst_under_point"] == worst.id
     assert band["most_under"] == pytest.approx(worst.error, abs=0.0005)
     assert band["most_over"] == pytest.approx(max(r.error for r in hf), abs=0.0005)
+
+
+def test_the_auto_section_is_rendered_from_its_rows(bench):
+    """--auto-section appends the auto backend's rows, a table and a summary per stack, generated, not written by hand."""
+    GiB = 2**30
+    rows = [bench.Row("qwen-a", bench.HF, "nvidia-smi", "load+train", 10 * GiB, 9 * GiB, "train", "B", (), "simulate"),
+            bench.Row("torchtune-b", bench.TORCHTUNE, "reserved", "train", 10 * GiB, 10.2 * GiB, "train", "A", (),
+                      "simulate")]
+    text = bench.render_auto_section(rows, ["qwen-", "torchtune-"])
+    assert "--auto-section qwen- torchtune-" in text
+    assert "transformers: 1 points: median abs. error 10.0%, worst 10.0%, most under -10.0%, within 3%: 0/1." in text
+    assert "| qwen-a | B | nvidia-smi | load+train | 10.00 GiB | 9.00 GiB | -10.0% | train | simulate |  |" in text
+    assert "| torchtune-b |" in text and "litgpt:" not in text
