@@ -71,6 +71,19 @@ def matrix(tiny: bool) -> list[Any]:
     return plans
 
 
+def long_loss_plans(model: str, tiny: bool) -> list[Any]:
+    """Qwen's LoRA profile at 8192 tokens (benchmarks/qwen_lora_sweep.yaml; finetune.py's LoRA, checkpointing) on
+    the 1.5B model, whose vocabulary is Qwen-1's (151,936): the loss's logits blocks, each 4.6 GiB in fp32, are
+    what the published figures at 8192 tokens and the replayed fragmentation disagree on (reports/
+    memory_vs_published.md, Qwen's sweep)."""
+    from advisor.core.plan import Plan
+
+    if tiny or model != "qwen2.5-1.5b-instruct":
+        return []
+    return [Plan(method="lora", seq_len=8192, micro_batch=1, gradient_checkpointing=True, lora_r=64, lora_alpha=16.0,
+                 lora_dropout=0.05, lora_targets="all-linear")]
+
+
 def models(tiny: bool) -> list[Any]:
     from advisor.core.catalog import resolve_model
 
@@ -280,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     gpu = detect_gpu() if args.device == "cuda" else None
     estimate = get_backend("estimate")
-    rows = [Row(spec.name, plan) for spec in models(args.tiny) for plan in matrix(args.tiny)][:args.limit]
+    rows = [Row(spec.name, plan) for spec in models(args.tiny)
+            for plan in matrix(args.tiny) + long_loss_plans(spec.name, args.tiny)][:args.limit]
     specs = {spec.name: spec for spec in models(args.tiny)}
     # simulations run on the CPU beside the GPU probes (spawned processes: no torch state shared)
     pool = cf.ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) \

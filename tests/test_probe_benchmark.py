@@ -59,3 +59,20 @@ def test_the_pressure_section_squeezes_the_largest_reserved_gap():
     assert "| 11.50 GiB | 50% | ok | 260 (+30.0%) |" in table and "| 12 |" in table
     assert "skipped (time)" in table  # the second budget never ran
     assert "CUDA only" in "\n".join(mod.pressure_table([], device="cpu"))
+
+
+def test_the_long_loss_probe_is_qwens_8192_token_lora_on_the_15b_model():
+    """On a GPU one more probe: Qwen's LoRA profile at 8192 tokens on the model with Qwen-1's vocabulary, where the
+    published figures and the replayed fragmentation disagree; none on the tiny CPU run or on the other models."""
+    spec = importlib.util.spec_from_file_location("gpu_validation", ROOT / "benchmarks" / "gpu_validation.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_validation"] = mod
+    spec.loader.exec_module(mod)
+    from advisor.core.catalog import resolve_model
+
+    (plan,) = mod.long_loss_plans("qwen2.5-1.5b-instruct", tiny=False)
+    plan.validate()
+    assert plan.seq_len == 8192 and plan.lora_r == 64 and plan.gradient_checkpointing
+    assert resolve_model("qwen2.5-1.5b-instruct").vocab_size == 151936
+    assert mod.long_loss_plans("qwen2.5-1.5b-instruct", tiny=True) == []
+    assert mod.long_loss_plans("qwen2.5-7b-instruct", tiny=False) == []
