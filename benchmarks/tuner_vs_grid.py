@@ -32,9 +32,11 @@ CASES = {
     "estimate": [("qwen7b", "24GB", "default", ()), ("qwen7b", "16GB", "qlora", ()), ("llama8b", "48GB", "default", ()),
                  ("qwen14b", "24GB", "low-memory", ()), ("qwen3-8b", "80GB", "throughput", ()),
                  ("mistral7b", "24GB", "default", ())],
-    # simulation costs seconds a point: a small model and a reduced space keep the grid affordable
+    # simulation costs seconds a point: a small model and a reduced space keep the grid affordable (128 plans:
+    # the fused-linear loss and expandable segments, added to the qlora space since, are left out)
     "simulate": [("qwen0.5b", "6GB", "qlora", ("lora_r=[16,64]", "optimizer=[paged_adamw_8bit,adamw_torch]",
-                                               "quantization=[nf4]", "lora_targets=[attention]"))],
+                                               "quantization=[nf4]", "lora_targets=[attention]",
+                                               "loss=[plain,chunked]", "expandable_segments=[false]"))],
 }
 
 
@@ -49,9 +51,14 @@ def settings_for(model: str, budget: str, space: str, overrides, backend: str, f
 
 
 def grid_best(settings: TuneSettings):
+    from rich.console import Console
+    from rich.progress import track
+
     tuner = Tuner(settings)
     records, seen = [], set()
-    for i, params in enumerate(settings.space.grid()):
+    points = list(settings.space.grid())
+    for params in track(points, description=f"grid of {len(points):,} points", transient=True,
+                        console=Console(stderr=True)):
         plan = plan_from_params(params, settings.space, settings.model.arch or {})
         if plan.problems() or plan.short() in seen:
             continue

@@ -6,6 +6,7 @@ i intermediate, V vocabulary, L layers, p = bytes of the activation dtype.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from advisor.core.catalog import GpuSpec, ModelSpec
@@ -436,12 +437,12 @@ def torchao_state_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown, bits: 
     block, the code map) for big tensors; zeros_like(param) below (torchao/optim/adam.py _new_buffer)."""
     tb = trainable_dtype_bytes(plan)
     total = 0
-    for shape in trainable_tensors(model, plan, pb):
+    for shape, count in Counter(trainable_tensors(model, plan, pb)).items():  # each distinct shape once
         n = _numel(shape)
         if n >= AO_MIN_SIZE and n % AO_BLOCK == 0:
-            total += 2 * (_blocks(n * bits // 8) + _blocks(n // AO_BLOCK * 4) + _blocks(AO_QMAP[bits]))
+            total += count * 2 * (_blocks(n * bits // 8) + _blocks(n // AO_BLOCK * 4) + _blocks(AO_QMAP[bits]))
         else:
-            total += _adam_state(n, tb)
+            total += count * _adam_state(n, tb)
     return total
 
 

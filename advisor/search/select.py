@@ -87,7 +87,14 @@ def non_dominated(items: Iterable[T], objectives: Callable[[T], tuple]) -> list[
     def dominates(a: tuple, b: tuple) -> bool:
         return all(x >= y for x, y in zip(a, b)) and a != b
 
-    return [t for t, k in zip(items, keys) if not any(dominates(o, k) for o in keys)]
+    # a dominator is larger in lexicographic order, so it comes first in descending order; and whatever dominates
+    # a dominated item dominates what that item dominates: checking each item against the front found so far is
+    # enough (Kung, Luccio & Preparata 1975): O(n x front) instead of O(n^2), for grids of 10^5 plans
+    front: list[int] = []
+    for i in sorted(range(len(items)), key=keys.__getitem__, reverse=True):
+        if not any(dominates(keys[j], keys[i]) for j in front):
+            front.append(i)
+    return [items[i] for i in sorted(front)]
 
 
 def pareto_front(records: list[TrialRecord]) -> list[TrialRecord]:
