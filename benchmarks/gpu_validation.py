@@ -129,6 +129,10 @@ def _gib(n: float | None, tiny: bool) -> str:
     return f"{n / 2**20:.2f} MiB" if tiny else f"{n / 2**30:.2f} GiB"
 
 
+def _retries(p: Any) -> str:
+    return str(p.alloc_retries) if p is not None and p.alloc_retries is not None else "n/a"
+
+
 def render(rows: list[Row], *, device: str, tiny: bool, gpu: Any, elapsed: float, versions: dict,
            squeezes: list[Squeeze] = ()) -> str:
     measured_total = "NVML" if device == "cuda" else "tracker"
@@ -168,7 +172,7 @@ def render(rows: list[Row], *, device: str, tiny: bool, gpu: Any, elapsed: float
         tps = f"{p.tokens_per_s:,.0f}" if p and p.tokens_per_s else "n/a"
         pred_tps = (f"{r.tokens_per_s:,.0f} ({_pct(r.tokens_per_s, p.tokens_per_s if p else None)})"
                     if r.tokens_per_s else "n/a")
-        retries = str(p.alloc_retries) if p and p.alloc_retries is not None else "n/a"
+        retries = _retries(p)
         ms = f"{p.step_time_median_s * 1e3:.0f}" if p and p.step_time_median_s else "n/a"
         reserved = _gib(p.peak_reserved_bytes, tiny) if p else "n/a"
         nvml = _gib(meas_w, tiny) if device == "cuda" else _gib(meas_t, tiny)
@@ -217,25 +221,25 @@ def pressure_table(squeezes: list[Squeeze], *, device: str) -> list[str]:
         return lines + ["Not run: no probe left a reserved - allocated gap of at least 256 MiB, or no time was left."]
     base = squeezes[0].row
     bp = base.probe
-    lines += [f"{base.model} · {base.plan.short()}: unconstrained, allocated {bp.peak_allocated_bytes / 2**30:.2f} GiB, "
-              f"reserved {bp.peak_reserved_bytes / 2**30:.2f} GiB, NVML {bp.nvml_peak_bytes / 2**30:.2f} GiB. Each "
+    lines += [f"{base.model} · {base.plan.short()}: unconstrained, allocated {_gib(bp.peak_allocated_bytes, False)}, "
+              f"reserved {_gib(bp.peak_reserved_bytes, False)}, NVML {_gib(bp.nvml_peak_bytes, False)}. Each "
               "budget is that NVML peak less a share of the gap (reserved - allocated); the allocator must free "
               "cached blocks and retry cudaMalloc to stay within it.", "",
               "| budget | share of the gap taken away | status | step ms (vs unconstrained) | tokens/s | "
               "alloc retries | reserved |", "|---|---|---|---|---|---|---|",
               f"| none | 0 | {bp.status} | {bp.step_time_median_s * 1e3:.0f} | {bp.tokens_per_s:,.0f} | "
-              f"{bp.alloc_retries if bp.alloc_retries is not None else 'n/a'} | {bp.peak_reserved_bytes / 2**30:.2f} GiB |"]
+              f"{_retries(bp)} | {_gib(bp.peak_reserved_bytes, False)} |"]
     for q in squeezes:
         p = q.probe
         if p is None:
-            lines.append(f"| {q.budget / 2**30:.2f} GiB | {q.share:.0%} | skipped (time) | | | | |")
+            lines.append(f"| {_gib(q.budget, False)} | {q.share:.0%} | skipped (time) | | | | |")
             continue
         ms = (f"{p.step_time_median_s * 1e3:.0f} ({_pct(p.step_time_median_s, bp.step_time_median_s)})"
               if p.ok and p.step_time_median_s else "n/a")
         tps = f"{p.tokens_per_s:,.0f}" if p.ok and p.tokens_per_s else "n/a"
         res = f"{p.peak_reserved_bytes / 2**30:.2f} GiB" if p.peak_reserved_bytes else "n/a"
-        lines.append(f"| {q.budget / 2**30:.2f} GiB | {q.share:.0%} | {p.status}{': ' + p.message if p.message else ''} "
-                     f"| {ms} | {tps} | {p.alloc_retries if p.alloc_retries is not None else 'n/a'} | {res} |")
+        lines.append(f"| {_gib(q.budget, False)} | {q.share:.0%} | {p.status}{': ' + p.message if p.message else ''} "
+                     f"| {ms} | {tps} | {_retries(p)} | {res} |")
     return lines
 
 

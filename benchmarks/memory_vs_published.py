@@ -357,11 +357,15 @@ def train_phases(models: Models, case: Case, backend: str) -> dict:
     return with_phases(spec, plan, gpu, report, evaluates="eval" in case.phases).extra["phases"]
 
 
-def predict_train(models: Models, case: Case, backend: str) -> tuple[float, str]:
-    phases = train_phases(models, case, backend)
+def counter_peak(case: Case, phases: dict) -> tuple[float, str]:
+    """The highest of ``case``'s phases on its counter (COUNTER_FIELD), and the phase."""
     key = COUNTER_FIELD[case.counter]
     name = max(case.phases, key=lambda n: phases[n][key])
     return float(phases[name][key]), name
+
+
+def predict_train(models: Models, case: Case, backend: str) -> tuple[float, str]:
+    return counter_peak(case, train_phases(models, case, backend))
 
 
 def predict_generate(models: Models, model: str, splan: dict, counter: str) -> tuple[float, str]:
@@ -518,7 +522,7 @@ def run_sweep(backends=("estimate", "simulate"), path: Path = SWEEP, progress=pr
             case = _qwen(model, seq)
             phases = {b: train_phases(models, case, b) for b in backends}
             points.append(SweepPoint(model, seq, value * unit,
-                                     {b: max(ph[n]["peak_bytes"] for n in case.phases) for b, ph in phases.items()},
+                                     {b: counter_peak(case, ph)[0] for b, ph in phases.items()},
                                      {b: ph["train"]["live_bytes"] for b, ph in phases.items()}))
             progress(f"sweep {model} {seq}: published {value} {data['unit']}, "
                      + ", ".join(f"{b} {v / GB:.1f} GB" for b, v in points[-1].predicted.items()))

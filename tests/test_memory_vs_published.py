@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from benchmark_modules import load_benchmark  # tests/benchmark_modules.py
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("memory_vs_published", ROOT / "benchmarks" / "memory_vs_published.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("memory_vs_published")
     if not mod.DEFAULT_DATA.exists():
         pytest.skip("published_runs/memory.json is not beside this checkout")
     return mod

@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from benchmark_modules import load_benchmark  # tests/benchmark_modules.py
 
 
 def test_gpu_validation_tiny_cpu_writes_the_report(tmp_path):
-    spec = importlib.util.spec_from_file_location("gpu_validation", ROOT / "benchmarks" / "gpu_validation.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_validation"] = mod  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("gpu_validation")
     out = tmp_path / "gpu_validation.md"
     rc = mod.main(["--device", "cpu", "--tiny", "--out", str(out), "--timeout", "240", "--limit", "2"])
     text = out.read_text()
@@ -36,10 +29,7 @@ def test_the_pressure_section_squeezes_the_largest_reserved_gap():
     from advisor.core.plan import Plan
     from advisor.runtime.probe import ProbeResult
 
-    spec = importlib.util.spec_from_file_location("gpu_validation", ROOT / "benchmarks" / "gpu_validation.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_validation"] = mod
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("gpu_validation")
     GiB = 2**30
 
     def probe(alloc, reserved, nvml, ms, retries=0, status="ok"):
@@ -64,10 +54,7 @@ def test_the_pressure_section_squeezes_the_largest_reserved_gap():
 def test_the_long_loss_probe_is_qwens_8192_token_lora_on_the_15b_model():
     """On a GPU one more probe: Qwen's LoRA profile at 8192 tokens on the model with Qwen-1's vocabulary, where the
     published figures and the replayed fragmentation disagree; none on the tiny CPU run or on the other models."""
-    spec = importlib.util.spec_from_file_location("gpu_validation", ROOT / "benchmarks" / "gpu_validation.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_validation"] = mod
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("gpu_validation")
     from advisor.core.catalog import resolve_model
 
     (plan,) = mod.long_loss_plans("qwen2.5-1.5b-instruct", tiny=False)

@@ -3,24 +3,10 @@ explained, and the predicted order of every published ablation with a gap over 1
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from benchmark_modules import load_benchmark  # tests/benchmark_modules.py
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("throughput_vs_published", ROOT / "benchmarks" / "throughput_vs_published.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["throughput_vs_published"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-BENCH = _bench()
+BENCH = load_benchmark("throughput_vs_published")
 POINTS = BENCH.load_points()
 ROWS = {r["id"]: r for r in BENCH.evaluate(POINTS)}
 # an order the model gets wrong, kept visible: strict, so a fix shows up as XPASS

@@ -49,6 +49,7 @@ FIXED_KEYS = {"seq_len": "int", "global_batch": "int", "lora_dropout": "dropout"
 # fixed values a space may leave out (0: the run does not evaluate / generate, as the exported configs):
 # they put evaluation at that batch and generation-based evaluation in the run's peak (advisor.memory.phases)
 OPTIONAL_FIXED_KEYS = {"eval_batch": 0, "max_new_tokens": 0}
+KNOWN_FIXED_KEYS = (*FIXED_KEYS, *OPTIONAL_FIXED_KEYS)
 
 # Where a knob applies at all, and the value it takes where it does not (it is then never asked).
 # A knob without an entry applies everywhere. Which *values* a knob may take is not written here:
@@ -173,14 +174,14 @@ def load_space(ref: str = "default", overrides: list[str] | tuple[str, ...] = ()
                                                 (value if isinstance(value, list) else [value])]
         if key in SEARCH_KEYS:
             search[key] = value if isinstance(value, list) else [value]
-        elif key in FIXED_KEYS or key in OPTIONAL_FIXED_KEYS or key == "trials":
+        elif key in KNOWN_FIXED_KEYS or key == "trials":
             if key == "trials":
                 data["trials"] = value
             else:
                 fixed[key] = value
         else:
             errors.append(AdvisorInputError(key, f"unknown key; knobs: {', '.join(SEARCH_KEYS)}; "
-                                                 f"fixed: {', '.join([*FIXED_KEYS, *OPTIONAL_FIXED_KEYS])}", text))
+                                                 f"fixed: {', '.join(KNOWN_FIXED_KEYS)}", text))
     errors += _check(data, fixed, search)
     if len(errors) == 1:
         raise errors[0]
@@ -214,9 +215,9 @@ def _check(data: dict, fixed: dict, search: dict) -> list[AdvisorInputError]:
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
         errs.append(AdvisorInputError("trials", "must be a whole number of at least 1", trials))
     for key in fixed:
-        if key not in FIXED_KEYS and key not in OPTIONAL_FIXED_KEYS:
-            errs.append(AdvisorInputError(f"fixed.{key}", "unknown key (known: "
-                                          f"{', '.join([*FIXED_KEYS, *OPTIONAL_FIXED_KEYS])})", key, show_value=False))
+        if key not in KNOWN_FIXED_KEYS:
+            errs.append(AdvisorInputError(f"fixed.{key}", f"unknown key (known: {', '.join(KNOWN_FIXED_KEYS)})", key,
+                                          show_value=False))
     for key in OPTIONAL_FIXED_KEYS:
         v = fixed.get(key, 0)
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
