@@ -118,8 +118,8 @@ class LeverEffect:
     """Point ids in ../shared/published_runs/quality.json."""
     note: str = ""
     """Conditions a user must keep for the figure to hold."""
-    when: Mapping[str, Any] = field(default_factory=dict)
-    """The conditions under which this entry applies (empty: always)."""
+    when: tuple[tuple[str, Any], ...] = ()
+    """The conditions under which this entry applies, (key, allowed values or (low, high)) pairs (empty: always)."""
     setting: str = ""
     """The plan's own value where the key is a class or a range (``lora_r`` 16 under ``any``), else empty."""
 
@@ -166,7 +166,7 @@ class QualityEffect:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["levers"] = [asdict(e) | {"when": dict(e.when)} for e in self.levers]
+        d["levers"] = [asdict(e) | {"when": {k: list(v) for k, v in e.when}} for e in self.levers]
         d["pickable"], d["dynamics"] = self.pickable, list(self.dynamics)
         return d
 
@@ -221,7 +221,8 @@ def _entry(lever: str, value: str, e: Mapping[str, Any]) -> LeverEffect:
                        token_factor=float(e.get("token_factor", 1.0)), noise=float(e.get("noise", 0.0)),
                        basis=e["basis"], does=e["does"], measured=e["measured"],
                        source_noise=e.get("source_noise", ""), source=e["source"],
-                       evidence=tuple(e.get("evidence", ())), note=e.get("note", ""), when=dict(e.get("when", {})))
+                       evidence=tuple(e.get("evidence", ())), note=e.get("note", ""),
+                       when=tuple((k, tuple(v)) for k, v in e.get("when", {}).items()))
 
 
 def validate_quality_data(raw: Any) -> list[AdvisorInputError]:
@@ -408,8 +409,9 @@ def _check_hyperparameters(hp: Any, levers: Mapping[str, Any], bad) -> None:
 # ----------------------------------------------------------------------------------------------- lever values
 
 
-def _matches(when: Mapping[str, Any], lookup: Callable[[str], Any]) -> bool:
-    for key, cond in when.items():
+def _matches(when: Mapping[str, Any] | tuple[tuple[str, Any], ...], lookup: Callable[[str], Any]) -> bool:
+    """Whether every condition of ``when`` holds for the values ``lookup`` gives."""
+    for key, cond in (when.items() if isinstance(when, dict) else when):
         actual = lookup(key)
         if key in WHEN_RANGES:
             low, high = cond
@@ -502,6 +504,11 @@ def _unknown_fields(plan: Plan) -> list[str]:
     return out
 
 
+@lru_cache(maxsize=1)
+def _all_fields_known() -> bool:
+    return all(f.name in LEVER_VALUES or f.name in NOT_LEVERS for f in fields(Plan))
+
+
 # ------------------------------------------------------------------------------------------------ the model
 
 
@@ -510,7 +517,7 @@ def lever_effects(plan: Plan, regime: str | None = None, *, global_batch: int | 
     """The entry of every lever ``plan`` uses, and the levers without one (``lever=value: why``)."""
     regime = _regime(regime)
     used: list[LeverEffect] = []
-    uncovered = _unknown_fields(plan)
+    uncovered = [] if _all_fields_known() else _unknown_fields(plan)
     for lever in quality_data().entries:
         if lever == "global_batch":
             if global_batch is None:
@@ -521,8 +528,9 @@ def lever_effects(plan: Plan, regime: str | None = None, *, global_batch: int | 
         else:
             value = value_key(plan, lever)
         entry = _entry_for(plan, lever, value, regime)
-        if entry is not None and lever != "global_batch":
-            entry = replace(entry, setting=setting_of(plan, lever, value))
+        setting = setting_of(plan, lever, value) if entry is not None and lever != "global_batch" else ""
+        if setting:
+            entry = _with_setting(entry, setting)
         if entry is None:
             uncovered.append(f"{lever}={value}: no entry for these conditions (regime {regime})")
         elif entry.kind == "unsupported":
@@ -562,6 +570,12 @@ def _measured(e: LeverEffect, kl: float) -> LeverEffect:
     return replace(e, accuracy_loss=float(kl), basis="measured", noise=0.0,
                    measured="KL of the quantized base from the 16-bit base, measured by advisor probe",
                    source="advisor probe (fidelity_kl)")
+
+
+@lru_cache(maxsize=4096)
+def _with_setting(entry: LeverEffect, setting: str) -> LeverEffect:
+    """The entry labelled with the plan's own value (cached: dataclasses.replace dominates a grid's time)."""
+    return replace(entry, setting=setting)
 
 
 def uncovered_levers(plan: Plan, regime: str | None = None, *, global_batch: int | None = None) -> list[str]:
@@ -663,6 +677,6 @@ class TableRow:
 
 def lever_table() -> list[TableRow]:
     """Every entry of quality.yaml in its order (calculation; rendering is the caller's)."""
-    return [TableRow(e.lever, e.value, dict(e.when), e.kind, e.accuracy_loss, e.token_factor, e.noise, e.basis,
+    return [TableRow(e.lever, e.value, {k: list(v) for k, v in e.when}, e.kind, e.accuracy_loss, e.token_factor, e.noise, e.basis,
                      e.does, e.source, e.measured, e.source_noise, e.evidence, e.note)
             for values in quality_data().entries.values() for variants in values.values() for e in variants]
