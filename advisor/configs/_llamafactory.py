@@ -228,8 +228,12 @@ LF_GALORE = {"adamw_torch": "galore_adamw", "adamw_torch_fused": "galore_adamw",
 """LLaMA-Factory's optim under use_galore → the Plan's GaLore optimizer."""
 
 
+LF_LOW_RANK_DEFAULTS = {"rank": 16, "update_interval": 200}
+"""LLaMA-Factory's default rank and update interval of GaLore and APOLLO (hparams/finetuning_args.py)."""
+
+
 def _read_low_rank(data: dict, c: Collect, f: dict) -> None:
-    """use_galore / use_apollo with their rank and interval (LLaMA-Factory defaults: rank 16, every 200 steps)."""
+    """use_galore / use_apollo with their rank and interval (LLaMA-Factory's defaults: LF_LOW_RANK_DEFAULTS)."""
     read_optim_args(data.get("optim_args"), "optim_args", c, f)
     if c.get(data, "use_galore", "use_galore", "bool", False, record=False):
         layerwise = c.get(data, "galore_layerwise", "galore_layerwise", "bool", False, record=False)
@@ -238,9 +242,12 @@ def _read_low_rank(data: dict, c: Collect, f: dict) -> None:
             c.bad("optim", "GaLore in LLaMA-Factory runs with optim adamw_torch or adamw_8bit", f.get("optimizer"))
             return
         f["optimizer"] = "galore_adamw_layerwise" if layerwise and base == "galore_adamw" else base
-        f["optim_rank"] = c.get(data, "galore_rank", "galore_rank", "int", 16)
-        f["optim_proj_gap"] = c.get(data, "galore_update_interval", "galore_update_interval", "int", 200)
+        prefix = "galore"
     elif c.get(data, "use_apollo", "use_apollo", "bool", False, record=False):
         f["optimizer"] = "apollo_adamw"
-        f["optim_rank"] = c.get(data, "apollo_rank", "apollo_rank", "int", 16)
-        f["optim_proj_gap"] = c.get(data, "apollo_update_interval", "apollo_update_interval", "int", 200)
+        prefix = "apollo"
+    else:
+        return
+    f["optim_rank"] = c.get(data, f"{prefix}_rank", f"{prefix}_rank", "int", LF_LOW_RANK_DEFAULTS["rank"])
+    f["optim_proj_gap"] = c.get(data, f"{prefix}_update_interval", f"{prefix}_update_interval", "int",
+                                LF_LOW_RANK_DEFAULTS["update_interval"])

@@ -24,17 +24,19 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import yaml
 
 from advisor.core.errors import AdvisorInputError, ConfigErrors
-from advisor.core.knobs import Knob, knobs, searched
+from advisor.core.knobs import Knob, knob_of, knobs, searched
 from advisor.core.plan import Plan, checkpoint_depth_problems, compute_dtype_for, lora_target_modules
 
 SPACES_DIR = Path(__file__).resolve().parents[1] / "data" / "spaces"
 """The shipped search spaces (package data: they travel in the wheel)."""
 
 FIXED_KEYS = {"seq_len": "int", "global_batch": "int", "lora_dropout": "dropout", "lora_alpha_ratio": "positive"}
-# fixed values a space may leave out (0: the run does not evaluate / generate, as the exported configs):
-# they put evaluation at that batch and generation-based evaluation in the run's peak (advisor.memory.phases)
-OPTIONAL_FIXED_KEYS = {"eval_batch": 0, "max_new_tokens": 0}
+# fixed values a space may leave out (their Plan default, 0: the run does not evaluate / generate, as the exported
+# configs): they put evaluation at that batch and generation-based evaluation in the run's peak (advisor.memory.phases)
+OPTIONAL_FIXED_KEYS = {name: knob_of(Plan, name).default for name in ("eval_batch", "max_new_tokens")}
 KNOWN_FIXED_KEYS = (*FIXED_KEYS, *OPTIONAL_FIXED_KEYS)
+TRIALS = 40
+"""Finished trials a space runs to when its file does not say."""
 
 
 @lru_cache(maxsize=None)
@@ -194,7 +196,7 @@ def load_space(ref: str = "default", overrides: list[str] | tuple[str, ...] = ()
         raise errors[0]
     if errors:
         raise ConfigErrors(errors)
-    return SearchSpace(name=str(data.get("name") or Path(source).stem), trials=int(data.get("trials", 40)),
+    return SearchSpace(name=str(data.get("name") or Path(source).stem), trials=int(data.get("trials", TRIALS)),
                        fixed=fixed, search=search, source=source, overrides=tuple(overrides), plan=plan)
 
 
@@ -215,15 +217,15 @@ def _renamed_knobs(search: dict, knob_of: Mapping[str, Knob]) -> dict:
 def _check(data: dict, fixed: dict, search: dict, plan: type = Plan) -> list[AdvisorInputError]:
     errs: list[AdvisorInputError] = []
     knob_of = search_knobs(plan)
-    trials = data.get("trials", 40)
+    trials = data.get("trials", TRIALS)
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
         errs.append(AdvisorInputError("trials", "must be a whole number of at least 1", trials))
     for key in fixed:
         if key not in KNOWN_FIXED_KEYS:
             errs.append(AdvisorInputError(f"fixed.{key}", f"unknown key (known: {', '.join(KNOWN_FIXED_KEYS)})", key,
                                           show_value=False))
-    for key in OPTIONAL_FIXED_KEYS:
-        v = fixed.get(key, 0)
+    for key, default in OPTIONAL_FIXED_KEYS.items():
+        v = fixed.get(key, default)
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             errs.append(AdvisorInputError(f"fixed.{key}", "must be a whole number of at least 0", v))
     for key, kind in FIXED_KEYS.items():
