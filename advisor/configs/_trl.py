@@ -38,7 +38,7 @@ from advisor.configs._deepspeed import check_batch, read_offload
 from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_unexpressible
 from advisor.configs._training_args import (checkpoint_layers_of, every_n, read_checkpointing, read_optimizer,
                                             read_precision, training_arguments_fields)
-from advisor.core.plan import checkpointed_layers, knob_of
+from advisor.core.plan import ALL_LINEAR, checkpointed_layers, knob_of
 
 FILENAME = "trl.yaml"
 SCRIPT = "train_trl.py"
@@ -65,32 +65,37 @@ def _peft(value: Callable[[Any], Any]) -> Callable[[ExportContext], Any]:
     return lambda ctx: value(ctx.plan) if ctx.plan.peft else SKIP
 
 
+def _declared(ctx: ExportContext) -> Any:
+    """A key a knob declares for "trl": its value comes from the declaration (advisor.configs._keys.fill)."""
+    return DECLARED
+
+
 ROWS: list[tuple[str, Callable[[ExportContext], Any]]] = [
     # ModelConfig: the model, its dtype and attention, quantization, the adapters
     ("model_name_or_path", lambda ctx: ctx.model_id),
     ("dtype", _dtype),
-    ("attn_implementation", lambda ctx: DECLARED),
+    ("attn_implementation", _declared),
     ("load_in_4bit", lambda ctx: True if ctx.plan.four_bit else SKIP),
     ("load_in_8bit", lambda ctx: True if ctx.plan.quantization == "int8" else SKIP),
     ("bnb_4bit_quant_type", lambda ctx: ctx.plan.quantization if ctx.plan.four_bit else SKIP),
-    ("use_bnb_nested_quant", lambda ctx: DECLARED),
+    ("use_bnb_nested_quant", _declared),
     ("_compute_dtype", _compute_dtype),
     ("use_peft", lambda ctx: ctx.plan.peft),
-    ("lora_r", lambda ctx: DECLARED),
+    ("lora_r", _declared),
     ("lora_alpha", lambda ctx: require_int_alpha(FORMAT, ctx.plan) if ctx.plan.peft else SKIP),
-    ("lora_dropout", lambda ctx: DECLARED),
+    ("lora_dropout", _declared),
     ("lora_target_modules", _peft(lambda plan: plan.lora_targets if isinstance(plan.lora_targets, str)
                                   else list(plan.lora_targets))),
-    ("use_dora", lambda ctx: DECLARED),
+    ("use_dora", _declared),
     # SFTConfig: the data, the step, the loss
     ("dataset_text_field", lambda ctx: "text"),
-    ("max_length", lambda ctx: DECLARED),
+    ("max_length", _declared),
     ("packing", lambda ctx: bool(ctx.plan.packing)),
     ("packing_strategy", lambda ctx: "bfd" if ctx.plan.packing else SKIP),
     ("loss_type", lambda ctx: "nll"),
-    ("per_device_train_batch_size", lambda ctx: DECLARED),
-    ("per_device_eval_batch_size", lambda ctx: DECLARED),
-    ("gradient_accumulation_steps", lambda ctx: DECLARED),
+    ("per_device_train_batch_size", _declared),
+    ("per_device_eval_batch_size", _declared),
+    ("gradient_accumulation_steps", _declared),
     ("gradient_checkpointing", lambda ctx: bool(ctx.plan.gradient_checkpointing)),
     ("gradient_checkpointing_kwargs", lambda ctx: {"use_reentrant": False} if ctx.plan.gradient_checkpointing
      else SKIP),
@@ -203,7 +208,7 @@ def read(data: dict, c: Collect, plan_type: type) -> tuple[str | None, dict, dic
                                       record=False))  # ModelConfig's default is the Plan's
         f["lora_targets"] = c.targets(data.get("lora_target_modules"), "lora_target_modules")
         if data.get("lora_target_modules") is None:
-            c.bad("lora_target_modules", "is required: list the module names or all-linear (peft's per-model "
+            c.bad("lora_target_modules", f"is required: list the module names or {ALL_LINEAR} (peft's per-model "
                   "default is not guessed)", None)
     else:
         f["method"] = "full"
