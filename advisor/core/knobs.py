@@ -90,12 +90,13 @@ class Cli:
 class Tag:
     """How ``Plan.short()`` shows the knob: a word (or a suffix glued to another knob's word).
 
-    ``show``: a string (a boolean knob: the word when it is on) or ``plan -> str | None``. Words come in
+    ``show``: a string (a boolean knob: the word when it is on), ``plan -> str | None``, or None (the
+    value itself, left out at the knob's default: ``offload`` shows ``zero2_cpu``, nothing for none). Words come in
     field order, except a tag ``after`` another knob comes right after that knob's word (``joined``:
     glued to it, and left out with it). A new knob's tag comes last, and is absent at its default, so
     the summaries of existing plans (the keys studies are stored under) never change."""
 
-    show: str | Callable[[Any], str | None]
+    show: str | Callable[[Any], str | None] | None = None
     after: str | None = None
     joined: bool = False
 
@@ -292,9 +293,11 @@ def summary(plan: Any) -> str:
     ks = [k for k in knobs(type(plan)) if k.tag is not None]
 
     def text(k: Knob) -> str | None:
-        show = k.tag.show
+        show, value = k.tag.show, getattr(plan, k.name)
+        if show is None:
+            return None if value == k.default else format_value(value)
         if isinstance(show, str):
-            return show if getattr(plan, k.name) else None
+            return show if value else None
         return show(plan)
 
     words: dict[str, str | None] = {k.name: text(k) for k in ks if not k.tag.joined}

@@ -69,10 +69,6 @@ def _checkpointing(values) -> bool:
     return bool(values.get("gradient_checkpointing"))
 
 
-def _shown_unless(name: str, hidden: Any):
-    return lambda plan: None if getattr(plan, name) == hidden else str(getattr(plan, name))
-
-
 def _adapter_tag(plan: "Plan") -> str | None:
     if not plan.peft:
         return None
@@ -87,6 +83,9 @@ def _loss_tag(plan: "Plan") -> str | None:
     return None if plan.loss == "plain" else plan.loss + "-ce"
 
 
+_TRAINING_ARGUMENTS_BATCH = 8
+"""TrainingArguments.per_device_train_batch_size's default: what a TrainingArguments-based file (advisor.yaml's
+training section, LLaMA-Factory, TRL) that leaves the key out trains with."""
 _WHOLE = Range(low=1, whole=True)
 _ZERO_OR_MORE = Range(low=0, whole=True)
 _IN_BACKWARD = Refused("it has no optimizer step inside backward (torchtune optimizer_in_bwd); use lomo/adalomo, "
@@ -112,7 +111,7 @@ class Plan:
     quantization: str = knob(
         "none", help="base weight storage", choices=QUANTIZATIONS,
         cli=Cli(default=lambda values: default_quantization(values["method"]), default_means="nf4 for qlora, else none"),
-        tag=Tag(_shown_unless("quantization", "none")), search=Search(order=20, required=True),
+        tag=Tag(), search=Search(order=20, required=True),
         keys={"advisor": Custom("quantization"), "axolotl": Custom("load_in_4bit"),
               "llamafactory": Custom("quantization_bit"), "trl": Custom("load_in_4bit")})
     """How the frozen base weights are stored: none, int8 (LLM.int8), nf4 or fp4 (bitsandbytes 4-bit)."""
@@ -187,10 +186,10 @@ class Plan:
         1, help="sequences per forward/backward", range=_WHOLE,
         tag=Tag(lambda plan: f"b{plan.micro_batch}x{plan.grad_accum} s{plan.seq_len}"),
         search=Search(order=110, required=True, frugal=min),
-        keys={"advisor": Key("training.per_device_train_batch_size", default=8),
+        keys={"advisor": Key("training.per_device_train_batch_size", default=_TRAINING_ARGUMENTS_BATCH),
               "axolotl": Key("micro_batch_size", listed=True),
-              "llamafactory": Key("per_device_train_batch_size", default=8),
-              "trl": Key("per_device_train_batch_size", default=8)})
+              "llamafactory": Key("per_device_train_batch_size", default=_TRAINING_ARGUMENTS_BATCH),
+              "trl": Key("per_device_train_batch_size", default=_TRAINING_ARGUMENTS_BATCH)})
     """Sequences per forward/backward."""
     grad_accum: int = knob(
         1, help="micro-batches per optimizer step", range=_WHOLE,
@@ -210,14 +209,14 @@ class Plan:
     """Pack several documents into each sequence of seq_len tokens (position_ids restart per document:
     no padding, no cross-document attention); without it a batch is padded to its longest document."""
     attn_impl: str = knob(
-        "sdpa", help="attention implementation", choices=ATTENTION, tag=Tag(_shown_unless("attn_impl", "sdpa")),
+        "sdpa", help="attention implementation", choices=ATTENTION, tag=Tag(),
         search=Search(order=130, required=True, ladder=prefer("sdpa", "flash_attention_2"), frugal=first),
         keys={"advisor": Key("model.attn_implementation", listed=True), "axolotl": Custom("attn_implementation"),
               "llamafactory": Custom("flash_attn"), "trl": Key("attn_implementation")})
     """Attention implementation: sdpa, eager (materializes the scores), flash_attention_2."""
     offload: str = knob(
         "none", help="DeepSpeed CPU offload", choices=OFFLOADS,
-        tag=Tag(_shown_unless("offload", "none"), after="optimizer"),
+        tag=Tag(after="optimizer"),
         search=Search(order=140, required=True, ladder=prefer("none")),
         keys={"advisor": Custom("training.deepspeed"), "axolotl": Custom("deepspeed"),
               "llamafactory": Custom("deepspeed"), "trl": Custom("deepspeed")})
