@@ -266,10 +266,14 @@ def knobs(plan_type: type) -> tuple[Knob, ...]:
             raise TypeError(f"{plan_type.__name__}.{f.name} is not declared with knob(...) (advisor.core.knobs)")
         out.append(dataclasses.replace(spec, name=f.name))
     names = {k.name for k in out}
+    words = {k.name for k in out if k.tag is not None and not k.tag.joined}
     for k in out:
-        for other in (k.cli.implies[0] if k.cli.implies else None, k.tag.after if k.tag else None):
-            if other is not None and other not in names:
-                raise TypeError(f"knob {k.name} names {other!r}, which is not a field of {plan_type.__name__}")
+        if k.cli.implies and k.cli.implies[0] not in names:
+            raise TypeError(f"knob {k.name} implies {k.cli.implies[0]!r}, which is not a field of {plan_type.__name__}")
+        if k.tag is not None and k.tag.after is not None and k.tag.after not in words:
+            raise TypeError(f"knob {k.name}'s tag comes after {k.tag.after!r}, which has no word of its own in short()")
+        if k.tag is not None and k.tag.joined and k.tag.after is None:
+            raise TypeError(f"knob {k.name}'s tag is joined to nothing: give it after=")
     return tuple(out)
 
 
