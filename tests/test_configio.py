@@ -15,7 +15,7 @@ from advisor.core.catalog import resolve_model
 from advisor.configs.read import canonical, detect_format, read_config
 from advisor.core.errors import AdvisorInputError, ConfigErrors
 from advisor.configs.export import FILENAMES, export_plan
-from advisor.configs.export._base import Unsupported
+from advisor.configs.export import Unsupported
 from advisor.core.plan import (ATTENTION, FUSED_BACKWARD_OPTIMIZERS, LOW_RANK_OPTIMIZERS, OFFLOADS, OPTIMIZERS,
                                PRECISIONS, Plan)
 
@@ -72,7 +72,7 @@ def _expressible(fmt: str, plan: Plan) -> bool:
     int_alpha = not plan.peft or float(plan.lora_alpha).is_integer()
     some_layers = plan.gradient_checkpointing and plan.checkpoint_layers not in (None, SPEC.num_layers)
     if fmt == "trl":  # every n-th layer is TrainingArguments' every_n_layers; TRL offloads on its own
-        from advisor.configs.export._levers import every_n
+        from advisor.configs._training_args import every_n
 
         return (not plan.optimizer_in_backward and (not some_layers or every_n(plan, SPEC) is not None)
                 and int_alpha and (not plan.four_bit or plan.compute_dtype == plan.param_dtype))

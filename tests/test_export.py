@@ -21,7 +21,7 @@ import yaml
 from advisor.core.catalog import resolve_model
 from advisor.core.errors import AdvisorInputError, ConfigErrors
 from advisor.configs.export import EXPORTERS, FILENAMES, export_plan, export_sections
-from advisor.configs.export._deepspeed import PREFETCH_BUCKET_SIZE, REDUCE_BUCKET_SIZE
+from advisor.configs._deepspeed import PREFETCH_BUCKET_SIZE, REDUCE_BUCKET_SIZE
 from advisor.core.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,7 +17,7 @@ import yaml
 pytest.importorskip("trl")
 
 from advisor.configs.export import ExportContext, Unsupported, export_plan  # noqa: E402
-from advisor.configs.export._trl import trl_config  # noqa: E402
+from advisor.configs._trl import trl_config  # noqa: E402
 from advisor.core.catalog import resolve_model  # noqa: E402
 from advisor.core.plan import Plan  # noqa: E402
 

@@ -6,8 +6,8 @@ import pytest
 
 from advisor.core.catalog import resolve_model
 from advisor.core.errors import AdvisorInputError, ConfigErrors
-from advisor.search.space import (SPACES_DIR, SEARCH_KEYS, WHEN, list_spaces, load_space, model_rules,
-                                  plan_from_params)
+from advisor.search.space import (SPACES_DIR, list_spaces, load_space, model_rules, plan_from_params,
+                                  search_knobs)
 
 
 def test_required_spaces_exist():
@@ -105,8 +105,9 @@ def test_every_sampled_proposal_is_a_valid_plan(name, model):
         assert not check(plan), (params, [str(e) for e in check(plan)])
         plan.validate()
         for knob, value in params.items():  # a knob that does not apply is never asked
-            if knob in WHEN and not WHEN[knob][0](params):
-                assert value == WHEN[knob][1] and not any(k.split("[")[0] == knob for k in asked), (knob, asked)
+            declared = search_knobs()[knob]
+            if not declared.applies_to(params):
+                assert value == declared.inactive and not any(k.split("[")[0] == knob for k in asked), (knob, asked)
     grid = {tuple(sorted(p.items())) for p in space.conditions(spec.arch, check).points()}
     assert {tuple(sorted(p.items())) for p, _ in proposals} <= grid
 
@@ -149,8 +150,18 @@ def test_a_space_without_any_valid_plan_is_refused(tmp_path):
         load_space("default", ["optimizer=paged_adamw_8bit", "offload=zero2_cpu"])
 
 
-def test_every_knob_in_when_is_a_knob():
-    assert set(WHEN) <= set(SEARCH_KEYS)
+def test_where_a_knob_applies_depends_only_on_the_knobs_chosen_before_it():
+    """Knob.applies sees the point chosen so far: on every grid point it must say the same with the knobs
+    after it left out."""
+    space = load_space("default")
+    order = list(search_knobs())
+    for n, point in enumerate(space.grid()):
+        if n == 3000:
+            break
+        for i, name in enumerate(order):
+            declared = search_knobs()[name]
+            before = {k: point[k] for k in order[:i] if k in point}
+            assert declared.applies_to(before) == declared.applies_to(point), (name, point)
 
 
 def test_a_walk_never_runs_into_a_dead_end():

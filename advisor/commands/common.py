@@ -6,8 +6,8 @@ import argparse
 from typing import Any
 
 from advisor.core.errors import AdvisorInputError
-from advisor.core.plan import (ATTENTION, DTYPES, LOSSES, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS, QUANTIZATIONS,
-                               Plan, default_quantization, normalize_targets)
+from advisor.core.knobs import Knob, format_value, knobs
+from advisor.core.plan import Plan, flag_of
 
 
 def whole_number(flag: str, minimum: int = 1):
@@ -49,76 +49,48 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu-budget", help='memory budget: "24GB", "24 GiB", "24000MiB" or "90%%" of the GPU (GB = GiB = 2^30 bytes)')
 
 
-def add_plan_flags(p: argparse.ArgumentParser) -> None:
+def add_plan_flags(p: argparse.ArgumentParser, plan: type = Plan) -> None:
+    """A flag per knob of ``plan``, each from its declaration (advisor.core.knobs): flag, parse type,
+    choices, help and the default the help states."""
     g = p.add_argument_group("training plan")
-    g.add_argument("--method", choices=METHODS, default="lora", help="full fine-tune, LoRA, or QLoRA (default: lora)")
-    g.add_argument("--quantization", choices=QUANTIZATIONS, help="base weight storage (default: nf4 for qlora, else none)")
-    g.add_argument("--double-quant", action="store_true", help="4-bit double quantization of the absmax constants")
-    g.add_argument("--compute-dtype", choices=DTYPES, help="dtype quantized weights compute in (default: the precision's)")
-    g.add_argument("--precision", choices=PRECISIONS, default="bf16", help="weights and math: bf16, fp16, fp32, mixed_bf16, mixed_fp16")
-    g.add_argument("--seq-len", type=positive_int("--seq-len"), default=1024, help="tokens per sequence (default 1024)")
-    g.add_argument("--micro-batch", type=positive_int("--micro-batch"), default=1, help="sequences per forward/backward (default 1)")
-    g.add_argument("--grad-accum", type=positive_int("--grad-accum"), default=1, help="micro-batches per optimizer step (default 1)")
-    g.add_argument("--gradient-checkpointing", action="store_true", help="recompute each layer in backward")
-    g.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw_torch", help="optimizer (TrainingArguments.optim names)")
-    g.add_argument("--lora-r", type=positive_int("--lora-r"), default=16, help="LoRA rank (default 16)")
-    g.add_argument("--lora-alpha", type=number("--lora-alpha", low=0), default=32.0, help="LoRA alpha (default 32)")
-    g.add_argument("--lora-dropout", type=number("--lora-dropout", low=0, low_inclusive=True, high=1), default=0.05, help="LoRA dropout (default 0.05)")
-    g.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj", help="comma-separated module names, or all-linear")
-    g.add_argument("--attn-impl", choices=ATTENTION, default="sdpa", help="attention implementation (default sdpa)")
-    g.add_argument("--offload", choices=OFFLOADS, default="none", help="DeepSpeed CPU offload (default none)")
-    add_lever_flags(g)
-    g.add_argument("--expandable-segments", action="store_true",
-                   help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: less memory reserved beyond the tensors")
-    g.add_argument("--eval-batch", type=int, default=0,
-                   help="sequences per evaluation forward (default 0: the micro-batch)")
-    g.add_argument("--max-new-tokens", type=int, default=0,
-                   help="tokens a generation-based evaluation generates per sequence (default 0: none)")
-    add_memory_lever_flags(g)
+    for k in knobs(plan):
+        add_knob_flag(g, k, plan)
     add_gpus_flags(p)
 
 
-def add_lever_flags(g) -> None:
-    """--loss (--chunked-ce), --dora, --packing."""
-    g.add_argument("--loss", choices=LOSSES, default=None,
-                   help="plain (all logits), chunked (chunks recomputed in backward) or fused-linear (Liger's fused "
-                        "linear cross-entropy: no logits) (default plain)")
-    g.add_argument("--chunked-ce", action="store_true", help="the same as --loss chunked")
-    g.add_argument("--dora", action="store_true", help="DoRA adapters (peft use_dora): magnitude vectors, more memory")
-    g.add_argument("--packing", action="store_true",
-                   help="pack documents into full sequences of --seq-len (no padding; position_ids per document)")
+def add_knob_flag(g, k: Knob, plan: type = Plan) -> None:
+    """The flag of one knob (and its alias flag, if it declares one)."""
+    parts = [k.help]
+    if k.cli.implies:
+        parts.append(f"(implies {flag_of(k.cli.implies[0], plan)})")
+    if k.default_text:
+        parts.append(k.default_text)
+    options: dict[str, Any] = {"dest": k.name, "help": " ".join(parts)}
+    if k.is_switch:
+        if k.default is not False:
+            raise TypeError(f"{k.name}: a switch on by default has no flag to turn it on")
+        g.add_argument(k.flag, action="store_true", **options)
+    else:
+        options["default"] = None if (k.cli.default or k.cli.alias) else k.default
+        if k.choices is not None:
+            options["choices"] = k.choices
+        if k.cli.parse is not None:
+            options["type"] = k.cli.parse
+        elif k.range is not None and k.range.whole:
+            options["type"] = whole_number(k.flag, int(k.range.low))
+        elif k.range is not None:
+            options["type"] = number(k.flag, low=k.range.low, low_inclusive=k.range.low_inclusive, high=k.range.high)
+        if k.cli.metavar:
+            options["metavar"] = k.cli.metavar
+        g.add_argument(k.flag, **options)
+    if k.cli.alias:
+        flag, value = k.cli.alias
+        g.add_argument(flag, dest=_alias_dest(flag), action="store_true",
+                       help=f"the same as {k.flag} {format_value(value)}")
 
 
-def loss_from_args(args: argparse.Namespace) -> str:
-    """--loss, or chunked for the --chunked-ce alias; the two must agree."""
-    loss = getattr(args, "loss", None)
-    if getattr(args, "chunked_ce", False):
-        if loss not in (None, "chunked"):
-            raise AdvisorInputError("--chunked-ce", f"is --loss chunked, which contradicts --loss {loss}", loss)
-        return "chunked"
-    return loss or "plain"
-def add_memory_lever_flags(g) -> None:
-    """Optimizer step inside backward, low-rank optimizer knobs, checkpointing granularity, activation offload."""
-    g.add_argument("--optimizer-in-backward", action="store_true",
-                   help="step each parameter inside backward and free its gradient (torchtune optimizer_in_bwd; "
-                        "needs --grad-accum 1)")
-    g.add_argument("--optim-rank", type=positive_int("--optim-rank"), default=128,
-                   help="GaLore / APOLLO projection rank (default 128)")
-    g.add_argument("--optim-proj-gap", type=positive_int("--optim-proj-gap"), default=200,
-                   help="steps between GaLore / APOLLO projection updates (default 200)")
-    g.add_argument("--checkpoint-layers", type=positive_int("--checkpoint-layers"), default=None, metavar="K",
-                   help="checkpoint K decoder layers only (implies --gradient-checkpointing; default: all)")
-    g.add_argument("--activation-offload", action="store_true",
-                   help="keep saved activations in pinned host memory (with checkpointing: the layer inputs)")
-
-
-def memory_lever_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The Plan fields of add_memory_lever_flags."""
-    k = getattr(args, "checkpoint_layers", None)
-    return dict(optimizer_in_backward=getattr(args, "optimizer_in_backward", False),
-                optim_rank=getattr(args, "optim_rank", 128), optim_proj_gap=getattr(args, "optim_proj_gap", 200),
-                checkpoint_layers=k, activation_offload=getattr(args, "activation_offload", False),
-                gradient_checkpointing=bool(args.gradient_checkpointing or k is not None))
+def _alias_dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
 
 
 def add_gpus_flags(p: argparse.ArgumentParser) -> None:
@@ -128,34 +100,25 @@ def add_gpus_flags(p: argparse.ArgumentParser) -> None:
                    help="how model state is split across --gpus (ZeRO-2/3, FSDP full shard, or replicated)")
 
 
-def plan_from_args(args: argparse.Namespace) -> Plan:
-    precision = args.precision
-    compute = args.compute_dtype or ("fp16" if "fp16" in precision else "fp32" if precision == "fp32" else "bf16")
-    plan = Plan(
-        method=args.method,
-        quantization=args.quantization or default_quantization(args.method),
-        double_quant=args.double_quant,
-        compute_dtype=compute,
-        precision=precision,
-        lora_r=args.lora_r,
-        lora_alpha=args.lora_alpha,
-        lora_dropout=args.lora_dropout,
-        lora_targets=normalize_targets(args.lora_targets),
-        optimizer=args.optimizer,
-        micro_batch=args.micro_batch,
-        grad_accum=args.grad_accum,
-        seq_len=args.seq_len,
-        attn_impl=args.attn_impl,
-        offload=args.offload,
-        loss=loss_from_args(args),
-        dora=bool(getattr(args, "dora", False)),
-        packing=bool(getattr(args, "packing", False)),
-        expandable_segments=getattr(args, "expandable_segments", False),
-        eval_batch=getattr(args, "eval_batch", 0),
-        max_new_tokens=getattr(args, "max_new_tokens", 0),
-        **memory_lever_fields(args),
-    )
-    return plan.validate()
+def plan_from_args(args: argparse.Namespace, plan: type = Plan) -> Plan:
+    """The Plan the knobs' flags describe (each knob read by its declaration), validated."""
+    values: dict[str, Any] = {}
+    for k in knobs(plan):
+        value = getattr(args, k.name, None)
+        if k.cli.alias and getattr(args, _alias_dest(k.cli.alias[0]), False):
+            flag, meant = k.cli.alias
+            if value not in (None, meant):
+                raise AdvisorInputError(flag, f"is {k.flag} {format_value(meant)}, which contradicts {k.flag} {value}",
+                                        value)
+            value = meant
+        values[k.name] = k.default if value is None and not k.cli.default else value
+    for k in knobs(plan):  # defaults that follow other knobs (the quantization follows the method)
+        if k.cli.default and values[k.name] is None:
+            values[k.name] = k.cli.default(values)
+    for k in knobs(plan):  # a knob that turns another on (--checkpoint-layers: --gradient-checkpointing)
+        if k.cli.implies and values[k.name] != k.default:
+            values[k.cli.implies[0]] = k.cli.implies[1]
+    return plan(**values).validate()
 
 
 def target_from_args(args: argparse.Namespace, **rules: Any):

@@ -1,15 +1,18 @@
 """The Plan: every knob the search turns, frozen, validated, and round-tripped through JSON.
 
 A Plan says *how* to fine-tune; the ModelSpec says *what*. Invalid combinations are rejected
-with the rule they break (``Plan.validate``), all rules at once.
+with the rule they break (``Plan.validate``), all rules at once. Each field is declared once with
+``knob(...)`` (advisor.core.knobs): its flag, help, short tag, search choices and export keys.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from advisor.core.errors import AdvisorInputError, ConfigErrors
+from advisor.core.knobs import (Cli, Custom, Key, Range, Refused, Search, Tag, Unkeyed, first, knob, knob_of, knobs,
+                                prefer, summary)
 
 METHODS = ("full", "lora", "qlora")
 QUANTIZATIONS = ("none", "int8", "nf4", "fp4")
@@ -36,69 +39,253 @@ ALL_LINEAR = "all-linear"
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
+FOUR_BIT = ("nf4", "fp4")
+
+
+def compute_dtype_for(precision: str) -> str:
+    """The dtype a precision computes in: its autocast dtype, or its weights' for a pure precision. It is
+    also the 4-bit compute dtype a plan takes unless it says otherwise (the command line, the search)."""
+    return precision.split("_")[1] if precision.startswith("mixed") else precision
+
+
+def default_quantization(method: str) -> str:
+    return "nf4" if method == "qlora" else "none"
+
+
+# where a knob applies (Knob.applies): it may see a partial point of the search space
+def _with_adapters(values) -> bool:
+    return values.get("method") != "full"
+
+
+def _four_bit(values) -> bool:
+    return values.get("quantization") in FOUR_BIT
+
+
+def _low_rank(values) -> bool:
+    return values.get("optimizer") in LOW_RANK_OPTIMIZERS
+
+
+def _checkpointing(values) -> bool:
+    return bool(values.get("gradient_checkpointing"))
+
+
+def _adapter_tag(plan: "Plan") -> str | None:
+    if not plan.peft:
+        return None
+    targets = plan.lora_targets if isinstance(plan.lora_targets, str) else ",".join(
+        t.removesuffix("_proj") for t in plan.lora_targets)
+    return f"r{plan.lora_r}[{targets}]"
+
+
+def _loss_tag(plan: "Plan") -> str | None:
+    if plan.loss == "chunked":
+        return "chunked-ce"  # the name short() used before the loss knob (kept: studies key on it)
+    return None if plan.loss == "plain" else plan.loss + "-ce"
+
+
+_TRAINING_ARGUMENTS_BATCH = 8
+"""TrainingArguments.per_device_train_batch_size's default: what a TrainingArguments-based file (advisor.yaml's
+training section, LLaMA-Factory, TRL) that leaves the key out trains with."""
+_WHOLE = Range(low=1, whole=True)
+_ZERO_OR_MORE = Range(low=0, whole=True)
+_IN_BACKWARD = Refused("it has no optimizer step inside backward (torchtune optimizer_in_bwd); use lomo/adalomo, "
+                       "or the advisor.yaml + train.py export")
+_NOT_RUN = Unkeyed("the exported run does not evaluate: the generation-based evaluation sizes the prediction only")
+_ENV = Unkeyed("an environment variable: the header's launch command sets PYTORCH_CUDA_ALLOC_CONF")
+
+
 @dataclass(frozen=True)
 class Plan:
-    """One way to fine-tune a model: method, memory techniques and shapes of a step."""
+    """One way to fine-tune a model: method, memory techniques and shapes of a step.
 
-    method: str = "lora"
+    Each field is a knob declared once (advisor.core.knobs): its help, flag, short tag, search choices
+    and export keys live in its ``knob(...)``; the command line, the search space, ``short()``, the
+    readers and the exporters derive from them."""
+
+    method: str = knob(
+        "lora", help="full fine-tune, LoRA, or QLoRA", choices=METHODS, tag=Tag(lambda plan: plan.method),
+        search=Search(order=10, required=True),
+        keys={"advisor": Custom("lora"), "axolotl": Custom("adapter"), "llamafactory": Custom("finetuning_type"),
+              "trl": Custom("use_peft")})
     """full (every weight trained), lora (adapters on a bf16/fp16 or 8-bit base), qlora (adapters on a 4-bit base)."""
-    quantization: str = "none"
+    quantization: str = knob(
+        "none", help="base weight storage", choices=QUANTIZATIONS,
+        cli=Cli(default=lambda values: default_quantization(values["method"]), default_means="nf4 for qlora, else none"),
+        tag=Tag(), search=Search(order=20, required=True),
+        keys={"advisor": Custom("quantization"), "axolotl": Custom("load_in_4bit"),
+              "llamafactory": Custom("quantization_bit"), "trl": Custom("load_in_4bit")})
     """How the frozen base weights are stored: none, int8 (LLM.int8), nf4 or fp4 (bitsandbytes 4-bit)."""
-    double_quant: bool = False
+    double_quant: bool = knob(
+        False, help="4-bit double quantization of the absmax constants", applies=_four_bit,
+        tag=Tag("+dq", after="quantization", joined=True),
+        search=Search(order=30, required=True, ladder=prefer(True), frugal=prefer(True)),
+        keys={"advisor": Key("quantization.bnb_4bit_use_double_quant"), "axolotl": Custom("bnb_config_kwargs"),
+              "llamafactory": Key("double_quantization", default=True, listed=False),
+              "trl": Key("use_bnb_nested_quant")})
     """Quantize the 4-bit absmax constants again (bnb_4bit_use_double_quant)."""
-    compute_dtype: str = "bf16"
+    compute_dtype: str = knob(
+        "bf16", help="dtype quantized weights compute in", choices=DTYPES, applies=_four_bit,
+        cli=Cli(default=lambda values: compute_dtype_for(values["precision"]), default_means="the precision's"),
+        keys={"advisor": Custom("quantization.bnb_4bit_compute_dtype"), "axolotl": Custom("bnb_config_kwargs"),
+              "llamafactory": Custom("bf16"), "trl": Custom("dtype")})
     """dtype quantized weights are dequantized to for the matmul (bnb_4bit_compute_dtype)."""
-    precision: str = "bf16"
+    precision: str = knob(
+        "bf16", help="weights and math: bf16, fp16, fp32, mixed_bf16, mixed_fp16", choices=PRECISIONS,
+        tag=Tag(lambda plan: plan.precision, after="lora_r"),
+        search=Search(order=120, required=True, ladder=prefer("bf16", "mixed_bf16", "fp16"), frugal=first),
+        keys={"advisor": Custom("training.bf16"), "axolotl": Custom("bf16"), "llamafactory": Custom("bf16"),
+              "trl": Custom("bf16")})
     """Weights and training math: bf16/fp16/fp32 (pure), mixed_bf16/mixed_fp16 (fp32 weights, autocast)."""
-    lora_r: int = 16
+    lora_r: int = knob(
+        16, help="LoRA rank", range=_WHOLE, applies=_with_adapters, tag=Tag(_adapter_tag),
+        search=Search(order=40, required=True, inactive=None, ladder=prefer(16, 8, 32), frugal=min),
+        keys={"advisor": Key("lora.r", default=8), "axolotl": Key("lora_r", default=8),
+              "llamafactory": Key("lora_rank", default=8), "trl": Key("lora_r")})
     """LoRA rank: more capacity, more adapter memory."""
-    lora_alpha: float = 32.0
+    lora_alpha: float = knob(
+        32.0, help="LoRA alpha", range=Range(low=0, low_inclusive=False), applies=_with_adapters,
+        keys={"advisor": Custom("lora.lora_alpha"), "axolotl": Custom("lora_alpha"),
+              "llamafactory": Custom("lora_alpha"), "trl": Custom("lora_alpha")})
     """LoRA scaling numerator (scale = alpha / r)."""
-    lora_dropout: float = 0.05
+    lora_dropout: float = knob(
+        0.05, help="LoRA dropout", range=Range(low=0, high=1), applies=_with_adapters,
+        keys={"advisor": Key("lora.lora_dropout", default=0.0),
+              "axolotl": Key("lora_dropout", default=0.0, listed=False),
+              "llamafactory": Key("lora_dropout", default=0.0, listed=False), "trl": Key("lora_dropout")})
     """Dropout on the adapter input (0 saves the dropout mask and copy)."""
-    lora_targets: tuple[str, ...] | str = ("q_proj", "k_proj", "v_proj", "o_proj")
+    lora_targets: tuple[str, ...] | str = knob(
+        ("q_proj", "k_proj", "v_proj", "o_proj"), help=f"comma-separated module names, or {ALL_LINEAR}",
+        applies=_with_adapters, cli=Cli(parse=lambda text: normalize_targets(text)),
+        search=Search(order=50, required=True, inactive=None, ladder=prefer("attention"), frugal=first,
+                      choice=lambda v: isinstance(v, str) and bool(v),
+                      choice_rule="choices are set names (attention, mlp, all-linear) or comma-separated module names"),
+        keys={"advisor": Custom("lora.target_modules"), "axolotl": Custom("lora_target_modules"),
+              "llamafactory": Custom("lora_target"), "trl": Custom("lora_target_modules")})
     """Module names that get adapters, or "all-linear"."""
-    dora: bool = False
+    dora: bool = knob(
+        False, help="DoRA adapters (peft use_dora): magnitude vectors, more memory", applies=_with_adapters,
+        tag=Tag("+dora", after="lora_r", joined=True),
+        search=Search(order=60, ladder=prefer(False), frugal=prefer(False)),
+        keys={"advisor": Key("lora.use_dora", omit_default=True), "axolotl": Key("peft_use_dora", omit_default=True),
+              "llamafactory": Key("use_dora", omit_default=True), "trl": Key("use_dora", omit_default=True)})
     """DoRA (peft use_dora): a trained magnitude vector per adapted module; its forward re-runs the base
     matmul on the dropped-out input and keeps an fp32 copy of the weight for backward."""
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = knob(
+        False, help="recompute each layer in backward", tag=Tag("ckpt"),
+        search=Search(order=70, required=True, frugal=prefer(True)),
+        keys={"advisor": Custom("training.gradient_checkpointing"), "axolotl": Custom("gradient_checkpointing"),
+              "llamafactory": Custom("disable_gradient_checkpointing"), "trl": Custom("gradient_checkpointing")})
     """Keep only each decoder layer's input and recompute the rest in backward (~1/3 more compute)."""
-    optimizer: str = "adamw_torch"
+    optimizer: str = knob(
+        "adamw_torch", help="optimizer (TrainingArguments.optim names)", choices=OPTIMIZERS,
+        tag=Tag(lambda plan: plan.optimizer), search=Search(order=100, required=True),
+        keys={"advisor": Custom("training.optim"), "axolotl": Custom("optimizer"), "llamafactory": Custom("optim"),
+              "trl": Custom("optim")})
     """Optimizer (TrainingArguments.optim names)."""
-    micro_batch: int = 1
+    micro_batch: int = knob(
+        1, help="sequences per forward/backward", range=_WHOLE,
+        tag=Tag(lambda plan: f"b{plan.micro_batch}x{plan.grad_accum} s{plan.seq_len}"),
+        search=Search(order=110, required=True, frugal=min),
+        keys={"advisor": Key("training.per_device_train_batch_size", default=_TRAINING_ARGUMENTS_BATCH),
+              "axolotl": Key("micro_batch_size", listed=True),
+              "llamafactory": Key("per_device_train_batch_size", default=_TRAINING_ARGUMENTS_BATCH),
+              "trl": Key("per_device_train_batch_size", default=_TRAINING_ARGUMENTS_BATCH)})
     """Sequences per forward/backward."""
-    grad_accum: int = 1
+    grad_accum: int = knob(
+        1, help="micro-batches per optimizer step", range=_WHOLE,
+        keys={"advisor": Key("training.gradient_accumulation_steps"), "axolotl": Key("gradient_accumulation_steps"),
+              "llamafactory": Key("gradient_accumulation_steps"), "trl": Key("gradient_accumulation_steps")})
     """Micro-batches per optimizer step (gradients held between them)."""
-    seq_len: int = 1024
+    seq_len: int = knob(
+        1024, help="tokens per sequence", range=_WHOLE,
+        keys={"advisor": Custom("advisor.max_seq_length"), "axolotl": Key("sequence_len", default=512),
+              "llamafactory": Key("cutoff_len", default=2048), "trl": Key("max_length")})
     """Tokens per sequence (the padded length of the longest batch, or the packed length)."""
-    packing: bool = False
+    packing: bool = knob(
+        False, help="pack documents into full sequences of --seq-len (no padding; position_ids per document)",
+        tag=Tag("packed", after="loss"), search=Search(order=160, ladder=prefer(False), frugal=first),
+        keys={"advisor": Key("advisor.packing"), "axolotl": Key("sample_packing"), "llamafactory": Custom("packing"),
+              "trl": Custom("packing")})
     """Pack several documents into each sequence of seq_len tokens (position_ids restart per document:
     no padding, no cross-document attention); without it a batch is padded to its longest document."""
-    attn_impl: str = "sdpa"
+    attn_impl: str = knob(
+        "sdpa", help="attention implementation", choices=ATTENTION, tag=Tag(),
+        search=Search(order=130, required=True, ladder=prefer("sdpa", "flash_attention_2"), frugal=first),
+        keys={"advisor": Key("model.attn_implementation", listed=True), "axolotl": Custom("attn_implementation"),
+              "llamafactory": Custom("flash_attn"), "trl": Key("attn_implementation")})
     """Attention implementation: sdpa, eager (materializes the scores), flash_attention_2."""
-    offload: str = "none"
+    offload: str = knob(
+        "none", help="DeepSpeed CPU offload", choices=OFFLOADS,
+        tag=Tag(after="optimizer"),
+        search=Search(order=140, required=True, ladder=prefer("none")),
+        keys={"advisor": Custom("training.deepspeed"), "axolotl": Custom("deepspeed"),
+              "llamafactory": Custom("deepspeed"), "trl": Custom("deepspeed")})
     """none, zero2_cpu (DeepSpeed ZeRO-2, optimizer on the CPU), zero3_cpu (ZeRO-3, parameters and optimizer on the CPU)."""
-    loss: str = "plain"
+    loss: str = knob(
+        "plain", help="plain (all logits), chunked (chunks recomputed in backward) or fused-linear (Liger's fused "
+                      "linear cross-entropy: no logits)", choices=LOSSES,
+        renamed_from=("chunked_ce", lambda chunked: "chunked" if chunked else "plain"),
+        cli=Cli(alias=("--chunked-ce", "chunked")), tag=Tag(_loss_tag),
+        search=Search(order=150, ladder=prefer("plain"), frugal=prefer("fused-linear", "chunked")),
+        keys={"advisor": Custom("advisor.loss"), "axolotl": Custom("chunked_cross_entropy"),
+              "llamafactory": Custom("enable_liger_kernel"), "trl": Custom("loss_type")})
     """How the loss is computed: plain, chunked or fused-linear (see LOSSES)."""
-    expandable_segments: bool = False
+    expandable_segments: bool = knob(
+        False, help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: less memory reserved beyond the tensors",
+        tag=Tag("expandable"), search=Search(order=180, ladder=prefer(True), frugal=prefer(True)),
+        keys={"advisor": Custom("advisor.env.PYTORCH_CUDA_ALLOC_CONF"), "axolotl": _ENV, "llamafactory": _ENV,
+              "trl": Unkeyed("an environment variable, which trl.yaml has no field for")})
     """PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the caching allocator grows one segment per pool
     in 2/20 MiB pages instead of one cudaMalloc per block size, so freed memory is reused across sizes
     (less reserved beyond the live tensors; slower first allocations, no CUDA IPC of the tensors)."""
-    eval_batch: int = 0
+    eval_batch: int = knob(
+        0, help="sequences per evaluation forward", range=_ZERO_OR_MORE, cli=Cli(default_means="the micro-batch"),
+        tag=Tag(lambda plan: f"eval-b{plan.eval_batch}" if plan.eval_batch else None),
+        keys={"advisor": Key("training.per_device_eval_batch_size", omit_default=True, read=False),
+              "axolotl": Key("eval_batch_size", omit_default=True, read=False),
+              "llamafactory": Key("per_device_eval_batch_size", omit_default=True, read=False),
+              "trl": Key("per_device_eval_batch_size", omit_default=True, read=False)})
     """Sequences per evaluation forward (per_device_eval_batch_size); 0: the micro-batch."""
-    max_new_tokens: int = 0
+    max_new_tokens: int = knob(
+        0, help="tokens a generation-based evaluation generates per sequence", range=_ZERO_OR_MORE,
+        cli=Cli(default_means="none"), tag=Tag(lambda plan: f"gen{plan.max_new_tokens}" if plan.max_new_tokens else None),
+        keys={"advisor": _NOT_RUN, "axolotl": _NOT_RUN, "llamafactory": _NOT_RUN, "trl": _NOT_RUN})
     """Tokens generated per sequence by a generation-based evaluation; 0: the run does not generate."""
-    # ---- optimizer implementation, checkpointing granularity, activation offload (issue 15, levers 1-3)
-    optim_rank: int = 128
+    # ---- the optimizer's implementation, checkpointing granularity, activation offload
+    optim_rank: int = knob(
+        128, help="GaLore / APOLLO projection rank", range=_WHOLE, applies=_low_rank,
+        tag=Tag(lambda plan: f"(r{plan.optim_rank})" if plan.optimizer in LOW_RANK_OPTIMIZERS else None,
+                after="optimizer", joined=True),
+        keys={"advisor": Custom("training.optim_args"), "axolotl": Custom("optim_args"),
+              "llamafactory": Custom("galore_rank"), "trl": Custom("optim_args")})
     """GaLore / APOLLO projection rank (TrainingArguments optim_args "rank=", transformers' default 128)."""
-    optim_proj_gap: int = 200
+    optim_proj_gap: int = knob(
+        200, help="steps between GaLore / APOLLO projection updates", range=_WHOLE, applies=_low_rank,
+        keys={"advisor": Custom("training.optim_args"), "axolotl": Custom("optim_args"),
+              "llamafactory": Custom("galore_update_interval"), "trl": Custom("optim_args")})
     """Steps between GaLore / APOLLO projection updates (optim_args "update_proj_gap="; an SVD spike each time)."""
-    optimizer_in_backward: bool = False
+    optimizer_in_backward: bool = knob(
+        False, help="step each parameter inside backward and free its gradient (torchtune optimizer_in_bwd; "
+                    "needs --grad-accum 1)",
+        tag=Tag("+in-bwd", after="optimizer", joined=True), search=Search(order=170),
+        keys={"advisor": Key("advisor.optimizer_in_backward"), "axolotl": _IN_BACKWARD, "llamafactory": _IN_BACKWARD,
+              "trl": _IN_BACKWARD})
     """Step each parameter's optimizer inside backward, as soon as its gradient exists, and free the gradient
     (torchtune optimizer_in_bwd): no full gradient buffer; needs grad_accum 1, no clipping."""
-    checkpoint_layers: int | None = None
+    checkpoint_layers: int | None = knob(
+        None, help="checkpoint K decoder layers only", range=_WHOLE, applies=_checkpointing,
+        cli=Cli(metavar="K", implies=("gradient_checkpointing", True), default_means="every layer"),
+        tag=Tag(lambda plan: None if plan.checkpoint_layers is None else str(plan.checkpoint_layers),
+                after="gradient_checkpointing", joined=True),
+        search=Search(order=80),
+        keys={"advisor": Custom("advisor.checkpoint_layers"), "axolotl": Custom(), "llamafactory": Custom(),
+              "trl": Custom("gradient_checkpointing_kwargs")})
     """With gradient_checkpointing: how many decoder layers are checkpointed (None: all of them)."""
-    activation_offload: bool = False
+    activation_offload: bool = knob(
+        False, help="keep saved activations in pinned host memory (with checkpointing: the layer inputs)",
+        tag=Tag("act-offload", after="gradient_checkpointing"), search=Search(order=90),
+        keys={"advisor": Custom("advisor.activation_offload"), "axolotl": Custom("activation_offloading"),
+              "llamafactory": Refused("it has no activation offloading key"), "trl": Custom("activation_offloading")})
     """Keep saved activations in pinned host memory (with checkpointing: the checkpointed layer inputs,
     transformers' activation_checkpointing_kwargs offload; without: TRL/torchtune activation offloading)."""
 
@@ -119,7 +306,7 @@ class Plan:
 
     @property
     def four_bit(self) -> bool:
-        return self.quantization in ("nf4", "fp4")
+        return self.quantization in FOUR_BIT
 
     @property
     def param_dtype(self) -> str:
@@ -129,9 +316,13 @@ class Plan:
     @property
     def activation_dtype(self) -> str:
         """dtype the forward pass computes in."""
-        if self.precision.startswith("mixed"):
-            return self.precision.split("_")[1]
-        return self.precision
+        return compute_dtype_for(self.precision)
+
+    @property
+    def updates_in_backward(self) -> bool:
+        """Each parameter is updated inside backward and its gradient freed at once: LOMO, AdaLomo,
+        layer-wise GaLore, or any optimizer with ``optimizer_in_backward``."""
+        return self.optimizer in FUSED_BACKWARD_OPTIMIZERS or self.optimizer_in_backward
 
     @property
     def tokens_per_step(self) -> int:
@@ -144,21 +335,9 @@ class Plan:
         errs: list[AdvisorInputError] = []
 
         def bad(key: str, rule: str, value: Any) -> None:
-            errs.append(AdvisorInputError(flag_of(key), rule, value))
+            errs.append(AdvisorInputError(flag_of(key, type(self)), rule, value))
 
-        for key, allowed in (("method", METHODS), ("quantization", QUANTIZATIONS), ("compute_dtype", DTYPES),
-                             ("precision", PRECISIONS), ("optimizer", OPTIMIZERS), ("attn_impl", ATTENTION),
-                             ("offload", OFFLOADS), ("loss", LOSSES)):
-            if getattr(self, key) not in allowed:
-                bad(key, f"must be one of {', '.join(allowed)}", getattr(self, key))
-        for key in ("micro_batch", "grad_accum", "seq_len", "optim_rank", "optim_proj_gap"):
-            v = getattr(self, key)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                bad(key, "must be a whole number of at least 1", v)
-        for key in ("eval_batch", "max_new_tokens"):
-            v = getattr(self, key)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                bad(key, "must be a whole number of at least 0 (0: the default)", v)
+        errs += self._declared_problems(conditional=False)
         if errs:
             return errs
         if self.method == "qlora" and not self.four_bit:
@@ -171,18 +350,17 @@ class Plan:
                 self.quantization)
         if self.double_quant and not self.four_bit:
             bad("double_quant", "double quantization applies to 4-bit (nf4/fp4) weights only", self.double_quant)
+        errs += self._declared_problems(conditional=True)
         if self.peft:
-            if not isinstance(self.lora_r, int) or isinstance(self.lora_r, bool) or self.lora_r < 1:
-                bad("lora_r", "the LoRA rank must be a whole number of at least 1", self.lora_r)
-            if not isinstance(self.lora_alpha, (int, float)) or self.lora_alpha <= 0:
-                bad("lora_alpha", "LoRA alpha must be greater than 0", self.lora_alpha)
-            if not isinstance(self.lora_dropout, (int, float)) or not 0 <= self.lora_dropout < 1:
-                bad("lora_dropout", "LoRA dropout must be in [0, 1)", self.lora_dropout)
             targets = self.lora_targets
             if targets != ALL_LINEAR and (not isinstance(targets, tuple) or not targets
                                           or not all(isinstance(t, str) and t for t in targets)):
                 bad("lora_targets", f"must be a list of module names or {ALL_LINEAR}", targets)
-        errs += self._lever_problems()
+        if self.dora is True and not self.peft:
+            bad("dora", "DoRA decomposes LoRA adapters: use method lora (a full fine-tune has none)", self.method)
+        elif self.dora is True and self.quantized:
+            bad("dora", "DoRA over a quantized base is not planned here (peft dequantizes the base weight in each "
+                "forward): use quantization none", self.quantization)
         if self.attn_impl == "flash_attention_2" and self.activation_dtype == "fp32":
             bad("attn_impl", "flash_attention_2 computes in fp16/bf16 only; use sdpa or eager with fp32",
                 self.attn_impl)
@@ -201,20 +379,27 @@ class Plan:
                 self.precision)
         return errs
 
-    def _lever_problems(self) -> list[AdvisorInputError]:
-        """The rules of the loss, DoRA and packing knobs."""
+    def _declared_problems(self, conditional: bool) -> list[AdvisorInputError]:
+        """The rules the knobs' declarations state: a value among the knob's choices, a number in its Range,
+        a switch true or false. ``conditional=False``: the choices of every knob (the other rules read
+        them), then the Range of each knob that applies to every plan; ``True``: the Range of the other
+        knobs where they apply, and every switch."""
         errs: list[AdvisorInputError] = []
-        if not isinstance(self.dora, bool):
-            errs.append(AdvisorInputError(flag_of("dora"), "must be true or false", self.dora))
-        elif self.dora and not self.peft:
-            errs.append(AdvisorInputError(flag_of("dora"), "DoRA decomposes LoRA adapters: use method lora "
-                                          "(a full fine-tune has none)", self.method))
-        elif self.dora and self.quantized:
-            errs.append(AdvisorInputError(flag_of("dora"), "DoRA over a quantized base is not planned here (peft "
-                                          "dequantizes the base weight in each forward): use quantization none",
-                                          self.quantization))
-        if not isinstance(self.packing, bool):
-            errs.append(AdvisorInputError(flag_of("packing"), "must be true or false", self.packing))
+        values = vars(self)
+        ks = knobs(type(self))
+        if not conditional:
+            for k in ks:
+                if k.choices is not None and values[k.name] not in k.choices:
+                    errs.append(AdvisorInputError(k.flag, f"must be one of {', '.join(k.choices)}", values[k.name]))
+        for k in ks:
+            v = values[k.name]
+            if k.range is None or (k.applies is None) == conditional or not k.applies_to(values):
+                continue
+            if not (v is None and k.default is None) and not k.range.holds(v):
+                errs.append(AdvisorInputError(k.flag, k.range.rule, v))
+        if conditional:
+            errs += [AdvisorInputError(k.flag, "must be true or false", values[k.name]) for k in ks
+                     if k.is_switch and not isinstance(values[k.name], bool)]
         return errs
 
     def validate(self) -> "Plan":
@@ -235,15 +420,16 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":
-        known = {f.name for f in fields(cls)} | {"chunked_ce"}
-        unknown = sorted(set(data) - known)
+        ks = knobs(cls)
+        renamed = {k.renamed_from[0]: (k.name, k.renamed_from[1]) for k in ks if k.renamed_from}
+        unknown = sorted(set(data) - {k.name for k in ks} - set(renamed))
         if unknown:
             raise AdvisorInputError("plan", f"unknown key(s) {', '.join(unknown)}", unknown, show_value=False)
         data = dict(data)
-        if "chunked_ce" in data:  # configs and studies written before the loss knob
-            legacy = data.pop("chunked_ce")
-            if legacy and "loss" not in data:
-                data["loss"] = "chunked"
+        for old, (name, convert) in renamed.items():  # configs and studies written before the knob's name
+            if old in data:
+                value = data.pop(old)
+                data.setdefault(name, convert(value))
         if "lora_targets" in data:
             data["lora_targets"] = normalize_targets(data["lora_targets"])
         return cls(**data)
@@ -252,58 +438,25 @@ class Plan:
         return replace(self, **changes)
 
     def short(self) -> str:
-        """A one-line summary, for tables."""
-        parts = [self.method]
-        if self.quantized:
-            parts.append(self.quantization + ("+dq" if self.double_quant else ""))
-        if self.peft:
-            targets = self.lora_targets if isinstance(self.lora_targets, str) else ",".join(
-                t.removesuffix("_proj") for t in self.lora_targets)
-            parts.append(f"r{self.lora_r}[{targets}]" + ("+dora" if self.dora else ""))
-        parts.append(self.precision)
-        if self.gradient_checkpointing:
-            parts.append("ckpt" if self.checkpoint_layers is None else f"ckpt{self.checkpoint_layers}")
-        if self.activation_offload:
-            parts.append("act-offload")
-        parts.append(self.optimizer + (f"(r{self.optim_rank})" if self.optimizer in LOW_RANK_OPTIMIZERS else "")
-                     + ("+in-bwd" if self.optimizer_in_backward else ""))
-        if self.offload != "none":
-            parts.append(self.offload)
-        parts.append(f"b{self.micro_batch}x{self.grad_accum} s{self.seq_len}")
-        if self.attn_impl != "sdpa":
-            parts.append(self.attn_impl)
-        if self.loss == "chunked":
-            parts.append("chunked-ce")  # the name short() used before the loss knob (kept: studies key on it)
-        elif self.loss != "plain":
-            parts.append(self.loss + "-ce")
-        if self.packing:
-            parts.append("packed")
-        if self.expandable_segments:
-            parts.append("expandable")
-        if self.eval_batch:
-            parts.append(f"eval-b{self.eval_batch}")
-        if self.max_new_tokens:
-            parts.append(f"gen{self.max_new_tokens}")
-        return " ".join(parts)
+        """A one-line summary, for tables (each knob's Tag; studies key on it)."""
+        return summary(self)
 
 
-_FLAGS = {
-    "micro_batch": "--micro-batch", "grad_accum": "--grad-accum", "seq_len": "--seq-len",
-    "lora_r": "--lora-r", "lora_alpha": "--lora-alpha", "lora_dropout": "--lora-dropout",
-    "lora_targets": "--lora-targets", "gradient_checkpointing": "--gradient-checkpointing",
-    "attn_impl": "--attn-impl", "compute_dtype": "--compute-dtype", "double_quant": "--double-quant",
-    "loss": "--loss", "dora": "--dora", "packing": "--packing",
-    "checkpoint_layers": "--checkpoint-layers",
-    "activation_offload": "--activation-offload", "optimizer_in_backward": "--optimizer-in-backward",
-    "optim_rank": "--optim-rank", "optim_proj_gap": "--optim-proj-gap",
-    "eval_batch": "--eval-batch", "max_new_tokens": "--max-new-tokens",
-    "expandable_segments": "--expandable-segments",
-}
-
-
-def flag_of(key: str) -> str:
+def flag_of(key: str, plan_type: type = Plan) -> str:
     """The CLI flag a Plan field is set with."""
-    return _FLAGS.get(key, "--" + key.replace("_", "-"))
+    try:
+        return knob_of(plan_type, key).flag
+    except KeyError:
+        return "--" + key.replace("_", "-")
+
+
+def canonical(plan: Plan) -> Plan:
+    """The plan with each knob that does not apply to it (``Knob.applies``) at its default: the LoRA knobs of
+    a full fine-tune, the 4-bit knobs of an unquantized plan... Two plans that train the same way compare equal."""
+    values = vars(plan)
+    changes = {k.name: k.default for k in knobs(type(plan))
+               if not k.applies_to(values) and values[k.name] != k.default}
+    return plan.with_(**changes) if changes else plan
 
 
 def normalize_targets(value: Any) -> tuple[str, ...] | str:
@@ -315,10 +468,6 @@ def normalize_targets(value: Any) -> tuple[str, ...] | str:
     if isinstance(value, (list, tuple)):
         return tuple(str(t) for t in value)
     return value
-
-
-def default_quantization(method: str) -> str:
-    return "nf4" if method == "qlora" else "none"
 
 
 def lora_target_modules(plan: Plan, layer_linears: list[str]) -> list[str]:
@@ -336,15 +485,14 @@ def lora_target_modules(plan: Plan, layer_linears: list[str]) -> list[str]:
 
 
 def optimizer_problems(plan: Plan, bad) -> None:
-    """The rules of the optimizer implementation, the step inside backward and partial checkpointing
-    (levers of issue 15); each broken rule is reported through ``bad(key, rule, value)``."""
+    """The rules of the optimizer implementation, the step inside backward and partial checkpointing;
+    each broken rule is reported through ``bad(key, rule, value)``."""
     opt = plan.optimizer
     if opt in LOW_RANK_OPTIMIZERS and plan.method != "full":
         bad("optimizer", "GaLore and APOLLO project full-rank weight gradients: use them with --method full",
             opt)
-    in_bwd = opt in FUSED_BACKWARD_OPTIMIZERS or plan.optimizer_in_backward
-    if in_bwd and plan.grad_accum != 1:
-        what = opt if opt in FUSED_BACKWARD_OPTIMIZERS else "--optimizer-in-backward"
+    if plan.updates_in_backward and plan.grad_accum != 1:
+        what = opt if opt in FUSED_BACKWARD_OPTIMIZERS else flag_of("optimizer_in_backward")
         bad("grad_accum", f"{what} updates the weights inside backward, so there is no gradient to accumulate: "
             "gradient accumulation must be 1", plan.grad_accum)
     if plan.optimizer_in_backward:
@@ -358,12 +506,9 @@ def optimizer_problems(plan: Plan, bad) -> None:
     if opt in ("lomo", "adalomo") and plan.precision == "mixed_fp16":
         bad("optimizer", "LOMO keeps its own loss scaler; the Trainer's fp16 GradScaler cannot wrap it: use bf16",
             opt)
-    k = plan.checkpoint_layers
-    if k is not None:
-        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            bad("checkpoint_layers", "must be a whole number of at least 1 (or unset for every layer)", k)
-        elif not plan.gradient_checkpointing:
-            bad("checkpoint_layers", "checkpointing k layers needs --gradient-checkpointing on", k)
+    if plan.checkpoint_layers is not None and not plan.gradient_checkpointing:
+        bad("checkpoint_layers", f"checkpointing k layers needs {flag_of('gradient_checkpointing')} on",
+            plan.checkpoint_layers)
 
 
 def checkpoint_depth_problems(plan: Plan, num_layers: int) -> list[AdvisorInputError]:

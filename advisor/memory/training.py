@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.memory.ledger import MemoryReport, empty
 from advisor.memory.overhead import overhead_of as framework_overhead_of
-from advisor.core.plan import (DTYPE_BYTES, FUSED_BACKWARD_OPTIMIZERS, Plan, checkpointed_layers,
+from advisor.core.plan import (DTYPE_BYTES, Plan, checkpointed_layers,
                                lora_target_modules)
 from advisor.memory import levers as lever_terms
 
@@ -338,7 +338,7 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
                                          transient=layer_bwd_temp + autocast_cache)
     if levers is not None:
         apply_activation_levers(phases, levers, grads_held, layer_bwd_temp + autocast_cache)
-    if updates_in_backward(plan):
+    if plan.updates_in_backward:
         apply_update_in_backward(model, plan, pb, phases)
     _add_lever_phases(phases, model, plan, pb)
     peak_phase, at_peak = max(phases.items(), key=lambda kv: sum(kv[1].values()))
@@ -559,11 +559,6 @@ def in_backward_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> tuple
         return grad, max(low_rank_spike_bytes(model, plan, tb), 2 * grad)
     whole = optimizer_transient_bytes(model, plan, pb)
     return grad, min(whole, grad)  # one parameter's share of the step's temporaries
-
-
-def updates_in_backward(plan: Plan) -> bool:
-    """Each parameter updated inside backward (LOMO, AdaLomo, layer-wise GaLore, optimizer_in_backward)."""
-    return plan.optimizer in FUSED_BACKWARD_OPTIMIZERS or plan.optimizer_in_backward
 
 
 def apply_update_in_backward(model: ModelSpec, plan: Plan, pb: ParamBreakdown, phases: dict) -> None:

@@ -108,7 +108,7 @@ class TrainingSetup:
         if self.optimizer is None:
             return
         self._phase("optimizer")
-        if updates_in_backward(self.plan):
+        if self.plan.updates_in_backward:
             # every parameter was updated and its gradient freed inside backward: no clipping over a full
             # gradient, no step (torchtune optimizer_in_bwd; LOMO; transformers' layer-wise GaLore hooks)
             self._phase("zero_grad")
@@ -534,13 +534,6 @@ def low_rank_args(plan: Plan, proj_gap: int | None = None) -> dict:
     gap = proj_gap or plan.optim_proj_gap
     return {"optim_target_modules": list(GALORE_TARGETS),
             "optim_args": f"rank={plan.optim_rank},update_proj_gap={gap}"}
-
-
-def updates_in_backward(plan: Plan) -> bool:
-    """Whether each parameter is updated inside backward (no full gradient buffer, no optimizer.step)."""
-    from advisor.core.plan import FUSED_BACKWARD_OPTIMIZERS
-
-    return plan.optimizer in FUSED_BACKWARD_OPTIMIZERS or plan.optimizer_in_backward
 
 
 class InBackwardOptimizers:

@@ -13,31 +13,20 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from advisor.search.space import SearchSpace
+from advisor.core.knobs import prefer
+from advisor.search.space import SearchSpace, search_knobs
 
 
 def _pick(values: list, preferred: list) -> Any:
-    for v in preferred:
-        if v in values:
-            return v
-    return values[0]
+    return prefer(*preferred)(values)
 
 
 def ladder(space: SearchSpace, fits_with_micro_batch: Callable[[dict[str, Any]], bool]) -> list[tuple[str, dict]]:
     """(rung name, params) in priority order, restricted to the space."""
     s = space.search
-    base = {
-        "double_quant": _pick(s["double_quant"], [True]),
-        "lora_r": _pick(s["lora_r"], [16, 8, 32]),
-        "lora_targets": _pick(s["lora_targets"], ["attention"]),
-        "precision": _pick(s["precision"], ["bf16", "mixed_bf16", "fp16"]),
-        "attn_impl": _pick(s["attn_impl"], ["sdpa", "flash_attention_2"]),
-        "loss": _pick(s["loss"], ["plain"]),
-        "dora": False,
-        "packing": _pick(s["packing"], [False]),
-        "expandable_segments": _pick(s.get("expandable_segments", [False]), [True]),  # less reserved, same speed
-        "offload": _pick(s["offload"], ["none"]),
-    }
+    # every knob the rungs do not turn takes the value its declaration prefers for the ladder (Search.ladder)
+    base = {k.name: k.search.ladder(s.get(k.name, [k.default])) for k in search_knobs(space.plan).values()
+            if k.search.ladder is not None}
     rungs: list[tuple[str, dict]] = []
     methods = space.methods()
 

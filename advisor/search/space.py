@@ -4,71 +4,74 @@ A space has ``fixed`` values (the job: sequence length, global batch...) and ``s
 (the knobs). ``key=value`` overrides on the command line set either: a single value pins a knob.
 
 Knobs are conditional (Optuna's define-by-run): a point of the space is chosen one knob at a time,
-in the order of ``SEARCH_KEYS``, and each knob is asked only where it means something (``WHEN``) and
-only with the values the plan rules (``Plan.problems``) allow after the knobs chosen before it
-(``Conditions``). Every point the tuner proposes is therefore a valid plan. How a new knob declares
-its condition: see the comment above ``WHEN`` and ``advisor/data/spaces/README.md``.
+in the order the knobs declare (``Search.order``), and each knob is asked only where it means
+something (``Knob.applies``) and only with the values the plan rules (``Plan.problems``) allow after
+the knobs chosen before it (``Conditions``). Every point the tuner proposes is therefore a valid plan.
+Which knobs are searched, their universe of choices, where each applies and what a space file that
+leaves one out gets all come from the knobs' declarations (advisor.core.knobs); how a new knob
+declares them: ``advisor/data/spaces/README.md``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from types import MappingProxyType
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import yaml
 
 from advisor.core.errors import AdvisorInputError, ConfigErrors
-from advisor.core.plan import (ATTENTION, LOSSES, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS, QUANTIZATIONS, Plan,
-                               checkpoint_depth_problems, flag_of, lora_target_modules)
+from advisor.core.knobs import Knob, knob_of, knobs, searched
+from advisor.core.plan import Plan, checkpoint_depth_problems, compute_dtype_for, lora_target_modules
 
 SPACES_DIR = Path(__file__).resolve().parents[1] / "data" / "spaces"
 """The shipped search spaces (package data: they travel in the wheel)."""
 
-# knob -> allowed values (None: any positive int). The order is the order a point is chosen in:
-# a knob comes after every knob its plan rules involve.
-SEARCH_KEYS: dict[str, tuple | None] = {
-    "method": METHODS, "quantization": QUANTIZATIONS, "double_quant": (True, False), "lora_r": None,
-    "lora_targets": None, "dora": (True, False), "gradient_checkpointing": (True, False),
-    "checkpoint_layers": None, "activation_offload": (True, False),
-    "optimizer": OPTIMIZERS, "micro_batch": None,
-    "precision": PRECISIONS, "attn_impl": ATTENTION, "offload": OFFLOADS, "loss": LOSSES, "packing": (True, False),
-    "optimizer_in_backward": (True, False),
-    "expandable_segments": (True, False),
-}
-# knobs a space file may leave out (spaces written before the knob existed): the choice it then has
-# (every layer checkpointed when checkpointing, activations on the device, the optimizer step after backward)
-OPTIONAL_KNOBS: dict[str, list] = {"expandable_segments": [False], "checkpoint_layers": [None],
-                                   "activation_offload": [False], "optimizer_in_backward": [False]}
-LEVER_KNOBS: dict[str, list] = {"dora": [False], "loss": ["plain"], "packing": [False]}
-"""The loss / DoRA / packing knobs a space file may leave out: the Plan's default."""
-LEGACY_KNOBS = {"chunked_ce": ("loss", lambda v: "chunked" if v else "plain")}
-"""Knobs of older space files → (the knob now, the value now)."""
 FIXED_KEYS = {"seq_len": "int", "global_batch": "int", "lora_dropout": "dropout", "lora_alpha_ratio": "positive"}
-# fixed values a space may leave out (0: the run does not evaluate / generate, as the exported configs):
-# they put evaluation at that batch and generation-based evaluation in the run's peak (advisor.memory.phases)
-OPTIONAL_FIXED_KEYS = {"eval_batch": 0, "max_new_tokens": 0}
+# fixed values a space may leave out (their Plan default, 0: the run does not evaluate / generate, as the exported
+# configs): they put evaluation at that batch and generation-based evaluation in the run's peak (advisor.memory.phases)
+OPTIONAL_FIXED_KEYS = {name: knob_of(Plan, name).default for name in ("eval_batch", "max_new_tokens")}
 KNOWN_FIXED_KEYS = (*FIXED_KEYS, *OPTIONAL_FIXED_KEYS)
+TRIALS = 40
+"""Finished trials a space runs to when its file does not say."""
 
-# Where a knob applies at all, and the value it takes where it does not (it is then never asked).
-# A knob without an entry applies everywhere. Which *values* a knob may take is not written here:
-# it follows from the plan rules (Plan.problems) through Conditions.
-#
-# Adding a knob: (1) a Plan field whose default breaks no rule; (2) its rules in Plan.problems(),
-# each reported under the knob that comes last in SEARCH_KEYS among the knobs the rule involves;
-# (3) an entry in SEARCH_KEYS placed after those knobs (plan_from_params passes a knob named like a
-# Plan field straight through); (4) an entry here if it means nothing for some points (a DoRA flag
-# without adapters, a number of checkpointed layers without checkpointing). tests/test_space.py
-# samples every shipped space and fails on any proposal that is not a valid plan.
-FOUR_BIT = ("nf4", "fp4")
-WHEN: dict[str, tuple[Callable[[dict[str, Any]], bool], Any]] = {
-    "double_quant": (lambda p: p.get("quantization") in FOUR_BIT, False),  # constants of 4-bit weights only
-    "lora_r": (lambda p: p.get("method") != "full", None),  # adapters only
-    "lora_targets": (lambda p: p.get("method") != "full", None),
-    "dora": (lambda p: p.get("method") != "full", False),  # decomposes adapters: none in a full fine-tune
-    "checkpoint_layers": (lambda p: bool(p.get("gradient_checkpointing")), None),  # k of L only with checkpointing
-}
+
+@lru_cache(maxsize=None)
+def search_knobs(plan_type: type = Plan) -> Mapping[str, Knob]:
+    """The knobs a space searches, by name, in the order a point chooses them (from the declarations)."""
+    return MappingProxyType({k.name: k for k in searched(plan_type)})
+
+
+def universe(k: Knob) -> tuple | None:
+    """The choices a space may list for a knob (None: open-ended, see ``choice_problem``)."""
+    if k.choices is not None:
+        return k.choices
+    return (True, False) if k.is_switch else None
+
+
+def choice_problem(k: Knob, value: Any) -> str | None:
+    """Why ``value`` cannot be one of a space's choices for knob ``k`` (None: it can)."""
+    allowed = universe(k)
+    if allowed is not None:
+        return None if value in allowed else f"must be among {', '.join(map(str, allowed))}"
+    if k.search.choice is not None:
+        return None if k.search.choice(value) else k.search.choice_rule
+    if k.range is not None:
+        if value is None and k.default is None:
+            return None
+        if k.range.holds(value):
+            return None
+        if k.default is None:
+            return f"choices are null ({k.cli.default_means}) or {_numbers(k)}"
+        return f"choices must be {_numbers(k)}"
+    return None
+
+
+def _numbers(k: Knob) -> str:
+    return f"whole numbers of at least {k.range.low:g}" if k.range.whole else f"numbers ({k.range.rule})"
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,8 @@ class SearchSpace:
     search: dict[str, list]
     source: str = ""
     overrides: tuple[str, ...] = field(default=())
+    plan: type = field(default=Plan, compare=False, repr=False)
+    """The Plan class whose declared knobs the space searches (a subclass adds its own)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "trials": self.trials, "fixed": self.fixed, "search": self.search,
@@ -160,19 +165,23 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def load_space(ref: str = "default", overrides: list[str] | tuple[str, ...] = ()) -> SearchSpace:
-    """Load, apply ``key=value`` overrides, validate (all errors at once)."""
+def load_space(ref: str = "default", overrides: list[str] | tuple[str, ...] = (), *,
+               plan: type = Plan) -> SearchSpace:
+    """Load, apply ``key=value`` overrides, validate (all errors at once). ``plan``: the Plan class whose
+    declared knobs the space searches."""
     data, source = read_space_file(ref, "train")
+    knob_of = search_knobs(plan)
     fixed = dict(data.get("fixed") or {})
-    search = _lever_defaults(dict(data.get("search") or {}))
-    for key, default in OPTIONAL_KNOBS.items():
-        search.setdefault(key, list(default))
+    search = _renamed_knobs(dict(data.get("search") or {}), knob_of)
+    for k in knob_of.values():  # a space written before the knob existed: the knob's default
+        if not k.search.required:
+            search.setdefault(k.name, [k.default])
     errors: list[AdvisorInputError] = []
+    renamed = _renames(knob_of)
     for text, key, value in parsed_overrides(overrides, errors):
-        if key in LEGACY_KNOBS:
-            key, value = LEGACY_KNOBS[key][0], [LEGACY_KNOBS[key][1](v) for v in
-                                                (value if isinstance(value, list) else [value])]
-        if key in SEARCH_KEYS:
+        if key in renamed:
+            key, value = renamed[key][0], [renamed[key][1](v) for v in (value if isinstance(value, list) else [value])]
+        if key in knob_of:
             search[key] = value if isinstance(value, list) else [value]
         elif key in KNOWN_FIXED_KEYS or key == "trials":
             if key == "trials":
@@ -180,46 +189,43 @@ def load_space(ref: str = "default", overrides: list[str] | tuple[str, ...] = ()
             else:
                 fixed[key] = value
         else:
-            errors.append(AdvisorInputError(key, f"unknown key; knobs: {', '.join(SEARCH_KEYS)}; "
+            errors.append(AdvisorInputError(key, f"unknown key; knobs: {', '.join(knob_of)}; "
                                                  f"fixed: {', '.join(KNOWN_FIXED_KEYS)}", text))
-    errors += _check(data, fixed, search)
+    errors += _check(data, fixed, search, plan)
     if len(errors) == 1:
         raise errors[0]
     if errors:
         raise ConfigErrors(errors)
-    return SearchSpace(name=str(data.get("name") or Path(source).stem), trials=int(data.get("trials", 40)),
-                       fixed=fixed, search=search, source=source, overrides=tuple(overrides))
+    return SearchSpace(name=str(data.get("name") or Path(source).stem), trials=int(data.get("trials", TRIALS)),
+                       fixed=fixed, search=search, source=source, overrides=tuple(overrides), plan=plan)
 
 
-def _lever_defaults(search: dict) -> dict:
-    """Fill the knobs a space may leave out; read an older space's knobs as today's (chunked_ce → loss)."""
-    for old, (new, convert) in LEGACY_KNOBS.items():
+def _renames(knob_of: Mapping[str, Knob]) -> dict[str, tuple[str, Callable[[Any], Any]]]:
+    """A knob's name in older space files → (the knob now, its value now)."""
+    return {k.renamed_from[0]: (k.name, k.renamed_from[1]) for k in knob_of.values() if k.renamed_from}
+
+
+def _renamed_knobs(search: dict, knob_of: Mapping[str, Knob]) -> dict:
+    """An older space's knobs read as today's (chunked_ce → loss)."""
+    for old, (new, convert) in _renames(knob_of).items():
         if old in search and new not in search:
             values = search.pop(old)
             search[new] = list(dict.fromkeys(convert(v) for v in values)) if isinstance(values, list) else values
-    return {**{k: v for k, v in LEVER_KNOBS.items() if k not in search}, **search}
+    return search
 
 
-def _lever_point(params: dict[str, Any]) -> dict[str, Any]:
-    """A point with the lever knobs' defaults filled in and older knobs read as today's."""
-    params = dict(params)
-    for old, (new, convert) in LEGACY_KNOBS.items():
-        if old in params:
-            params.setdefault(new, convert(params.pop(old)))
-    return {**{k: v[0] for k, v in LEVER_KNOBS.items()}, **params}
-
-
-def _check(data: dict, fixed: dict, search: dict) -> list[AdvisorInputError]:
+def _check(data: dict, fixed: dict, search: dict, plan: type = Plan) -> list[AdvisorInputError]:
     errs: list[AdvisorInputError] = []
-    trials = data.get("trials", 40)
+    knob_of = search_knobs(plan)
+    trials = data.get("trials", TRIALS)
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
         errs.append(AdvisorInputError("trials", "must be a whole number of at least 1", trials))
     for key in fixed:
         if key not in KNOWN_FIXED_KEYS:
             errs.append(AdvisorInputError(f"fixed.{key}", f"unknown key (known: {', '.join(KNOWN_FIXED_KEYS)})", key,
                                           show_value=False))
-    for key in OPTIONAL_FIXED_KEYS:
-        v = fixed.get(key, 0)
+    for key, default in OPTIONAL_FIXED_KEYS.items():
+        v = fixed.get(key, default)
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             errs.append(AdvisorInputError(f"fixed.{key}", "must be a whole number of at least 0", v))
     for key, kind in FIXED_KEYS.items():
@@ -234,28 +240,20 @@ def _check(data: dict, fixed: dict, search: dict) -> list[AdvisorInputError]:
         if kind == "positive" and (not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0):
             errs.append(AdvisorInputError(f"fixed.{key}", "must be greater than 0", v))
     for key in search:
-        if key not in SEARCH_KEYS:
-            errs.append(AdvisorInputError(f"search.{key}", f"unknown knob (known: {', '.join(SEARCH_KEYS)})", key,
+        if key not in knob_of:
+            errs.append(AdvisorInputError(f"search.{key}", f"unknown knob (known: {', '.join(knob_of)})", key,
                                           show_value=False))
-    for key, allowed in SEARCH_KEYS.items():
+    for key, k in knob_of.items():
         values = search.get(key)
         if not isinstance(values, list) or not values:
             errs.append(AdvisorInputError(f"search.{key}", "must be a non-empty list of choices", values))
             continue
         for v in values:
-            if allowed is not None and v not in allowed:
-                errs.append(AdvisorInputError(f"search.{key}", f"must be among {', '.join(map(str, allowed))}", v))
-            elif key in ("lora_r", "micro_batch") and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-                errs.append(AdvisorInputError(f"search.{key}", "choices must be whole numbers of at least 1", v))
-            elif key == "checkpoint_layers" and v is not None and (not isinstance(v, int) or isinstance(v, bool)
-                                                                   or v < 1):
-                errs.append(AdvisorInputError(f"search.{key}", "choices are null (every layer) or whole numbers "
-                                                               "of at least 1", v))
-            elif key == "lora_targets" and not (isinstance(v, str) and v):
-                errs.append(AdvisorInputError(f"search.{key}", "choices are set names (attention, mlp, all-linear) "
-                                                               "or comma-separated module names", v))
+            rule = choice_problem(k, v)
+            if rule:
+                errs.append(AdvisorInputError(f"search.{key}", rule, v))
     if not errs:
-        space = SearchSpace(name="", trials=1, fixed=fixed, search=search)
+        space = SearchSpace(name="", trials=1, fixed=fixed, search=search, plan=plan)
         if next(space.grid(), None) is None:
             first = plan_from_params({k: v[0] for k, v in search.items()}, space, {})
             example = "; ".join(e.rule for e in first.problems()[:1])
@@ -275,38 +273,34 @@ def resolve_targets(name: str, arch: dict[str, Any]) -> tuple[str, ...] | str:
     return tuple(t.strip() for t in name.split(",") if t.strip())
 
 
-_PLAN_FIELDS = tuple(f.name for f in fields(Plan))
-
-
 def plan_from_params(params: dict[str, Any], space: SearchSpace, arch: dict[str, Any]) -> Plan:
     """The Plan for one point of the space (the fixed values filled in).
 
     A knob named like a Plan field passes straight through; a knob missing from ``params`` (a point
-    chosen part way) keeps the Plan's default.
+    chosen part way), or holding no value where it does not apply, keeps the Plan's default. The
+    fields the space sets from its fixed values are derived here.
     """
-    fixed = space.fixed
-    values = {k: v for k, v in params.items() if k in _PLAN_FIELDS}
-    method = values.get("method", Plan.method)
-    precision = values.get("precision", Plan.precision)
-    mb = values.get("micro_batch", Plan.micro_batch)
-    r = params.get("lora_r") or 16
+    fixed, plan = space.fixed, space.plan
+    fields = {k.name: k for k in knobs(plan)}
+    values = {k: v for k, v in params.items() if k in fields and v is not None}
+    method = values.get("method", plan.method)
+    mb = values.get("micro_batch", plan.micro_batch)
+    r = values.get("lora_r", plan.lora_r)
     values.update(
-        double_quant=bool(params.get("double_quant")),
-        compute_dtype="fp16" if "fp16" in precision else "fp32" if precision == "fp32" else "bf16",
+        compute_dtype=compute_dtype_for(values.get("precision", plan.precision)),
         lora_r=r, lora_alpha=float(fixed["lora_alpha_ratio"] * r), lora_dropout=float(fixed["lora_dropout"]),
         lora_targets=(resolve_targets(params.get("lora_targets") or "attention", arch) if method != "full"
                       else ("q_proj",)),
         grad_accum=max(1, math.ceil(fixed["global_batch"] / mb)), seq_len=fixed["seq_len"],
         **{key: int(fixed.get(key, default)) for key, default in OPTIONAL_FIXED_KEYS.items()},
     )
-    return Plan(**values)
+    return plan(**values)
 
 
 # ----------------------------------------------------------------------------- conditional knobs
 
 # Plan fields set by another knob (derived in plan_from_params): a rule reported under one is the knob's
 _FIELD_KNOB = {"compute_dtype": "precision", "lora_alpha": "lora_r", "grad_accum": "micro_batch"}
-_FLAG_FIELD = {flag_of(name): name for name in _PLAN_FIELDS}
 
 Check = Callable[[Plan], list[AdvisorInputError]]
 """A plan → every rule it breaks (Plan.problems, plus what a model adds: its modules for lora_targets)."""
@@ -339,12 +333,6 @@ class DeadEnd(LookupError):
         self.params = params
 
 
-def applies(knob: str, params: dict[str, Any]) -> bool:
-    """Does ``knob`` mean anything for the point chosen so far?"""
-    rule = WHEN.get(knob)
-    return rule is None or bool(rule[0](params))
-
-
 def param_name(knob: str, offered: list, choices: list) -> str:
     """The Optuna parameter name of a knob asked with ``offered`` out of the space's ``choices``.
 
@@ -368,29 +356,39 @@ class Conditions:
     def __init__(self, space: SearchSpace, arch: dict[str, Any] | None = None, check: Check | None = None):
         self.space = space
         self.arch = arch or {}
-        self.check: Check = check or Plan.problems
-        self.order = [k for k in SEARCH_KEYS if k in space.search]
+        self.check: Check = check or space.plan.problems
+        self.knobs = search_knobs(space.plan)
+        self.order = [k for k in self.knobs if k in space.search]
+        self._flag_field = {k.flag: k.name for k in knobs(space.plan)}
         self._breaks: dict[frozenset, bool] = {}
         self._offered: dict[tuple, list] = {}
         self._complete: dict[tuple, bool] = {}
 
-    @staticmethod
-    def _knob_of(where: str) -> str:
-        name = _FLAG_FIELD.get(where, where)
+    def _knob_of(self, where: str) -> str:
+        name = self._flag_field.get(where, where)
         return _FIELD_KNOB.get(name, name)
+
+    def applies(self, knob: str, params: dict[str, Any]) -> bool:
+        """Does ``knob`` mean anything for the point chosen so far?"""
+        return self.knobs[knob].applies_to(params)
+
+    def inactive(self, knob: str) -> Any:
+        """The value ``knob`` holds where it does not apply."""
+        return self.knobs[knob].inactive
 
     def breaks(self, params: dict[str, Any]) -> bool:
         """Does the point so far break a rule reported under one of its knobs (or under a fixed value)?"""
         key = frozenset(params.items())
         hit = self._breaks.get(key)
         if hit is None:
-            knobs = [self._knob_of(e.where) for e in self.check(plan_from_params(params, self.space, self.arch))]
-            hit = any(k in params or k not in SEARCH_KEYS for k in knobs)
+            knobs_hit = [self._knob_of(e.where) for e in self.check(plan_from_params(params, self.space, self.arch))]
+            hit = any(k in params or k not in self.knobs for k in knobs_hit)
             self._breaks[key] = hit
         return hit
 
     def _settles(self, knob: str, params: dict[str, Any]) -> bool:
-        values = list(self.space.search[knob]) + ([WHEN[knob][1]] if knob in WHEN else [])
+        k = self.knobs[knob]
+        values = list(self.space.search[knob]) + ([k.inactive] if k.applies is not None else [])
         return any(not self.breaks({**params, knob: v}) for v in values)
 
     def _leads_on(self, i: int, params: dict[str, Any], v: Any) -> bool:
@@ -415,8 +413,8 @@ class Conditions:
         if hit is None:
             if i == len(self.order):
                 hit = not self.check(plan_from_params(params, self.space, self.arch))
-            elif not applies(self.order[i], params):
-                hit = self._completes(i + 1, {**params, self.order[i]: WHEN[self.order[i]][1]})
+            elif not self.applies(self.order[i], params):
+                hit = self._completes(i + 1, {**params, self.order[i]: self.inactive(self.order[i])})
             elif key in self._offered:
                 hit = bool(self._offered[key])
             else:
@@ -432,8 +430,8 @@ class Conditions:
         """One point, each knob in turn: not asked where it does not apply or where one value is left."""
         params: dict[str, Any] = {}
         for knob in self.order:
-            if not applies(knob, params):
-                params[knob] = WHEN[knob][1]
+            if not self.applies(knob, params):
+                params[knob] = self.inactive(knob)
                 continue
             offered = self.offered(knob, params)
             if not offered:
@@ -451,8 +449,8 @@ class Conditions:
                     yield params
                 return
             knob = self.order[i]
-            if not applies(knob, params):
-                yield from rest({**params, knob: WHEN[knob][1]}, i + 1)
+            if not self.applies(knob, params):
+                yield from rest({**params, knob: self.inactive(knob)}, i + 1)
                 return
             for v in self.space.search[knob]:
                 if not self.breaks({**params, knob: v}):
@@ -461,14 +459,19 @@ class Conditions:
         return rest({}, 0)
 
     def optuna_params(self, params: dict[str, Any]) -> dict[str, Any] | None:
-        """A point under the Optuna parameter names a walk asks, for ``enqueue_trial`` (None: no walk reaches it)."""
+        """A point under the Optuna parameter names a walk asks, for ``enqueue_trial`` (None: no walk reaches it).
+
+        A point written before a knob existed (a ladder rung, an older study's) takes the knob's default."""
         named: dict[str, Any] = {}
-        params = _lever_point(params)  # a point written before the lever knobs
-        params = {**{k: v[0] for k, v in OPTIONAL_KNOBS.items()}, **params}  # a ladder point predates them
+        renamed = _renames(self.knobs)
+        params = dict(params)
+        for old, (new, convert) in renamed.items():
+            if old in params:
+                params.setdefault(new, convert(params.pop(old)))
+        params = {**{k.name: k.default for k in self.knobs.values() if not k.search.required}, **params}
 
         def ask(name: str, knob: str, offered: list) -> Any:
-            # a point written before an optional knob existed takes the knob's default choice
-            value = params[knob] if knob in params else OPTIONAL_KNOBS.get(knob, [None])[0]
+            value = params[knob] if knob in params else None
             if value not in offered:
                 raise DeadEnd(knob, params)
             named[name] = value
@@ -478,6 +481,6 @@ class Conditions:
             got = self.walk(ask)
         except DeadEnd:
             return None
-        if any(got[k] != params[k] for k in got if k in params and applies(k, got)):
+        if any(got[k] != params[k] for k in got if k in params and self.applies(k, got)):
             return None
         return named

@@ -522,19 +522,18 @@ def smallest_plan_report(settings: TuneSettings):
 
 
 def _frugal_candidates(space: SearchSpace):
+    """Each method, quantization, offload and optimizer of the space, every other knob at the value its
+    declaration calls the most frugal (Search.frugal; none declared: the Plan's default)."""
+    from advisor.search.space import search_knobs
+
     s = space.search
+    frugal = {k.name: k.search.frugal(s.get(k.name, [k.default])) for k in search_knobs(space.plan).values()
+              if k.search.frugal is not None}
     for method in space.methods():
         for quant in space.quantizations_for(method):
             for offload in s["offload"]:
                 for opt in s["optimizer"]:
-                    yield {"method": method, "quantization": quant, "double_quant": True in s["double_quant"],
-                           "lora_r": min(s["lora_r"]), "lora_targets": s["lora_targets"][0],
-                           "gradient_checkpointing": True in s["gradient_checkpointing"], "optimizer": opt,
-                           "micro_batch": min(s["micro_batch"]), "precision": s["precision"][0],
-                           "attn_impl": s["attn_impl"][0], "offload": offload,
-                           "loss": next((v for v in ("fused-linear", "chunked") if v in s["loss"]), s["loss"][0]),
-                           "dora": False, "packing": s["packing"][0],
-                           "expandable_segments": True in s.get("expandable_segments", [False])}
+                    yield {**frugal, "method": method, "quantization": quant, "optimizer": opt, "offload": offload}
 
 
 def settings_from_study(storage_url: str, study_name: str, backend: str | None = None,

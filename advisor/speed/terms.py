@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from advisor.core.catalog import GpuSpec, ModelSpec
-from advisor.core.plan import FUSED_BACKWARD_OPTIMIZERS, Plan
+from advisor.core.plan import Plan
 from advisor.speed.inputs import StepInputs
 from advisor.speed.kernels import attention_seconds, gemm_seconds, stream_seconds
 
@@ -317,7 +317,7 @@ def optimizer(s: StepInputs) -> float:
     spec, tb, n = _optimizer_spec(s), s.trainable_bytes, s.pb.trainable / _state_shards(s)
     tensors = trainable_tensors(s)
     chunks = math.ceil(tensors / s.k["foreach_chunk_tensors"])
-    if in_backward(s):
+    if s.plan.updates_in_backward:
         # stepped per parameter from a backward hook, no gradient norm to clip against (torchtune
         # optimizer_in_bwd; LOMO, Lv et al. 2023 §3): the update's bytes, one launch group per tensor
         return stream_seconds(s, n * (spec["per_trainable_byte"] * tb + spec["extra"])) + \
@@ -326,11 +326,6 @@ def optimizer(s: StepInputs) -> float:
     launches = spec["ops"] * (tensors if spec["per_tensor_loop"] else chunks)
     launches += 3 * chunks  # clip: norms, total, scale
     return stream_seconds(s, nbytes) + launches * s.k["cpu_seconds_per_op"]
-
-
-def in_backward(s: StepInputs) -> bool:
-    """The update runs inside backward (LOMO / AdaLomo / layer-wise GaLore, or optimizer_in_backward)."""
-    return s.plan.optimizer_in_backward or s.plan.optimizer in FUSED_BACKWARD_OPTIMIZERS
 
 
 @term("grad_accumulation", per="step", label="gradient accumulation")

@@ -1,7 +1,7 @@
 """Exporters: a Plan written as files that other tools run.
 
-One module per format, a writer each (``write(ctx, out_dir) -> Path``), registered in
-``EXPORTERS``:
+One module per format (in advisor.configs, each both writing and reading its format), a writer each
+(``write(ctx, out_dir) -> Path``), registered in ``EXPORTERS``:
 
 - ``advisor``       advisor.yaml: BitsAndBytesConfig / LoraConfig / TrainingArguments / DeepSpeed sections
 - ``deepspeed``     deepspeed.json (plans with CPU offload only)
@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from advisor.core.errors import AdvisorInputError, ConfigErrors
-from advisor.configs.export import _advisor_yaml, _axolotl, _deepspeed, _llamafactory, _train_script, _trl
-from advisor.configs.export._base import ExportContext, Unsupported, Writer
+from advisor.configs import _advisor_yaml, _axolotl, _deepspeed, _llamafactory, _train_script, _trl
+from advisor.configs._base import DEEPSPEED_FILE, ExportContext, Unsupported, Writer
 
 __all__ = ["EXPORTERS", "FILENAMES", "ExportResult", "ExportContext", "Unsupported", "export_plan", "export_sections"]
 
@@ -34,7 +34,7 @@ EXPORTERS: dict[str, Writer] = {
 }
 FILENAMES = {
     "advisor": _advisor_yaml.FILENAME,
-    "deepspeed": "deepspeed.json",
+    "deepspeed": DEEPSPEED_FILE,
     "train": _train_script.FILENAME,
     "axolotl": _axolotl.FILENAME,
     "llamafactory": _llamafactory.FILENAME,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from advisor.configs.export._base import ExportContext, write_text
+from advisor.configs._base import ExportContext, write_text
 
 FILENAME = "train.py"
 

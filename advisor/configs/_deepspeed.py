@@ -1,4 +1,5 @@
-"""deepspeed.json: ZeRO-2 with the optimizer on the CPU, or ZeRO-3 with parameters and optimizer there.
+"""deepspeed.json: ZeRO-2 with the optimizer on the CPU, or ZeRO-3 with parameters and optimizer there;
+and the inverse, a DeepSpeed config (a mapping or the path to its JSON) read back as the plan's offload.
 
 Field names from DeepSpeed's config reference (deepspeedai/DeepSpeed docs/_pages/config-json.md,
 https://www.deepspeed.ai/docs/config-json/: ``zero_optimization.stage``, ``offload_optimizer``
@@ -23,10 +24,12 @@ offloaded partition (hence the optimizer section).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
-from advisor.configs.export._base import ADAM, DEEPSPEED_FILE, LEARNING_RATE, PRECISION_FLAGS, ExportContext, Unsupported, write_json
+from advisor.configs._base import (ADAM, DEEPSPEED_FILE, PRECISION_FLAGS, STARTING_LEARNING_RATE, Collect,
+                                   ExportContext, Unsupported, write_json)
 
 REDUCE_BUCKET_SIZE = 200_000_000
 """Elements per gradient reduce bucket: 2e8, the size the memory ledger assumes for the bucket."""
@@ -64,7 +67,7 @@ def deepspeed_config(plan) -> dict[str, Any]:
         "optimizer": {
             "type": "AdamW",
             "params": {
-                "lr": LEARNING_RATE[plan.method],
+                "lr": STARTING_LEARNING_RATE[plan.method],
                 "betas": [ADAM["adam_beta1"], ADAM["adam_beta2"]],
                 "eps": ADAM["adam_epsilon"],
                 "weight_decay": ADAM["weight_decay"],
@@ -78,3 +81,49 @@ def deepspeed_config(plan) -> dict[str, Any]:
 
 def write(ctx: ExportContext, out_dir: Path) -> Path:
     return write_json(out_dir / DEEPSPEED_FILE, deepspeed_config(ctx.plan))
+
+
+def read_offload(c: Collect, value: Any, where: str) -> tuple[str, dict | None]:
+    """(the plan's offload, the DeepSpeed config) from a DeepSpeed config or the path to its JSON (relative
+    to the config file that names it); a ZeRO setup the advisor does not plan is an error at ``where``."""
+    if value in (None, "", False):
+        return "none", None
+    ds = value
+    if isinstance(value, str):
+        p = Path(value)
+        p = p if p.is_absolute() else c.base_dir / p
+        try:
+            ds = json.loads(p.read_text(encoding="utf-8"))
+        except OSError:
+            c.bad(where, f"names {p}, which cannot be read", value)
+            return "none", None
+        except json.JSONDecodeError as e:
+            c.bad(where, f"{p} is not valid JSON ({e.msg} at line {e.lineno})", value)
+            return "none", None
+    if not isinstance(ds, dict):
+        c.bad(where, "must be a DeepSpeed config (a mapping) or the path to its JSON", value)
+        return "none", None
+    zero = ds.get("zero_optimization") or {}
+    stage = zero.get("stage", 0)
+    dev = lambda k: (zero.get(k) or {}).get("device", "none")  # noqa: E731
+    offload = next((mode for mode, st in STAGES.items() if st == stage), None)
+    if stage == 2 and dev("offload_optimizer") == "cpu" and dev("offload_param") in ("none", None):
+        return offload, ds
+    if stage == 3 and dev("offload_optimizer") == "cpu" and dev("offload_param") == "cpu":
+        return offload, ds
+    c.bad(f"{where}.zero_optimization",
+          "the advisor plans ZeRO-2 with offload_optimizer on the cpu, or ZeRO-3 with offload_param and "
+          "offload_optimizer on the cpu", {"stage": stage, "offload_optimizer": dev("offload_optimizer"),
+                                           "offload_param": dev("offload_param")})
+    return "none", ds
+
+
+def check_batch(c: Collect, ds: dict | None, fields: dict[str, Any], sect: str) -> None:
+    """A DeepSpeed config's concrete batch and accumulation must equal the TrainingArguments' (or be "auto")."""
+    if not ds:
+        return
+    for ds_key, t_key, field in (("train_micro_batch_size_per_gpu", "per_device_train_batch_size", "micro_batch"),
+                                 ("gradient_accumulation_steps", "gradient_accumulation_steps", "grad_accum")):
+        v, want = ds.get(ds_key), fields.get(field)
+        if isinstance(v, int) and not isinstance(v, bool) and want is not None and v != want:
+            c.bad(f"deepspeed.{ds_key}", f"must equal {sect}{t_key} ({want}), or be \"auto\"", v)

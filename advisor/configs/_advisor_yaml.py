@@ -1,0 +1,377 @@
+"""advisor.yaml: the plan in the field names of the classes that run it, written and read back.
+
+Sections (each is passed with ``**section`` by the exported train.py, so the names are exact):
+
+- ``model``: ``name_or_path`` and ``torch_dtype`` / ``attn_implementation`` /
+  ``trust_remote_code`` for ``AutoModelForCausalLM.from_pretrained``; ``catalog_name`` is the
+  advisor's own name for the model (train.py does not pass it on).
+- ``quantization``: ``transformers.BitsAndBytesConfig`` fields, or null.
+- ``lora``: ``peft.LoraConfig`` fields, or null for a full fine-tune.
+- ``training``: ``transformers.TrainingArguments`` fields.
+- ``deepspeed``: the DeepSpeed config (also written to deepspeed.json, which
+  ``training.deepspeed`` names), or null.
+- ``advisor``: what the libraries have no field for (``max_seq_length``, ``loss``, ``packing``, ``env``: the
+  environment the run needs, PYTORCH_CUDA_ALLOC_CONF for the allocator settings), the
+  Plan itself, and the prediction it was chosen on.
+
+Field names checked against transformers 5.x / peft 0.17+ by constructing the classes in
+tests/test_export.py.
+
+Reading (``read``) understands the file as written, the same sections without the ``advisor`` one (a
+hand-written HF setup, format "hf"), and a flat ``TrainingArguments`` JSON/YAML with ``model`` /
+``quantization`` / ``lora`` / ``deepspeed`` sections (or ``model_name_or_path``) beside its keys. What
+runs is what is read: the Plan comes from the library sections, not from the ``advisor.plan`` copy;
+fields the libraries have no key for (sequence length, the loss) come from the ``advisor`` section.
+The keys a knob declares for "advisor" (advisor.core.plan) are written and read by advisor.configs._keys;
+this module handles the knobs it declares ``Custom``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from advisor.configs._base import (ADAM, DEEPSPEED_FILE, LIGER_FUSED_LOSS_ONLY, LR_SCHEDULER, PRECISION_FLAGS,
+                                   STARTING_LEARNING_RATE, TORCH_DTYPE, TORCH_TO_PLAN, WARMUP_STEPS, Collect,
+                                   ExportContext, alloc_env, comment_block, dump_yaml, env_prefix, lora_alpha_value,
+                                   plan_summary, write_text)
+from advisor.configs._keys import DECLARED, fill, read_declared, refuse_unexpressible, unplaced
+from advisor.configs._deepspeed import check_batch, deepspeed_config, read_offload
+from advisor.configs._training_args import (checkpoint_layers_of, liger_fused_loss, read_checkpointing,
+                                            read_optimizer, read_precision, training_arguments_fields)
+from advisor.core.errors import AdvisorInputError
+from advisor.core.plan import ALL_LINEAR, LOSSES, knob_of
+
+FILENAME = "advisor.yaml"
+FORMAT = "advisor"
+FORMAT_VERSION = 1
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def model_section(ctx: ExportContext) -> dict[str, Any]:
+    torch_dtype, _, _ = PRECISION_FLAGS[ctx.plan.precision]
+    return {
+        "name_or_path": ctx.model_id,
+        "catalog_name": ctx.spec.name,
+        "torch_dtype": torch_dtype,
+        "attn_implementation": DECLARED,
+        "trust_remote_code": False,
+    }
+
+
+def quantization_section(plan) -> dict[str, Any] | None:
+    if plan.quantization == "none":
+        return None
+    if plan.quantization == "int8":
+        return {"load_in_8bit": True}
+    return {
+        "load_in_4bit": True,
+        "bnb_4bit_quant_type": plan.quantization,
+        "bnb_4bit_use_double_quant": DECLARED,
+        "bnb_4bit_compute_dtype": TORCH_DTYPE[plan.compute_dtype],
+    }
+
+
+def lora_section(plan) -> dict[str, Any] | None:
+    if not plan.peft:
+        return None
+    targets = plan.lora_targets if isinstance(plan.lora_targets, str) else list(plan.lora_targets)
+    return {
+        "r": DECLARED,
+        "lora_alpha": lora_alpha_value(plan.lora_alpha),
+        "lora_dropout": DECLARED,
+        "target_modules": targets,
+        "bias": "none",
+        "task_type": "CAUSAL_LM",
+        "use_dora": DECLARED,
+    }
+
+
+def training_section(plan, output_dir: str = "outputs") -> dict[str, Any]:
+    _, bf16, fp16 = PRECISION_FLAGS[plan.precision]
+    section: dict[str, Any] = {
+        "output_dir": output_dir,
+        "per_device_train_batch_size": DECLARED,
+        "per_device_eval_batch_size": DECLARED,
+        "gradient_accumulation_steps": DECLARED,
+        "gradient_checkpointing": bool(plan.gradient_checkpointing),
+        "gradient_checkpointing_kwargs": {"use_reentrant": False} if plan.gradient_checkpointing else None,
+        "optim": plan.optimizer,
+        "bf16": bf16,
+        "fp16": fp16,
+        "learning_rate": STARTING_LEARNING_RATE[plan.method],
+        "lr_scheduler_type": LR_SCHEDULER,
+        "warmup_steps": WARMUP_STEPS,
+        **ADAM,
+        "num_train_epochs": 1,
+        "max_steps": -1,
+        "logging_steps": 10,
+        "save_steps": 500,
+        "report_to": "none",
+        "deepspeed": DEEPSPEED_FILE if plan.offload != "none" else None,
+    }
+    if plan.loss == "fused-linear":
+        section["use_liger_kernel"] = True
+        section["liger_kernel_config"] = dict(LIGER_FUSED_LOSS_ONLY)
+    return section
+
+
+def sections(ctx: ExportContext) -> dict[str, Any]:
+    """The whole advisor.yaml as a dict (what the file holds, comments aside)."""
+    plan = ctx.plan
+    refuse_unexpressible(plan, FORMAT)
+    advisor: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "max_seq_length": plan.seq_len,
+        "loss": plan.loss,
+        "chunked_ce": bool(plan.chunked_ce),  # read by train.py files written before the loss knob
+        "packing": DECLARED,
+        # what TrainingArguments has no field for, applied by train.py
+        "checkpoint_layers": plan.checkpoint_layers if plan.gradient_checkpointing else None,
+        "activation_offload": bool(plan.activation_offload),
+        "optimizer_in_backward": DECLARED,
+        "plan": plan.to_dict(),
+    }
+    if alloc_env(plan):
+        advisor["env"] = alloc_env(plan)   # train.py sets these before torch starts CUDA
+    if ctx.gpu is not None:
+        advisor["gpu"] = {"key": ctx.gpu.key, "name": ctx.gpu.name, "memory_bytes": ctx.gpu.memory_bytes,
+                          "bf16": ctx.gpu.bf16}
+    if ctx.extra:
+        advisor["prediction"] = _plain(ctx.extra)
+    doc = {
+        "model": model_section(ctx),
+        "quantization": quantization_section(plan),
+        "lora": lora_section(plan),
+        "training": {**training_section(plan), **training_arguments_fields(plan, ctx.spec)},
+        "deepspeed": deepspeed_config(plan) if plan.offload != "none" else None,
+        "advisor": advisor,
+    }
+    unplaced(plan, FORMAT, doc)
+    return {name: fill(section, plan, FORMAT, name, before="plan" if name == "advisor" else None)
+            if isinstance(section, dict) and name != "deepspeed" else section for name, section in doc.items()}
+
+
+def _plain(value: Any) -> Any:
+    """JSON/YAML-safe copy (tuples → lists, numbers and strings as they are, the rest as str)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+HEADER = [
+    "advisor.yaml - written by vram-advisor (advisor tune / advisor export).",
+    "",
+    "{summary}",
+    "",
+    "Run it:   python train.py --data my_data.jsonl           (JSONL with a \"text\" field, or a .txt)",
+    "          python train.py --data d.jsonl --max-steps 100 --model-path /local/copy/of/the/model",
+    "Check it: advisor preflight advisor.yaml --gpu-budget <GB>",
+    "",
+    "Each section is passed as **section to the class named beside it, so keys are those classes'",
+    "field names. Edit freely: preflight re-reads these sections, not the advisor section below.",
+    "  model         -> AutoModelForCausalLM.from_pretrained (catalog_name is the advisor's name)",
+    "  quantization  -> transformers.BitsAndBytesConfig (null: weights not quantized)",
+    "  lora          -> peft.LoraConfig (null: full fine-tuning)",
+    "  training      -> transformers.TrainingArguments",
+    "  deepspeed     -> DeepSpeed config, also in deepspeed.json (null: no ZeRO offload)",
+    "  advisor       -> what those classes have no field for, the plan, and the prediction",
+]
+
+
+def write(ctx: ExportContext, out_dir: Path) -> Path:
+    summary = "\n".join(plan_summary(ctx))
+    lines = "\n".join(HEADER).replace("{summary}", summary).split("\n")
+    if alloc_env(ctx.plan):
+        env = env_prefix(ctx.plan).strip()
+        lines = [ln.replace("python train.py", f"{env} python train.py") for ln in lines]
+        lines.insert(lines.index("Check it: advisor preflight advisor.yaml --gpu-budget <GB>"),
+                     f"          (train.py sets {env} itself from advisor.env; a value in the shell wins)")
+    header = comment_block(lines)
+    return write_text(out_dir / FILENAME, dump_yaml(sections(ctx), header))
+
+
+# --------------------------------------------------------------------------- reading
+
+_SECTIONS = ("model", "quantization", "lora", "deepspeed_config", "model_name_or_path", "max_seq_length", "advisor")
+"""Keys beside a flat TrainingArguments file's own."""
+
+
+def read(data: dict, c: Collect, plan_type: type, fmt: str = "advisor") -> tuple[str | None, dict, dict]:
+    """advisor.yaml (``fmt`` "advisor") / HF sections or a flat TrainingArguments ("hf") → (model, plan
+    fields, extras)."""
+    extras: dict[str, Any] = {}
+    if fmt == "hf" and not isinstance(data.get("training"), dict):
+        training = {k: v for k, v in data.items() if k not in _SECTIONS}
+        sect = ""
+    else:
+        training = c.section(data, "training") or {}
+        sect = "training."
+    model = c.section(data, "model") or {}
+    name = None
+    for key in ("name_or_path", "pretrained_model_name_or_path", "model_name_or_path"):
+        if model.get(key):
+            name = c.get(model, key, f"model.{key}", "str")
+            break
+    if name is None and data.get("model_name_or_path"):
+        name = c.get(data, "model_name_or_path", "model_name_or_path", "str")
+    if name is None:
+        c.bad("model.name_or_path", "the model to train is required", None)
+
+    f: dict[str, Any] = {}
+    dtype_key = "torch_dtype" if "torch_dtype" in model else "dtype"
+    if dtype_key not in model:
+        c.defaulted.append("model.torch_dtype")
+    read_precision(model.get(dtype_key, "float32"), f"model.{dtype_key}", training, sect, c, f)
+    ckpt = read_checkpointing(training, sect, c, f)
+    read_optimizer(training, sect, c, f)
+
+    ds_value = training.get("deepspeed")
+    ds_where = f"{sect}deepspeed"
+    if ds_value is None and isinstance(data.get("deepspeed"), dict):
+        ds_value, ds_where = data["deepspeed"], "deepspeed"
+    f["offload"], ds = read_offload(c, ds_value, ds_where)
+
+    quant = c.section(data, "quantization")
+    f["quantization"] = "none"
+    if quant:
+        _read_quantization(quant, c, f)
+    lora = c.section(data, "lora")
+    if lora:
+        f["method"] = "qlora" if f["quantization"] in ("nf4", "fp4") else "lora"
+        f["lora_alpha"] = float(c.get(lora, "lora_alpha", "lora.lora_alpha", "num", 8))  # LoraConfig's default
+        t = c.targets(lora.get("target_modules"), "lora.target_modules")
+        if lora.get("target_modules") is None:
+            c.bad("lora.target_modules", f"is required: list the module names or {ALL_LINEAR} (peft's per-model "
+                  "default is not guessed)", None)
+        f["lora_targets"] = t
+    else:
+        f["method"] = "full"
+    advisor = c.section(data, "advisor") or {}
+    read_declared(c, plan_type, FORMAT, _lookup(
+        {"model": model, "quantization": quant, "lora": lora, "training": training, "advisor": advisor}, sect), f)
+    check_batch(c, ds, f, sect)
+
+    f["activation_offload"] = bool(ckpt["kwargs"].get("offload")) or c.get(
+        advisor, "activation_offload", "advisor.activation_offload", "bool", False, record=False)
+    if advisor.get("checkpoint_layers") is not None:
+        f["checkpoint_layers"] = c.get(advisor, "checkpoint_layers", "advisor.checkpoint_layers", "int", None,
+                                       record=False)
+        f["gradient_checkpointing"] = True
+    else:
+        checkpoint_layers_of(ckpt, name, c, f)
+    f["seq_len"] = _seq_len(data, training, advisor, sect, c, plan_type)
+    f["loss"] = _loss(advisor, training, c)
+    env = advisor.get("env") if isinstance(advisor.get("env"), dict) else {}
+    if env.get("PYTORCH_CUDA_ALLOC_CONF"):
+        from advisor.memory.allocator import AllocatorConfig
+
+        try:
+            conf = AllocatorConfig.from_env(str(env["PYTORCH_CUDA_ALLOC_CONF"]))
+        except AdvisorInputError as e:
+            raise AdvisorInputError("advisor.env.PYTORCH_CUDA_ALLOC_CONF", e.rule, env["PYTORCH_CUDA_ALLOC_CONF"]) from None
+        f["expandable_segments"] = conf.expandable_segments
+    for key in ("prediction", "gpu"):
+        if key in advisor:
+            extras[key] = advisor[key]
+    if isinstance(advisor.get("plan"), dict):
+        extras["advisor_plan"] = advisor["plan"]
+    extras["sections"] = {"model": model, "quantization": quant, "lora": lora, "training": training,
+                          "deepspeed": ds}
+    return name, f, extras
+
+
+def _lookup(sections: dict[str, dict | None], sect: str):
+    """A declared path ("lora.r") → its section's mapping, key and name in errors (the training section's
+    keys named bare in a flat TrainingArguments file)."""
+    def lookup(path: str):
+        section, _, key = path.partition(".")
+        where = f"{sect}{key}" if section == "training" else path
+        return sections.get(section), key, where
+    return lookup
+
+
+def _read_quantization(quant: dict, c: Collect, f: dict) -> None:
+    q4 = c.get(quant, "load_in_4bit", "quantization.load_in_4bit", "bool", False, record=False)
+    q8 = c.get(quant, "load_in_8bit", "quantization.load_in_8bit", "bool", False, record=False)
+    if q4 and q8:
+        c.bad("quantization.load_in_8bit", "load_in_4bit and load_in_8bit cannot both be true", q8)
+    elif q4:
+        qt = quant.get("bnb_4bit_quant_type", "fp4")  # BitsAndBytesConfig's default
+        if "bnb_4bit_quant_type" not in quant:
+            c.defaulted.append("quantization.bnb_4bit_quant_type")
+        f["quantization"] = c.choice(qt, {"nf4": "nf4", "fp4": "fp4"}, "quantization.bnb_4bit_quant_type")
+        cd = quant.get("bnb_4bit_compute_dtype", "float32")  # BitsAndBytesConfig's default
+        if "bnb_4bit_compute_dtype" not in quant:
+            c.defaulted.append("quantization.bnb_4bit_compute_dtype")
+        f["compute_dtype"] = c.choice(cd, TORCH_TO_PLAN, "quantization.bnb_4bit_compute_dtype")
+    elif q8:
+        f["quantization"] = "int8"
+
+
+def _seq_len(data: dict, training: dict, advisor: dict, sect: str, c: Collect, plan_type: type) -> int | None:
+    for where_d, key in ((advisor, "max_seq_length"), (training, "max_seq_length"), (training, "max_length"),
+                         (data, "max_seq_length")):
+        if key in where_d:
+            return c.get(where_d, key, key if where_d is data else
+                         (f"advisor.{key}" if where_d is advisor else f"{sect}{key}"), "int")
+    c.defaulted.append("max_seq_length")
+    return knob_of(plan_type, "seq_len").default
+
+
+def _loss(advisor: dict, training: dict, c: Collect) -> str | None:
+    """The loss from the advisor section, TrainingArguments' Liger flags, or (files written before the loss
+    knob) the advisor section's ``chunked_ce``."""
+    if "loss" in advisor:
+        return c.choice(advisor.get("loss"), {k: k for k in LOSSES}, "advisor.loss")
+    if c.get(advisor, "chunked_ce", "advisor.chunked_ce", "bool", False, record=False):
+        return "chunked"
+    if liger_fused_loss(training):
+        return "fused-linear"  # Trainer applies Liger's fused linear cross-entropy (its default: on)
+    return "plain"
+
+
+def unknown_keys(c: Collect, data: dict, extras: dict) -> None:
+    """Report keys that TrainingArguments / LoraConfig / BitsAndBytesConfig do not have (imports them)."""
+    secs = extras["sections"]
+    _unknown_keys(c, secs["training"], "training" if isinstance(data.get("training"), dict) else "",
+                  _class_fields("training"))
+    _unknown_keys(c, secs["lora"], "lora", _class_fields("lora"))
+    _unknown_keys(c, secs["quantization"], "quantization", _class_fields("quantization"))
+
+
+def _unknown_keys(c: Collect, section: dict | None, where: str, allowed: set[str] | None) -> None:
+    if section is None or allowed is None:
+        return
+    for key in section:
+        if key not in allowed:
+            c.bad(f"{where}.{key}" if where else key, "is not a field of the class this section is passed to", section[key])
+
+
+def _class_fields(kind: str) -> set[str] | None:
+    """Field names of TrainingArguments / LoraConfig / BitsAndBytesConfig, from the installed libraries."""
+    import dataclasses
+    import inspect
+
+    try:
+        if kind == "training":
+            from transformers import TrainingArguments
+
+            return {f.name for f in dataclasses.fields(TrainingArguments)}
+        if kind == "lora":
+            from peft import LoraConfig
+
+            return {f.name for f in dataclasses.fields(LoraConfig)}
+        if kind == "quantization":
+            from transformers import BitsAndBytesConfig
+
+            return set(inspect.signature(BitsAndBytesConfig.__init__).parameters) - {"self", "kwargs"}
+    except ImportError:
+        return None
+    return None

@@ -1,0 +1,225 @@
+"""axolotl.yaml: the plan as an axolotl config (``axolotl train axolotl.yaml``), written and read back.
+
+Field names and types from axolotl 0.19's config schema, ``src/axolotl/utils/schemas/``:
+``model.py`` (base_model, trust_remote_code, output_dir), ``peft.py`` LoraConfig (adapter,
+load_in_8bit, load_in_4bit, lora_r, lora_alpha: int, lora_dropout, lora_target_modules,
+lora_target_linear, bnb_config_kwargs), ``training.py`` (micro_batch_size,
+gradient_accumulation_steps, learning_rate, optimizer, lr_scheduler, num_epochs), ``config.py``
+(sequence_len, pad_to_sequence_len, bf16, fp16, tf32, gradient_checkpointing,
+gradient_checkpointing_kwargs, attn_implementation, chunked_cross_entropy, deepspeed, max_steps,
+warmup_steps, logging_steps, save_steps, val_set_size); the documented reference is
+docs/config-reference.qmd in axolotl-ai-cloud/axolotl. tests/test_export_thirdparty.py validates
+the output with ``AxolotlInputConfig`` when axolotl is importable, and always against the field
+list in tests/data/axolotl_fields.txt.
+
+What axolotl cannot express, and so is refused rather than approximated: fp32 master weights
+under autocast (``bf16: true`` loads the weights in bf16: axolotl's precision is the Plan's pure
+bf16/fp16), and a non-integer lora_alpha. The 4-bit compute dtype goes through
+``bnb_config_kwargs`` (axolotl merges it into its BitsAndBytesConfig after setting its own).
+
+Reading takes axolotl's own defaults for what a file leaves out (nf4 with double quantization for
+qlora, ``bf16: auto`` as bf16, sequence_len 512, adamw_torch_fused). The keys a knob declares for
+"axolotl" (advisor.core.plan) are written and read by advisor.configs._keys; this module handles the
+knobs it declares ``Custom``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from advisor.configs._base import (ADAM, DEEPSPEED_FILE, LR_SCHEDULER, OPTIM_ALIASES, STARTING_LEARNING_RATE,
+                                   TORCH_DTYPE, TORCH_TO_PLAN, WARMUP_STEPS, Collect, ExportContext, Unsupported,
+                                   comment_block, dump_yaml, env_note, env_prefix, plan_summary, require_int_alpha,
+                                   write_text)
+from advisor.configs._deepspeed import read_offload
+from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_unexpressible
+from advisor.configs._training_args import GALORE_TARGETS, all_layers_only, optim_args, read_optim_args
+from advisor.core.plan import ALL_LINEAR, ATTENTION, LOW_RANK_OPTIMIZERS, compute_dtype_for
+
+FILENAME = "axolotl.yaml"
+FORMAT = "axolotl"
+
+
+def axolotl_config(ctx: ExportContext) -> dict[str, Any]:
+    plan = ctx.plan
+    if plan.precision.startswith("mixed"):
+        raise Unsupported(FORMAT, f"axolotl loads the weights in the autocast dtype; it has no {plan.precision} "
+                          "(fp32 weights with 16-bit autocast)")
+    alpha = require_int_alpha(FORMAT, plan)
+    cfg: dict[str, Any] = {
+        "base_model": ctx.model_id,
+        "trust_remote_code": False,
+        "load_in_8bit": plan.quantization == "int8",
+        "load_in_4bit": plan.four_bit,
+    }
+    if plan.peft:
+        cfg["adapter"] = plan.method  # lora | qlora
+        if plan.four_bit:
+            cfg["bnb_config_kwargs"] = {
+                "bnb_4bit_quant_type": plan.quantization,
+                "bnb_4bit_use_double_quant": bool(plan.double_quant),
+                "bnb_4bit_compute_dtype": TORCH_DTYPE[plan.compute_dtype],
+            }
+        cfg["lora_r"] = DECLARED
+        cfg["lora_alpha"] = alpha
+        cfg["lora_dropout"] = DECLARED
+        if plan.lora_targets == "all-linear":
+            cfg["lora_target_linear"] = True
+        else:
+            cfg["lora_target_modules"] = list(plan.lora_targets)
+    cfg.update({
+        "datasets": [{"path": "data.jsonl", "ds_type": "json", "type": "completion", "field": "text"}],
+        "val_set_size": 0.0,
+        "output_dir": "./outputs",
+        "sequence_len": DECLARED,
+        "pad_to_sequence_len": True,
+        "sample_packing": DECLARED,
+        "micro_batch_size": DECLARED,
+        "eval_batch_size": DECLARED,
+        "gradient_accumulation_steps": DECLARED,
+        "num_epochs": 1.0,
+        "optimizer": plan.optimizer,
+        "learning_rate": STARTING_LEARNING_RATE[plan.method],
+        "lr_scheduler": LR_SCHEDULER,
+        "warmup_steps": WARMUP_STEPS,
+        "weight_decay": ADAM["weight_decay"],
+        "max_grad_norm": ADAM["max_grad_norm"],
+        "bf16": plan.precision == "bf16",
+        "fp16": plan.precision == "fp16",
+        "tf32": False,
+        "gradient_checkpointing": bool(plan.gradient_checkpointing),
+    })
+    if plan.gradient_checkpointing:
+        cfg["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+    cfg["attn_implementation"] = plan.attn_impl
+    cfg.update(_lever_fields(plan))
+    cfg["peft_use_dora"] = DECLARED
+    if plan.offload != "none":
+        cfg["deepspeed"] = DEEPSPEED_FILE
+    cfg["logging_steps"] = 10
+    cfg["save_steps"] = 500
+    refuse_unexpressible(plan, FORMAT)
+    cfg.update(_memory_lever_fields(plan, ctx.spec))
+    return fill(cfg, plan, FORMAT)
+
+
+LIGER_PLUGIN = "axolotl.integrations.liger.LigerPlugin"
+
+
+def _lever_fields(plan) -> dict[str, Any]:
+    """The loss: chunked_cross_entropy; Liger's plugin with only its fused linear cross-entropy
+    (src/axolotl/integrations/liger/README.md: plugins, liger_fused_linear_cross_entropy)."""
+    out: dict[str, Any] = {}
+    if plan.loss == "chunked":
+        out["chunked_cross_entropy"] = True
+    elif plan.loss == "fused-linear":
+        out["plugins"] = [LIGER_PLUGIN]
+        out["liger_fused_linear_cross_entropy"] = True
+    return out
+
+
+def _memory_lever_fields(plan, spec) -> dict[str, Any]:
+    """The low-rank optimizer's arguments and activation offload (optimizer_in_backward: refused by its
+    declaration; some of the layers checkpointed: refused here)."""
+    all_layers_only(FORMAT, plan, spec)
+    out: dict[str, Any] = {}
+    if plan.optimizer in LOW_RANK_OPTIMIZERS:
+        out["optim_target_modules"] = list(GALORE_TARGETS)
+        out["optim_args"] = optim_args(plan)
+    if plan.activation_offload:
+        if plan.gradient_checkpointing:
+            raise Unsupported(FORMAT, "its activation_offloading offloads every activation; the plan offloads "
+                                      "only the checkpointed layer inputs (use the advisor.yaml export)")
+        out["activation_offloading"] = True
+    return out
+
+
+def write(ctx: ExportContext, out_dir: Path) -> Path:
+    cfg = axolotl_config(ctx)
+    header = comment_block([
+        "axolotl config written by vram-advisor.",
+        *plan_summary(ctx),
+        "",
+        f"Run:  {env_prefix(ctx.plan)}axolotl train axolotl.yaml",
+        *env_note(ctx.plan, "axolotl.yaml"),
+        "Replace `datasets` with yours (here: data.jsonl, one {\"text\": ...} per line). pad_to_sequence_len",
+        "keeps every batch at sequence_len tokens, the length the memory plan was sized for.",
+        *(["deepspeed.json (ZeRO CPU offload) must sit next to this file."] if ctx.plan.offload != "none" else []),
+    ])
+    return write_text(out_dir / FILENAME, dump_yaml(cfg, header))
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read(data: dict, c: Collect, plan_type: type) -> tuple[str | None, dict, dict]:
+    f: dict[str, Any] = {}
+    name = c.get(data, "base_model", "base_model", "str")
+    if name is None:
+        c.bad("base_model", "the model to train is required", None)
+    adapter = data.get("adapter") or None
+    q4 = c.get(data, "load_in_4bit", "load_in_4bit", "bool", False, record=False)
+    q8 = c.get(data, "load_in_8bit", "load_in_8bit", "bool", False, record=False)
+    bf16 = data.get("bf16", "auto")
+    if bf16 == "auto":
+        c.defaulted.append("bf16")  # axolotl picks bf16 where the GPU has it
+        bf16 = True
+    fp16 = c.get(data, "fp16", "fp16", "bool", False, record=False)
+    bf16 = bool(bf16) or bool(data.get("bfloat16"))
+    fp16 = bool(fp16) or bool(data.get("float16"))
+    if bf16 and fp16:
+        c.bad("fp16", "bf16 and fp16 cannot both be on", True)
+    f["precision"] = "bf16" if bf16 else "fp16" if fp16 else "fp32"
+    f["method"], f["quantization"] = "full", "none"
+    if adapter not in (None, "lora", "qlora"):
+        c.bad("adapter", "must be lora, qlora or empty (full fine-tuning)", adapter)
+    elif adapter == "qlora" or (adapter == "lora" and q4):
+        if adapter == "lora" and q4:
+            c.bad("adapter", "axolotl quantizes to 4 bits only with adapter: qlora", adapter)
+        bnb = data.get("bnb_config_kwargs") or {}
+        f["method"] = "qlora"
+        f["quantization"] = c.choice(bnb.get("bnb_4bit_quant_type", "nf4"), {"nf4": "nf4", "fp4": "fp4"},
+                                     "bnb_config_kwargs.bnb_4bit_quant_type")
+        f["double_quant"] = c.get(bnb, "bnb_4bit_use_double_quant", "bnb_config_kwargs.bnb_4bit_use_double_quant",
+                                  "bool", True, record=False)  # axolotl's default: on
+        f["compute_dtype"] = c.choice(bnb.get("bnb_4bit_compute_dtype", TORCH_DTYPE[compute_dtype_for(f["precision"])]),
+                                      TORCH_TO_PLAN, "bnb_config_kwargs.bnb_4bit_compute_dtype")
+        if not q4:
+            c.bad("load_in_4bit", "adapter: qlora needs load_in_4bit: true", q4)
+    elif adapter == "lora":
+        f["method"] = "lora"
+        f["quantization"] = "int8" if q8 else "none"
+    elif q4 or q8:
+        c.bad("adapter", "load_in_4bit / load_in_8bit need an adapter (axolotl refuses them for full fine-tuning)",
+              adapter)
+    read_declared(c, plan_type, FORMAT, flat(data), f)
+    if f["method"] != "full":
+        f["lora_alpha"] = float(c.get(data, "lora_alpha", "lora_alpha", "num", 16))  # axolotl's default
+        if data.get("lora_target_linear"):
+            f["lora_targets"] = ALL_LINEAR
+        else:
+            f["lora_targets"] = c.targets(data.get("lora_target_modules"), "lora_target_modules")
+            if data.get("lora_target_modules") is None:
+                c.bad("lora_target_modules", "is required unless lora_target_linear: true", None)
+    gc = data.get("gradient_checkpointing", False)
+    if gc not in (True, False, None):
+        c.bad("gradient_checkpointing", "only true/false are planned (offloaded checkpoints are not)", gc)
+    f["gradient_checkpointing"] = bool(gc is True)
+    f["optimizer"] = c.choice(data.get("optimizer", "adamw_torch_fused"), OPTIM_ALIASES, "optimizer")
+    if "optimizer" not in data:
+        c.defaulted.append("optimizer")
+    read_optim_args(data.get("optim_args"), "optim_args", c, f)
+    offload = data.get("activation_offloading", False)
+    if offload not in (True, False, None):
+        c.bad("activation_offloading", "only true/false are planned (legacy / disk offload are not)", offload)
+    f["activation_offload"] = offload is True
+    attn = data.get("attn_implementation")
+    if attn is None:
+        attn = ("flash_attention_2" if data.get("flash_attention") else "eager" if data.get("eager_attention")
+                else "sdpa")
+    f["attn_impl"] = c.choice(attn, {a: a for a in ATTENTION}, "attn_implementation")
+    f["loss"] = ("fused-linear" if data.get("liger_fused_linear_cross_entropy") or data.get("cut_cross_entropy")
+                 else "chunked" if data.get("chunked_cross_entropy") else "plain")
+    f["offload"], _ = read_offload(c, data.get("deepspeed"), "deepspeed")
+    return name, f, {}

@@ -1,0 +1,313 @@
+"""What every format module shares: the Plan → library vocabulary, writing files, and reading them back.
+
+A Plan speaks the advisor's language (precision ``mixed_bf16``, quantization ``nf4``); the files speak
+the libraries' (``torch_dtype: float32`` + ``bf16: true``, ``load_in_4bit``). The translation lives
+here once, in both directions, so every format's writer and reader agree. Reading: ``load_mapping``
+(safe YAML / JSON only), ``detect_format`` and ``Collect``, which records every problem with the key
+it was found at, and the keys a file left out, all at once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import yaml
+
+from advisor.core.errors import AdvisorInputError
+from advisor.core.plan import ALL_LINEAR
+
+if TYPE_CHECKING:
+    from advisor.core.catalog import GpuSpec, ModelSpec
+    from advisor.core.plan import Plan
+
+DEEPSPEED_FILE = "deepspeed.json"
+
+TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+"""Plan dtype names → torch dtype names (what BitsAndBytesConfig and from_pretrained take)."""
+TORCH_TO_PLAN = {**{v: k for k, v in TORCH_DTYPE.items()}, **{k: k for k in TORCH_DTYPE},
+                 "half": "fp16", "float": "fp32", **{f"torch.{v}": k for k, v in TORCH_DTYPE.items()}}
+"""Every way a file names a dtype → the Plan's name."""
+
+# precision → (dtype the weights are loaded in, TrainingArguments.bf16, TrainingArguments.fp16).
+# Pure bf16/fp16: weights in that dtype, autocast a no-op. Mixed: fp32 weights, autocast to 16 bit.
+PRECISION_FLAGS = {
+    "bf16": ("bfloat16", True, False),
+    "fp16": ("float16", False, True),
+    "fp32": ("float32", False, False),
+    "mixed_bf16": ("float32", True, False),
+    "mixed_fp16": ("float32", False, True),
+}
+FLAGS_PRECISION = {v: k for k, v in PRECISION_FLAGS.items()}
+
+
+def precision_from_flags(weights: str, bf16: bool, fp16: bool) -> str | None:
+    """The precision of weights in the Plan dtype ``weights`` under the bf16 / fp16 autocast flags (None:
+    not one the advisor plans). 16-bit weights without either flag train in their own dtype (pure)."""
+    hit = FLAGS_PRECISION.get((TORCH_DTYPE[weights], bf16, fp16))
+    if hit is None and weights != "fp32" and not (bf16 or fp16):
+        return weights
+    return hit
+
+
+OPTIM_ALIASES = {
+    # each name is read as itself: adamw_torch_fused is the fused kernel, not foreach adamw_torch;
+    # adamw_bnb_8bit is transformers' other name for the same bitsandbytes class as adamw_8bit
+    "adamw_torch": "adamw_torch", "adamw_torch_fused": "adamw_torch_fused", "adamw_hf": "adamw_torch",
+    "adamw_torch_8bit": "adamw_torch_8bit", "adamw_torch_4bit": "adamw_torch_4bit",
+    "galore_adamw": "galore_adamw", "galore_adamw_8bit": "galore_adamw_8bit",
+    "galore_adamw_layerwise": "galore_adamw_layerwise", "apollo_adamw": "apollo_adamw",
+    "lomo": "lomo", "adalomo": "adalomo",
+    "adamw_8bit": "adamw_8bit", "adamw_bnb_8bit": "adamw_8bit",
+    "paged_adamw_8bit": "paged_adamw_8bit", "paged_adamw_32bit": "paged_adamw_32bit",
+    "adafactor": "adafactor", "sgd": "sgd",
+}
+"""The optimizer names files use (TrainingArguments.optim and the tools' own) → the Plan's."""
+HF_OPTIM_DEFAULT = "adamw_torch_fused"
+"""TrainingArguments.optim's default in transformers 5."""
+
+# Defaults a person would start from; the advisor sizes memory, it does not tune these.
+STARTING_LEARNING_RATE = {"full": 2e-5, "lora": 2e-4, "qlora": 2e-4}
+"""The learning rate an exported run starts from, per method: LoRA/QLoRA papers and peft examples use
+1e-4..3e-4; full fine-tuning of 1-10B models 1e-5..5e-5."""
+LR_SCHEDULER = "cosine"
+WARMUP_STEPS = 10
+"""An integer: transformers 5 dropped ``warmup_ratio`` (a float ``warmup_steps`` is its ratio
+now) while 4.x only takes integers here, so a whole number of steps runs on both."""
+ADAM = {"adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8, "weight_decay": 0.0, "max_grad_norm": 1.0}
+"""TrainingArguments' own defaults, written out because the DeepSpeed optimizer section repeats them."""
+
+
+LIGER_FUSED_LOSS_ONLY = {"fused_linear_cross_entropy": True, "cross_entropy": False, "rms_norm": False,
+                         "swiglu": False, "rope": False}
+"""TrainingArguments.liger_kernel_config for --loss fused-linear: only the fused linear cross-entropy (the
+lever the plan models), not Liger's RMSNorm/SwiGLU/RoPE kernels (transformers Trainer passes it to
+liger_kernel.transformers._apply_liger_kernel_to_instance)."""
+
+
+# --------------------------------------------------------------------------- writing
+
+
+class Unsupported(AdvisorInputError):
+    """A format cannot express this plan (e.g. axolotl has no fp32-master mixed precision)."""
+
+    def __init__(self, fmt: str, reason: str):
+        super().__init__(f"--format {fmt}", reason, show_value=False)
+        self.format = fmt
+
+
+@dataclass(frozen=True)
+class ExportContext:
+    """Everything an exporter may look at: the model, the plan, and what the advisor predicted."""
+
+    spec: "ModelSpec"
+    plan: "Plan"
+    """Validated."""
+    gpu: "GpuSpec | None" = None
+    """The GPU the plan was sized for, if known."""
+    extra: dict = field(default_factory=dict)
+    """Predictions and provenance (peak_bytes, tokens_per_s, source, study, ...), copied into advisor.yaml."""
+
+    @property
+    def model_id(self) -> str:
+        return self.spec.hf_id
+
+
+Writer = Callable[[ExportContext, Path], Path]
+
+
+def lora_alpha_value(alpha: float) -> int | float:
+    """Whole-number alphas as ints (LoraConfig types it int; axolotl and LLaMA-Factory demand it)."""
+    return int(alpha) if float(alpha).is_integer() else float(alpha)
+
+
+def require_int_alpha(fmt: str, plan) -> int | None:
+    if not plan.peft:
+        return None
+    value = lora_alpha_value(plan.lora_alpha)
+    if not isinstance(value, int):
+        raise Unsupported(fmt, f"its lora_alpha is a whole number; the plan has {plan.lora_alpha}")
+    return value
+
+
+def dump_yaml(data: dict, header: str) -> str:
+    body = yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True, width=100)
+    return header.rstrip("\n") + "\n\n" + body
+
+
+def comment_block(lines: list[str]) -> str:
+    return "\n".join(("# " + line).rstrip() for line in lines) + "\n"
+
+
+def write_text(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def write_json(path: Path, data: Any) -> Path:
+    return write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+def alloc_env(plan) -> dict[str, str]:
+    """Environment the run needs for the plan's allocator settings: PYTORCH_CUDA_ALLOC_CONF
+    (advisor.memory.allocator.AllocatorConfig.to_env; torch reads it when CUDA starts)."""
+    from advisor.memory.allocator import AllocatorConfig
+
+    conf = AllocatorConfig(expandable_segments=plan.expandable_segments).to_env()
+    return {"PYTORCH_CUDA_ALLOC_CONF": conf} if conf else {}
+
+
+def env_prefix(plan) -> str:
+    """``PYTORCH_CUDA_ALLOC_CONF=... `` to put before a launch command ('' when none is needed)."""
+    return "".join(f"{k}={v} " for k, v in alloc_env(plan).items())
+
+
+def env_note(plan, config: str) -> list[str]:
+    """Header lines for a format with no field for environment variables, when the plan needs one."""
+    if not alloc_env(plan):
+        return []
+    return [f"{config} has no field for environment variables: PYTORCH_CUDA_ALLOC_CONF (the plan's",
+            "allocator setting) must be set in the shell that launches it, as above."]
+
+
+def plan_summary(ctx: ExportContext) -> list[str]:
+    """Header lines naming the model, the plan and the prediction."""
+    lines = [f"model: {ctx.spec.name} ({ctx.spec.hf_id})", f"plan:  {ctx.plan.short()}"]
+    if ctx.gpu is not None:
+        lines.append(f"sized for: {ctx.gpu.name} ({ctx.gpu.memory_bytes / 2**30:.1f} GiB)")
+    peak = ctx.extra.get("peak_bytes")
+    if peak:
+        src = ctx.extra.get("source", "predicted")
+        lines.append(f"peak memory ({src}): {peak / 2**30:.2f} GiB")
+    return lines
+
+
+# --------------------------------------------------------------------------- reading
+
+TRAINING_MARKERS = ("per_device_train_batch_size", "gradient_accumulation_steps", "output_dir", "optim")
+TRL_MARKERS = ("use_peft", "dataset_text_field", "max_length", "packing_strategy", "lora_target_modules")
+
+
+def load_mapping(path: str | Path) -> dict[str, Any]:
+    """The file as a dict: JSON for .json, YAML (safe_load) otherwise."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise AdvisorInputError("CONFIG", f"cannot read {p} ({e.strerror})", str(p), show_value=False) from None
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as e:
+        raise AdvisorInputError("CONFIG", f"{p} is not valid JSON ({e.msg} at line {e.lineno})", str(p),
+                                show_value=False) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise AdvisorInputError("CONFIG", f"{p} is not valid YAML{where}", str(p), show_value=False) from None
+    if not isinstance(data, dict):
+        raise AdvisorInputError("CONFIG", f"{p} must hold a mapping of keys to values", str(p), show_value=False)
+    return data
+
+
+def detect_format(data: dict[str, Any]) -> str:
+    """advisor | hf | axolotl | llamafactory | trl, from the keys a file uses."""
+    if isinstance(data.get("training"), dict):
+        return "advisor" if isinstance(data.get("advisor"), dict) else "hf"
+    if "base_model" in data or "micro_batch_size" in data or "sequence_len" in data:
+        return "axolotl"
+    if "model_name_or_path" in data and any(k in data for k in ("finetuning_type", "stage", "cutoff_len")):
+        return "llamafactory"
+    if "model_name_or_path" in data and any(k in data for k in TRL_MARKERS):
+        return "trl"
+    if any(k in data for k in TRAINING_MARKERS):
+        return "hf"
+    raise AdvisorInputError(
+        "CONFIG", "cannot tell the format: expected advisor.yaml sections (model, training, ...), TrainingArguments "
+        "keys, an axolotl config (base_model) or a LLaMA-Factory config (model_name_or_path + finetuning_type)",
+        sorted(data)[:8], show_value=False)
+
+
+class Collect:
+    """Reads values, records each problem with its key, and what was defaulted."""
+
+    def __init__(self, base_dir: Path):
+        self.errors: list[AdvisorInputError] = []
+        self.defaulted: list[str] = []
+        self.base_dir = base_dir
+
+    def bad(self, where: str, rule: str, value: Any) -> None:
+        self.errors.append(AdvisorInputError(where, rule, value))
+
+    def section(self, data: dict, key: str, where: str | None = None) -> dict | None:
+        value = data.get(key)
+        if value is None or value == {}:
+            return None
+        if not isinstance(value, dict):
+            self.bad(where or key, "must be a mapping of keys to values (or null)", value)
+            return None
+        return value
+
+    def get(self, data: dict, key: str, where: str, kind: str, default: Any = None, *, record: bool = True) -> Any:
+        if key not in data or data[key] is None:
+            if record and default is not None:
+                self.defaulted.append(where)
+            return default
+        value = data[key]
+        if kind == "int":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+                self.bad(where, "must be a whole number", value)
+                return default
+            return int(value)
+        if kind == "num":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                try:
+                    return float(str(value))
+                except ValueError:
+                    self.bad(where, "must be a number", value)
+                    return default
+            return value
+        if kind == "bool":
+            if not isinstance(value, bool):
+                self.bad(where, "must be true or false", value)
+                return default
+            return value
+        if kind == "str":
+            if not isinstance(value, str) or not value:
+                self.bad(where, "must be a non-empty string", value)
+                return default
+            return value
+        return value
+
+    def choice(self, value: Any, table: dict[str, str], where: str) -> str | None:
+        if value is None:
+            return None
+        key = str(value).strip()
+        if key not in table:
+            self.bad(where, f"must be one of {', '.join(dict.fromkeys(table))}", value)
+            return None
+        return table[key]
+
+    def targets(self, value: Any, where: str, *, comma: bool = False) -> tuple[str, ...] | str | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            if value.strip() in (ALL_LINEAR, "all"):
+                return ALL_LINEAR
+            if comma or value.replace("_", "").replace(",", "").replace(" ", "").isalnum():
+                names = tuple(t.strip() for t in value.split(",") if t.strip())
+                if names:
+                    return names
+            self.bad(where, f"a regular expression is not supported here: list the module names or {ALL_LINEAR}",
+                     value)
+            return None
+        if isinstance(value, (list, tuple)) and value and all(isinstance(t, str) and t for t in value):
+            return tuple(value)
+        self.bad(where, f"must be a list of module names or {ALL_LINEAR}", value)
+        return None
+
+
+Read = Callable[[dict, Collect, type], "tuple[str | None, dict, dict]"]
+"""A format's reader: (the file's mapping, the collector, the Plan class) → (model, Plan fields, extras)."""
