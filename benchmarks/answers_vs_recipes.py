@@ -110,9 +110,19 @@ def preflight(ex: Expression, advisor_yaml: str, backend: str) -> dict[str, Any]
     """`advisor preflight advisor.yaml --gpu G --gpu-budget 100% [--backend B]`."""
     from advisor.diagnosis.preflight import PreflightInput, run_preflight
 
-    res = run_preflight(PreflightInput(config=advisor_yaml, gpu_budget="100%", gpu=ex.gpu.key, backend=backend))
+    try:
+        res = run_preflight(PreflightInput(config=advisor_yaml, gpu_budget="100%", gpu=ex.gpu.key, backend=backend))
+    except AdvisorInputError as e:
+        return {"verdict": "BAD INPUT", "findings": [f"pre-flight refused the export: {e}"]}
+    except Exception as e:  # noqa: BLE001 - a crash of pre-flight on the advisor's own export is a finding
+        return {"verdict": "CRASH", "findings": [f"pre-flight crashed: {type(e).__name__}: {_first_line(e)}"]}
     worst = [f"{f.severity}: {f.title}" for f in res.findings if f.severity in ("error", "warning")]
     return {"verdict": res.verdict, "findings": worst}
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:240] if text else ""
 
 
 def differences(recipe: Plan, answer: Plan) -> list[str]:
@@ -198,9 +208,25 @@ def _pct(x: float) -> str:
     return f"{x:+.0%}"
 
 
+def longest_fitting_seq(model: ModelSpec, plan: Plan, gpu: GpuSpec, low: int = 64) -> int | None:
+    """The longest sequence at which ``plan`` fits the card (estimate backend, default headroom), by
+    bisection below its own length; None when not even ``low`` tokens fit."""
+    def fits_at(seq: int) -> bool:
+        return predict(model, plan.with_(seq_len=seq), gpu)["fit"] == "fits"
+
+    if not fits_at(low):
+        return None
+    lo, hi = low, plan.seq_len
+    while hi - lo > 16:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits_at(mid) else (lo, mid)
+    return lo
+
+
 def counter_evidence(row: dict) -> str:
     """For a recipe the advisor rejects: predicted vs published peak, and on which counter; what the
-    counter leaves out when the plan pages its optimizer states."""
+    counter leaves out when the plan pages its optimizer states; the persistent state the plan must
+    hold whatever the counter; the longest sequence at which it fits when its length was assumed."""
     ex, rec = row["ex"], row["recipe"]
     parts = [f"predicted run peak {_gib(rec['run_peak_bytes'])} ({rec['run_peak_phase']}, nvidia-smi level) over "
              f"{_gib(ex.gpu.memory_bytes)} less {HEADROOM:.0%} headroom"]
@@ -213,10 +239,24 @@ def counter_evidence(row: dict) -> str:
         else:
             parts.append(f"counter not stated ({ex.counter_why}): predicted allocated {_gib(c.get('allocated'))}, "
                          f"reserved {_gib(c.get('reserved'))} vs published {ex.published_peak_text}")
-    opt = rec["ledger"].get("optimizer_states", 0)
-    if ex.plan.optimizer.startswith("paged") and opt:
+    ledger = rec["ledger"]
+    opt = ledger.get("optimizer_states", 0)
+    if ex.plan.optimizer.startswith("paged") and opt and "allocated" in c:
         parts.append(f"paged optimizer states {_gib(opt)} on the device in the ledger: bitsandbytes allocates them "
-                     "with cudaMallocManaged, which no torch.cuda counter sees")
+                     "with cudaMallocManaged, which no torch.cuda counter sees, so the counter's view of the "
+                     f"prediction is {_gib(c['allocated'] - opt)} allocated")
+    held = ("weights", "quant_constants", "adapter_weights", "gradients", "master_weights") + \
+        (() if ex.plan.optimizer.startswith("paged") else ("optimizer_states",))  # paged: outside the counters
+    floor = sum(ledger.get(k, 0) for k in held)
+    if ex.published_peak_bytes is not None and floor > ex.published_peak_bytes:
+        parts.append(f"weights, gradients and optimizer states alone hold {_gib(floor)} in this plan, more than the "
+                     f"published {ex.published_peak_text}: the published run kept less state than its stated "
+                     "configuration implies")
+    if ex.seq_assumed:
+        longest = longest_fitting_seq(ex.model, ex.plan, ex.gpu)
+        parts.append(f"the recipe sets no max_seq_len (asked at {ex.plan.seq_len}); it fits at up to "
+                     f"{longest:,} tokens per sequence" if longest else
+                     f"the recipe sets no max_seq_len (asked at {ex.plan.seq_len}); it does not fit at any length")
     return "; ".join(parts)
 
 
