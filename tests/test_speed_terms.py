@@ -113,6 +113,48 @@ def test_dequantization_only_for_quantized_bases():
     assert terms(lora.with_(quantization="int8"))["dequant"] > 0
 
 
+def test_4bit_dequantization_is_paid_per_micro_batch_not_per_token():
+    # bitsandbytes MatMul4Bit dequantizes each whole weight once per pass, whatever the rows
+    qlora = Plan(method="qlora", quantization="nf4", seq_len=512, micro_batch=1, grad_accum=4)
+    short, long_ = terms(qlora), terms(qlora.with_(seq_len=4096, micro_batch=2))
+    assert short["dequant"] > 0 and short["dequant"] == pytest.approx(long_["dequant"])
+    s = s_of(qlora)
+    per_pass = sum(i * o for i, o in s.shapes.values()) * (0.5 + 4 / 64 + 2)  # packed + fp32 absmax + bf16 write
+    expected = 2 * QWEN.num_layers * per_pass / (A100.mem_bw_gbs * 1e9 * s.k["dequant_4bit_bandwidth_efficiency"])
+    assert short["dequant"] == pytest.approx(qlora.grad_accum * expected)
+
+
+def test_qlora_gap_closes_as_a_micro_batch_holds_more_tokens():
+    lora = Plan(method="lora", gradient_checkpointing=True, grad_accum=4)
+    qlora = lora.with_(method="qlora", quantization="nf4", double_quant=True)
+
+    def ratio(mb, seq):
+        shape = dict(micro_batch=mb, seq_len=seq)
+        return (predict_throughput(QWEN, qlora.with_(**shape), A100).tokens_per_s
+                / predict_throughput(QWEN, lora.with_(**shape), A100).tokens_per_s)
+
+    r = [ratio(1, 512), ratio(1, 2048), ratio(2, 4096), ratio(8, 2048)]
+    assert r == sorted(r) and r[0] < 0.5 and r[-1] > 0.9
+
+
+def test_checkpointing_dequantizes_once_more_and_double_quant_moves_more_bytes():
+    qlora = Plan(method="qlora", quantization="nf4", seq_len=1024)
+    plain, ckpt = terms(qlora), terms(qlora.with_(gradient_checkpointing=True))
+    lora_ckpt = terms(qlora.with_(method="lora", quantization="none", gradient_checkpointing=True))
+    assert ckpt["dequant"] == pytest.approx(plain["dequant"])
+    # the recomputed forward of a 4-bit layer is its bf16 forward plus one dequantization pass
+    assert ckpt["recompute"] - lora_ckpt["recompute"] == pytest.approx(ckpt["dequant"] / 2, rel=0.02)
+    assert terms(qlora.with_(double_quant=True))["dequant"] > plain["dequant"]
+    assert terms(qlora.with_(quantization="fp4"))["dequant"] == pytest.approx(plain["dequant"])
+
+
+def test_4bit_dequantization_is_slower_on_a_card_with_less_bandwidth():
+    qlora = Plan(method="qlora", quantization="nf4", seq_len=1024)
+    t4 = resolve_gpu("t4")
+    assert terms(qlora, gpu=t4)["dequant"] == pytest.approx(
+        terms(qlora)["dequant"] * A100.mem_bw_gbs / t4.mem_bw_gbs)
+
+
 def test_launch_overhead_dominates_short_micro_batches():
     tiny, big = Plan(seq_len=128, micro_batch=1), Plan(seq_len=2048, micro_batch=4)
     t_tiny, t_big = terms(tiny), terms(big)
@@ -196,7 +238,8 @@ def test_every_gpu_and_constant_says_where_it_comes_from():
             assert entry["sustained_source"] and entry["sustained_tflops"] < entry["fp16_tflops"], key
     for name, entry in constant_entries().items():
         assert set(entry) == {"value", "fitted", "source"} and len(entry["source"]) > 20, name
-    assert {n for n, e in constant_entries().items() if e["fitted"]} == {"matmul_efficiency", "cpu_seconds_per_op"}
+    assert {n for n, e in constant_entries().items() if e["fitted"]} == {
+        "matmul_efficiency", "cpu_seconds_per_op", "dequant_4bit_bandwidth_efficiency"}
 
 
 class _Profile:

@@ -135,6 +135,12 @@ class StepInputs:
         return max(self.gpu.mem_bw_gbs, 1.0) * 1e9 * self.k["bandwidth_efficiency"]
 
     @cached_property
+    def dequant_4bit_bw(self) -> float:
+        """Bytes/s bitsandbytes' 4-bit dequantization moves inside a training step (fitted, see
+        ``dequant_4bit_bandwidth_efficiency`` in throughput.yaml)."""
+        return max(self.gpu.mem_bw_gbs, 1.0) * 1e9 * self.k["dequant_4bit_bandwidth_efficiency"]
+
+    @cached_property
     def host_link(self) -> float:
         return max(self.gpu.host_link_gbs, 1.0) * 1e9 * self.k["host_link_efficiency"]
 

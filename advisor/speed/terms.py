@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from advisor.core.catalog import GpuSpec, ModelSpec
-from advisor.core.plan import Plan
+from advisor.core.plan import DTYPE_BYTES, Plan
 from advisor.speed.inputs import StepInputs
 from advisor.speed.kernels import attention_seconds, gemm_seconds, stream_seconds
 
@@ -145,24 +145,46 @@ def layer_lora_path_bytes(s: StepInputs) -> float:
     return _cached(s, "lora_path_bytes", compute)
 
 
+def dequant_4bit_bytes_per_param(s: StepInputs) -> float:
+    """Bytes one 4-bit weight moves each time bitsandbytes dequantizes it (functional.dequantize_4bit
+    and the cdequantize_blockwise_*_nf4/fp4 kernel it calls; gemm_4bit's dequant + F.linear path for
+    M > 1536 rows): the packed weight read (0.5 B) and its fp32 absmax per 64 (QLoRA §3), written
+    back in the compute dtype. With double quantization the absmax is first rebuilt: 8-bit codes
+    read, fp32 written by dequantize_blockwise, the offset added in place (``absmax += offset``), then
+    read by the 4-bit kernel (QLoRA §3 "Double Quantization")."""
+    k, out = s.k, DTYPE_BYTES.get(s.plan.compute_dtype, s.act_bytes)
+    extra = k["dequant_double_quant_extra_bytes_per_param"] if s.plan.double_quant else 0.0
+    return k["dequant_nf4_bytes_per_param"] + extra + out
+
+
 def layer_dequant_bytes(s: StepInputs) -> float:
     """Bytes to dequantize one layer's frozen weights for one pass (forward, or backward's dX).
 
-    4-bit: bitsandbytes MatMul4Bit dequantizes the whole weight before every matmul, forward and
-    backward: read 0.5 B + absmax, write the bf16 copy (bitsandbytes/autograd/_functions.py).
+    4-bit: every pass dequantizes each whole weight once, whatever the micro-batch's size
+    (bitsandbytes autograd MatMul4Bit: forward through gemm_4bit, backward
+    ``F.dequantize_4bit(B, ctx.state)`` before its matmul), so the cost is per micro-batch and is
+    amortized over its tokens (dequant_4bit_bytes_per_param).
     8-bit (LLM.int8): forward quantizes the input row-wise and dequantizes the int32 output
     (Dettmers et al. 2022 §3); the backward's dX dequantizes the weight (CB * SCB / 127)."""
     def compute() -> float:
         plan, p = s.plan, s.act_bytes
         if plan.four_bit:
-            per_param = s.k["dequant_nf4_bytes_per_param"] + p
-            return s.pb.linear / s.model.num_layers * per_param
+            return s.pb.linear / s.model.num_layers * dequant_4bit_bytes_per_param(s)
         if plan.quantization == "int8":
             M = s.tokens
             fwd = sum(M * k_in * (2 * p + 1) + M * n_out * (4 + p) for k_in, n_out in s.shapes.values())
             return fwd
         return 0.0
     return _cached(s, "dequant_bytes", compute)
+
+
+def layer_dequant_seconds(s: StepInputs) -> float:
+    """One layer's dequantization for one pass. 4-bit runs at the rate bitsandbytes' dequantization
+    reaches inside a training step (dequant_4bit_bandwidth_efficiency of the datasheet bandwidth,
+    fitted on ms-swift's LoRA vs QLoRA ablations); int8's traffic streams like any elementwise op."""
+    if s.plan.four_bit:
+        return layer_dequant_bytes(s) / s.dequant_4bit_bw
+    return stream_seconds(s, layer_dequant_bytes(s))
 
 
 def int8_backward_bytes(s: StepInputs) -> float:
@@ -176,7 +198,7 @@ def int8_backward_bytes(s: StepInputs) -> float:
 def layer_forward_seconds(s: StepInputs) -> float:
     """One decoder layer's forward, all of it: what checkpointing recomputes (Chen et al. 2016)."""
     return (layer_gemm_seconds(s, "fwd") + attention_seconds(s)[0]
-            + stream_seconds(s, layer_elementwise_bytes(s) + layer_lora_path_bytes(s) + layer_dequant_bytes(s))
+            + stream_seconds(s, layer_elementwise_bytes(s) + layer_lora_path_bytes(s)) + layer_dequant_seconds(s)
             + layer_lora_gemm_seconds(s, "fwd") + dora_layer_seconds(s))
 
 
@@ -268,10 +290,13 @@ def recompute(s: StepInputs) -> float:
 
 @term("dequant", label="dequantization")
 def dequant(s: StepInputs) -> float:
-    """Dequantizing frozen quantized weights in forward and backward (layer_dequant_bytes)."""
+    """Dequantizing the frozen quantized weights of a micro-batch: 4-bit weights once in forward and
+    once in backward (layer_dequant_bytes; the recomputation of checkpointed layers dequantizes again,
+    in the recompute term), whatever the micro-batch's tokens; int8 per token in forward plus the
+    weight in backward."""
     L = s.model.num_layers
     if s.plan.four_bit:
-        return stream_seconds(s, 2 * L * layer_dequant_bytes(s))
+        return 2 * L * layer_dequant_seconds(s)
     if s.plan.quantization == "int8":
         return stream_seconds(s, L * (layer_dequant_bytes(s) + int8_backward_bytes(s)))
     return 0.0
