@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     result.update(report.to_dict())
     result["ledger"] = report.device
     if args.task == "train":
-        result.update(throughput_fields(model, plan, gpu, budget, args.gpus, args.sharding, report))
+        result.update(throughput_fields(model, plan, gpu, target.gpu_assumed, args.gpus, args.sharding, report))
     for key in ("phases", "run_peak_phase", "run_peak_bytes", "reserved_peak_bytes"):
         if key in report.extra and result.get(key) is None:  # the report's own reserved peak (the step's) stays
             result[key] = report.extra[key]
@@ -106,21 +106,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def throughput_fields(model, plan, gpu, budget, gpus: int, sharding: str, report) -> dict:
+def throughput_fields(model, plan, gpu, gpu_assumed: bool, gpus: int, sharding: str, report) -> dict:
     """Tokens/s and seconds per optimizer step beside the ledger (advisor/speed): predicted, or
-    calibrated by earlier probes on this GPU model, or measured when the backend ran the step."""
-    from advisor.core.catalog import gpu_for_budget
+    calibrated by earlier probes on this GPU model, or measured when the backend ran the step.
+
+    ``gpu`` and ``gpu_assumed`` are the command's Target's (advisor.core.target: the one rule that assumes
+    the catalog GPU a budget matches when none is named or detected)."""
     from advisor.speed.throughput import predict_throughput
 
-    assumed = False
-    if gpu is None and budget is not None:
-        gpu, assumed = gpu_for_budget(budget.bytes), True
     if gpu is None or not (gpu.bf16_tflops or gpu.fp16_tflops):
         return {"tokens_per_s": None, "step_seconds": None, "step_terms": {},
                 "throughput": {"source": "unknown: no GPU named (--gpu) or detected, no budget to assume one"}}
     tp = predict_throughput(model, plan, gpu, gpus, sharding)
     out = {"tokens_per_s": tp.tokens_per_s, "step_seconds": tp.step_seconds, "step_terms": tp.terms,
-           "throughput": {"source": tp.source, "gpu": gpu.name, "gpu_assumed": assumed, "gpus": gpus,
+           "throughput": {"source": tp.source, "gpu": gpu.name, "gpu_assumed": gpu_assumed, "gpus": gpus,
                           "predicted_tokens_per_s": tp.tokens_per_s}}
     measured = (report.extra or {}).get("tokens_per_s")
     if measured:

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from advisor.commands.common import number, positive_int
+from advisor.core.fit import HEADROOM
 
 
 def add_parser(subs) -> None:
@@ -19,7 +20,7 @@ def add_parser(subs) -> None:
     p.add_argument("--data", help="training data (JSONL with 'text', or .txt): longest sequence and total tokens")
     p.add_argument("--max-seq-len", type=positive_int("--max-seq-len"), help="longest sequence (without --data)")
     p.add_argument("--epochs", type=number("--epochs", low=0), help="epochs for the time estimate")
-    p.add_argument("--headroom", type=number("--headroom", low=0, low_inclusive=True, high=1), default=0.05)
+    p.add_argument("--headroom", type=number("--headroom", low=0, low_inclusive=True, high=1), default=HEADROOM)
     p.add_argument("--probe", action="store_true",
                    help="also run a short real training probe held to the budget (a failed probe is NO-GO)")
     p.add_argument("--backend", choices=("simulate", "estimate"), default="simulate",

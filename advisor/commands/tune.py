@@ -10,6 +10,7 @@ from advisor.commands._help import DefaultsHelpFormatter
 from advisor.commands.common import add_gpus_flags, number, positive_int
 from advisor.core.fit import HEADROOM
 from advisor.runtime.backends import BACKENDS
+from advisor.search.select import ACCURACY_TOLERANCE
 
 
 def add_parser(subs) -> None:
@@ -30,7 +31,8 @@ def add_parser(subs) -> None:
     p.add_argument("--trials", type=positive_int("--trials"), help="finished trials to reach (default: the space's)")
     p.add_argument("--headroom", type=number("--headroom", low=0, low_inclusive=True, high=1), default=HEADROOM,
                    help="fraction of the budget kept free")
-    p.add_argument("--accuracy-tolerance", type=number("--accuracy-tolerance", low=0, low_inclusive=True), default=0.05,
+    p.add_argument("--accuracy-tolerance", type=number("--accuracy-tolerance", low=0, low_inclusive=True),
+                   default=ACCURACY_TOLERANCE,
                    help="largest accuracy loss accepted (KL nats/token; priors: int8 0.002, nf4 0.015, fp4 0.035)")
     p.add_argument("--seed", type=int, default=0, help="sampler seed")
     p.add_argument("--study", help="study name (default: model-budget-space)")

@@ -12,35 +12,28 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from advisor.core.data_files import load_data_file
 from advisor.core.errors import AdvisorInputError
 
 MIB = 2**20
 
 
-def _load_data(name: str) -> dict[str, Any]:
-    text = resources.files("advisor").joinpath("data", name).read_text(encoding="utf-8")
-    return yaml.safe_load(text)
-
-
 @lru_cache(maxsize=None)
 def model_catalog() -> dict[str, dict[str, Any]]:
-    return _load_data("models.yaml")
+    return load_data_file("models.yaml")
 
 
 @lru_cache(maxsize=None)
 def gpu_catalog() -> dict[str, dict[str, Any]]:
-    return _load_data("gpus.yaml")
+    return load_data_file("gpus.yaml")
 
 
 @lru_cache(maxsize=None)
 def architectures() -> dict[str, dict[str, Any]]:
-    return _load_data("architectures.yaml")
+    return load_data_file("architectures.yaml")
 
 
 # --------------------------------------------------------------------------- models

@@ -29,8 +29,6 @@ from advisor.memory.ledger import MemoryReport
 
 PHASES = ("load", "train", "eval", "generate", "save")
 RESIDENT = ("weights", "quant_constants", "adapter_weights", "optimizer_states", "master_weights")
-NF4_BLOCK = 64   # Params4bit blocksize (bitsandbytes/nn/modules.py)
-DQ_BLOCK = 256   # blocksize of the nested absmax quantization (bitsandbytes functional.quantize_4bit)
 
 
 @dataclass(frozen=True)
@@ -88,15 +86,6 @@ class RunPhases:
 
 
 # ----------------------------------------------------------------------------- the allocator's view
-
-
-def outside_allocator_bytes(gpu: GpuSpec | None) -> int:
-    """CUDA context and cuBLAS workspace: GPU memory no tensor and no segment accounts for (measured on
-    the GPU when it has been calibrated, advisor.memory.calibration; else overheads.yaml)."""
-    from advisor.memory.overhead import overhead_of
-
-    parts = overhead_of(0, gpu).parts
-    return int(parts["cuda_context"] + parts["cublas_workspace"])
 
 
 def reserved_for(live_peak: int, gpu: GpuSpec | None, events: Sequence[tuple[int, int]] | None = None, *,
@@ -178,7 +167,7 @@ def load_estimate(model: ModelSpec, plan: Plan) -> tuple[int, int, str]:
     last large tensor loaded (``dot_natural_key`` order), so the peak is the loaded model plus that
     tensor's 16-bit copy. ZeRO plans follow DeepSpeed (see ``load_offload``).
     """
-    from advisor.memory.training import param_breakdown, weight_bytes
+    from advisor.memory.training import NF4_BLOCK, param_breakdown, weight_bytes
 
     if plan.offload != "none":
         return load_offload(model, plan)
@@ -235,6 +224,8 @@ def run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: MemoryRe
     ``load``: (live peak, live at the end, what, allocation events) of a simulated load; without it the
     closed form (``load_estimate``) is used.
     """
+    from advisor.memory.overhead import outside_allocator_bytes
+
     src = source or step.source
     outside = outside_allocator_bytes(gpu)
     resident = resident_bytes(step)

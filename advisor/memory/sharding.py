@@ -28,6 +28,10 @@ from advisor.memory.training import logits_bytes
 from advisor.core.plan import DTYPE_BYTES, Plan
 
 STRATEGIES = ("ddp", "zero2", "zero3", "fsdp")
+DEFAULT_SHARDING = "zero3"
+"""The strategy of a several-GPU plan unless one is named (``--sharding``, a study's ``sharding``, the
+step-time model): ZeRO-3 divides every part of the model state (the table above), the most per-GPU
+memory saved; with one GPU the strategy changes nothing."""
 NVLINK_GBS = {"h100-sxm": 450.0, "h200": 450.0, "a100-80gb": 300.0, "a100-40gb": 300.0, "v100-16gb": 150.0,
               "v100-32gb": 150.0}  # per-direction NVLink bandwidth (NVIDIA datasheets); others: PCIe host link
 

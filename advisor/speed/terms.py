@@ -18,6 +18,7 @@ from typing import Callable
 
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.plan import FUSED_BACKWARD_OPTIMIZERS, Plan
+from advisor.memory.sharding import DEFAULT_SHARDING
 from advisor.speed.inputs import StepInputs
 from advisor.speed.kernels import attention_seconds, gemm_seconds, stream_seconds
 
@@ -45,7 +46,7 @@ def term(name: str, per: str = "micro_batch", kind: str = "gpu", label: str = ""
     return deco
 
 
-def step_terms(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1, sharding: str = "ddp",
+def step_terms(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1, sharding: str = DEFAULT_SHARDING,
                k: dict | None = None, stack: dict | None = None) -> dict[str, tuple[float, str]]:
     """Uncalibrated seconds per optimizer step of every term, with its kind: name -> (seconds, kind)."""
     return evaluate_terms(StepInputs(model, plan, gpu, gpus, sharding, k, stack))

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from advisor.core.catalog import GpuSpec, ModelSpec, _load_data
+from advisor.core.catalog import GpuSpec, ModelSpec
+from advisor.core.data_files import load_data_file
 from advisor.core.fit import HEADROOM, fit_verdict, fits
 from advisor.core.target import Target, resolve_target
 from advisor.diagnosis.doctor import ledger_over
@@ -190,7 +191,7 @@ def headroom_fixes(plan: Plan | None) -> tuple[str, ...]:
 def error_band_findings(peak: int, budget: Budget, source: str, plan: Plan | None = None) -> list[Finding]:
     """An info finding when the run would not fit at the backend's worst under-prediction on published runs
     (advisor/data/prediction_error.yaml): the margin is inside the prediction's measured error."""
-    band = _load_data("prediction_error.yaml").get(source)
+    band = load_data_file("prediction_error.yaml").get(source)
     if not band:
         return []
     at_worst = peak / (1 + band["most_under"])
