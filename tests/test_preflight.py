@@ -125,7 +125,7 @@ def test_a_margin_inside_the_measured_error_is_said():
     spec, gpu = resolve_model("qwen0.5b"), resolve_gpu("a100-80gb")
     plan = Plan(method="lora", seq_len=512)
     report = with_phases(spec, plan, gpu, get_backend("estimate")(spec, plan, gpu))
-    peak = report.extra["run_peak_bytes"]
+    peak = report.run_peak_bytes
     worst = load_data_file("prediction_error.yaml")["estimated"]["most_under"]
     close = Budget(int(peak / 0.93), "GiB", "close")          # 7% left: past the headroom, inside the error
     found = memory_findings(report, close, 0.05, 512, None)

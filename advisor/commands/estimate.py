@@ -41,7 +41,6 @@ def run(args: argparse.Namespace) -> int:
 
     from advisor.commands.common import check_plan_against_model, plan_from_args, target_from_args
     from advisor.core.fit import fits
-    from advisor.memory.phases import run_peak_bytes
 
     target = target_from_args(args)
     model, gpu, budget = target.model, target.gpu, target.budget
@@ -89,14 +88,11 @@ def run(args: argparse.Namespace) -> int:
     result["ledger"] = report.device
     if args.task == "train":
         result.update(throughput_fields(model, plan, gpu, target.gpu_assumed, args.gpus, args.sharding, report))
-    for key in ("phases", "run_peak_phase", "run_peak_bytes", "reserved_peak_bytes"):
-        if key in report.extra and result.get(key) is None:  # the report's own reserved peak (the step's) stays
-            result[key] = report.extra[key]
     if budget is not None:
         result["budget"] = {"bytes": budget.bytes, "text": budget.text, "unit": budget.unit}
         result["headroom"] = args.headroom
         # the run fits when its highest phase does (load, train, eval, generate, save): the one rule
-        result["fits"] = fits(run_peak_bytes(report), budget.bytes, args.headroom)
+        result["fits"] = fits(report.run_peak_bytes, budget.bytes, args.headroom)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -121,7 +117,7 @@ def throughput_fields(model, plan, gpu, gpu_assumed: bool, gpus: int, sharding: 
     out = {"tokens_per_s": tp.tokens_per_s, "step_seconds": tp.step_seconds, "step_terms": tp.terms,
            "throughput": {"source": tp.source, "gpu": gpu.name, "gpu_assumed": gpu_assumed, "gpus": gpus,
                           "predicted_tokens_per_s": tp.tokens_per_s}}
-    measured = (report.extra or {}).get("tokens_per_s")
+    measured = report.measured.tokens_per_s if report.measured is not None else None
     if measured:
         out["tokens_per_s"] = float(measured) * gpus
         out["step_seconds"] = plan.tokens_per_step * gpus / out["tokens_per_s"]

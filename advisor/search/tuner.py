@@ -480,15 +480,15 @@ def _shard(settings: TuneSettings, report, plan: Plan):
 
 
 def _during(report) -> str:
-    phase = report.extra.get("run_peak_phase", "train")
+    phase = report.run_peak_phase
     return "" if phase == "train" else f" during {phase}"
 
 
 def _memory_fields(report) -> dict[str, Any]:
     # peak_bytes is the step's (its ledger sums to it); run_peak_bytes, the highest phase, is what feasibility
     # is decided on (advisor.search.select.run_peak)
-    return {"peak_bytes": int(report.peak_bytes), "run_peak_bytes": run_peak_bytes(report),
-            "run_peak_phase": report.extra.get("run_peak_phase", "train"),
+    return {"peak_bytes": int(report.peak_bytes), "run_peak_bytes": report.run_peak_bytes,
+            "run_peak_phase": report.run_peak_phase,
             "tensor_peak_bytes": int(report.tensor_peak_bytes),
             "source": report.source, "ledger": {k: int(v) for k, v in report.device.items()},
             "host_bytes": int(report.host_bytes)}
