@@ -102,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
         refuse_study_flags(args)
         return run_inference(args)
+    from advisor.search.storage import redact
     from advisor.search.tuner import Tuner
 
     settings = build_settings(args)
@@ -123,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
             tuner.run()
     except KeyboardInterrupt:
         progress.stop()
-        print(f"interrupted: study {settings.study_name!r} is saved in {_redact(settings.storage)}; run the same command "
+        print(f"interrupted: study {settings.study_name!r} is saved in {redact(settings.storage)}; run the same command "
               "to continue", file=sys.stderr)
         return 130
     progress.stop()
@@ -141,23 +142,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def export_best(settings, best, out_dir: str) -> dict[str, str]:
-    from advisor.core.plan import Plan
+    from advisor.configs.trial_export import export_trial
 
-    try:
-        from advisor.configs.export import export_plan
-    except ImportError:  # the exporters are not installed in this tree yet
-        return {}
-    plan = Plan.from_dict(best.plan)
-    paths = export_plan(settings.model, plan, out_dir, gpu=settings.gpu,
-                        extra={"peak_bytes": best.peak_bytes, "source": best.source,
-                               "tokens_per_s": best.tokens_per_s, "study": settings.study_name})
+    paths = export_trial(best, out_dir, None, model=settings.model, gpu=settings.gpu, study_name=settings.study_name)
     return {k: str(v) for k, v in paths.items()}
 
 
 def tune_result(settings, records, selection, exports) -> dict:
+    from advisor.search.storage import redact
+
     best = selection.best
     return {
-        "study": settings.study_name, "storage": _redact(settings.storage), "backend": settings.backend,
+        "study": settings.study_name, "storage": redact(settings.storage), "backend": settings.backend,
         "model": {"name": settings.model.name, "params_total": settings.model.params_total},
         "gpu": {"name": settings.gpu.name, "assumed": settings.gpu_assumed},
         "budget": {"bytes": settings.budget.bytes, "text": settings.budget.text},
@@ -177,9 +173,3 @@ def tune_result(settings, records, selection, exports) -> dict:
         "trials": [r.to_dict() for r in records],
         "exports": exports,
     }
-
-
-def _redact(url: str) -> str:
-    from advisor.search.storage import redact
-
-    return redact(url)
