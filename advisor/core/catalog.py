@@ -418,9 +418,14 @@ def detect_gpu(index: int = 0) -> GpuSpec | None:
                    source="NVML (not in the catalog: speed unknown)", detected=True, index=index)
 
 
+BUDGET_MATCH = 0.95
+"""A card matches a budget when its memory is at least this share of it: a "24GB" budget names a 24 GB card
+whose usable memory is a little less (the RTX 4090's 24,564 MiB)."""
+
+
 def gpu_for_budget(budget_bytes: int) -> GpuSpec:
     """The catalog GPU whose memory is closest to (and not below) a budget, for predictions."""
     gpus = [_gpu_from_entry(k, e) for k, e in gpu_catalog().items()]
-    fitting = [g for g in gpus if g.memory_bytes >= budget_bytes * 0.95]
+    fitting = [g for g in gpus if g.memory_bytes >= budget_bytes * BUDGET_MATCH]
     pool = fitting or gpus
     return min(pool, key=lambda g: (abs(g.memory_bytes - budget_bytes), -(g.bf16_tflops or 0)))

@@ -369,7 +369,7 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
     )
 
 
-# --------------------------------------------------------------------------- optimizer implementations (issue 15)
+# --------------------------------------------------------------------------- optimizer implementations (fused, torchao low-bit, low-rank, LOMO)
 
 AO_BLOCK = 256            # torchao low-bit AdamW block, as transformers passes it (trainer_optimizer._get_torchao_adamw)
 AO_MIN_SIZE = 4096        # torchao quantizes tensors of >= 4096 values whose size divides the block (optim/adam.py)
@@ -493,7 +493,8 @@ def adalomo_state_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int
 
 
 def implementation_state_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int | None:
-    """States of the optimizers issue 15 added (None: an optimizer optimizer_state_bytes already knows)."""
+    """States of fused AdamW, torchao low-bit AdamW, GaLore/APOLLO and LOMO/AdaLomo (None: an optimizer
+    optimizer_state_bytes already knows)."""
     opt = plan.optimizer
     tb = trainable_dtype_bytes(plan)
     if opt == "adamw_torch_fused":
@@ -510,7 +511,8 @@ def implementation_state_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown)
 
 
 def implementation_transient_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int | None:
-    """The optimizer step's temporaries for the optimizers issue 15 added (None: not one of them)."""
+    """The optimizer step's temporaries for fused AdamW, torchao low-bit AdamW, GaLore/APOLLO and LOMO/AdaLomo
+    (None: not one of them)."""
     opt = plan.optimizer
     tb = trainable_dtype_bytes(plan)
     if opt in ("adamw_torch_fused", "adamw_torch_8bit", "adamw_torch_4bit", "lomo", "adalomo",

@@ -18,7 +18,7 @@ from advisor.core.target import Target
 from advisor.core.units import Budget
 from advisor.memory.sharding import DEFAULT_SHARDING
 from advisor.search.select import ACCURACY_TOLERANCE
-from advisor.search.space import SearchSpace
+from advisor.search.space import DEFAULT_TRIALS, SearchSpace
 
 ATTR = "advisor"
 """The Optuna study user attribute holding the description."""
@@ -46,7 +46,7 @@ class StudyDescription:
     """Largest accuracy loss accepted (KL nats/token)."""
     seed: int = 0
     """Sampler seed."""
-    trials: int = 40
+    trials: int = DEFAULT_TRIALS
     """Finished trials the study aims for."""
     task: str = "train"
     """train (fine-tuning plans); the inference search keeps no study."""
@@ -111,7 +111,7 @@ def gpu_from_dict(g: dict[str, Any]) -> GpuSpec:
 
 
 def _space(sp: dict[str, Any]) -> SearchSpace:
-    return SearchSpace(name=sp["name"], trials=int(sp.get("trials", 40)), fixed=dict(sp["fixed"]),
+    return SearchSpace(name=sp["name"], trials=int(sp.get("trials", DEFAULT_TRIALS)), fixed=dict(sp["fixed"]),
                        search={k: list(v) for k, v in sp["search"].items()}, source=sp.get("source", ""),
                        overrides=tuple(sp.get("overrides", ())))
 

@@ -25,6 +25,8 @@ from advisor.core.plan import (ATTENTION, LOSSES, METHODS, OFFLOADS, OPTIMIZERS,
 
 SPACES_DIR = Path(__file__).resolve().parents[1] / "data" / "spaces"
 """The shipped search spaces (package data: they travel in the wheel)."""
+DEFAULT_TRIALS = 40
+"""Finished trials a study aims for when its space names none (``trials:``)."""
 
 # knob -> allowed values (None: any positive int). The order is the order a point is chosen in:
 # a knob comes after every knob its plan rules involve.

@@ -18,7 +18,7 @@ from typing import Callable
 
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.plan import FUSED_BACKWARD_OPTIMIZERS, Plan
-from advisor.memory.sharding import DEFAULT_SHARDING
+from advisor.memory.sharding import DEFAULT_SHARDING, SHARDS_PARAMETERS, SHARDS_STATES
 from advisor.speed.inputs import StepInputs
 from advisor.speed.kernels import attention_seconds, gemm_seconds, stream_seconds
 
@@ -306,7 +306,7 @@ def trainable_tensors(s: StepInputs) -> int:
 
 
 def _state_shards(s: StepInputs) -> int:
-    return s.gpus if s.gpus > 1 and s.sharding in ("zero2", "zero3", "fsdp") else 1
+    return s.gpus if s.gpus > 1 and s.sharding in SHARDS_STATES else 1
 
 
 @term("optimizer", per="step", label="optimizer step")
@@ -384,7 +384,7 @@ def collectives(s: StepInputs) -> float:
         volume = plan.grad_accum * grads
         if s.sharding == "zero2":
             volume += s.pb.trainable * s.trainable_bytes  # updated shards all-gathered once per step
-        if s.sharding in ("zero3", "fsdp"):
+        if s.sharding in SHARDS_PARAMETERS:
             passes = 2 + (s.checkpointed_fraction if s.sharding == "zero3" else 0.0)
             volume += plan.grad_accum * passes * s.model.params_total * s.act_bytes
     exposed = s.k["comm_exposed"].get(s.sharding, 1.0)

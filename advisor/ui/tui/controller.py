@@ -12,6 +12,7 @@ from typing import Any
 
 from advisor.core.errors import AdvisorInputError
 from advisor.search.storage import redact
+from advisor.ui.tui import POLL_SECONDS
 from advisor.ui.tui import messages as m
 
 
@@ -82,7 +83,7 @@ class StudyWatcher:
     can_pause = False
     live = False
 
-    def __init__(self, storage: str, study_name: str, poll_s: float = 1.5):
+    def __init__(self, storage: str, study_name: str, poll_s: float = POLL_SECONDS):
         self.storage, self.study_name, self.poll_s = storage, study_name, poll_s
         self._stop = threading.Event()
         self.study = None
@@ -152,7 +153,8 @@ def with_params_summary(record, trial):
     return replace(record, plan_short=" ".join(short.split()))
 
 
-def open_study_app(storage_url: str, study_name: str, *, export_dir: str | None = None, poll_s: float = 1.5):
+def open_study_app(storage_url: str, study_name: str, *, export_dir: str | None = None,
+                   poll_s: float = POLL_SECONDS):
     from advisor.ui.tui.app import AdvisorApp
 
     watcher = StudyWatcher(storage_url, study_name, poll_s)
