@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         plan = plan_from_args(args)
         check_plan_against_model(model, plan)
         if getattr(args, "data", None):
-            from advisor.runtime.probe._data import data_profile
+            from advisor.runtime.probe import data_profile
 
             data = data_profile(args.data, model.path)
             result["data"] = {**data.to_dict(), "seq_len_for_memory": data.memory_seq_len(plan.seq_len, plan.packing),

@@ -67,7 +67,7 @@ def build_settings(args: argparse.Namespace):
     space = load_space(args.space, args.overrides)
     data = None
     if getattr(args, "data", None):
-        from advisor.runtime.probe._data import data_profile
+        from advisor.runtime.probe import data_profile
 
         data = data_profile(args.data, target.model.path)
         if not any(o.split("=", 1)[0].strip() == "packing" for o in args.overrides):

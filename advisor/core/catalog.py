@@ -162,8 +162,9 @@ class ModelSpec:
         return asdict(self)
 
 
-def _spec_from_config(name: str, hf_id: str, config: dict, source: str, path: str | None,
+def spec_from_config(name: str, hf_id: str, config: dict, source: str, path: str | None,
                       params_total: int | None, trust_remote_code: bool = False) -> ModelSpec:
+    """The ModelSpec of a config.json's fields (parameters counted when ``params_total`` is None)."""
     where = "--model"
     try:
         model_type = config["model_type"]
@@ -222,7 +223,7 @@ def build_hf_config(config: dict, trust_remote_code: bool = False):
 
 def _catalog_spec(key: str) -> ModelSpec:
     entry = model_catalog()[key]
-    return _spec_from_config(key, entry["hf_id"], entry["config"], "catalog", None, entry["params_total"])
+    return spec_from_config(key, entry["hf_id"], entry["config"], "catalog", None, entry["params_total"])
 
 
 def _read_config_json(path: Path, name: str) -> dict:
@@ -294,12 +295,12 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSpec:
             raise AdvisorInputError(
                 "--model", f"{path} ships its own model code; pass --trust-remote-code to run it", wanted,
                 show_value=False)
-        return _spec_from_config(path.name, str(path), config, "local", str(path), None, trust_remote_code)
+        return spec_from_config(path.name, str(path), config, "local", str(path), None, trust_remote_code)
     if "/" in wanted:
         snapshot = _find_in_hf_cache(wanted)
         if snapshot is not None:
             config = _read_config_json(snapshot / "config.json", wanted)
-            return _spec_from_config(wanted, wanted, config, "hf-cache", str(snapshot), None, trust_remote_code)
+            return spec_from_config(wanted, wanted, config, "hf-cache", str(snapshot), None, trust_remote_code)
     close = difflib.get_close_matches(lowered, [n.lower() for n in catalog_names()], n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else "; `advisor models` lists the catalog"
     raise AdvisorInputError("--model", f"unknown model (not in the catalog, not a directory, not in the local HF cache){hint}",

@@ -37,8 +37,8 @@ from advisor.core.units import Budget
 from advisor.core.versions import gpu_environment, library_versions
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
-PRESCREEN_MARGIN = 0.10
-EXHAUSTED_AFTER = 50  # consecutive repeat proposals after which the space counts as used up  # an estimate this far over the budget is pruned without simulating (the ledger is within 5%)
+PRESCREEN_MARGIN = 0.10  # an estimate this far over the budget is pruned without simulating (the ledger is within 5%)
+EXHAUSTED_AFTER = 50  # consecutive repeat proposals after which the space counts as used up
 FINISHED = ("COMPLETE", "PRUNED")
 
 
