@@ -124,10 +124,10 @@ class MemoryGuardCallback(TrainerCallback):
         now = self._report(self.plan.with_(seq_len=self.first_seq_len))
         longest = self._report(self.plan.with_(seq_len=self.longest_seq_len,
                                                eval_batch=int(args.per_device_eval_batch_size)))
-        phases = longest.extra["phases"]
+        phases = longest.run_phases.phases
         watched = self._phases_of_run(args)
-        name = max(watched, key=lambda n: phases[n]["live_bytes"])
-        predicted_run = int(phases[name]["live_bytes"])
+        name = max(watched, key=lambda n: phases[n].live_bytes)
+        predicted_run = int(phases[name].live_bytes)
         predicted_now = int(now.tensor_peak_bytes)
         if self.reader is not None:
             self.measured_peak = int(self.reader())
@@ -172,7 +172,7 @@ class MemoryGuardCallback(TrainerCallback):
         report = self._report(self._eval_plan(args))
         from advisor.memory.phases import resident_bytes
 
-        forward = int(report.extra["phases"]["eval"]["live_bytes"]) - resident_bytes(report)
+        forward = int(report.run_phases.phases["eval"].live_bytes) - resident_bytes(report)
         held = self.accumulated_logits_bytes(args, eval_dataloader)
         base = int(self.current()) if self.current is not None else resident_bytes(report)
         self.projected_eval_peak = base + forward + held

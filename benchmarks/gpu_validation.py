@@ -258,8 +258,9 @@ def phase_table(rows: list[Row], *, device: str, tiny: bool) -> list[str]:
              "measured reserved (err) | source |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
-        rep = r.sim if r.sim is not None and "phases" in getattr(r.sim, "extra", {}) else r.est
-        phases = getattr(rep, "extra", {}).get("phases") if rep is not None else None
+        rep = r.sim if getattr(r.sim, "run_phases", None) is not None else r.est
+        run = getattr(rep, "run_phases", None) if rep is not None else None
+        phases = run.to_dict() if run is not None else None
         if not phases:
             continue
         p = r.probe if r.probe is not None and r.probe.ok else None

@@ -354,7 +354,7 @@ def train_phases(models: Models, case: Case, backend: str) -> dict:
         from advisor.memory.sharding import shard_report
 
         report = shard_report(report, spec, plan, case.gpus, case.sharding, gpu)
-    return with_phases(spec, plan, gpu, report, evaluates="eval" in case.phases).extra["phases"]
+    return with_phases(spec, plan, gpu, report, evaluates="eval" in case.phases).run_phases.to_dict()
 
 
 def counter_peak(case: Case, phases: dict) -> tuple[float, str]:

@@ -153,6 +153,21 @@ def test_estimate_without_a_gpu_says_so(capsys, monkeypatch):
     assert code == 0 and d["tokens_per_s"] is None and d["step_seconds"] is None and d["step_terms"] == {}
 
 
+def test_an_assumed_gpu_is_reported_as_assumed_everywhere(capsys, monkeypatch):
+    """No --gpu and none detected, a budget given: the one rule of advisor.core.target assumes the catalog GPU the
+    budget matches, and both the top level and the throughput block say it is assumed; a named GPU is not."""
+    from advisor.core.catalog import gpu_for_budget
+
+    monkeypatch.setattr("advisor.core.catalog.detect_gpu", lambda index=0: None)
+    code, out, _ = run_cli(capsys, "estimate", "--model", "qwen7b", "--gpu-budget", "24GB", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["gpu_assumed"] is True and d["throughput"]["gpu_assumed"] is True
+    assert d["throughput"]["gpu"] == d["gpu"]["name"] == gpu_for_budget(24 * 2**30).name
+    code, out, _ = run_cli(capsys, "estimate", "--model", "qwen7b", "--gpu", "l40s", "--gpu-budget", "24GB", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["gpu_assumed"] is False and d["throughput"]["gpu_assumed"] is False
+
+
 @pytest.mark.parametrize("optimizer", ["adamw_torch_fused", "adamw_torch", "adamw_torch_8bit", "adamw_torch_4bit",
                                        "adamw_8bit", "paged_adamw_8bit", "adafactor", "galore_adamw",
                                        "galore_adamw_8bit", "galore_adamw_layerwise", "apollo_adamw", "lomo",

@@ -137,7 +137,7 @@ def _eval_budget():
     spec = resolve_model_tiny()
     plan = Plan(method="full", precision="fp32", seq_len=EVAL_SEQ, eval_batch=EVAL_BATCH)
     report = with_phases(spec, plan, None, get_backend("estimate")(spec, plan, None))
-    return int(report.extra["phases"]["eval"]["live_bytes"] * 1.25)
+    return int(report.run_phases.phases["eval"].live_bytes * 1.25)
 
 
 def test_stops_before_an_evaluation_that_will_not_fit(tmp_path):

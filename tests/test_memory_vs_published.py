@@ -45,11 +45,11 @@ def test_the_report_lists_every_row_and_reason(bench, tmp_path):
 def test_preflights_error_band_is_the_estimate_backends_measured_one(bench):
     """advisor/data/prediction_error.yaml (what `advisor preflight` warns with) holds the estimate backend's most
     under and most over on the transformers rows, as this benchmark computes them now."""
-    from advisor.core.catalog import _load_data
+    from advisor.core.data_files import load_data_file
 
     rows, _, _ = bench.run(bench.DEFAULT_DATA, "estimate")
     hf = [r for r in rows if r.stack == bench.HF]
-    band = _load_data("prediction_error.yaml")["estimated"]
+    band = load_data_file("prediction_error.yaml")["estimated"]
     worst = min(hf, key=lambda r: r.error)
     assert band["points"] == len(hf) and band["worst_under_point"] == worst.id
     assert band["most_under"] == pytest.approx(worst.error, abs=0.0005)
@@ -131,7 +131,7 @@ def test_the_qwen_sweep_renders_each_length_and_the_growth(bench):
 def test_preflights_simulated_error_band_is_the_reports_auto_section():
     """The `simulated` row of advisor/data/prediction_error.yaml is the committed report's `--backend auto` table of the
     transformers rows (regenerating that section takes minutes of simulation, so the test reads the report)."""
-    from advisor.core.catalog import _load_data
+    from advisor.core.data_files import load_data_file
 
     text = (ROOT / "reports" / "memory_vs_published.md").read_text()
     auto = text[text.index("## The same points with `--backend auto`"):]
@@ -145,7 +145,7 @@ def test_preflights_simulated_error_band_is_the_reports_auto_section():
         cells = [c.strip() for c in line.strip("|").split("|")]
         if cells[0] not in ("point", "---"):
             rows.append((cells[0], float(cells[7].rstrip("%")) / 100))
-    band = _load_data("prediction_error.yaml")["simulated"]
+    band = load_data_file("prediction_error.yaml")["simulated"]
     worst = min(rows, key=lambda r: r[1])
     assert band["points"] == len(rows) and band["worst_under_point"] == worst[0]
     assert band["most_under"] == pytest.approx(worst[1], abs=0.0005)

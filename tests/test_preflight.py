@@ -114,7 +114,8 @@ def test_an_evaluation_that_does_not_fit_is_no_go_naming_the_phase(configs, tmp_
 def test_a_margin_inside_the_measured_error_is_said():
     """A plan that fits with more than the 5% headroom, but would not fit at the backend's worst under-prediction
     on published runs (advisor/data/prediction_error.yaml), gets an info finding; the verdict stays GO."""
-    from advisor.core.catalog import _load_data, resolve_gpu
+    from advisor.core.catalog import resolve_gpu
+    from advisor.core.data_files import load_data_file
     from advisor.core.units import Budget
     from advisor.diagnosis.findings import verdict
     from advisor.diagnosis.preflight._run import memory_findings
@@ -124,8 +125,8 @@ def test_a_margin_inside_the_measured_error_is_said():
     spec, gpu = resolve_model("qwen0.5b"), resolve_gpu("a100-80gb")
     plan = Plan(method="lora", seq_len=512)
     report = with_phases(spec, plan, gpu, get_backend("estimate")(spec, plan, gpu))
-    peak = report.extra["run_peak_bytes"]
-    worst = _load_data("prediction_error.yaml")["estimated"]["most_under"]
+    peak = report.run_peak_bytes
+    worst = load_data_file("prediction_error.yaml")["estimated"]["most_under"]
     close = Budget(int(peak / 0.93), "GiB", "close")          # 7% left: past the headroom, inside the error
     found = memory_findings(report, close, 0.05, 512, None)
     assert [f.severity for f in found] == ["ok", "info"] and verdict(found) == "GO"

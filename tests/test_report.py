@@ -125,6 +125,43 @@ def test_report_shows_the_question_the_winner_and_every_trial(study):
         assert row[10] == t["reason"]
 
 
+def test_the_search_space_is_named_without_the_machines_path(study):
+    """The space shows as its name and its file relative to the package, never the absolute path it was read from."""
+    from advisor.search.space import SPACES_DIR
+
+    for text in (study["html"], study["md"]):
+        assert str(SPACES_DIR) not in text
+        assert "advisor/data/spaces/default.yaml" in text
+    assert "--space default" in study["md"]
+
+
+def test_a_study_written_before_the_newer_settings_still_reports(study, tmp_path):
+    """The first studies stored no task, gpus, sharding or environment: the report and the TUI read them through
+    StudyDescription's defaults (advisor.search.description), the same as every other reader."""
+    import shutil
+
+    from advisor.search.description import ATTR
+    from advisor.search.select import select
+    from advisor.ui.report import gather, open_study
+    from advisor.ui.tui.state import Board, StudyInfo
+
+    old = tmp_path / "old"
+    old.mkdir()
+    shutil.copy(study["folder"] / "study.db", old / "study.db")
+    url = f"sqlite:///{old / 'study.db'}"
+    stored = optuna.load_study(study_name=study["tuned"]["study"], storage=url)
+    first = {k: v for k, v in stored.user_attrs[ATTR].items() if k not in ("task", "gpus", "sharding", "environment")}
+    stored.set_user_attr(ATTR, first)
+    data = gather(open_study(url, None, old))
+    d = data.description
+    assert (d.task, d.gpus, d.sharding) == ("train", 1, "zero3") and data.best is not None
+    assert data.best.number == study["tuned"]["best"]["number"]
+    board = Board(StudyInfo.from_description("old", first), data.records)
+    assert board.best.number == select(data.records, d.budget.bytes, d.headroom, d.tolerance).best.number
+    code, _ = _run(["report", str(old), "--out", str(tmp_path / "r")])
+    assert code == 0 and "The question" in (tmp_path / "r" / "report.html").read_text("utf-8")
+
+
 def test_report_plots_are_inline_svg_with_every_trial(study):
     html, tuned = study["html"], study["tuned"]
     plots = dict(re.findall(r'<figure id="plot-(\w+)"[^>]*>(.*?)</figure>', html, flags=re.S))

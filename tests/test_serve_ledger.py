@@ -71,3 +71,26 @@ def test_analytic_hf_ledger_matches_simulation(name, B, C, new):
     assert abs(total_err) < 0.01
     assert abs(transient_err) < 0.02
     assert abs(decode_err) < 0.05
+
+
+def test_serving_uses_the_calibrated_cuda_context_as_training_does(tmp_path, monkeypatch):
+    """The CUDA context and cuBLAS workspace of a calibrated GPU (advisor.memory.calibration) reach the serving
+    ledger through the same rule as the training run's phases (advisor.memory.overhead.outside_allocator_bytes)."""
+    from advisor.core.catalog import resolve_gpu
+    from advisor.memory import calibration as cal
+    from advisor.memory.overhead import outside_allocator_bytes
+
+    mib = 1 << 20
+    gpu, m, plan = resolve_gpu("h100-sxm"), resolve_model("qwen7b"), ServePlan()
+    monkeypatch.setenv(cal.ENV, str(tmp_path / "none-yet.json"))
+    before, outside_before = estimate_inference(m, plan, gpu), outside_allocator_bytes(gpu)
+    probe = {"status": "ok", "device": "cuda", "model": m.name, "gpu_name": gpu.name,
+             "versions": {"torch": "2.13.0", "cuda": "12.8", "driver": "570.86.15"},
+             "plan": {"method": "lora", "seq_len": 512}, "peak_allocated_bytes": 2_400 * mib,
+             "peak_reserved_bytes": 2_700 * mib, "nvml_peak_bytes": 3_600 * mib}  # a 900 MiB context
+    monkeypatch.setenv(cal.ENV, str(tmp_path / "calibration.json"))
+    cal.record([cal.OverheadProbe.from_probe(probe)], tmp_path / "calibration.json")
+    after, outside_after = estimate_inference(m, plan, gpu), outside_allocator_bytes(gpu)
+    assert outside_after - outside_before == 900 * mib - 550 * mib  # overheads.yaml h100-sxm: 550 MiB
+    assert after.device["overhead"] - before.device["overhead"] == outside_after - outside_before
+    assert after.peak_bytes - before.peak_bytes == outside_after - outside_before

@@ -156,13 +156,12 @@ def test_fused_linear_standin_loss_equals_the_models_own_loss():
 
 def test_liger_chunk_rule():
     """liger fused_linear_cross_entropy_forward: next_power_of_2(cdiv(BT, cdiv(V, H))), at most BT."""
-    from advisor.memory.levers import liger_chunk_tokens
-    from advisor.runtime.simulate.fused_loss import liger_chunk_size
+    from advisor.memory.loss_dora_packing import liger_chunk_tokens  # the ledger's and the stand-in's one rule
 
     # liger's own example in its source comment: BT = 4096 * 4, V = 32000, H = 4096 -> chunk 2048
-    assert liger_chunk_size(4096 * 4, 4096, 32000) == liger_chunk_tokens(4096 * 4, 4096, 32000) == 2048
-    assert liger_chunk_size(1024, 3584, 152064) == 32  # Qwen2.5-7B at seq 1024: inc 43 -> cdiv 24 -> 32
-    assert liger_chunk_size(8, 4096, 1000) == 8
+    assert liger_chunk_tokens(4096 * 4, 4096, 32000) == 2048
+    assert liger_chunk_tokens(1024, 3584, 152064) == 32  # Qwen2.5-7B at seq 1024: inc 43 -> cdiv 24 -> 32
+    assert liger_chunk_tokens(8, 4096, 1000) == 8
 
 
 # --------------------------------------------------------------------------- issue 15: optimizers, checkpointing, offload

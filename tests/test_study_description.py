@@ -84,8 +84,12 @@ def test_tune_stores_it_and_a_worker_export_and_report_read_it_back(study, tmp_p
     data = gather(open_study(storage, None, folder))
     assert data.description == stored and data.best is not None
 
-    from advisor.ui.tui.exporting import export_record
+    from advisor.configs.trial_export import export_trial
+    from advisor.ui.tui.state import StudyInfo
 
-    written = export_record(stored, data.best, str(tmp_path / "out"), ["advisor"], "desc")
-    from_dict = export_record(tuner.study.user_attrs[ATTR], data.best, str(tmp_path / "out2"), ["advisor"], "desc")
-    assert written["advisor"].read_text() == from_dict["advisor"].read_text()
+    written = export_trial(data.best, str(tmp_path / "out"), ["advisor"], model=stored.model, gpu=stored.gpu,
+                           study_name="desc")
+    assert "trial: " in written["advisor"].read_text()
+    # the TUI reads the stored JSON through the same type, with the same selection settings
+    info = StudyInfo.from_description("desc", tuner.study.user_attrs[ATTR])
+    assert info.description == stored and (info.headroom, info.tolerance) == (stored.headroom, stored.tolerance)

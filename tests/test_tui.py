@@ -73,9 +73,12 @@ def sample_records() -> list[TrialRecord]:
 
 
 def description() -> dict:
+    """A study's stored description, as `advisor tune` writes it (advisor.search.description)."""
+    from advisor.search.space import load_space
+
     return {"model": resolve_model("qwen7b").to_dict(), "gpu": resolve_gpu("rtx-3090").to_dict(),
-            "budget": {"bytes": BUDGET, "text": "24GB", "unit": "GB"}, "backend": "estimate",
-            "headroom": 0.05, "tolerance": 0.03, "trials": 10}
+            "budget": {"bytes": BUDGET, "text": "24GB", "unit": "GB"}, "space": load_space("default").to_dict(),
+            "backend": "estimate", "headroom": 0.05, "tolerance": 0.03, "trials": 10}
 
 
 def make_app(tmp_path=None, records=None, **kw):

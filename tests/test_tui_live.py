@@ -52,7 +52,7 @@ async def test_live_study_pause_resume_and_quit_after_the_current_trial(tmp_path
     tuner = open_tuner(settings)
     controller = TunerController(tuner)
     app = AdvisorApp(tuner.records(), tuner.study.user_attrs["advisor"], study_name=settings.study_name,
-                     storage=settings.storage, controller=controller, model=settings.model, gpu=settings.gpu)
+                     storage=settings.storage, controller=controller)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: app.board.finished_count() >= 3)
         assert app.running

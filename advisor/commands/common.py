@@ -94,9 +94,11 @@ def _alias_dest(flag: str) -> str:
 
 
 def add_gpus_flags(p: argparse.ArgumentParser) -> None:
+    from advisor.memory.sharding import DEFAULT_SHARDING, STRATEGIES
+
     g = p.add_argument_group("several GPUs")
     g.add_argument("--gpus", type=positive_int("--gpus"), default=1, help="data-parallel GPUs (per-GPU ledger)")
-    g.add_argument("--sharding", choices=("ddp", "zero2", "zero3", "fsdp"), default="zero3",
+    g.add_argument("--sharding", choices=STRATEGIES, default=DEFAULT_SHARDING,
                    help="how model state is split across --gpus (ZeRO-2/3, FSDP full shard, or replicated)")
 
 

@@ -41,7 +41,6 @@ def run(args: argparse.Namespace) -> int:
 
     from advisor.commands.common import check_plan_against_model, plan_from_args, target_from_args
     from advisor.core.fit import fits
-    from advisor.memory.phases import run_peak_bytes
 
     target = target_from_args(args)
     model, gpu, budget = target.model, target.gpu, target.budget
@@ -62,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         plan = plan_from_args(args)
         check_plan_against_model(model, plan)
         if getattr(args, "data", None):
-            from advisor.runtime.probe._data import data_profile
+            from advisor.runtime.probe import data_profile
 
             data = data_profile(args.data, model.path)
             result["data"] = {**data.to_dict(), "seq_len_for_memory": data.memory_seq_len(plan.seq_len, plan.packing),
@@ -88,15 +87,12 @@ def run(args: argparse.Namespace) -> int:
     result.update(report.to_dict())
     result["ledger"] = report.device
     if args.task == "train":
-        result.update(throughput_fields(model, plan, gpu, budget, args.gpus, args.sharding, report))
-    for key in ("phases", "run_peak_phase", "run_peak_bytes", "reserved_peak_bytes"):
-        if key in report.extra and result.get(key) is None:  # the report's own reserved peak (the step's) stays
-            result[key] = report.extra[key]
+        result.update(throughput_fields(model, plan, gpu, target.gpu_assumed, args.gpus, args.sharding, report))
     if budget is not None:
         result["budget"] = {"bytes": budget.bytes, "text": budget.text, "unit": budget.unit}
         result["headroom"] = args.headroom
         # the run fits when its highest phase does (load, train, eval, generate, save): the one rule
-        result["fits"] = fits(run_peak_bytes(report), budget.bytes, args.headroom)
+        result["fits"] = fits(report.run_peak_bytes, budget.bytes, args.headroom)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -106,23 +102,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def throughput_fields(model, plan, gpu, budget, gpus: int, sharding: str, report) -> dict:
+def throughput_fields(model, plan, gpu, gpu_assumed: bool, gpus: int, sharding: str, report) -> dict:
     """Tokens/s and seconds per optimizer step beside the ledger (advisor/speed): predicted, or
-    calibrated by earlier probes on this GPU model, or measured when the backend ran the step."""
-    from advisor.core.catalog import gpu_for_budget
+    calibrated by earlier probes on this GPU model, or measured when the backend ran the step.
+
+    ``gpu`` and ``gpu_assumed`` are the command's Target's (advisor.core.target: the one rule that assumes
+    the catalog GPU a budget matches when none is named or detected)."""
     from advisor.speed.throughput import predict_throughput
 
-    assumed = False
-    if gpu is None and budget is not None:
-        gpu, assumed = gpu_for_budget(budget.bytes), True
     if gpu is None or not (gpu.bf16_tflops or gpu.fp16_tflops):
         return {"tokens_per_s": None, "step_seconds": None, "step_terms": {},
                 "throughput": {"source": "unknown: no GPU named (--gpu) or detected, no budget to assume one"}}
     tp = predict_throughput(model, plan, gpu, gpus, sharding)
     out = {"tokens_per_s": tp.tokens_per_s, "step_seconds": tp.step_seconds, "step_terms": tp.terms,
-           "throughput": {"source": tp.source, "gpu": gpu.name, "gpu_assumed": assumed, "gpus": gpus,
+           "throughput": {"source": tp.source, "gpu": gpu.name, "gpu_assumed": gpu_assumed, "gpus": gpus,
                           "predicted_tokens_per_s": tp.tokens_per_s}}
-    measured = (report.extra or {}).get("tokens_per_s")
+    measured = report.measured.tokens_per_s if report.measured is not None else None
     if measured:
         out["tokens_per_s"] = float(measured) * gpus
         out["step_seconds"] = plan.tokens_per_step * gpus / out["tokens_per_s"]

@@ -24,15 +24,14 @@ def add_parser(subs) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from advisor.configs.trial_export import export_trial
     from advisor.core.errors import AdvisorInputError
-    from advisor.ui.tui.exporting import export_record
-    from advisor.ui.report import open_study, resolve_storage
-    from advisor.search.description import StudyDescription
     from advisor.search.select import select
+    from advisor.ui.report import open_study, resolve_storage
 
     storage, folder = resolve_storage(args.study, args.storage, args.study_name, args.reports_dir)
     snap = open_study(storage, args.study_name, folder)
-    d = StudyDescription.from_dict(snap.settings)
+    d = snap.description
     if args.trial is not None:
         chosen = next((r for r in snap.records if r.number == args.trial), None)
         if chosen is None or chosen.state != "complete":
@@ -43,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
             raise AdvisorInputError("STUDY", "the study has no feasible plan to export yet", snap.name)
     formats = [f.strip() for item in (args.format or []) for f in item.split(",") if f.strip()] or None
     out = Path(args.out) if args.out else (folder or Path(args.reports_dir) / snap.name) / "export"
-    written = export_record(d, chosen, str(out), formats, snap.name)
+    written = export_trial(chosen, str(out), formats, model=d.model, gpu=d.gpu, study_name=snap.name)
     paths = {k: str(v) for k, v in written.items()}
     if args.json:
         print(json.dumps({"trial": chosen.number, "plan": chosen.plan_short, "written": paths,

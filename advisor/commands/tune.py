@@ -10,7 +10,7 @@ from advisor.commands._help import DefaultsHelpFormatter
 from advisor.commands.common import add_gpus_flags, number, positive_int
 from advisor.core.fit import HEADROOM
 from advisor.runtime.backends import BACKENDS
-from advisor.search.tuner import TuneSettings
+from advisor.search.select import ACCURACY_TOLERANCE
 
 
 def add_parser(subs) -> None:
@@ -32,7 +32,7 @@ def add_parser(subs) -> None:
     p.add_argument("--headroom", type=number("--headroom", low=0, low_inclusive=True, high=1), default=HEADROOM,
                    help="fraction of the budget kept free")
     p.add_argument("--accuracy-tolerance", type=number("--accuracy-tolerance", low=0, low_inclusive=True),
-                   default=TuneSettings.tolerance,
+                   default=ACCURACY_TOLERANCE,
                    help="largest accuracy loss accepted (KL nats/token; priors: int8 0.002, nf4 0.015, fp4 0.035)")
     p.add_argument("--seed", type=int, default=0, help="sampler seed")
     p.add_argument("--study", help="study name (default: model-budget-space)")
@@ -67,7 +67,7 @@ def build_settings(args: argparse.Namespace):
     space = load_space(args.space, args.overrides)
     data = None
     if getattr(args, "data", None):
-        from advisor.runtime.probe._data import data_profile
+        from advisor.runtime.probe import data_profile
 
         data = data_profile(args.data, target.model.path)
         if not any(o.split("=", 1)[0].strip() == "packing" for o in args.overrides):
@@ -102,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
         refuse_study_flags(args)
         return run_inference(args)
+    from advisor.search.storage import redact
     from advisor.search.tuner import Tuner
 
     settings = build_settings(args)
@@ -123,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
             tuner.run()
     except KeyboardInterrupt:
         progress.stop()
-        print(f"interrupted: study {settings.study_name!r} is saved in {_redact(settings.storage)}; run the same command "
+        print(f"interrupted: study {settings.study_name!r} is saved in {redact(settings.storage)}; run the same command "
               "to continue", file=sys.stderr)
         return 130
     progress.stop()
@@ -141,23 +142,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def export_best(settings, best, out_dir: str) -> dict[str, str]:
-    from advisor.core.plan import Plan
+    from advisor.configs.trial_export import export_trial
 
-    try:
-        from advisor.configs.export import export_plan
-    except ImportError:  # the exporters are not installed in this tree yet
-        return {}
-    plan = Plan.from_dict(best.plan)
-    paths = export_plan(settings.model, plan, out_dir, gpu=settings.gpu,
-                        extra={"peak_bytes": best.peak_bytes, "source": best.source,
-                               "tokens_per_s": best.tokens_per_s, "study": settings.study_name})
+    paths = export_trial(best, out_dir, None, model=settings.model, gpu=settings.gpu, study_name=settings.study_name)
     return {k: str(v) for k, v in paths.items()}
 
 
 def tune_result(settings, records, selection, exports) -> dict:
+    from advisor.search.storage import redact
+
     best = selection.best
     return {
-        "study": settings.study_name, "storage": _redact(settings.storage), "backend": settings.backend,
+        "study": settings.study_name, "storage": redact(settings.storage), "backend": settings.backend,
         "model": {"name": settings.model.name, "params_total": settings.model.params_total},
         "gpu": {"name": settings.gpu.name, "assumed": settings.gpu_assumed},
         "budget": {"bytes": settings.budget.bytes, "text": settings.budget.text},
@@ -177,9 +173,3 @@ def tune_result(settings, records, selection, exports) -> dict:
         "trials": [r.to_dict() for r in records],
         "exports": exports,
     }
-
-
-def _redact(url: str) -> str:
-    from advisor.search.storage import redact
-
-    return redact(url)

@@ -12,35 +12,28 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from advisor.core.data_files import load_data_file
 from advisor.core.errors import AdvisorInputError
 
 MIB = 2**20
 
 
-def _load_data(name: str) -> dict[str, Any]:
-    text = resources.files("advisor").joinpath("data", name).read_text(encoding="utf-8")
-    return yaml.safe_load(text)
-
-
 @lru_cache(maxsize=None)
 def model_catalog() -> dict[str, dict[str, Any]]:
-    return _load_data("models.yaml")
+    return load_data_file("models.yaml")
 
 
 @lru_cache(maxsize=None)
 def gpu_catalog() -> dict[str, dict[str, Any]]:
-    return _load_data("gpus.yaml")
+    return load_data_file("gpus.yaml")
 
 
 @lru_cache(maxsize=None)
 def architectures() -> dict[str, dict[str, Any]]:
-    return _load_data("architectures.yaml")
+    return load_data_file("architectures.yaml")
 
 
 # --------------------------------------------------------------------------- models
@@ -169,8 +162,9 @@ class ModelSpec:
         return asdict(self)
 
 
-def _spec_from_config(name: str, hf_id: str, config: dict, source: str, path: str | None,
+def spec_from_config(name: str, hf_id: str, config: dict, source: str, path: str | None,
                       params_total: int | None, trust_remote_code: bool = False) -> ModelSpec:
+    """The ModelSpec of a config.json's fields (parameters counted when ``params_total`` is None)."""
     where = "--model"
     try:
         model_type = config["model_type"]
@@ -229,7 +223,7 @@ def build_hf_config(config: dict, trust_remote_code: bool = False):
 
 def _catalog_spec(key: str) -> ModelSpec:
     entry = model_catalog()[key]
-    return _spec_from_config(key, entry["hf_id"], entry["config"], "catalog", None, entry["params_total"])
+    return spec_from_config(key, entry["hf_id"], entry["config"], "catalog", None, entry["params_total"])
 
 
 def _read_config_json(path: Path, name: str) -> dict:
@@ -301,12 +295,12 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSpec:
             raise AdvisorInputError(
                 "--model", f"{path} ships its own model code; pass --trust-remote-code to run it", wanted,
                 show_value=False)
-        return _spec_from_config(path.name, str(path), config, "local", str(path), None, trust_remote_code)
+        return spec_from_config(path.name, str(path), config, "local", str(path), None, trust_remote_code)
     if "/" in wanted:
         snapshot = _find_in_hf_cache(wanted)
         if snapshot is not None:
             config = _read_config_json(snapshot / "config.json", wanted)
-            return _spec_from_config(wanted, wanted, config, "hf-cache", str(snapshot), None, trust_remote_code)
+            return spec_from_config(wanted, wanted, config, "hf-cache", str(snapshot), None, trust_remote_code)
     close = difflib.get_close_matches(lowered, [n.lower() for n in catalog_names()], n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else "; `advisor models` lists the catalog"
     raise AdvisorInputError("--model", f"unknown model (not in the catalog, not a directory, not in the local HF cache){hint}",
@@ -425,9 +419,14 @@ def detect_gpu(index: int = 0) -> GpuSpec | None:
                    source="NVML (not in the catalog: speed unknown)", detected=True, index=index)
 
 
+BUDGET_MATCH = 0.95
+"""A card matches a budget when its memory is at least this share of it: a "24GB" budget names a 24 GB card
+whose usable memory is a little less (the RTX 4090's 24,564 MiB)."""
+
+
 def gpu_for_budget(budget_bytes: int) -> GpuSpec:
     """The catalog GPU whose memory is closest to (and not below) a budget, for predictions."""
     gpus = [_gpu_from_entry(k, e) for k, e in gpu_catalog().items()]
-    fitting = [g for g in gpus if g.memory_bytes >= budget_bytes * 0.95]
+    fitting = [g for g in gpus if g.memory_bytes >= budget_bytes * BUDGET_MATCH]
     pool = fitting or gpus
     return min(pool, key=lambda g: (abs(g.memory_bytes - budget_bytes), -(g.bf16_tflops or 0)))

@@ -2,7 +2,7 @@
 
 Without packing a batch is padded to its longest document (cut at seq_len), so the memory peak is
 set by the longest batch and a step carries padding; with packing every row is seq_len tokens of
-real documents. Built by advisor.runtime.probe._data.data_profile (tokenizer or a lengths file).
+real documents. Built by advisor.runtime.probe.data_profile (tokenizer or a lengths file).
 """
 
 from __future__ import annotations

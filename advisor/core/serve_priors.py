@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from importlib import resources
 from typing import Any
+
+from advisor.core.data_files import load_data_file
 
 
 @lru_cache(maxsize=None)
 def load_priors() -> dict[str, Any]:
-    import yaml
-
-    return yaml.safe_load(resources.files("advisor.data").joinpath("serve_priors.yaml").read_text(encoding="utf-8"))
+    return load_data_file("serve_priors.yaml")
 
 
 def quality_prior(weight_format: str, group_size: int, kv_dtype: str) -> float:

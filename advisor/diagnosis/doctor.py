@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from advisor.core.catalog import _load_data
+from advisor.core.data_files import load_data_file
 from advisor.diagnosis.findings import Finding
 from advisor.core.units import format_bytes
 
@@ -25,7 +25,7 @@ _OOM_FIELDS = {
 
 
 def knowledge() -> list[dict[str, Any]]:
-    return _load_data("troubleshooting.yaml")
+    return load_data_file("troubleshooting.yaml")
 
 
 def parse_oom(text: str) -> dict[str, int]:

@@ -584,7 +584,7 @@ def allocation_size(size: int) -> int:
 
 
 @dataclass(frozen=True)
-class PhaseMemory:
+class MarkedPeaks:
     """Peaks between two marks of a replay (``torch.cuda.reset_peak_memory_stats`` at each mark)."""
 
     allocated_peak_bytes: int
@@ -615,7 +615,7 @@ class AllocatorReplay:
     """Index of the event that could not be served within the limit (None: no out-of-memory)."""
     alloc_retries: int = 0
     """Allocations that had to free every cached segment and retry (``num_alloc_retries``)."""
-    phases: dict[str, PhaseMemory] = field(default_factory=dict)
+    phases: dict[str, MarkedPeaks] = field(default_factory=dict)
     """Peaks between ``mark`` events, by the mark's name."""
     config: AllocatorConfig = field(default_factory=AllocatorConfig)
 
@@ -643,7 +643,7 @@ def replay(events: Iterable[Event], config: AllocatorConfig | None = None, *,
     a = allocator if allocator is not None else CachingAllocator(config)
     a.reset_peak()
     live: dict[Any, _Block] = {}
-    phases: dict[str, PhaseMemory] = {}
+    phases: dict[str, MarkedPeaks] = {}
     phase: str | None = None
     n = 0
     oom_at = None
@@ -652,9 +652,9 @@ def replay(events: Iterable[Event], config: AllocatorConfig | None = None, *,
     def close(name: str | None) -> None:
         if name is not None:
             prev = phases.get(name)
-            now = PhaseMemory(a.allocated_peak, a.reserved_peak)
+            now = MarkedPeaks(a.allocated_peak, a.reserved_peak)
             if prev is not None:
-                now = PhaseMemory(max(prev.allocated_peak_bytes, now.allocated_peak_bytes),
+                now = MarkedPeaks(max(prev.allocated_peak_bytes, now.allocated_peak_bytes),
                                   max(prev.reserved_peak_bytes, now.reserved_peak_bytes))
             phases[name] = now
 

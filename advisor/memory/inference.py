@@ -182,12 +182,6 @@ def _overhead_terms(gpu: GpuSpec | None) -> dict:
     return overhead_terms(gpu)
 
 
-def non_torch_overhead(gpu: GpuSpec | None) -> int:
-    """CUDA context and cuBLAS workspace outside torch's allocator (advisor/data/overheads.yaml)."""
-    t = _overhead_terms(gpu)
-    return int((t["cuda_context_mib"] + t["cublas_workspace_mib"]) * MIB)
-
-
 def estimate_inference(model: ModelSpec, plan: ServePlan, gpu: GpuSpec | None = None,
                        engine: str = "vllm") -> MemoryReport:
     """The serving ledger at its peak (prefill), with the KV cache for every token in flight."""
@@ -208,7 +202,10 @@ def estimate_inference(model: ModelSpec, plan: ServePlan, gpu: GpuSpec | None = 
         device["cuda_graphs"] = graphs
         tensor_peak = weights + consts + kv + act + graphs
         frag = _overhead_terms(gpu)["fragmentation"] * act  # the KV cache is one allocation; activations fragment
-        overhead = int(non_torch_overhead(gpu) + frag)
+        from advisor.memory.overhead import outside_allocator_bytes
+
+        # the CUDA context and cuBLAS workspace, calibrated on this GPU when it has been (as training's phases)
+        overhead = int(outside_allocator_bytes(gpu) + frag)
         extra["max_num_batched_tokens"] = plan.batched_tokens
         notes.append(f"prefill is chunked: at most {plan.batched_tokens} tokens per forward (vLLM chunked prefill)")
         phase = "prefill"

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from advisor.core.catalog import GpuSpec, MIB, _load_data
+from advisor.core.catalog import GpuSpec, MIB
+from advisor.core.data_files import load_data_file
 
 ESTIMATED = "estimated (advisor/data/overheads.yaml)"
 
@@ -22,7 +23,7 @@ ESTIMATED = "estimated (advisor/data/overheads.yaml)"
 @lru_cache(maxsize=1)
 def _overheads_file() -> dict[str, Any]:
     """overheads.yaml, parsed once (every estimate asks for its terms; read-only after this)."""
-    return _load_data("overheads.yaml")
+    return load_data_file("overheads.yaml")
 
 
 def overhead_terms(gpu: GpuSpec | None) -> dict[str, Any]:
@@ -115,6 +116,14 @@ def overhead_of(tensor_peak_bytes: int, gpu: GpuSpec | None, *, fragmentation_by
                                                     loss_transient_bytes=loss_transient_bytes)
     parts = {"cuda_context": context, "cublas_workspace": cublas, "fragmentation": frag}
     return Overhead(sum(parts.values()), parts, source, frag_source)
+
+
+def outside_allocator_bytes(gpu: GpuSpec | None) -> int:
+    """CUDA context and cuBLAS workspace: GPU memory no tensor and no segment accounts for (measured on
+    the GPU when it has been calibrated, advisor.memory.calibration; else overheads.yaml). The training
+    run's phases and the serving ledger both add it."""
+    parts = overhead_of(0, gpu).parts
+    return int(parts["cuda_context"] + parts["cublas_workspace"])
 
 
 def framework_overhead(tensor_peak_bytes: int, gpu: GpuSpec | None, *, fragmentation_bytes: int | None = None,

@@ -1,6 +1,6 @@
 """The phases of a whole fine-tuning run, each with its own peak: load, train, eval, generate, save.
 
-A run dies at more moments than its steady training step (issue 16): loading quantizes tensor by
+A run dies at more moments than its steady training step: loading quantizes tensor by
 tensor, the longest batch sets the step's peak, evaluation runs a no-grad forward at its own batch
 size with the whole vocabulary's logits, generation-based evaluation holds a KV cache, and saving a
 ZeRO-3 model gathers its 16-bit weights. Each phase here has three figures at its peak:
@@ -15,88 +15,24 @@ optimizer states and fp32 masters. Gradients are gone: ``Trainer`` calls
 ``model.zero_grad(set_to_none=True)`` after every optimizer step (transformers trainer.py
 ``_inner_training_loop``), and evaluation and saving happen after it.
 
-Calculation only: ``advisor.ui.render.phase_table`` renders a ``RunPhases``.
+Calculation only: the ``PhaseMemory`` and ``RunPhases`` types live with the ``MemoryReport`` that carries
+them (advisor.memory.ledger); ``advisor.ui.render.phase_table`` renders them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from dataclasses import replace
+from typing import Sequence
 
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.plan import DTYPE_BYTES, Plan, lora_target_modules
-from advisor.memory.ledger import MemoryReport
+from advisor.memory.ledger import MemoryReport, PhaseMemory, RunPhases
 
 PHASES = ("load", "train", "eval", "generate", "save")
 RESIDENT = ("weights", "quant_constants", "adapter_weights", "optimizer_states", "master_weights")
-NF4_BLOCK = 64   # Params4bit blocksize (bitsandbytes/nn/modules.py)
-DQ_BLOCK = 256   # blocksize of the nested absmax quantization (bitsandbytes functional.quantize_4bit)
-
-
-@dataclass(frozen=True)
-class PhaseMemory:
-    """The peak of one phase of the run."""
-
-    name: str
-    """load, train, eval, generate or save."""
-    live_bytes: int
-    """Tensors alive at the phase's peak (allocated)."""
-    reserved_bytes: int
-    """The caching allocator's reserved segments at that peak."""
-    peak_bytes: int
-    """reserved_bytes plus memory outside the allocator: what the GPU must hold."""
-    source: str
-    """simulated or estimated."""
-    what: str
-    """What sets the peak, in a few words."""
-    included: bool = True
-    """Whether the run has this phase (generation-based eval only with max_new_tokens > 0)."""
-    notes: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"peak_bytes": self.peak_bytes, "reserved_bytes": self.reserved_bytes, "live_bytes": self.live_bytes,
-                "source": self.source, "what": self.what, "included": self.included, "notes": list(self.notes)}
-
-
-@dataclass(frozen=True)
-class RunPhases:
-    """Every phase of one run; the run's peak is the highest included phase."""
-
-    phases: dict[str, PhaseMemory]
-    reserved_model: str = ""
-    """How reserved bytes were obtained (the allocator replay, or the interim overhead fraction)."""
-    notes: tuple[str, ...] = field(default=())
-
-    @property
-    def run_peak_phase(self) -> str:
-        return max((p for p in self.phases.values() if p.included), key=lambda p: p.peak_bytes).name
-
-    @property
-    def run_peak(self) -> PhaseMemory:
-        return self.phases[self.run_peak_phase]
-
-    @property
-    def run_peak_bytes(self) -> int:
-        return self.run_peak.peak_bytes
-
-    def covering(self, names: Sequence[str]) -> PhaseMemory:
-        """The highest of the named phases (a measurement that covered only those)."""
-        return max((self.phases[n] for n in names), key=lambda p: p.peak_bytes)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {name: p.to_dict() for name, p in self.phases.items()}
 
 
 # ----------------------------------------------------------------------------- the allocator's view
-
-
-def outside_allocator_bytes(gpu: GpuSpec | None) -> int:
-    """CUDA context and cuBLAS workspace: GPU memory no tensor and no segment accounts for (measured on
-    the GPU when it has been calibrated, advisor.memory.calibration; else overheads.yaml)."""
-    from advisor.memory.overhead import overhead_of
-
-    parts = overhead_of(0, gpu).parts
-    return int(parts["cuda_context"] + parts["cublas_workspace"])
 
 
 def reserved_for(live_peak: int, gpu: GpuSpec | None, events: Sequence[tuple[int, int]] | None = None, *,
@@ -178,7 +114,7 @@ def load_estimate(model: ModelSpec, plan: Plan) -> tuple[int, int, str]:
     last large tensor loaded (``dot_natural_key`` order), so the peak is the loaded model plus that
     tensor's 16-bit copy. ZeRO plans follow DeepSpeed (see ``load_offload``).
     """
-    from advisor.memory.training import param_breakdown, weight_bytes
+    from advisor.memory.training import NF4_BLOCK, param_breakdown, weight_bytes
 
     if plan.offload != "none":
         return load_offload(model, plan)
@@ -235,13 +171,15 @@ def run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: MemoryRe
     ``load``: (live peak, live at the end, what, allocation events) of a simulated load; without it the
     closed form (``load_estimate``) is used.
     """
+    from advisor.memory.overhead import outside_allocator_bytes
+
     src = source or step.source
     outside = outside_allocator_bytes(gpu)
     resident = resident_bytes(step)
     notes: list[str] = []
     phases: dict[str, PhaseMemory] = {}
 
-    step_reserved = getattr(step, "reserved_peak_bytes", None) or step.extra.get("reserved_peak_bytes")
+    step_reserved = step.reserved_peak_bytes
     # phases without an allocation sequence take the replayed step's reserved/allocated ratio when there is one
     frac = step_reserved / step.tensor_peak_bytes - 1 if step_reserved and step.tensor_peak_bytes else None
     hows: dict[str, str] = {}
@@ -345,16 +283,10 @@ def _cached_across(phases: dict[str, PhaseMemory]) -> dict[str, PhaseMemory]:
 
 
 def attach(report: MemoryReport, phases: RunPhases) -> MemoryReport:
-    """``report`` with the run's phases in ``extra`` (``run_peak_bytes`` and the rest)."""
-    from dataclasses import replace
-
-    extra = dict(report.extra)
-    extra.update(phases=phases.to_dict(), run_peak_phase=phases.run_peak_phase, run_peak_bytes=phases.run_peak_bytes,
-                 reserved_model=phases.reserved_model, phase_notes=list(phases.notes))
-    extra.setdefault("reserved_peak_bytes", phases.phases["train"].reserved_bytes)
-    return replace(report, extra=extra)
+    """``report`` with the run's phases attached (``report.run_phases``; its ``peak_bytes`` stays the step's)."""
+    return replace(report, run_phases=phases)
 
 
 def run_peak_bytes(report: MemoryReport) -> int:
-    """The run's peak when phases are attached, else the step's peak."""
-    return int(report.extra.get("run_peak_bytes") or report.peak_bytes)
+    """The run's peak when phases are attached, else the step's peak (``MemoryReport.run_peak_bytes``)."""
+    return report.run_peak_bytes

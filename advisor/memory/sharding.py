@@ -28,6 +28,14 @@ from advisor.memory.training import logits_bytes
 from advisor.core.plan import DTYPE_BYTES, Plan
 
 STRATEGIES = ("ddp", "zero2", "zero3", "fsdp")
+SHARDS_STATES = ("zero2", "zero3", "fsdp")
+"""Strategies that divide gradients and optimizer states across the GPUs (the table above)."""
+SHARDS_PARAMETERS = ("zero3", "fsdp")
+"""Strategies that also divide the weights, gathering each layer's for forward and backward."""
+DEFAULT_SHARDING = "zero3"
+"""The strategy of a several-GPU plan unless one is named (``--sharding``, a study's ``sharding``, the
+step-time model): ZeRO-3 divides every part of the model state (the table above), the most per-GPU
+memory saved; with one GPU the strategy changes nothing."""
 NVLINK_GBS = {"h100-sxm": 450.0, "h200": 450.0, "a100-80gb": 300.0, "a100-40gb": 300.0, "v100-16gb": 150.0,
               "v100-32gb": 150.0}  # per-direction NVLink bandwidth (NVIDIA datasheets); others: PCIe host link
 
@@ -50,7 +58,7 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
     d.pop("overhead", None)
     for cat in ("gradients", "optimizer_states", "master_weights"):
         d[cat] = d.get(cat, 0) // gpus
-    if strategy in ("zero3", "fsdp"):
+    if strategy in SHARDS_PARAMETERS:
         p = DTYPE_BYTES[plan.param_dtype]
         # one decoder layer gathered at a time plus the next one prefetched (FSDP forward_prefetch,
         # DeepSpeed stage3_prefetch_bucket_size), and the embedding when it is gathered
@@ -80,7 +88,7 @@ def comm_bytes_per_step(model: ModelSpec, plan: Plan, gpus: int, strategy: str) 
     grad_b = 4 if plan.peft else DTYPE_BYTES[plan.param_dtype]
     ring = (gpus - 1) / gpus
     grads = pb.trainable * grad_b
-    if strategy in ("zero3", "fsdp"):
+    if strategy in SHARDS_PARAMETERS:
         params = model.params_total * DTYPE_BYTES[plan.param_dtype] if not plan.peft else pb.trainable * grad_b
         # all-gather in forward and backward, reduce-scatter of gradients
         return int(ring * (2 * params + grads))

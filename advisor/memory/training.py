@@ -14,15 +14,20 @@ from advisor.memory.ledger import MemoryReport, empty
 from advisor.memory.overhead import overhead_of as framework_overhead_of
 from advisor.core.plan import (DTYPE_BYTES, Plan, checkpointed_layers,
                                lora_target_modules)
-from advisor.memory import levers as lever_terms
+from advisor.memory import loss_dora_packing
 
-NF4_BLOCK = 64            # bitsandbytes Params4bit default blocksize (bitsandbytes/nn/modules.py)
-DQ_BLOCK = 256            # nested (double) quantization block of the absmax (bitsandbytes functional.quantize_4bit)
+NF4_BLOCK = 64
+"""Values per absmax block of 4-bit (NF4/FP4) weights: bitsandbytes' default, which transformers' BitsAndBytesConfig
+keeps (``Params4bit`` and ``functional.quantize_4bit`` turn ``blocksize=None`` into 64, bitsandbytes 0.50
+nn/modules.py and functional.py). The ledger, the load phase and the simulation's stand-ins all use this one."""
+DQ_BLOCK = 256
+"""Absmax values per fp32 constant under double quantization: ``quantize_4bit(compress_statistics=True)``
+quantizes the absmax with ``quantize_blockwise(..., blocksize=256)`` (bitsandbytes 0.50 functional.py)."""
 OPT8_BLOCK = 256          # blockwise 8-bit optimizer block (bitsandbytes optim/optimizer.py, Dettmers et al. 2022)
 OPT8_MIN_SIZE = 4096      # tensors smaller than this keep 32-bit states (bitsandbytes min_8bit_size)
 ZERO2_REDUCE_BUCKET = 2e8  # DeepSpeed reduce_bucket_size in our exported config (deepspeed.ai/docs/config-json)
 ZERO3_PREFETCH = 5e7       # DeepSpeed stage3_prefetch_bucket_size default (deepspeed.ai/docs/config-json)
-CE_CHUNK_TOKENS = 256      # tokens per chunk of the chunked cross-entropy option
+CE_CHUNK_TOKENS = 256      # tokens per chunk of the chunked cross-entropy option (runtime.build runs it with this)
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,7 @@ def param_breakdown(model: ModelSpec, plan: Plan) -> ParamBreakdown:
     targets = lora_target_modules(plan, list(shapes))
     # LoRA adds A (r x in) and B (out x r) to each targeted module (Hu et al. 2021, eq. 3)
     adapter = model.num_layers * sum(plan.lora_r * (shapes[m][0] + shapes[m][1]) for m in targets)
-    adapter += lever_terms.dora_magnitude_params(model, plan, tuple(targets))
+    adapter += loss_dora_packing.dora_magnitude_params(model, plan, tuple(targets))
     trainable = adapter if plan.peft else model.params_total
     return ParamBreakdown(linear, model.params_total - linear, adapter, tuple(targets), trainable)
 
@@ -120,7 +125,7 @@ def _adafactor_elems(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
     shapes = model.linear_shapes()
     if plan.peft:
         return model.num_layers * sum(plan.lora_r + shapes[m][0] + plan.lora_r + shapes[m][1]
-                                      for m in pb.lora_modules) + lever_terms.dora_magnitude_params(
+                                      for m in pb.lora_modules) + loss_dora_packing.dora_magnitude_params(
             model, plan, pb.lora_modules)  # a vector's second moment is not factored (Adafactor._get_options)
     per_layer = sum(i + o for i, o in shapes.values()) + model.layer_norm_params() + sum(
         model.layer_bias_params().values())
@@ -202,15 +207,15 @@ def layer_activation_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> 
         saved += 4 * T * fan_in + 4 * T * plan.lora_r
         if plan.lora_dropout > 0:
             saved += T * fan_in  # dropout mask, 1 byte per element
-    saved += lever_terms.dora_layer_activation_bytes(model, plan, pb.lora_modules)
-    saved += lever_terms.packed_layer_bytes(model, plan)
+    saved += loss_dora_packing.dora_layer_activation_bytes(model, plan, pb.lora_modules)
+    saved += loss_dora_packing.packed_layer_bytes(model, plan)
     return int(saved)
 
 
 def logits_bytes(model: ModelSpec, plan: Plan) -> tuple[int, int]:
     """(forward, backward) transient of the logits and the loss."""
     if plan.loss == "fused-linear":
-        return lever_terms.fused_linear_loss_bytes(model, plan)
+        return loss_dora_packing.fused_linear_loss_bytes(model, plan)
     p = DTYPE_BYTES[plan.activation_dtype]
     T = plan.micro_batch * plan.seq_len
     if plan.chunked_ce:
@@ -227,15 +232,15 @@ def logits_bytes(model: ModelSpec, plan: Plan) -> tuple[int, int]:
     return int(fwd), int(bwd)
 
 
-def _lever_activation_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
-    """Held through forward and backward by the levers: the packed-documents mask, less DoRA's first layer."""
-    return lever_terms.packed_mask_bytes(model, plan) - lever_terms.dora_first_layer_saving(model, plan, pb.lora_modules)
+def _packing_dora_activation_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
+    """Held through forward and backward: the packed-documents mask, less DoRA's first layer."""
+    return loss_dora_packing.packed_mask_bytes(model, plan) - loss_dora_packing.dora_first_layer_saving(model, plan, pb.lora_modules)
 
 
 def _add_lever_phases(phases: dict, model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> None:
     """DoRA's forward spike: at the last layer's forward, every activation held (loss phase's), no logits yet;
     with checkpointing again when the last layer is recomputed."""
-    spike = lever_terms.dora_forward_spike(model, plan, pb.lora_modules)
+    spike = loss_dora_packing.dora_forward_spike(model, plan, pb.lora_modules)
     if not spike:
         return
     loss = phases["loss"]
@@ -300,7 +305,7 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
     else:
         acts = L * layer_acts + final_norm + head_input
         recomputed = 0
-    acts += _lever_activation_bytes(model, plan, pb)
+    acts += _packing_dora_activation_bytes(model, plan, pb)
     logits_fwd, logits_bwd = logits_bytes(model, plan)
 
     # the largest dequantized weight of a 4/8-bit layer exists during its matmul (bitsandbytes dequantize_4bit)
@@ -364,7 +369,7 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
     )
 
 
-# --------------------------------------------------------------------------- optimizer implementations (issue 15)
+# --------------------------------------------------------------------------- optimizer implementations (fused, torchao low-bit, low-rank, LOMO)
 
 AO_BLOCK = 256            # torchao low-bit AdamW block, as transformers passes it (trainer_optimizer._get_torchao_adamw)
 AO_MIN_SIZE = 4096        # torchao quantizes tensors of >= 4096 values whose size divides the block (optim/adam.py)
@@ -488,7 +493,8 @@ def adalomo_state_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int
 
 
 def implementation_state_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int | None:
-    """States of the optimizers issue 15 added (None: an optimizer optimizer_state_bytes already knows)."""
+    """States of fused AdamW, torchao low-bit AdamW, GaLore/APOLLO and LOMO/AdaLomo (None: an optimizer
+    optimizer_state_bytes already knows)."""
     opt = plan.optimizer
     tb = trainable_dtype_bytes(plan)
     if opt == "adamw_torch_fused":
@@ -505,7 +511,8 @@ def implementation_state_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown)
 
 
 def implementation_transient_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int | None:
-    """The optimizer step's temporaries for the optimizers issue 15 added (None: not one of them)."""
+    """The optimizer step's temporaries for fused AdamW, torchao low-bit AdamW, GaLore/APOLLO and LOMO/AdaLomo
+    (None: not one of them)."""
     opt = plan.optimizer
     tb = trainable_dtype_bytes(plan)
     if opt in ("adamw_torch_fused", "adamw_torch_8bit", "adamw_torch_4bit", "lomo", "adalomo",

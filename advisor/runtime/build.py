@@ -31,13 +31,13 @@ from typing import Any, Iterable
 from advisor.core.catalog import ModelSpec, build_hf_config
 from advisor.core.errors import AdvisorInputError
 from advisor.core.plan import Plan, lora_target_modules
-from advisor.runtime.tensors import TORCH_DTYPES, is_fake, torch_dtype  # noqa: F401 (re-exported)
+from advisor.memory.training import CE_CHUNK_TOKENS
+from advisor.runtime.tensors import IGNORE_INDEX, TORCH_DTYPES, is_fake, torch_dtype  # noqa: F401 (re-exported)
 
 QUANT_IMPLS = ("auto", "bnb", "standin")
 MAX_GRAD_NORM = 1.0       # TrainingArguments.max_grad_norm default (Trainer clips before every step)
-LEARNING_RATE = 5e-5      # TrainingArguments.learning_rate default
-CE_CHUNK_TOKENS = 256     # tokens per chunk of the chunked cross-entropy (advisor.memory.training.CE_CHUNK_TOKENS)
-IGNORE_INDEX = -100       # transformers loss_utils ignore_index
+TRAINER_DEFAULT_LEARNING_RATE = 5e-5  # TrainingArguments.learning_rate default: what an update inside backward
+#                                       steps with (memory and speed do not depend on it)
 
 
 @dataclass
@@ -96,7 +96,7 @@ class TrainingSetup:
         elif self.plan.optimizer in ("lomo", "adalomo"):
             # Trainer passes the learning rate to accelerate's lomo_backward -> optimizer.fused_backward(loss, lr),
             # which updates each parameter from its gradient hook (accelerate Accelerator.lomo_backward)
-            self.optimizer.fused_backward(loss, LEARNING_RATE)
+            self.optimizer.fused_backward(loss, TRAINER_DEFAULT_LEARNING_RATE)
         else:
             loss.backward()
         return loss.detach()

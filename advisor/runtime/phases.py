@@ -1,7 +1,7 @@
 """The phases of a run for a step report from any backend: the load simulated where it can be.
 
-``with_phases(model, plan, gpu, report)`` returns the report with ``extra["phases"]``,
-``run_peak_phase`` and ``run_peak_bytes`` (advisor.memory.phases). The load is simulated on fake
+``with_phases(model, plan, gpu, report)`` returns the report with its ``run_phases`` attached (typed:
+``report.run_peak_bytes`` and ``report.run_peak_phase`` follow; advisor.memory.phases). The load is simulated on fake
 tensors (advisor.runtime.simulate.load) when the step was simulated or measured and the plan loads
 without DeepSpeed; the estimate backend keeps to closed forms (no torch import).
 """

@@ -4,6 +4,8 @@ imported inside each function, so importing this module costs nothing)."""
 from __future__ import annotations
 
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+IGNORE_INDEX = -100
+"""Label positions the loss skips: transformers' ForCausalLMLoss ``ignore_index`` (loss_utils.py), liger's too."""
 
 
 def torch_dtype(name: str):

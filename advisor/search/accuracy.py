@@ -5,14 +5,14 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from advisor.core.catalog import _load_data
+from advisor.core.data_files import load_data_file
 from advisor.core.plan import ALL_LINEAR, Plan
 
 
 @lru_cache(maxsize=1)
 def _priors() -> dict[str, Any]:
     """accuracy_priors.yaml, parsed once (the tuner asks for every trial; read-only after this)."""
-    return _load_data("accuracy_priors.yaml")
+    return load_data_file("accuracy_priors.yaml")
 
 
 def accuracy_prior(plan: Plan) -> float:

@@ -13,9 +13,12 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from advisor.core.catalog import GpuSpec, ModelSpec
+from advisor.core.fit import HEADROOM
 from advisor.core.target import Target
 from advisor.core.units import Budget
-from advisor.search.space import SearchSpace
+from advisor.memory.sharding import DEFAULT_SHARDING
+from advisor.search.select import ACCURACY_TOLERANCE
+from advisor.search.space import DEFAULT_TRIALS, SearchSpace
 
 ATTR = "advisor"
 """The Optuna study user attribute holding the description."""
@@ -37,19 +40,19 @@ class StudyDescription:
     """estimate, simulate, cpu or cuda: the last stage of each trial."""
     gpu_assumed: bool = False
     """No GPU was named or detected: ``gpu`` was assumed from the budget."""
-    headroom: float = 0.05
+    headroom: float = HEADROOM
     """Fraction of the budget kept free (advisor.core.fit)."""
-    tolerance: float = 0.05
+    tolerance: float = ACCURACY_TOLERANCE
     """Largest accuracy loss accepted (KL nats/token)."""
     seed: int = 0
     """Sampler seed."""
-    trials: int = 40
+    trials: int = DEFAULT_TRIALS
     """Finished trials the study aims for."""
     task: str = "train"
     """train (fine-tuning plans); the inference search keeps no study."""
     gpus: int = 1
     """Data-parallel GPUs of the target run (the budget is per GPU)."""
-    sharding: str = "zero3"
+    sharding: str = DEFAULT_SHARDING
     """How model state is split across ``gpus`` (advisor.memory.sharding)."""
     versions: dict[str, Any] = field(default_factory=dict, compare=False)
     """Library versions when the study was made."""
@@ -77,9 +80,9 @@ class StudyDescription:
         return cls(model=model_from_dict(d["model"]), gpu=gpu_from_dict(d["gpu"]),
                    budget=Budget(int(b["bytes"]), b.get("unit") or "GiB", b.get("text") or f"{b['bytes']}B"),
                    space=space, backend=d.get("backend", "estimate"), gpu_assumed=bool(d.get("gpu_assumed", False)),
-                   headroom=float(d.get("headroom", 0.05)), tolerance=float(d.get("tolerance", 0.05)),
+                   headroom=float(d.get("headroom", HEADROOM)), tolerance=float(d.get("tolerance", ACCURACY_TOLERANCE)),
                    seed=int(d.get("seed", 0)), trials=int(d.get("trials") or space.trials),
-                   task=d.get("task", "train"), gpus=int(d.get("gpus", 1)), sharding=d.get("sharding", "zero3"),
+                   task=d.get("task", "train"), gpus=int(d.get("gpus", 1)), sharding=d.get("sharding", DEFAULT_SHARDING),
                    versions=dict(d.get("versions") or {}), environment=dict(d.get("environment") or {}))
 
 
@@ -108,7 +111,7 @@ def gpu_from_dict(g: dict[str, Any]) -> GpuSpec:
 
 
 def _space(sp: dict[str, Any]) -> SearchSpace:
-    return SearchSpace(name=sp["name"], trials=int(sp.get("trials", 40)), fixed=dict(sp["fixed"]),
+    return SearchSpace(name=sp["name"], trials=int(sp.get("trials", DEFAULT_TRIALS)), fixed=dict(sp["fixed"]),
                        search={k: list(v) for k, v in sp["search"].items()}, source=sp.get("source", ""),
                        overrides=tuple(sp.get("overrides", ())))
 

@@ -18,6 +18,10 @@ TIE = 0.02  # throughputs within 2% are a tie: broken by no CPU offload, then ac
 # accuracy losses (KL nats/token) within this are a tie: the priors of accuracy_priors.yaml are int8 0.002,
 # nf4 0.015, fp4 0.035, so one quantization format is never a tie with another
 ACCURACY_TIE = 0.005
+ACCURACY_TOLERANCE = 0.05
+"""Default largest accuracy loss a chosen plan may have (KL nats/token; `advisor tune --accuracy-tolerance`):
+every quantization prior of accuracy_priors.yaml (int8 0.002, nf4 0.015, fp4 0.035) is within it, so the
+default never rules a format out by its prior alone; a measured KL above it does."""
 
 
 @dataclass(frozen=True)

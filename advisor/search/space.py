@@ -29,6 +29,8 @@ from advisor.core.plan import Plan, checkpoint_depth_problems, compute_dtype_for
 
 SPACES_DIR = Path(__file__).resolve().parents[1] / "data" / "spaces"
 """The shipped search spaces (package data: they travel in the wheel)."""
+DEFAULT_TRIALS = 40
+"""Finished trials a study aims for when its space names none (``trials:``)."""
 
 FIXED_KEYS = {"seq_len": "int", "global_batch": "int", "lora_dropout": "dropout", "lora_alpha_ratio": "positive"}
 # fixed values a space may leave out (their Plan default, 0: the run does not evaluate / generate, as the exported

@@ -20,15 +20,16 @@ from typing import Any, Callable
 
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.errors import AdvisorInputError
-from advisor.core.fit import fits, overshoot, usable_bytes
+from advisor.core.fit import HEADROOM, fits, overshoot, usable_bytes
 from advisor.core.plan import Plan, checkpoint_depth_problems, lora_target_modules
 from advisor.core.target import Target
 from advisor.memory.phases import run_peak_bytes
+from advisor.memory.sharding import DEFAULT_SHARDING
 from advisor.runtime.backends import BackendFailed, BackendOptions, get_backend
 from advisor.search.accuracy import accuracy_prior
 from advisor.search.description import ATTR, StudyDescription
 from advisor.search.ladder import ladder
-from advisor.search.select import TIE, Selection, TrialRecord, select
+from advisor.search.select import ACCURACY_TOLERANCE, TIE, Selection, TrialRecord, select
 from advisor.search.space import Conditions, DeadEnd, SearchSpace, model_rules, plan_from_params
 from advisor.search.storage import Heartbeat, is_sqlite, make_storage, study_lock
 from advisor.speed.throughput import predict_throughput
@@ -36,8 +37,8 @@ from advisor.core.units import Budget
 from advisor.core.versions import gpu_environment, library_versions
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
-PRESCREEN_MARGIN = 0.10
-EXHAUSTED_AFTER = 50  # consecutive repeat proposals after which the space counts as used up  # an estimate this far over the budget is pruned without simulating (the ledger is within 5%)
+PRESCREEN_MARGIN = 0.10  # an estimate this far over the budget is pruned without simulating (the ledger is within 5%)
+EXHAUSTED_AFTER = 50  # consecutive repeat proposals after which the space counts as used up
 FINISHED = ("COMPLETE", "PRUNED")
 
 
@@ -54,8 +55,8 @@ class TuneSettings:
     storage: str
     study_name: str
     trials: int
-    headroom: float = 0.05
-    tolerance: float = 0.05
+    headroom: float = HEADROOM
+    tolerance: float = ACCURACY_TOLERANCE
     seed: int = 0
     probe_options: BackendOptions = field(default_factory=BackendOptions)
     """Options of the cpu / cuda probe (steps...); the budget is added for a cuda probe."""
@@ -63,7 +64,7 @@ class TuneSettings:
     """Heartbeat of running trials in a shared (non-SQLite) storage; stale after 3 missed beats."""
     gpus: int = 1
     """Data-parallel GPUs of the target run (the budget is per GPU)."""
-    sharding: str = "zero3"
+    sharding: str = DEFAULT_SHARDING
     """How model state is split across ``gpus`` (advisor.memory.sharding)."""
     data: Any = None
     """The user's documents (advisor.core.data_profile.DataProfile, --data): memory at the longest batch
@@ -479,15 +480,15 @@ def _shard(settings: TuneSettings, report, plan: Plan):
 
 
 def _during(report) -> str:
-    phase = report.extra.get("run_peak_phase", "train")
+    phase = report.run_peak_phase
     return "" if phase == "train" else f" during {phase}"
 
 
 def _memory_fields(report) -> dict[str, Any]:
     # peak_bytes is the step's (its ledger sums to it); run_peak_bytes, the highest phase, is what feasibility
     # is decided on (advisor.search.select.run_peak)
-    return {"peak_bytes": int(report.peak_bytes), "run_peak_bytes": run_peak_bytes(report),
-            "run_peak_phase": report.extra.get("run_peak_phase", "train"),
+    return {"peak_bytes": int(report.peak_bytes), "run_peak_bytes": report.run_peak_bytes,
+            "run_peak_phase": report.run_peak_phase,
             "tensor_peak_bytes": int(report.tensor_peak_bytes),
             "source": report.source, "ledger": {k: int(v) for k, v in report.device.items()},
             "host_bytes": int(report.host_bytes)}

@@ -10,8 +10,10 @@ from __future__ import annotations
 from functools import cached_property, lru_cache
 from typing import Any
 
-from advisor.core.catalog import GpuSpec, ModelSpec, _load_data
+from advisor.core.catalog import GpuSpec, ModelSpec
+from advisor.core.data_files import load_data_file
 from advisor.core.plan import DTYPE_BYTES, Plan
+from advisor.memory.sharding import DEFAULT_SHARDING
 from advisor.memory.training import ParamBreakdown, param_breakdown, trainable_dtype_bytes
 
 
@@ -24,7 +26,7 @@ def constants() -> dict[str, Any]:
 @lru_cache(maxsize=1)
 def constant_entries() -> dict[str, dict[str, Any]]:
     """name -> {value, fitted, source} as written in ``throughput.yaml``."""
-    return _load_data("throughput.yaml")
+    return load_data_file("throughput.yaml")
 
 
 @lru_cache(maxsize=512)
@@ -41,7 +43,7 @@ def _shapes(model: ModelSpec) -> dict[str, tuple[int, int]]:
 class StepInputs:
     """One prediction's inputs. Terms read attributes; derived ones are computed on first use."""
 
-    def __init__(self, model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1, sharding: str = "ddp",
+    def __init__(self, model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1, sharding: str = DEFAULT_SHARDING,
                  k: dict[str, Any] | None = None, stack: dict[str, Any] | None = None):
         self.model = model
         self.plan = plan

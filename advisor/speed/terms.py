@@ -18,6 +18,7 @@ from typing import Callable
 
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.plan import DTYPE_BYTES, Plan
+from advisor.memory.sharding import DEFAULT_SHARDING, SHARDS_PARAMETERS, SHARDS_STATES
 from advisor.speed.inputs import StepInputs
 from advisor.speed.kernels import attention_seconds, gemm_seconds, stream_seconds
 
@@ -45,7 +46,7 @@ def term(name: str, per: str = "micro_batch", kind: str = "gpu", label: str = ""
     return deco
 
 
-def step_terms(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1, sharding: str = "ddp",
+def step_terms(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1, sharding: str = DEFAULT_SHARDING,
                k: dict | None = None, stack: dict | None = None) -> dict[str, tuple[float, str]]:
     """Uncalibrated seconds per optimizer step of every term, with its kind: name -> (seconds, kind)."""
     return evaluate_terms(StepInputs(model, plan, gpu, gpus, sharding, k, stack))
@@ -330,7 +331,7 @@ def trainable_tensors(s: StepInputs) -> int:
 
 
 def _state_shards(s: StepInputs) -> int:
-    return s.gpus if s.gpus > 1 and s.sharding in ("zero2", "zero3", "fsdp") else 1
+    return s.gpus if s.gpus > 1 and s.sharding in SHARDS_STATES else 1
 
 
 @term("optimizer", per="step", label="optimizer step")
@@ -403,7 +404,7 @@ def collectives(s: StepInputs) -> float:
         volume = plan.grad_accum * grads
         if s.sharding == "zero2":
             volume += s.pb.trainable * s.trainable_bytes  # updated shards all-gathered once per step
-        if s.sharding in ("zero3", "fsdp"):
+        if s.sharding in SHARDS_PARAMETERS:
             passes = 2 + (s.checkpointed_fraction if s.sharding == "zero3" else 0.0)
             volume += plan.grad_accum * passes * s.model.params_total * s.act_bytes
     exposed = s.k["comm_exposed"].get(s.sharding, 1.0)

@@ -19,7 +19,8 @@ The terms (``advisor/speed/terms.py``), each with its citation there:
     step_fixed         per-step host work of the training loop
     offload            host link and CPU Adam under ZeRO-Offload
     collectives        gradient reduction and parameter gathers between GPUs
-    low_rank_projection, activation_offload, paged_spill: the newer levers (``lever_terms.py``)
+    low_rank_projection, activation_offload, paged_spill  (``low_rank_and_offload_terms.py``)
+    chunked_loss_recompute  the chunked loss's head GEMM again in backward (``chunked_loss_terms.py``)
 
 Constants: ``advisor/data/throughput.yaml`` (source and whether fitted beside each); GPU figures:
 ``advisor/data/gpus.yaml``. A measured probe always replaces the prediction for its plan.
@@ -44,9 +45,10 @@ from typing import Any
 
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.plan import Plan
+from advisor.memory.sharding import DEFAULT_SHARDING
 from advisor.speed.inputs import StepInputs
-from advisor.speed import lever_terms  # noqa: F401 - registers the terms of the newer levers
-from advisor.speed import levers  # noqa: F401 - registers the chunked loss's recompute term
+from advisor.speed import low_rank_and_offload_terms  # noqa: F401 - registers low_rank_projection, activation_offload, paged_spill
+from advisor.speed import chunked_loss_terms  # noqa: F401 - registers the chunked loss's recompute term
 from advisor.speed.calibration import for_gpu
 from advisor.speed.terms import TERMS, evaluate_terms
 
@@ -54,7 +56,6 @@ COMPUTE = ("matmul", "attention", "recompute", "chunked_loss_recompute")
 MEMORY = ("elementwise", "lora", "loss")
 OPTIMIZER = ("optimizer", "grad_accumulation", "low_rank_projection")
 OFFLOAD = ("offload", "activation_offload", "paged_spill")
-LEVERS = ("low_rank_projection", "activation_offload", "paged_spill")
 
 
 @dataclass(frozen=True)
@@ -80,8 +81,6 @@ class ThroughputPrediction:
     """predicted, or calibrated (N probes) once probes on this GPU model refit its scales."""
     terms: dict[str, float] = field(default_factory=dict)
     """Seconds per optimizer step of each term (they add up to step_seconds)."""
-    levers_seconds: float = 0.0
-    """The newer levers' own work (low-rank projection, activation offload, paged spill, DoRA)."""
     real_token_fraction: float = 1.0
     """Real tokens / tokens computed on (padding excluded: a data profile without packing)."""
 
@@ -122,7 +121,7 @@ _NO_GPU = GpuSpec(key="none", name="none", memory_bytes=0, bf16=True, bf16_tflop
                   mem_bw_gbs=1.0, host_link_gbs=1.0, source="placeholder for FLOP counting")
 
 
-def predict_throughput(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1, sharding: str = "ddp",
+def predict_throughput(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1, sharding: str = DEFAULT_SHARDING,
                        calibrated: bool = True, k: dict | None = None,
                        stack: dict | None = None, data: Any = None) -> ThroughputPrediction:
     """Tokens per second of the whole job (all ``gpus`` data-parallel replicas) and its terms.
@@ -159,7 +158,7 @@ def predict_throughput(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1
         optimizer_seconds=sum(terms[n] for n in OPTIMIZER if n in terms),
         offload_seconds=sum(terms[n] for n in OFFLOAD if n in terms), gpu=gpu.name,
         comm_seconds=terms.get("collectives", 0.0), source=source, terms=terms,
-        levers_seconds=sum(terms.get(n, 0.0) for n in LEVERS), real_token_fraction=frac)
+        real_token_fraction=frac)
 
 
 def packed_attention_scale(lengths: list[int], seq_len: int) -> float:

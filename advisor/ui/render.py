@@ -7,7 +7,7 @@ from typing import Any
 from rich.markup import escape
 
 from advisor.core.fit import HEADROOM, fit_verdict
-from advisor.memory.ledger import LABELS, MemoryReport
+from advisor.memory.ledger import LABELS, MemoryReport, RunPhases
 from advisor.core.units import Budget, format_bytes
 
 
@@ -80,8 +80,8 @@ def print_estimate(result: dict[str, Any], report: MemoryReport, budget: Budget 
     console.print(ledger_table(report, budget))
     for line in verdict_lines(report, budget, headroom):
         console.print(line)
-    if report.extra.get("phases"):
-        console.print(phase_table(report.extra["phases"], report.extra["run_peak_phase"], budget))
+    if report.run_phases is not None:
+        console.print(phase_table(report.run_phases, budget))
         for line in run_verdict_lines(report, budget, headroom):
             console.print(line)
     for note in report.notes:
@@ -117,8 +117,7 @@ def throughput_lines(result: dict[str, Any], n: int = 4) -> list[str]:
     return lines
 
 
-def phase_table(phases: dict[str, dict[str, Any]], run_peak_phase: str, budget: Budget | None = None,
-                title: str = "Phases of the run"):
+def phase_table(run: RunPhases, budget: Budget | None = None, title: str = "Phases of the run"):
     """One row per phase: live (allocated) and reserved bytes at its peak, the GPU's peak, what sets it."""
     from rich.table import Table
 
@@ -127,22 +126,23 @@ def phase_table(phases: dict[str, dict[str, Any]], run_peak_phase: str, budget: 
     for col in ("Live", "Reserved", "Peak"):
         t.add_column(col, justify="right", no_wrap=True)
     t.add_column("What sets it", overflow="fold", max_width=34)
-    for name, ph in phases.items():
+    run_peak_phase = run.run_peak_phase
+    for name, ph in run.phases.items():
         label = name + (" *" if name == run_peak_phase else "")
-        style = "bold" if name == run_peak_phase else ("dim" if not ph.get("included", True) else "")
-        what = escape(ph.get("what", "")) + ("" if ph.get("included", True) else " (not in this run)")
-        t.add_row(label, _fmt(ph["live_bytes"], budget), _fmt(ph["reserved_bytes"], budget),
-                  _fmt(ph["peak_bytes"], budget), what, style=style)
+        style = "bold" if name == run_peak_phase else ("dim" if not ph.included else "")
+        what = escape(ph.what) + ("" if ph.included else " (not in this run)")
+        t.add_row(label, _fmt(ph.live_bytes, budget), _fmt(ph.reserved_bytes, budget),
+                  _fmt(ph.peak_bytes, budget), what, style=style)
     return t
 
 
 def run_verdict_lines(report: MemoryReport, budget: Budget | None, headroom: float = HEADROOM) -> list[str]:
     """The run's peak (the highest phase) against the budget (advisor.core.fit.fit_verdict)."""
-    peak = int(report.extra["run_peak_bytes"])
-    phase = report.extra["run_peak_phase"]
+    run = report.run_phases
+    peak, phase = report.run_peak_bytes, report.run_peak_phase
     lines = [f"Run peak [bold]{_fmt(peak, budget)}[/] during {phase} (* above; reserved "
-             f"{_fmt(report.extra['phases'][phase]['reserved_bytes'], budget)}, {report.extra.get('reserved_model', '')})"]
-    lines += [f"[dim]note: {n}[/]" for n in report.extra.get("phase_notes", ())]
+             f"{_fmt(run.phases[phase].reserved_bytes, budget)}, {run.reserved_model})"]
+    lines += [f"[dim]note: {n}[/]" for n in run.notes]
     if budget is not None:
         left = budget.bytes - peak
         verdict = fit_verdict(peak, budget.bytes, headroom)

@@ -18,7 +18,7 @@ class DataStats:
 
 
 def data_stats(path: str, tokenizer_dir: str | None) -> DataStats:
-    from advisor.runtime.probe._data import read_documents  # the same reader the probe trains on
+    from advisor.runtime.probe import read_documents  # the same reader the probe trains on
 
     texts = read_documents(path)
     tok = _tokenizer(tokenizer_dir)

@@ -7,7 +7,8 @@ import importlib.util
 import shutil
 from pathlib import Path
 
-from advisor.core.catalog import GpuSpec, _load_data
+from advisor.core.catalog import GpuSpec
+from advisor.core.data_files import load_data_file
 from advisor.diagnosis.findings import Finding
 from advisor.core.plan import ALL_LINEAR, Plan
 from advisor.core.units import format_bytes
@@ -45,7 +46,7 @@ def check_versions(plan: Plan, versions: dict[str, str | None] | None = None) ->
     versions = versions or library_versions()
     features = plan_features(plan)
     findings = []
-    for rule in _load_data("compat.yaml"):
+    for rule in load_data_file("compat.yaml"):
         if not features & set(rule["when"]):
             continue
         have = versions.get(rule["package"])

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from advisor.core.catalog import GpuSpec, ModelSpec, _load_data
+from advisor.core.catalog import GpuSpec, ModelSpec
+from advisor.core.data_files import load_data_file
 from advisor.core.fit import HEADROOM, fit_verdict, fits
 from advisor.core.target import Target, resolve_target
 from advisor.diagnosis.doctor import ledger_over
@@ -65,13 +66,8 @@ class PreflightResult:
 
 
 def _memory_dict(report: MemoryReport | None) -> dict[str, Any] | None:
-    if report is None:
-        return None
-    d = report.to_dict()
-    for key in ("phases", "run_peak_phase", "run_peak_bytes", "reserved_peak_bytes"):
-        if key in report.extra and d.get(key) is None:
-            d[key] = report.extra[key]
-    return d
+    """The ledger with the run's phases (MemoryReport.to_dict)."""
+    return None if report is None else report.to_dict()
 
 
 def _load(path: str):
@@ -138,10 +134,7 @@ def _memory(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, evaluates: bool =
 def memory_findings(report: MemoryReport, budget: Budget | None, headroom: float, seq: int,
                     stats: DataStats | None, plan: Plan | None = None) -> list[Finding]:
     # the decision is on the run's peak: the highest of load, train, eval, generate and save
-    from advisor.memory.phases import run_peak_bytes
-
-    peak = run_peak_bytes(report)
-    phase = report.extra.get("run_peak_phase", "train")
+    peak, phase = report.run_peak_bytes, report.run_peak_phase
     if budget is None:
         return [Finding("memory.fit", "info", f"peak {format_bytes(peak)} ({report.source}, during {phase}); "
                         "no budget to check against", "", ("pass --gpu-budget or --gpu",), "memory")]
@@ -149,7 +142,7 @@ def memory_findings(report: MemoryReport, budget: Budget | None, headroom: float
     ledger = ", ".join(f"{LABELS.get(k, k).lower()} {budget.format(v)}" for k, v in top)
     where = f"at seq {seq:,}" + (" (the longest sequence in the data)" if stats else "")
     if phase != "train":
-        where = f"during {phase} ({report.extra['phases'][phase]['what']}); the training step {where} peaks at " \
+        where = f"during {phase} ({report.run_phases.phases[phase].what}); the training step {where} peaks at " \
                 f"{budget.format(report.peak_bytes)}"
     data = {"peak_bytes": peak, "step_peak_bytes": report.peak_bytes, "run_peak_phase": phase,
             "budget_bytes": budget.bytes, "seq_len": seq}
@@ -190,7 +183,7 @@ def headroom_fixes(plan: Plan | None) -> tuple[str, ...]:
 def error_band_findings(peak: int, budget: Budget, source: str, plan: Plan | None = None) -> list[Finding]:
     """An info finding when the run would not fit at the backend's worst under-prediction on published runs
     (advisor/data/prediction_error.yaml): the margin is inside the prediction's measured error."""
-    band = _load_data("prediction_error.yaml").get(source)
+    band = load_data_file("prediction_error.yaml").get(source)
     if not band:
         return []
     at_worst = peak / (1 + band["most_under"])
@@ -251,9 +244,10 @@ def _probe(model: ModelSpec, plan: Plan, target: Target, headroom: float) -> lis
                         f"a real {device} run of the plan{held} ended with status {e.status}",
                         ("lower the micro-batch or the sequence length, or run `advisor tune` for a plan that fits",),
                         "memory", {"status": e.status, "budget_bytes": options.budget_bytes})]
+    measured = rep.measured.to_dict() if rep.measured is not None else {}
     title = (f"probe ran: peak {format_bytes(rep.peak_bytes)} measured on the {device}{held}, "
-             f"{rep.extra.get('tokens_per_s') or 0:,.0f} tokens/s")
-    data = {"status": "ok", **rep.extra}
+             f"{measured.get('tokens_per_s') or 0:,.0f} tokens/s")
+    data = {"status": "ok", **rep.extra, **measured}
     if budget is not None and not fits(rep.peak_bytes, budget.bytes, headroom):
         return [Finding("memory.probe", "warning", title + f"; less than {headroom:.0%} of the budget left", "",
                         headroom_fixes(plan), "memory", data)]

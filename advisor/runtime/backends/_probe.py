@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from advisor.memory.ledger import CATEGORIES, MemoryReport
+from advisor.memory.ledger import CATEGORIES, MemoryReport, StepMeasurement
 from advisor.runtime.backends._base import BackendFailed, BackendOptions, BaseBackend
 from advisor.runtime.probe._result import ProbeResult
 
@@ -77,10 +77,14 @@ def report_from_result(result: ProbeResult) -> MemoryReport:
     if result.device == "cpu":
         notes.append("CPU probe: every tensor is in host memory; the figures are what the same step holds")
     notes += list(result.notes)
+    measured = StepMeasurement(tokens_per_s=result.tokens_per_s, step_time_median_s=result.step_time_median_s,
+                               step_time_p90_s=result.step_time_p90_s, losses=tuple(result.losses),
+                               final_loss=result.final_loss, fidelity_kl=result.fidelity_kl)
+    # speed and accuracy are read from ``measured``; their copies in ``extra`` stay one release for older readers
     extra: dict[str, Any] = {k: getattr(result, k) for k in (
         "step_time_median_s", "step_time_p90_s", "tokens_per_s", "final_loss", "fidelity_kl", "peak_reserved_bytes",
         "nvml_peak_bytes", "wall_s")}
     extra["versions"] = result.versions
     return MemoryReport(source="measured", backend=result.device, device=device, host={}, tensor_peak_bytes=peak,
                         peak_bytes=whole, peak_phase=result.peak_phase, notes=tuple(notes), extra=extra,
-                        reserved_peak_bytes=result.peak_reserved_bytes)
+                        reserved_peak_bytes=result.peak_reserved_bytes, measured=measured)

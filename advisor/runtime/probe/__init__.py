@@ -6,8 +6,9 @@ status (ok, oom, timeout, crash, error), peak memory, step times, tokens per sec
 with real weights, eval fidelity. Nothing heavy is imported until a probe runs.
 """
 
+from advisor.runtime.probe._data import data_profile, read_documents
 from advisor.runtime.probe._request import FAULTS
 from advisor.runtime.probe._result import STATUSES, ProbeResult
 from advisor.runtime.probe._runner import DEVICES, run_probe
 
-__all__ = ["DEVICES", "FAULTS", "STATUSES", "ProbeResult", "run_probe"]
+__all__ = ["DEVICES", "FAULTS", "STATUSES", "ProbeResult", "data_profile", "read_documents", "run_probe"]

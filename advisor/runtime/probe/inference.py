@@ -35,14 +35,14 @@ def probe_generate(spec: ModelSpec, plan: ServePlan, *, num_layers: int | None =
     """Measure transformers ``generate`` with ``cache_implementation="static"`` on the GPU (bf16)."""
     import torch
 
-    from advisor.runtime.simulate.inference import _hf_model
+    from advisor.runtime.simulate.inference import serving_model
 
     if not torch.cuda.is_available():
         raise RuntimeError("probe_generate needs a CUDA GPU")
     plan.validate()
     n_new = new_tokens or plan.new_tokens
     with torch.device("cuda"):
-        model, _ = _hf_model(spec, num_layers)
+        model, _ = serving_model(spec, num_layers)
     ids = torch.randint(0, spec.vocab_size, (plan.concurrency, plan.prompt_len), device="cuda")
     kw = dict(max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False, cache_implementation="static",
               pad_token_id=0)

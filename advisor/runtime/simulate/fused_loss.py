@@ -24,15 +24,8 @@ in fp32 registers: the loss value is close (bf16 rounding), the memory is the ke
 
 from __future__ import annotations
 
-IGNORE_INDEX = -100  # transformers loss_utils / liger ignore_index
-
-
-def liger_chunk_size(tokens: int, hidden: int, vocab: int) -> int:
-    """Tokens per chunk (liger fused_linear_cross_entropy_forward, chunk_mem_const=1)."""
-    inc_factor = -(-vocab // hidden)                      # triton.cdiv(V, H)
-    per = -(-tokens // inc_factor)                        # triton.cdiv(BT, inc_factor)
-    chunk = 1 << max(0, (per - 1).bit_length())           # triton.next_power_of_2
-    return max(1, min(chunk, tokens))
+from advisor.memory.loss_dora_packing import liger_chunk_tokens
+from advisor.runtime.tensors import IGNORE_INDEX
 
 
 def _function():
@@ -45,7 +38,7 @@ def _function():
         def forward(ctx, _input, weight, target, ignore_index=IGNORE_INDEX):
             BT, H = _input.shape
             V = weight.shape[0]
-            chunk = liger_chunk_size(BT, H, V)
+            chunk = liger_chunk_tokens(BT, H, V)
             grad_input = torch.zeros_like(_input)
             grad_weight = torch.zeros_like(weight) if weight.requires_grad else None
             loss_1d = torch.zeros(BT, dtype=torch.float32, device=_input.device)

@@ -54,7 +54,9 @@ class ServeTrace:
         return d
 
 
-def _hf_model(spec: ModelSpec, num_layers: int | None):
+def serving_model(spec: ModelSpec, num_layers: int | None):
+    """The transformers model of ``spec`` for serving (bf16, sdpa, eval mode; ``num_layers`` decoder layers when
+    given) and its config: what the simulation traces and the GPU generate probe runs."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -91,7 +93,7 @@ def trace_serving(spec: ModelSpec, plan: ServePlan, *, fake: bool = True, num_la
     with fake_mode, tracker, torch.no_grad():
         from transformers import StaticCache
 
-        model, cfg = _hf_model(spec, num_layers)
+        model, cfg = serving_model(spec, num_layers)
         cache = StaticCache(config=cfg, max_cache_len=plan.context_len)
         ids = torch.randint(0, spec.vocab_size, (B, P))
         tracker.phase = "prefill"

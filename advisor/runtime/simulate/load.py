@@ -77,7 +77,8 @@ def _simulate(spec: ModelSpec, quantization: str, double_quant: bool, dtype_name
 
     from advisor.runtime.build import hf_config
     from advisor.runtime.tensors import torch_dtype
-    from advisor.runtime.simulate.standins import BLOCKSIZE_4BIT, quantized_linear_names
+    from advisor.memory.training import NF4_BLOCK
+    from advisor.runtime.simulate.standins import DYNAMIC_MAP_ENTRIES, quantized_linear_names
     from advisor.runtime.simulate.tracker import LiveBytes
 
     start = time.perf_counter()
@@ -106,14 +107,14 @@ def _simulate(spec: ModelSpec, quantization: str, double_quant: bool, dtype_name
             # bitsandbytes builds its 256-entry dynamic map once per process on first use (functional.py
             # quantize_blockwise: name2qmap["dynamic"] = create_dynamic_map().to(A.device)); its .tolist() is
             # data-dependent under fake tensors, so make the same-sized map here, once
-            F.name2qmap["dynamic"] = torch.zeros(256, dtype=torch.float32)
+            F.name2qmap["dynamic"] = torch.zeros(DYNAMIC_MAP_ENTRIES, dtype=torch.float32)
         for *shape, bdtype in buffers:  # non-persistent buffers (rotary inv_freq) are made on the device at init
             kept.append(torch.empty(shape, dtype=bdtype))
         for name in order:
             shape, pdtype = shapes[name]
             value = torch.zeros(shape, dtype=dtype if pdtype.is_floating_point else pdtype)
             if name in quantized and quantization in ("nf4", "fp4"):
-                packed, state = F.quantize_4bit(value, blocksize=BLOCKSIZE_4BIT, compress_statistics=double_quant,
+                packed, state = F.quantize_4bit(value, blocksize=NF4_BLOCK, compress_statistics=double_quant,
                                                 quant_type=quantization, quant_storage=torch.uint8)
                 kept.append((packed, state))
             elif name in quantized:

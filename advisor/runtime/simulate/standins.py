@@ -17,8 +17,9 @@ import contextlib
 
 from advisor.core.catalog import ModelSpec
 from advisor.core.plan import Plan
+from advisor.memory.training import NF4_BLOCK
 
-BLOCKSIZE_4BIT = 64       # BitsAndBytesConfig / Params4bit default blocksize
+DYNAMIC_MAP_ENTRIES = 256  # bitsandbytes' dynamic quantization map (functional.create_dynamic_map: 256 codes)
 INT8_THRESHOLD = 6.0      # BitsAndBytesConfig.llm_int8_threshold default
 
 
@@ -36,11 +37,11 @@ def _classes():
             torch.nn.Module.__init__(self)
             self.in_features, self.out_features = linear.in_features, linear.out_features
             with _dynamic_map_for(linear.weight):
-                packed, qs = F.quantize_4bit(linear.weight.data, blocksize=BLOCKSIZE_4BIT,
+                packed, qs = F.quantize_4bit(linear.weight.data, blocksize=NF4_BLOCK,
                                              compress_statistics=double_quant, quant_type=quant_type,
                                              quant_storage=torch.uint8)
             weight = torch.nn.Parameter(packed, requires_grad=False)
-            weight.quant_state, weight.blocksize, weight.bnb_quantized = qs, BLOCKSIZE_4BIT, True
+            weight.quant_state, weight.blocksize, weight.bnb_quantized = qs, NF4_BLOCK, True
             weight.compress_statistics, weight.quant_type, weight.quant_storage = double_quant, quant_type, torch.uint8
             self.weight = weight
             self.bias = linear.bias
@@ -100,7 +101,7 @@ def _dynamic_map_for(weight):
         yield
         return
     saved = F.name2qmap.get("dynamic")
-    F.name2qmap["dynamic"] = torch.zeros(256, dtype=torch.float32, device=weight.device)
+    F.name2qmap["dynamic"] = torch.zeros(DYNAMIC_MAP_ENTRIES, dtype=torch.float32, device=weight.device)
     try:
         yield
     finally:
@@ -164,7 +165,7 @@ def quantize_model(model, spec: ModelSpec, plan: Plan, *, device: str, impl: str
             new = bnb.nn.Linear4bit(lin.in_features, lin.out_features, bias=lin.bias is not None, compute_dtype=compute,
                                     compress_statistics=plan.double_quant, quant_type=plan.quantization,
                                     quant_storage=torch.uint8, device="meta")
-            new.weight = bnb.nn.Params4bit(lin.weight.data, requires_grad=False, blocksize=BLOCKSIZE_4BIT,
+            new.weight = bnb.nn.Params4bit(lin.weight.data, requires_grad=False, blocksize=NF4_BLOCK,
                                            compress_statistics=plan.double_quant, quant_type=plan.quantization,
                                            quant_storage=torch.uint8, module=new)._quantize(torch.device(device))
             new.bias = _frozen(lin.bias)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from advisor.core.catalog import ModelSpec, _spec_from_config
+from advisor.core.catalog import ModelSpec, spec_from_config
 
 TINY = {
     "qwen2": dict(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2,
@@ -21,4 +21,4 @@ def tiny_spec(model_type: str = "qwen2", num_layers: int = 2, vocab_size: int = 
     config = dict(model_type=model_type, num_hidden_layers=num_layers, vocab_size=vocab_size,
                   max_position_embeddings=4096, rms_norm_eps=1e-6, hidden_act="silu", **TINY[model_type])
     config.update(overrides)
-    return _spec_from_config(f"tiny-{model_type}", f"tiny-{model_type}", config, "test", None, None)
+    return spec_from_config(f"tiny-{model_type}", f"tiny-{model_type}", config, "test", None, None)

@@ -9,13 +9,13 @@ import platform
 import shlex
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from advisor.ui.report._load import StudySnapshot
+from advisor.core.units import format_bytes
 from advisor.search.description import StudyDescription
 from advisor.search.select import Selection, TrialRecord, select
-from advisor.core.units import format_bytes
+from advisor.ui.report._format import is_built_in_space
+from advisor.ui.report._load import StudySnapshot
 
 PEAK_KINDS = ("estimated", "simulated", "measured")
 TPS_KINDS = ("predicted", "measured")
@@ -43,8 +43,9 @@ class ReportData:
 
     study: str
     storage: str
-    settings: dict[str, Any]
-    """The study's recorded settings (model, gpu, gpu_assumed, budget, space, backend, versions...)."""
+    description: StudyDescription
+    """What the study searches (model, gpu, gpu_assumed, budget, space, backend, selection settings, versions...),
+    typed (advisor.search.description)."""
     records: list[TrialRecord]
     selection: Selection
     timeline: list[dict[str, Any]]
@@ -57,22 +58,20 @@ class ReportData:
     """The `advisor tune` command that makes the same study."""
     notes: list[str] = field(default_factory=list)
     """Caveats a reader must see (assumed GPU, only estimates...)."""
-    description: StudyDescription | None = None
-    """``settings``, typed (advisor.search.description)."""
 
     # -- conveniences for the renderers ----------------------------------------
 
     @property
     def budget_bytes(self) -> int:
-        return int(self.settings["budget"]["bytes"])
+        return self.description.budget.bytes
 
     @property
     def unit(self) -> str:
-        return self.settings["budget"].get("unit") or "GiB"
+        return self.description.budget.unit
 
     @property
     def headroom(self) -> float:
-        return float(self.settings.get("headroom", 0.05))
+        return self.description.headroom
 
     def fmt(self, n_bytes: float | None) -> str:
         return "" if n_bytes is None else format_bytes(n_bytes, self.unit)
@@ -93,13 +92,12 @@ class ReportData:
 
 
 def gather(snap: StudySnapshot) -> ReportData:
-    s = snap.settings
-    d = StudyDescription.from_dict(s)
+    d = snap.description
     selection = select(snap.records, d.budget.bytes, d.headroom, d.tolerance, d.budget.unit)
     notes = []
-    if s.get("gpu_assumed"):
+    if d.gpu_assumed:
         notes.append(f"No GPU was detected or named when the study ran: throughput is predicted for a "
-                     f"{s['gpu']['name']}, the catalog GPU the budget matches (assumed).")
+                     f"{d.gpu.name}, the catalog GPU the budget matches (assumed).")
     sources = {r.source for r in snap.records if r.source}
     if sources <= {"estimated"}:
         notes.append("Every peak in this study is estimated (closed-form ledger); no trial was simulated or "
@@ -109,10 +107,9 @@ def gather(snap: StudySnapshot) -> ReportData:
     if not any(r.accuracy_source == "measured" for r in snap.records):
         notes.append("Accuracy loss is a documented prior (advisor/data/accuracy_priors.yaml) for every trial.")
     return ReportData(
-        study=snap.name, storage=snap.storage, settings=s, records=list(snap.records), selection=selection,
-        timeline=timeline(snap), comparisons=comparisons(snap.records, s), exports=list(snap.exports),
-        environment=environment(s), reproduce=reproduce_command(s, snap.name), notes=notes,
-        description=d)
+        study=snap.name, storage=snap.storage, description=d, records=list(snap.records), selection=selection,
+        timeline=timeline(snap), comparisons=comparisons(snap.records, d), exports=list(snap.exports),
+        environment=environment(d), reproduce=reproduce_command(d, snap.name), notes=notes)
 
 
 def timeline(snap: StudySnapshot) -> list[dict[str, Any]]:
@@ -131,22 +128,14 @@ def timeline(snap: StudySnapshot) -> list[dict[str, Any]]:
     return rows
 
 
-def _specs(settings: dict[str, Any]):
-    """ModelSpec and GpuSpec rebuilt from what the study recorded (advisor.search.description: no catalog
-    or network needed)."""
-    from advisor.search.description import gpu_from_dict, model_from_dict
-
-    return model_from_dict(settings["model"]), gpu_from_dict(settings["gpu"])
-
-
-def analytic_numbers(records: list[TrialRecord], settings: dict[str, Any]) -> dict[int, tuple[int, float]]:
+def analytic_numbers(records: list[TrialRecord], description: StudyDescription) -> dict[int, tuple[int, float]]:
     """{trial number: (analytic peak bytes, predicted tokens/s)} for every trial with a valid plan."""
     from advisor.runtime.backends import get_backend
     from advisor.core.errors import AdvisorInputError
     from advisor.core.plan import Plan
     from advisor.speed.throughput import predict_throughput
 
-    model, gpu = _specs(settings)
+    model, gpu = description.model, description.gpu  # as the study recorded them: no catalog or network needed
     out: dict[int, tuple[int, float]] = {}
     for r in records:
         if not r.plan or r.stage in ("", "plan"):
@@ -160,13 +149,13 @@ def analytic_numbers(records: list[TrialRecord], settings: dict[str, Any]) -> di
     return out
 
 
-def comparisons(records: list[TrialRecord], settings: dict[str, Any]) -> list[Comparison]:
+def comparisons(records: list[TrialRecord], description: StudyDescription) -> list[Comparison]:
     """Trials whose recorded numbers come from a simulation or a probe, beside the analytic ones."""
     interesting = [r for r in records if r.source in ("simulated", "measured")
                    or r.tokens_per_s_source == "measured"]
     if not interesting:
         return []
-    analytic = analytic_numbers(interesting, settings)
+    analytic = analytic_numbers(interesting, description)
     out = []
     for r in interesting:
         peak: dict[str, int] = {}
@@ -183,36 +172,29 @@ def comparisons(records: list[TrialRecord], settings: dict[str, Any]) -> list[Co
     return out
 
 
-def environment(settings: dict[str, Any]) -> dict[str, Any]:
-    gpu = settings.get("gpu") or {}
-    env = settings.get("environment") or {}
-    why = ("no GPU was detected when the study ran" if not gpu.get("detected")
-           else "not recorded by this study")
+def environment(d: StudyDescription) -> dict[str, Any]:
+    gpu, env = d.gpu, d.environment
+    why = "no GPU was detected when the study ran" if not gpu.detected else "not recorded by this study"
     return {
-        "gpu": gpu.get("name", ""), "gpu_key": gpu.get("key", ""), "gpu_memory_bytes": gpu.get("memory_bytes"),
-        "gpu_detected": bool(gpu.get("detected")), "gpu_assumed": bool(settings.get("gpu_assumed")),
-        "driver": env.get("driver") or gpu.get("driver") or f"— ({why})",
-        "cuda": env.get("cuda") or gpu.get("cuda") or f"— ({why})",
-        "versions": dict(settings.get("versions") or {}),
+        "gpu": gpu.name, "gpu_key": gpu.key, "gpu_memory_bytes": gpu.memory_bytes,
+        "gpu_detected": gpu.detected, "gpu_assumed": d.gpu_assumed,
+        "driver": env.get("driver") or f"— ({why})",
+        "cuda": env.get("cuda") or f"— ({why})",
+        "versions": dict(d.versions),
         "rendered_with": {"python": platform.python_version(), "platform": platform.platform(terse=True),
                           "executable": sys.implementation.name},
     }
 
 
-def reproduce_command(settings: dict[str, Any], study: str) -> str:
-    space = settings.get("space") or {}
-    gpu = settings.get("gpu") or {}
-    parts = ["advisor", "tune", "--model", settings["model"].get("hf_id") or settings["model"]["name"],
-             "--gpu-budget", settings["budget"]["text"]]
-    if gpu.get("key") and gpu.get("key") != "detected":
-        parts += ["--gpu", gpu["key"]]
-    name = space.get("name", "default")
-    source = space.get("source") or ""
-    built_in = not source or (Path(source).name == f"{name}.yaml"
-                              and Path(source).parent.name in ("spaces", "search_spaces"))  # search_spaces/: older studies
-    parts += ["--space", name if built_in else source]
-    parts += ["--backend", settings.get("backend", "auto"), "--trials", str(settings.get("trials", "")),
-              "--seed", str(settings.get("seed", 0)), "--headroom", str(settings.get("headroom", 0.05)),
-              "--accuracy-tolerance", str(settings.get("tolerance", 0.05)), "--study", study]
-    parts += list(space.get("overrides") or [])
+def reproduce_command(d: StudyDescription, study: str) -> str:
+    """The `advisor tune` command that makes the same study (a space file of the user's by the path it was read
+    from: the command runs where the study did)."""
+    space, gpu = d.space, d.gpu
+    parts = ["advisor", "tune", "--model", d.model.hf_id or d.model.name, "--gpu-budget", d.budget.text]
+    if gpu.key and gpu.key != "detected":
+        parts += ["--gpu", gpu.key]
+    parts += ["--space", space.name if is_built_in_space(space) else space.source]
+    parts += ["--backend", d.backend, "--trials", str(d.trials), "--seed", str(d.seed), "--headroom", str(d.headroom),
+              "--accuracy-tolerance", str(d.tolerance), "--study", study]
+    parts += list(space.overrides)
     return " ".join(shlex.quote(p) for p in parts)

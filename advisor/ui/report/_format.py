@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import PurePath
 from typing import Any
 
+from advisor.search.description import StudyDescription
 from advisor.search.select import TrialRecord
+from advisor.search.space import SearchSpace
+
+SPACE_DIRS = (("advisor", "data", "spaces"), ("search_spaces",))
+"""Where the built-in spaces live in the package (search_spaces/: studies made before they moved)."""
 
 SOURCE_HELP = {
     "estimated": "closed-form memory ledger (advisor/memory/training.py)",
@@ -53,11 +59,36 @@ def plan_rows(plan: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-def gpu_line(settings: dict[str, Any]) -> str:
+def gpu_line(d: StudyDescription) -> str:
     from advisor.core.units import format_bytes
 
-    gpu = settings.get("gpu") or {}
-    mem = format_bytes(gpu.get("memory_bytes") or 0, "GiB", 0)
-    how = ("assumed: none detected or named; the catalog GPU the budget matches" if settings.get("gpu_assumed")
-           else "detected through NVML" if gpu.get("detected") else "named with --gpu")
-    return f"{gpu.get('name', '?')} ({mem}; {how})"
+    gpu = d.gpu
+    mem = format_bytes(gpu.memory_bytes or 0, "GiB", 0)
+    how = ("assumed: none detected or named; the catalog GPU the budget matches" if d.gpu_assumed
+           else "detected through NVML" if gpu.detected else "named with --gpu")
+    return f"{gpu.name} ({mem}; {how})"
+
+
+def _package_path(source: str) -> str | None:
+    """``source`` relative to the package when it is a built-in space's file (advisor/data/spaces/x.yaml), else None."""
+    parts = PurePath(source).parts
+    for where in SPACE_DIRS:
+        n = len(where)
+        for i in range(len(parts) - n):
+            if parts[i:i + n] == where and i + n == len(parts) - 1:
+                return "/".join(parts[i:])
+    return None
+
+
+def is_built_in_space(space: SearchSpace) -> bool:
+    """A space shipped with the package (named on the command line by its name), not a file of the user's."""
+    return not space.source or (_package_path(space.source) is not None
+                                and PurePath(space.source).name == f"{space.name}.yaml")
+
+
+def space_source(space: SearchSpace) -> str:
+    """Where the space was read from, without the absolute path of the machine that ran the study: a built-in
+    space's file relative to the package (advisor/data/spaces/default.yaml), a user's file by its name."""
+    if not space.source:
+        return ""
+    return _package_path(space.source) or PurePath(space.source).name

@@ -12,7 +12,7 @@ from html import escape
 from advisor import __version__
 from advisor.memory.ledger import CATEGORIES, LABELS
 from advisor.ui.report._data import ReportData
-from advisor.ui.report._format import SOURCE_HELP, acc_text, gpu_line, plan_rows, tps_text, value_text
+from advisor.ui.report._format import SOURCE_HELP, acc_text, gpu_line, plan_rows, space_source, tps_text, value_text
 from advisor.ui.report._plots import plot_titles
 from advisor.search.select import TrialRecord
 
@@ -76,26 +76,25 @@ def _figure(plots: dict[str, str], key: str, caption: str) -> str:
 
 
 def question(d: ReportData) -> str:
-    s = d.settings
-    m = s["model"]
-    space = s.get("space") or {}
+    s = d.description
+    m, space = s.model, s.space
     counts = d.counts()
     rows = [
-        ["Model", f"<b>{escape(m['name'])}</b> <span class=muted>({escape(m.get('hf_id') or '')}, "
-                  f"{m.get('params_total', 0):,} parameters)</span>"],
+        ["Model", f"<b>{escape(m.name)}</b> <span class=muted>({escape(m.hf_id or '')}, "
+                  f"{m.params_total:,} parameters)</span>"],
         ["GPU", escape(gpu_line(s))],
-        ["Memory budget", f"<b>{escape(s['budget']['text'])}</b> = {s['budget']['bytes']:,} bytes, "
+        ["Memory budget", f"<b>{escape(s.budget.text)}</b> = {s.budget.bytes:,} bytes, "
                           f"{d.headroom:.0%} kept free"],
-        ["Accuracy tolerance", f"{s.get('tolerance', 0.05)} (KL nats/token)"],
-        ["Backend", f"{escape(s.get('backend', ''))} <span class=muted>(last stage of each trial)</span>"],
+        ["Accuracy tolerance", f"{s.tolerance} (KL nats/token)"],
+        ["Backend", f"{escape(s.backend)} <span class=muted>(last stage of each trial)</span>"],
         ["Trials", f"{len(d.records)} in the study ("
-                   + ", ".join(f"{n} {escape(k)}" for k, n in sorted(counts.items())) + f"); {s.get('trials', '?')} planned"],
-        ["Search space", f"{escape(space.get('name', ''))} <span class=muted>{escape(space.get('source', ''))}</span>"],
+                   + ", ".join(f"{n} {escape(k)}" for k, n in sorted(counts.items())) + f"); {s.trials} planned"],
+        ["Search space", f"{escape(space.name)} <span class=muted>{escape(space_source(space))}</span>"],
     ]
-    knobs = [[escape(k), escape(value_text(v))] for k, v in (space.get("search") or {}).items()]
+    knobs = [[escape(k), escape(value_text(v))] for k, v in space.search.items()]
     knobs += [[escape(k), escape(value_text(v)) + " <span class=muted>(fixed)</span>"]
-              for k, v in (space.get("fixed") or {}).items()]
-    knobs += [[escape(o), "<span class=muted>(override)</span>"] for o in space.get("overrides") or []]
+              for k, v in space.fixed.items()]
+    knobs += [[escape(o), "<span class=muted>(override)</span>"] for o in space.overrides]
     return ('<section id="question"><h2>The question</h2><div class="grid"><div>'
             + _table(["", ""], rows) + "</div><div><h3>Search space</h3>" + _table(["knob", "values"], knobs)
             + "</div></div></section>")
@@ -174,7 +173,7 @@ def comparisons(d: ReportData, plots: dict[str, str]) -> str:
     if not d.comparisons:
         return ('<section id="compare"><h2>Predicted vs simulated vs measured</h2><p class=muted>Only one kind of '
                 "number exists for each trial of this study (backend "
-                f"{escape(d.settings.get('backend', ''))}): nothing to compare.</p></section>")
+                f"{escape(d.description.backend)}): nothing to compare.</p></section>")
     rows = []
     for c in d.comparisons:
         peaks = [(escape(d.fmt(c.peak[k])) + src(k)) if k in c.peak else "" for k in ("estimated", "simulated", "measured")]
@@ -210,10 +209,10 @@ def render_html(d: ReportData, plots: dict[str, str]) -> str:
     legend = " ".join(f"{src(k)} {escape(v)}" for k, v in SOURCE_HELP.items())
     losses = (_figure(plots, "losses", "Training loss at each probe step (measured).") if "losses" in plots else
               "<p class=muted>No trial was probed on real hardware (backend "
-              f"{escape(d.settings.get('backend', ''))}), so there are no loss curves.</p>")
+              f"{escape(d.description.backend)}), so there are no loss curves.</p>")
     body = [
-        f"<header><h1>{escape(title)}</h1><p class=muted>{escape(d.settings['model']['name'])} on "
-        f"{escape(d.settings['budget']['text'])} · {len(d.records)} trials · generated {now}</p>",
+        f"<header><h1>{escape(title)}</h1><p class=muted>{escape(d.description.model.name)} on "
+        f"{escape(d.description.budget.text)} · {len(d.records)} trials · generated {now}</p>",
         '<nav><a href="#question">Question</a><a href="#answer">Answer</a><a href="#pareto">Pareto</a>'
         '<a href="#ledger">Ledger</a><a href="#trials">Trials</a><a href="#losses">Loss</a>'
         '<a href="#compare">Predicted vs measured</a><a href="#environment">Environment</a></nav></header>',

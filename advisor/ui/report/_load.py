@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.core.errors import AdvisorInputError
+from advisor.search.description import ATTR, StudyDescription
 from advisor.search.select import TrialRecord
 from advisor.search.storage import redact
 from advisor.search.locate import DB_NAME, resolve_storage, study_name  # noqa: F401 (re-exported)
@@ -30,14 +31,15 @@ class TrialTiming:
 
 @dataclass(frozen=True)
 class StudySnapshot:
-    """One study as read from its storage: settings, trials and where it lives."""
+    """One study as read from its storage: its description, trials and where it lives."""
 
     name: str
     """The Optuna study name."""
     storage: str
     """The storage URL, password redacted."""
-    settings: dict[str, Any]
-    """The study's "advisor" user attribute (model, gpu, budget, space, backend, versions...)."""
+    description: StudyDescription
+    """What the study searches, typed from its "advisor" user attribute (model, gpu, budget, space, backend,
+    selection settings, versions...; older studies included)."""
     records: list[TrialRecord]
     """Every trial of the study, in trial-number order."""
     timings: dict[int, TrialTiming]
@@ -57,14 +59,15 @@ def open_study(storage: str, name: str | None, folder: Path | None) -> StudySnap
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     name = study_name(storage, name, folder)
     study = optuna.load_study(study_name=name, storage=storage)
-    settings = study.user_attrs.get("advisor")
+    settings = study.user_attrs.get(ATTR)
     if not isinstance(settings, dict):
         raise AdvisorInputError("--study", "this study was not made by `advisor tune` (no advisor settings recorded)",
                                 name)
     trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
     records = [record_from_trial(t) for t in trials]
     timings = {t.number: TrialTiming(t.datetime_start, t.datetime_complete) for t in trials}
-    return StudySnapshot(name=name, storage=redact(storage), settings=settings, records=records, timings=timings,
+    return StudySnapshot(name=name, storage=redact(storage), description=StudyDescription.from_dict(settings),
+                         records=records, timings=timings,
                          directory=folder, exports=find_exports(folder) if folder else [])
 
 

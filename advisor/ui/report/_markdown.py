@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from advisor.memory.ledger import CATEGORIES, LABELS
 from advisor.ui.report._data import ReportData
-from advisor.ui.report._format import SOURCE_HELP, acc_text, gpu_line, plan_rows, tps_text, value_text
+from advisor.ui.report._format import SOURCE_HELP, acc_text, gpu_line, plan_rows, space_source, tps_text, value_text
 
 
 def _cell(text: str) -> str:
@@ -18,22 +18,21 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def render_markdown(d: ReportData) -> str:
-    s = d.settings
-    m = s["model"]
-    space = s.get("space") or {}
+    s = d.description
+    m, space = s.model, s.space
     best = d.best
     lines = [f"# vram-advisor report: {d.study}", "",
              "Where each number comes from: " + "; ".join(f"*{k}*: {v}" for k, v in SOURCE_HELP.items()) + ".", ""]
     lines += [f"- {n}" for n in d.notes] + ([""] if d.notes else [])
     lines += ["## The question", "",
-              f"- Model: **{m['name']}** ({m.get('hf_id', '')}, {m.get('params_total', 0):,} parameters)",
+              f"- Model: **{m.name}** ({m.hf_id or ''}, {m.params_total:,} parameters)",
               f"- GPU: {gpu_line(s)}",
-              f"- Memory budget: **{s['budget']['text']}** = {s['budget']['bytes']:,} bytes, {d.headroom:.0%} kept free",
-              f"- Accuracy tolerance: {s.get('tolerance', 0.05)} (KL nats/token)",
-              f"- Backend: {s.get('backend', '')}; trials: {len(d.records)} in the study, {s.get('trials', '?')} planned",
-              f"- Search space: {space.get('name', '')} ({space.get('source', '')})", ""]
-    knobs = [[k, value_text(v)] for k, v in (space.get("search") or {}).items()]
-    knobs += [[k, value_text(v) + " (fixed)"] for k, v in (space.get("fixed") or {}).items()]
+              f"- Memory budget: **{s.budget.text}** = {s.budget.bytes:,} bytes, {d.headroom:.0%} kept free",
+              f"- Accuracy tolerance: {s.tolerance} (KL nats/token)",
+              f"- Backend: {s.backend}; trials: {len(d.records)} in the study, {s.trials} planned",
+              f"- Search space: {space.name} ({space_source(space)})", ""]
+    knobs = [[k, value_text(v)] for k, v in space.search.items()]
+    knobs += [[k, value_text(v) + " (fixed)"] for k, v in space.fixed.items()]
     lines += _table(["knob", "values"], knobs)
     lines += ["## The answer", ""]
     if best is None:

@@ -15,9 +15,11 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
 
+from advisor.configs.trial_export import export_trial
+from advisor.search.description import StudyDescription
 from advisor.search.select import TrialRecord
 from advisor.ui.tui import messages as m
-from advisor.ui.tui.exporting import export_record, exporter_unavailable
+from advisor.ui.tui.exporting import exporter_unavailable
 from advisor.ui.tui.screens import DetailsScreen, ExportScreen
 from advisor.ui.tui.state import Board, StudyInfo, next_sort, sort_label
 from advisor.ui.tui.widgets import LedgerBars, ParetoPlot, PruneLog, TrialTable, WinnerPanel
@@ -61,9 +63,9 @@ class AdvisorApp(App[int]):
         Binding("4", "tab(3)", "Chosen", show=False),
     ]
 
-    def __init__(self, records: Iterable[TrialRecord], description: dict[str, Any], *, study_name: str,
-                 storage: str = "", controller: Controller | None = None, export_dir: str | None = None,
-                 auto_export: bool = False, model=None, gpu=None):
+    def __init__(self, records: Iterable[TrialRecord], description: StudyDescription | dict[str, Any], *,
+                 study_name: str, storage: str = "", controller: Controller | None = None,
+                 export_dir: str | None = None, auto_export: bool = False):
         super().__init__()
         self.info = StudyInfo.from_description(study_name, description)
         self.board = Board(self.info, records)
@@ -71,7 +73,6 @@ class AdvisorApp(App[int]):
         self.controller = controller
         self.export_dir = export_dir or str(Path("reports") / study_name / "export")
         self.auto_export = auto_export
-        self.model_spec, self.gpu_spec = model, gpu
         self.sort = "number"
         self.query = ""
         self.running = bool(controller and controller.live)
@@ -249,8 +250,7 @@ class AdvisorApp(App[int]):
         unavailable = exporter_unavailable()
 
         def write(out_dir: str, formats):
-            return export_record(self.info.description, record, out_dir, formats, self.info.study_name,
-                                 model=self.model_spec, gpu=self.gpu_spec)
+            return self._write(record, out_dir, formats)
 
         def done(written: dict | None) -> None:
             if written:
@@ -264,12 +264,15 @@ class AdvisorApp(App[int]):
             self.notify(unavailable, severity="error")
             return
         try:
-            written = export_record(self.info.description, record, out_dir, formats, self.info.study_name,
-                                    model=self.model_spec, gpu=self.gpu_spec)
+            written = self._write(record, out_dir, formats)
         except (ValueError, OSError) as e:
             self.notify(f"Export failed: {e}", severity="error")
             return
         self.report_export(written, record)
+
+    def _write(self, record: TrialRecord, out_dir: str, formats) -> dict:
+        d = self.info.description
+        return export_trial(record, out_dir, formats, model=d.model, gpu=d.gpu, study_name=self.info.study_name)
 
     def report_export(self, written: dict, record: TrialRecord) -> None:
         self.exported = dict(written)

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from advisor.core.errors import AdvisorInputError
+from advisor.search.storage import redact
+from advisor.ui.tui import POLL_SECONDS
 from advisor.ui.tui import messages as m
 
 
@@ -81,14 +83,14 @@ class StudyWatcher:
     can_pause = False
     live = False
 
-    def __init__(self, storage: str, study_name: str, poll_s: float = 1.5):
+    def __init__(self, storage: str, study_name: str, poll_s: float = POLL_SECONDS):
         self.storage, self.study_name, self.poll_s = storage, study_name, poll_s
         self._stop = threading.Event()
         self.study = None
         self._last: tuple = ()
 
     def load(self):
-        """(records, description) as stored now; AdvisorInputError when there is no such study."""
+        """(records, the typed StudyDescription) as stored now; AdvisorInputError when there is no such study."""
         import optuna
 
         from advisor.search.tuner import record_from_trial
@@ -99,12 +101,15 @@ class StudyWatcher:
                 self.study = optuna.load_study(study_name=self.study_name, storage=self.storage)
             except KeyError:
                 names = optuna.get_all_study_names(self.storage)
-                raise AdvisorInputError("--study", f"no such study in {_redact(self.storage)} (studies there: "
+                raise AdvisorInputError("--study", f"no such study in {redact(self.storage)} (studies there: "
                                         f"{', '.join(names) or 'none'})", self.study_name) from None
-        description = self.study.user_attrs.get("advisor")
-        if description is None:
+        from advisor.search.description import ATTR, StudyDescription
+
+        stored = self.study.user_attrs.get(ATTR)
+        if stored is None:
             raise AdvisorInputError("--study", "not a vram-advisor study: it has no 'advisor' description",
                                     self.study_name)
+        description = StudyDescription.from_dict(stored)
         trials = self.study.get_trials(deepcopy=False)
         self._last = _signature(trials)
         return [with_params_summary(record_from_trial(t), t) for t in trials], description
@@ -148,13 +153,8 @@ def with_params_summary(record, trial):
     return replace(record, plan_short=" ".join(short.split()))
 
 
-def _redact(url: str) -> str:
-    import re
-
-    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
-
-
-def open_study_app(storage_url: str, study_name: str, *, export_dir: str | None = None, poll_s: float = 1.5):
+def open_study_app(storage_url: str, study_name: str, *, export_dir: str | None = None,
+                   poll_s: float = POLL_SECONDS):
     from advisor.ui.tui.app import AdvisorApp
 
     watcher = StudyWatcher(storage_url, study_name, poll_s)
@@ -170,11 +170,14 @@ def run_tui(settings, export_dir: str | None = None) -> int:
     tuner = Tuner(settings)
     tuner.open_study()  # bad --study settings fail here, before the screen changes (exit code 2)
     controller = TunerController(tuner)
-    description = tuner.study.user_attrs.get("advisor") or settings.describe()
+    from advisor.search.description import ATTR, StudyDescription
+
+    stored = tuner.study.user_attrs.get(ATTR)
+    description = StudyDescription.from_dict(stored) if stored else settings.description()
     app = AdvisorApp(tuner.records(), description, study_name=settings.study_name, storage=settings.storage,
                      controller=controller, export_dir=export_dir or default_export_dir(settings.storage,
                                                                                         settings.study_name),
-                     auto_export=bool(export_dir), model=settings.model, gpu=settings.gpu)
+                     auto_export=bool(export_dir))
     app.run()
     controller.stop()
     if not controller.done.wait(0.1) and controller.app is not None:
@@ -183,7 +186,7 @@ def run_tui(settings, export_dir: str | None = None) -> int:
         controller.done.wait()
     selection = tuner.selection()
     finished = tuner.finished_count()
-    print(f"study {settings.study_name!r} saved in {_redact(settings.storage)}: {finished} of {settings.trials} "
+    print(f"study {settings.study_name!r} saved in {redact(settings.storage)}: {finished} of {settings.trials} "
           "trials finished" + ("" if finished >= settings.trials else "; run the same command to continue"))
     if selection.best is not None:
         print(f"chosen #{selection.best.number} {selection.best.plan_short}")

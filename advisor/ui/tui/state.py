@@ -8,8 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from advisor.search.select import Selection, TrialRecord, fits, select
+from advisor.core.fit import fit_verdict
 from advisor.core.units import Budget
+from advisor.search.description import StudyDescription
+from advisor.search.select import Selection, TrialRecord, run_peak, select
 
 # (key, label shown in the status line); `s` cycles through them
 SORTS = (
@@ -23,26 +25,45 @@ FINISHED = ("complete", "pruned")
 
 @dataclass(frozen=True)
 class StudyInfo:
-    """The study as its stored description (``study.user_attrs["advisor"]``) tells it."""
+    """The study as its typed description tells it (advisor.search.description: the one reader of the
+    stored ``study.user_attrs["advisor"]``, older studies included)."""
 
     study_name: str
-    model_name: str
-    gpu_name: str
-    budget: Budget
-    headroom: float
-    tolerance: float
-    backend: str
-    trials: int
-    """Finished trials the study is planned to reach."""
-    description: dict
+    description: StudyDescription
 
     @classmethod
-    def from_description(cls, study_name: str, d: dict[str, Any]) -> "StudyInfo":
-        b = d["budget"]
-        return cls(study_name=study_name, model_name=d["model"]["name"], gpu_name=(d.get("gpu") or {}).get("name", ""),
-                   budget=Budget(int(b["bytes"]), b.get("unit") or "GiB", b.get("text") or ""),
-                   headroom=float(d.get("headroom", 0.05)), tolerance=float(d.get("tolerance", 0.05)),
-                   backend=d.get("backend", ""), trials=int(d.get("trials") or 0), description=d)
+    def from_description(cls, study_name: str, d: StudyDescription | dict[str, Any]) -> "StudyInfo":
+        """From the description, or from its stored JSON."""
+        return cls(study_name, d if isinstance(d, StudyDescription) else StudyDescription.from_dict(d))
+
+    @property
+    def model_name(self) -> str:
+        return self.description.model.name
+
+    @property
+    def gpu_name(self) -> str:
+        return self.description.gpu.name
+
+    @property
+    def budget(self) -> Budget:
+        return self.description.budget
+
+    @property
+    def headroom(self) -> float:
+        return self.description.headroom
+
+    @property
+    def tolerance(self) -> float:
+        return self.description.tolerance
+
+    @property
+    def backend(self) -> str:
+        return self.description.backend
+
+    @property
+    def trials(self) -> int:
+        """Finished trials the study is planned to reach."""
+        return self.description.trials
 
     def fmt(self, n_bytes: float) -> str:
         return self.budget.format(n_bytes)
@@ -100,12 +121,13 @@ class Board:
         return [r for r in self.ordered() if r.state == "pruned"]
 
     def fit(self, record: TrialRecord) -> str:
-        """ok (peak + headroom fits), tight (fits, not the headroom), over, or "" (no peak)."""
-        if record.peak_bytes is None:
+        """ok (peak + headroom fits), tight (fits, not the headroom), over, or "" (no peak): the one rule
+        (advisor.core.fit) on the peak the selection decides on (the run's, advisor.search.select.run_peak)."""
+        peak = run_peak(record)
+        if peak is None:
             return ""
-        if fits(record.peak_bytes, self.info.budget.bytes, self.info.headroom):
-            return "ok"
-        return "tight" if record.peak_bytes <= self.info.budget.bytes else "over"
+        verdict = fit_verdict(peak, self.info.budget.bytes, self.info.headroom)
+        return "ok" if verdict == "fits" else verdict
 
     def view(self, sort: str = "number", query: str = "") -> list[TrialRecord]:
         """The trials to list: those matching every word of ``query``, in ``sort`` order."""

@@ -1,4 +1,4 @@
-"""Ledger terms of the loss, DoRA, packing and attention levers (closed form, one citation each).
+"""Ledger terms of the fused linear loss, DoRA and packing (closed form, one citation each).
 
 The training ledger (advisor.memory.training) adds these to its categories; each function returns
 bytes. Notation: T = micro_batch * seq_len tokens, h hidden, V vocabulary, p = bytes of the

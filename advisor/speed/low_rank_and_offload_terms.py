@@ -1,5 +1,5 @@
-"""Step-time terms of the newer levers (issue 15): low-rank optimizers (GaLore, APOLLO), the update
-inside backward, activation offload, paged optimizer states that spill to the host.
+"""Step-time terms of low-rank optimizers (GaLore, APOLLO), activation offload, and paged optimizer
+states that spill to the host (the update inside backward is ``terms.optimizer``'s).
 
 The optimizer implementations themselves are rows of ``optimizer_bytes_per_param`` in
 ``advisor/data/throughput.yaml`` (terms.optimizer).
@@ -12,7 +12,7 @@ from advisor.speed.inputs import StepInputs
 from advisor.speed.kernels import gemm_seconds
 from advisor.speed.terms import layer_forward_seconds, layer_gemm_seconds, term
 
-SVD_EFFICIENCY = 0.05  # a GPU SVD (cuSOLVER gesvd) reaches a few % of the fp32 rate (issue 15's GaLore term)
+SVD_EFFICIENCY = 0.05  # a GPU SVD (cuSOLVER gesvd) reaches a few % of the fp32 rate (GaLore's projector)
 
 
 def _low_rank_targets(s: StepInputs) -> list[tuple[int, int]]:

@@ -1,0 +1,27 @@
+"""One trial of a study written as the files other tools run: its plan, and beside it what the study
+predicted (peak, its source, tokens/s, the study and the trial), in advisor.yaml's ``prediction``.
+
+`advisor export`, `advisor tune --export` and the TUI's export key all write a trial through this.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from advisor.core.catalog import GpuSpec, ModelSpec
+from advisor.search.select import TrialRecord
+
+
+def export_trial(record: TrialRecord, out_dir: str | Path, formats: list[str] | None, *, model: ModelSpec,
+                 gpu: GpuSpec | None, study_name: str) -> dict:
+    """Write ``record``'s plan into ``out_dir``; {format: path} (``.skipped``: formats that cannot express it).
+    ``model`` and ``gpu`` are the study's (advisor.search.description.StudyDescription)."""
+    from advisor.configs.export import export_plan
+    from advisor.core.plan import Plan
+
+    prediction = {"peak_bytes": record.peak_bytes, "source": record.source, "tokens_per_s": record.tokens_per_s,
+                  "study": study_name, "trial": record.number}
+    return export_plan(model, Plan.from_dict(record.plan), out_dir, formats, gpu=gpu, extra=prediction)
+
+
+__all__ = ["export_trial"]

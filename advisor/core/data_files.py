@@ -1,0 +1,20 @@
+"""The data files shipped in ``advisor/data/`` (catalogs, priors, overheads, rules), read in one way.
+
+Every module that reads a shipped YAML file calls ``load_data_file``; each caller caches what it
+parsed where it asks often. The files travel in the wheel as package data (``importlib.resources``).
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+
+def load_data_file(name: str) -> Any:
+    """``advisor/data/<name>`` parsed as YAML (``yaml.safe_load``)."""
+    import yaml
+
+    return yaml.safe_load(resources.files("advisor").joinpath("data", name).read_text(encoding="utf-8"))
+
+
+__all__ = ["load_data_file"]
