@@ -83,6 +83,8 @@ def _loss_tag(plan: "Plan") -> str | None:
     return None if plan.loss == "plain" else plan.loss + "-ce"
 
 
+LORA_DROPOUT = 0.05
+"""The adapter dropout a plan starts from (the QLoRA paper's and peft's examples' 0.05 for 7B-13B models)."""
 _TRAINING_ARGUMENTS_BATCH = 8
 """TrainingArguments.per_device_train_batch_size's default: what a TrainingArguments-based file (advisor.yaml's
 training section, LLaMA-Factory, TRL) that leaves the key out trains with."""
@@ -148,7 +150,7 @@ class Plan:
               "llamafactory": Custom("lora_alpha"), "trl": Custom("lora_alpha")})
     """LoRA scaling numerator (scale = alpha / r)."""
     lora_dropout: float = knob(
-        0.05, help="LoRA dropout", range=Range(low=0, high=1), applies=_with_adapters,
+        LORA_DROPOUT, help="LoRA dropout", range=Range(low=0, high=1), applies=_with_adapters,
         keys={"advisor": Key("lora.lora_dropout", default=0.0),
               "axolotl": Key("lora_dropout", default=0.0, listed=False),
               "llamafactory": Key("lora_dropout", default=0.0, listed=False), "trl": Key("lora_dropout")})
