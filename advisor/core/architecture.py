@@ -311,7 +311,7 @@ def describe_layer(layer, index: int, *, not_converted: set[str], prefix: str, n
             norm_count += 1
             continue
         rows = {int(p.shape[0]) for _, p in own if p.dim() >= 1}
-        is_router = ("Router" in cls or "Gate" in cls or path.endswith(".gate") or path.endswith(".router")) and (
+        is_router = ("Router" in cls or path.endswith(".gate") or path.endswith(".router")) and (
             num_experts_hint in rows or n_experts in rows)
         if is_router:
             router += sum(p.numel() for _, p in own)
