@@ -766,6 +766,7 @@ def section_memory(models: list[str]) -> None:
     print()
     section_experts_impl()
     section_expert_lora_scaling()
+    section_router_and_attention()
 
 
 def section_experts_impl() -> None:
@@ -851,6 +852,40 @@ def section_expert_lora_scaling() -> None:
     print()
 
 
+def section_router_and_attention() -> None:
+    """The load-balancing loss (off by default: every MoE config here has output_router_logits=False) and how
+    saved activations grow with the sequence: gpt-oss runs eager attention (GptOssPreTrainedModel._supports_sdpa
+    is False), so its softmax over (b, heads, s, s + 1) logits with the sinks is saved."""
+    rows = []
+    for aux in (False, True):
+        fields = dict(TINY["qwen3_moe"], output_router_logits=aux)
+        for method in ("lora", "full"):
+            r = measure_step("qwen3_moe", fields, method)
+            rows.append([f"qwen3_moe output_router_logits={aux}", method, r["peak"], r["ledger"].get("activations", 0),
+                         f"{r['loss']:.4f}"])
+    print("### The router's load-balancing loss (tiny Qwen3-MoE, batch 2 x 64)\n")
+    print(table(["config", "method", "peak B", "saved activations B", "loss"], rows))
+    print()
+    rows = []
+    for mt in ("gpt_oss", "qwen3_moe", "gemma3_text"):
+        acts = {}
+        for seq in (64, 128, 256):
+            acts[seq] = measure_step(mt, TINY[mt], "lora", seq=seq)["ledger"].get("activations", 0)
+        rows.append([mt, hf_attn(mt), acts[64], acts[128], acts[256], f"{acts[256] / acts[128]:.2f}"])
+    print("### Saved activations of attention-only LoRA against the sequence (batch 2, no checkpointing)\n")
+    print(table(["model", "attention", "seq 64 B", "seq 128 B", "seq 256 B", "256 / 128"], rows))
+    print()
+
+
+def hf_attn(model_type: str) -> str:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config(model_type, TINY[model_type]))
+    return model.config._attn_implementation
+
+
 def section_describe() -> None:
     from advisor.core.architecture import describe_architecture
     from advisor.core.catalog import model_catalog, resolve_model
@@ -885,18 +920,22 @@ def section_describe() -> None:
     print("### Time to describe a model in a fresh process (what a CLI call pays)\n")
     rows = []
     probe = ("import time, json, sys; t0 = time.perf_counter(); import torch, transformers; t1 = time.perf_counter();"
-             "from advisor.core.architecture import describe_architecture;"
-             "d = describe_architecture(json.loads(sys.argv[1])); t2 = time.perf_counter();"
-             "print(json.dumps([t1 - t0, d.build_seconds, d.cache_seconds, t2 - t1, d.params_total]))")
+             "from advisor.core.architecture import describe_architecture; cfg = json.loads(sys.argv[1]);"
+             "d = describe_architecture(cfg); t2 = time.perf_counter(); w = describe_architecture(cfg);"
+             "t3 = time.perf_counter();"
+             "print(json.dumps([t1 - t0, t2 - t1, d.build_seconds, t3 - t2, w.build_seconds, w.cache_seconds,"
+             " d.params_total]))")
     for label, fields in (("Qwen2.5-7B", resolve_model("qwen7b").config),
                           ("Qwen3-30B-A3B", REAL["Qwen/Qwen3-30B-A3B"][0]),
                           ("Qwen3-235B-A22B", REAL["Qwen/Qwen3-235B-A22B"][0])):
         out = subprocess.run([sys.executable, "-c", probe, json.dumps(fields)], capture_output=True, text=True,
                              cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
-        imp, build, cache, total, params = json.loads(out.stdout.strip().splitlines()[-1])
-        rows.append([label, params, f"{imp:.2f}", f"{build:.2f}", f"{cache:.2f}", f"{total:.2f}"])
-    print(table(["config", "params", "import torch + transformers s", "meta build s", "cache probe s",
-                 "describe total (after imports) s"], rows))
+        imp, first, first_build, second, build, cache, params = json.loads(out.stdout.strip().splitlines()[-1])
+        rows.append([label, params, f"{imp:.2f}", f"{first:.2f}", f"{first_build:.2f}", f"{second:.2f}",
+                     f"{build:.3f}", f"{cache:.3f}"])
+    print(table(["config", "params", "import torch + transformers s", "first describe s",
+                 "of which meta build (transformers' lazy imports) s", "second describe s", "meta build s",
+                 "cache probe s"], rows))
     print()
 
 

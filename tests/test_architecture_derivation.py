@@ -191,3 +191,13 @@ def test_importing_the_module_imports_no_torch():
     code = "import sys; import advisor.core.architecture; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize("config", [QWEN3_MOE, GEMMA3, DEEPSEEK_V2], ids=lambda c: c["model_type"])
+def test_keys_not_converted_equal_transformers_own(config):
+    from transformers.quantizers.base import get_keys_to_not_convert
+
+    from advisor.core.architecture import build_meta_model, keys_not_converted
+
+    model = build_meta_model(config)
+    assert keys_not_converted(model) == set(get_keys_to_not_convert(model))

@@ -326,6 +326,18 @@ def describe_layer(layer, index: int, *, not_converted: set[str], prefix: str, n
                             params=total)
 
 
+def keys_not_converted(model) -> set[str]:
+    """The modules a quantizer of transformers leaves alone by default: tied weights, the module of the last
+    parameter, the output embedding (transformers/quantizers/base.py ``get_keys_to_not_convert``, restated: importing
+    ``transformers.quantizers`` imports torchao and costs ~3 s; tests/test_architecture_derivation.py checks both agree)."""
+    tied = getattr(model, "all_tied_weights_keys", None) or {}
+    keys = set(tied.values()) | set(tied.keys())
+    keys.add(list(model.named_parameters())[-1][0])
+    head = model.get_output_embeddings()
+    keys |= {name for name, module in model.named_modules() if head is not None and module is head}
+    return {k.removesuffix(".weight") for k in keys}
+
+
 def _num_experts_of(cfg) -> int:
     for key in ("num_experts", "num_local_experts", "n_routed_experts"):
         v = getattr(cfg, key, None)
@@ -413,7 +425,6 @@ def describe_architecture(config: Any, *, dtype: str = "bfloat16", with_cache: b
     import dataclasses
 
     import torch
-    from transformers.quantizers.base import get_keys_to_not_convert
 
     cfg = hf_config(config, trust_remote_code=trust_remote_code)
     start = time.perf_counter()
@@ -421,7 +432,7 @@ def describe_architecture(config: Any, *, dtype: str = "bfloat16", with_cache: b
     build_seconds = time.perf_counter() - start
     layers = decoder_layers(model)
     layer_prefix = next(n for n, m in model.named_modules() if m is layers)
-    not_converted = set(get_keys_to_not_convert(model))
+    not_converted = keys_not_converted(model)
     top_k = int(getattr(cfg, "num_experts_per_tok", 0) or getattr(cfg, "experts_per_token", 0) or 0)
     hint = _num_experts_of(cfg)
     described = [describe_layer(layer, i, not_converted=not_converted, prefix=f"{layer_prefix}.{i}",
