@@ -688,8 +688,10 @@ def section_peft(models: list[str]) -> None:
                     continue
                 torch.manual_seed(0)
                 try:
-                    model = (load_bnb(mt, TINY[mt], 4) if label.startswith("4-bit")
-                             else AutoModelForCausalLM.from_config(hf_config(mt, TINY[mt]), dtype=getattr(torch, dtype)))
+                    if label.startswith("4-bit"):
+                        model = load_bnb(mt, TINY[mt], 4)
+                    else:
+                        model = AutoModelForCausalLM.from_config(hf_config(mt, TINY[mt]), dtype=getattr(torch, dtype))
                     config = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, **kwargs)
                     pm = get_peft_model(model, config)
                 except Exception as e:  # noqa: BLE001 - reported as found

@@ -139,6 +139,7 @@ def test_a_tiny_dense_spec_matches_its_hand_written_description():
     assert d.layers[0].cache is not None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", ["qwen2.5-7b-instruct", "llama-3.1-8b-instruct", "mistral-7b-v0.3", "gemma-2-9b",
                                  "phi-3.5-mini-instruct", "qwen3-8b"])
 def test_dense_catalog_models_agree_with_architectures_yaml(key):
@@ -156,6 +157,7 @@ def test_dense_catalog_models_agree_with_architectures_yaml(key):
     assert bool(d.final_logit_softcapping) == bool(spec.arch.get("logit_softcap"))
 
 
+@pytest.mark.slow
 def test_gemma2_alternating_window_is_found_though_the_yaml_does_not_say_it():
     d = describe_architecture(resolve_model("gemma-2-9b").config)
     assert [layer.attention for layer in d.layers[:2]] == ["sliding", "full"]
@@ -163,6 +165,7 @@ def test_gemma2_alternating_window_is_found_though_the_yaml_does_not_say_it():
     assert d.kv_cache_bytes(8192) < 8192 * d.kv_bytes_per_token_uncapped()
 
 
+@pytest.mark.slow
 def test_real_size_qwen3_30b_a3b_count():
     """The published total of Qwen3-30B-A3B (30.5B) from its config.json fields, on the meta device."""
     config = dict(model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,

@@ -329,7 +329,8 @@ def describe_layer(layer, index: int, *, not_converted: set[str], prefix: str, n
 def keys_not_converted(model) -> set[str]:
     """The modules a quantizer of transformers leaves alone by default: tied weights, the module of the last
     parameter, the output embedding (transformers/quantizers/base.py ``get_keys_to_not_convert``, restated: importing
-    ``transformers.quantizers`` imports torchao and costs ~3 s; tests/test_architecture_derivation.py checks both agree)."""
+    ``transformers.quantizers`` imports torchao and costs ~3 s; tests/test_architecture_derivation.py checks that
+    both agree)."""
     tied = getattr(model, "all_tied_weights_keys", None) or {}
     keys = set(tied.values()) | set(tied.keys())
     keys.add(list(model.named_parameters())[-1][0])
