@@ -268,6 +268,19 @@ def module_to_is_noop():
 
 
 _SAVED_DIRS: dict = {}
+_TEMP_DIRS: list[str] = []
+
+
+def _temp_dir(prefix: str) -> str:
+    """A temporary directory removed when the benchmark exits."""
+    import atexit
+    import shutil
+
+    folder = tempfile.mkdtemp(prefix=prefix)
+    if not _TEMP_DIRS:
+        atexit.register(lambda: [shutil.rmtree(d, ignore_errors=True) for d in _TEMP_DIRS])
+    _TEMP_DIRS.append(folder)
+    return folder
 
 
 def saved_checkpoint(model_type: str, fields: dict, seed: int = 0) -> str:
@@ -279,7 +292,7 @@ def saved_checkpoint(model_type: str, fields: dict, seed: int = 0) -> str:
     if key not in _SAVED_DIRS:
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(hf_config(model_type, fields), dtype=torch.bfloat16)
-        folder = tempfile.mkdtemp(prefix=f"moe_{model_type}_")
+        folder = _temp_dir(f"moe_{model_type}_")
         model.save_pretrained(folder)
         _SAVED_DIRS[key] = folder
     return _SAVED_DIRS[key]
@@ -587,7 +600,7 @@ def section_mxfp4() -> None:
 
     mt = "gpt_oss"
     model = AutoModelForCausalLM.from_config(hf_config(mt, TINY[mt]), dtype=torch.bfloat16)
-    folder = tempfile.mkdtemp(prefix="moe_mxfp4_")
+    folder = _temp_dir("moe_mxfp4_")
     state = {}
     for k, v in model.state_dict().items():
         if k.endswith(("experts.gate_up_proj", "experts.down_proj")):
