@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from advisor.core.catalog import _load_data
+from advisor.core.data_files import load_data_file
 from advisor.core.errors import AdvisorInputError
 from advisor.core.plan import (ATTENTION, DTYPES, LOSSES, LOW_RANK_OPTIMIZERS, METHODS, OFFLOADS, OPTIMIZERS,
                                PRECISIONS, QUANTIZATIONS, Plan)
@@ -30,7 +30,7 @@ DYNAMICS_OPTIMIZERS = ("lomo", "adalomo", "adafactor", "sgd", "galore_adamw", "g
 
 
 def raw() -> dict:
-    return copy.deepcopy(_load_data(q.DATA_FILE))
+    return copy.deepcopy(load_data_file(q.DATA_FILE))
 
 
 def full(**kw) -> Plan:

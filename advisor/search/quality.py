@@ -28,7 +28,8 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from functools import lru_cache
 from typing import Any, Callable, Mapping
 
-from advisor.core.catalog import _load_data, architectures
+from advisor.core.catalog import architectures
+from advisor.core.data_files import load_data_file
 from advisor.core.errors import AdvisorInputError, ConfigErrors
 from advisor.core.plan import (ALL_LINEAR, ATTENTION, DTYPES, LOSSES, LOW_RANK_OPTIMIZERS, METHODS, OFFLOADS,
                                OPTIMIZERS, PRECISIONS, QUANTIZATIONS, Plan)
@@ -190,7 +191,7 @@ class QualityData:
 @lru_cache(maxsize=1)
 def quality_data() -> QualityData:
     """quality.yaml, read and validated once (the tuner asks for every trial; read-only after this)."""
-    return parse_quality_data(_load_data(DATA_FILE))
+    return parse_quality_data(load_data_file(DATA_FILE))
 
 
 def parse_quality_data(raw: Any) -> QualityData:
