@@ -113,7 +113,7 @@ def test_evidence_ids_are_points_of_the_published_quality_file():
 
 
 def test_the_reference_hyperparameters_are_the_exports_adamw_values():
-    from advisor.configs.export._base import ADAM, LEARNING_RATE
+    from advisor.configs._base import ADAM, STARTING_LEARNING_RATE as LEARNING_RATE
 
     ref = q.quality_data().hyperparameters["reference"]
     assert ref["learning_rate"] == {"full": LEARNING_RATE["full"], "peft": LEARNING_RATE["lora"]}
