@@ -139,5 +139,8 @@ def test_phase_table_fits_80_columns(capsys):
 def test_bad_eval_batch_is_a_one_line_error(capsys):
     from advisor.cli import main
 
-    assert main(["estimate", "--model", "qwen7b", "--eval-batch", "-2"]) == 2
-    assert "--eval-batch" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:  # the flag's own parse type rejects it, as for every plan flag
+        main(["estimate", "--model", "qwen7b", "--eval-batch", "-2"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "--eval-batch" in err and "-2" in err and len(err.splitlines()) == 1
