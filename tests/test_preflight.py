@@ -54,6 +54,7 @@ def test_seed_qlora_is_go(configs, which):
     assert mem["severity"] == "ok" and d["memory"]["peak_bytes"] < 24 * 2**30 * 0.95
 
 
+@pytest.mark.slow
 def test_time_estimate_from_data(configs, tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text("\n".join(json.dumps({"text": "word " * (50 + i)}) for i in range(200)))

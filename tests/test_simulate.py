@@ -232,8 +232,10 @@ def test_activation_offload_moves_the_checkpointed_inputs_to_the_host():
     assert moved.phases["forward"].ledger["activations"] < kept.phases["forward"].ledger["activations"]
 
 
-@pytest.mark.parametrize("optimizer", ["adamw_torch_fused", "adamw_torch_8bit", "adamw_torch_4bit", "galore_adamw",
-                                       "galore_adamw_8bit", "apollo_adamw", "adalomo", "lomo"])
+@pytest.mark.parametrize("optimizer", ["adamw_torch_fused", "adamw_torch_8bit", "adamw_torch_4bit",
+                                       pytest.param("galore_adamw", marks=pytest.mark.slow),
+                                       pytest.param("galore_adamw_8bit", marks=pytest.mark.slow),
+                                       "apollo_adamw", "adalomo", "lomo"])
 def test_optimizer_state_sizes_are_the_libraries_real_ones(optimizer):
     """The state each library allocates (real, on the CPU) equals the ledger's formula within 2%."""
     spec = tiny_spec("qwen2", num_layers=2, hidden_size=256, intermediate_size=512)
