@@ -66,6 +66,7 @@ def test_time_estimate_from_data(configs, tmp_path):
     assert mem["data"]["seq_len"] < 1024
 
 
+@pytest.mark.slow
 def test_config_findings(tmp_path, configs):
     import yaml
 
@@ -80,6 +81,7 @@ def test_config_findings(tmp_path, configs):
     assert checks["config.lora-targets"]["severity"] == "error"
 
 
+@pytest.mark.slow
 def test_bf16_on_a_gpu_without_it(configs):
     code, d, _ = preflight(str(configs["qlora"]), "--gpu", "t4")
     assert code == 1
