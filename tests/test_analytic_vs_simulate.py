@@ -42,6 +42,7 @@ def test_analytic_close_to_simulation_quick(model, plan):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # 50 s alone, 155 s under CI's coverage tracing with other jobs here
 def test_analytic_within_5_percent_on_the_matrix():
     rows = analytic_matrix()
     assert len(rows) >= 40 and len({resolve_model(m).model_type for m, _ in rows}) >= 4
@@ -100,7 +101,9 @@ LEVERS = [
 ]
 
 
-@pytest.mark.parametrize("plan", LEVERS, ids=lambda p: p.short())
+# torchao's optimizers make these simulations take seconds
+@pytest.mark.parametrize("plan", [pytest.param(p, marks=pytest.mark.slow) if p.optimizer in (
+    "adamw_torch_8bit", "adamw_torch_4bit") else p for p in LEVERS], ids=lambda p: p.short())
 def test_levers_analytic_within_3_percent(plan):
     err, est, sim = error("qwen2.5-7b-instruct", plan)
     assert abs(err) < 0.03, f"{plan.short()}: estimated {est / 2**30:.2f} GiB, simulated {sim / 2**30:.2f} GiB"

@@ -33,7 +33,8 @@ def spec():
     return tiny_spec("qwen2", num_layers=2, vocab_size=512)
 
 
-@pytest.fixture(params=BACKENDS)
+# the cpu backend runs a real probe in a child process (seconds each)
+@pytest.fixture(params=[pytest.param(b, marks=pytest.mark.slow) if b == "cpu" else b for b in BACKENDS])
 def backend(request) -> Backend:
     if request.param == "cuda" and not _has_cuda():
         pytest.skip("the cuda backend needs a GPU")

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from advisor.configs.export import export_plan
@@ -38,6 +39,7 @@ def test_default_plan_exports_no_allocator_setting(tmp_path):
     assert read_config(written["advisor"])[1].expandable_segments is False
 
 
+@pytest.mark.slow
 def test_train_py_sets_the_variable_before_torch_starts(tmp_path):
     plan = Plan(method="lora", expandable_segments=True)
     written = export_plan(resolve_model("qwen7b"), plan, tmp_path, ["advisor", "train"])
@@ -48,6 +50,7 @@ def test_train_py_sets_the_variable_before_torch_starts(tmp_path):
     assert f"[train.py] {CONF} (advisor.env)" in proc.stdout
 
 
+@pytest.mark.slow
 def test_a_probe_of_an_expandable_plan_runs_with_the_setting(monkeypatch):
     from advisor.runtime.probe import run_probe
     from advisor.runtime.simulate.tiny import tiny_spec

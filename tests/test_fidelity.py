@@ -32,6 +32,7 @@ def test_the_tiny_model_learned_something(tiny):
     assert spec.vocab_size == 256 and spec.source == "local"
 
 
+@pytest.mark.slow
 def test_fidelity_orders_quantizations(tiny):
     path, spec = tiny
     kl, base_loss = {}, {}

@@ -54,6 +54,7 @@ def test_seed_qlora_is_go(configs, which):
     assert mem["severity"] == "ok" and d["memory"]["peak_bytes"] < 24 * 2**30 * 0.95
 
 
+@pytest.mark.slow
 def test_time_estimate_from_data(configs, tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text("\n".join(json.dumps({"text": "word " * (50 + i)}) for i in range(200)))
@@ -65,6 +66,7 @@ def test_time_estimate_from_data(configs, tmp_path):
     assert mem["data"]["seq_len"] < 1024
 
 
+@pytest.mark.slow
 def test_config_findings(tmp_path, configs):
     import yaml
 
@@ -79,6 +81,7 @@ def test_config_findings(tmp_path, configs):
     assert checks["config.lora-targets"]["severity"] == "error"
 
 
+@pytest.mark.slow
 def test_bf16_on_a_gpu_without_it(configs):
     code, d, _ = preflight(str(configs["qlora"]), "--gpu", "t4")
     assert code == 1

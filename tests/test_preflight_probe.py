@@ -34,6 +34,7 @@ def _config(tiny_dir, tmp_path, plan):
     return export_plan(resolve_model(str(tiny_dir)), plan, tmp_path, formats=["advisor"])["advisor"]
 
 
+@pytest.mark.slow
 def test_probe_over_the_budget_is_no_go_naming_the_status(tiny_dir, tmp_path):
     # logits alone: 16 x 2048 x 512 x 4 B = 64 MiB, over a 48 MiB budget
     config = _config(tiny_dir, tmp_path, Plan(method="full", seq_len=2048, micro_batch=16))
@@ -45,6 +46,7 @@ def test_probe_over_the_budget_is_no_go_naming_the_status(tiny_dir, tmp_path):
     assert probe["data"]["status"] == "oom" and probe["data"]["budget_bytes"] == 48 * 2**20
 
 
+@pytest.mark.slow
 def test_probe_within_the_budget_runs_and_measures(tiny_dir, tmp_path):
     config = _config(tiny_dir, tmp_path, Plan(method="lora", seq_len=32, lora_dropout=0.0))
     code, d, err = preflight(config, "--probe", "--gpu-budget", "2GiB", "--backend", "estimate")

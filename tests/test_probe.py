@@ -30,6 +30,7 @@ PLANS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(PLANS))
 def test_real_probe_runs_and_measures(spec, name):
     plan = PLANS[name]
@@ -62,6 +63,7 @@ def test_real_probe_runs_and_measures(spec, name):
         assert r.peak_phase == sim.peak_phase
 
 
+@pytest.mark.slow
 def test_probe_trains_on_a_jsonl_file_with_the_byte_fallback(spec, tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text("\n".join(json.dumps({"text": "The quick brown fox jumps over the lazy dog. " * 4})

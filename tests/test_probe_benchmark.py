@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from benchmark_modules import load_benchmark  # tests/benchmark_modules.py
 
 
+@pytest.mark.slow
 def test_gpu_validation_tiny_cpu_writes_the_report(tmp_path):
     mod = load_benchmark("gpu_validation")
     out = tmp_path / "gpu_validation.md"

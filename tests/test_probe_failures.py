@@ -63,6 +63,7 @@ def probe(spec, watch, **kw):
     return run_probe(spec, plan, device="cpu", steps=1, warmup=1, on_start=watch, **kw)
 
 
+@pytest.mark.slow
 def test_memory_limit_gives_a_real_oom_and_the_next_probe_runs(spec):
     w = Watch()
     # logits alone: 16 x 2048 x 512 x 4 B = 64 MiB, over a 48 MiB limit
@@ -84,6 +85,7 @@ def test_sigkill_of_the_child_is_a_crash(spec):
     assert not w.alive()
 
 
+@pytest.mark.slow
 def test_segfault_is_a_crash_with_the_signal(spec):
     w = Watch()
     r = probe(spec, w, fault="segfault", timeout=240)
@@ -93,6 +95,7 @@ def test_segfault_is_a_crash_with_the_signal(spec):
     assert not w.alive()
 
 
+@pytest.mark.slow
 def test_hang_past_the_timeout_is_killed_with_its_grandchild(spec):
     w = Watch()
     t0 = time.monotonic()
@@ -105,6 +108,7 @@ def test_hang_past_the_timeout_is_killed_with_its_grandchild(spec):
     assert not w.alive()
 
 
+@pytest.mark.slow
 def test_python_error_and_exit_without_result(spec):
     w = Watch()
     r = probe(spec, w, fault="raise", timeout=240)

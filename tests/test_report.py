@@ -93,6 +93,7 @@ def _parse(html: str) -> _Cells:
     return p
 
 
+@pytest.mark.slow
 def test_report_shows_the_question_the_winner_and_every_trial(study):
     html, tuned = study["html"], study["tuned"]
     best = tuned["best"]

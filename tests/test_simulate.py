@@ -43,7 +43,9 @@ def rel(a: int, b: int) -> float:
     return abs(a - b) / b
 
 
-@pytest.mark.parametrize("plan", SIM_VS_REAL, ids=lambda p: p.short())
+# the fast loop keeps each method with and without checkpointing (AdamW); the other optimizers are slow
+@pytest.mark.parametrize("plan", [p if p.optimizer == "adamw_torch" else pytest.param(p, marks=pytest.mark.slow)
+                                  for p in SIM_VS_REAL], ids=lambda p: p.short())
 def test_simulation_equals_real_execution(plan):
     fake = trace_step(SPEC, plan, fake=True)
     real = trace_step(SPEC, plan, fake=False)
@@ -55,7 +57,8 @@ def test_simulation_equals_real_execution(plan):
 
 @pytest.mark.parametrize("plan,target", [
     (Plan(method="qlora", quantization="nf4", seq_len=96), "cuda"),
-    (Plan(method="qlora", quantization="fp4", double_quant=True, seq_len=96, gradient_checkpointing=True), "cuda"),
+    pytest.param(Plan(method="qlora", quantization="fp4", double_quant=True, seq_len=96, gradient_checkpointing=True),
+                 "cuda", marks=pytest.mark.slow),
     (Plan(method="lora", quantization="int8", seq_len=96), "cpu"),
 ], ids=lambda x: x.short() if isinstance(x, Plan) else x)
 def test_standins_equal_real_bitsandbytes(plan, target):
@@ -111,7 +114,9 @@ def test_cli_simulate_json_has_the_estimate_fields(capsys):
     assert set(sim["ledger"]) == set(est["ledger"])
 
 
-@pytest.mark.parametrize("plan", LOSS_LEVERS, ids=lambda p: p.short())
+# slow: DoRA and packing again, with checkpointing or two sequences (each is in the fast loop once)
+@pytest.mark.parametrize("plan", [pytest.param(p, marks=pytest.mark.slow) if (p.dora or p.packing) and (
+    p.gradient_checkpointing or p.micro_batch > 1) else p for p in LOSS_LEVERS], ids=lambda p: p.short())
 def test_lever_simulation_equals_real_execution(plan):
     fake = trace_step(SPEC, plan, fake=True)
     real = trace_step(SPEC, plan, fake=False)
@@ -185,7 +190,9 @@ LEVERS = [
 ]
 
 
-@pytest.mark.parametrize("plan", LEVERS, ids=lambda p: p.short())
+# torchao and GaLore steps on real tensors take seconds each
+@pytest.mark.parametrize("plan", [pytest.param(p, marks=pytest.mark.slow) if p.optimizer.startswith((
+    "adamw_torch_8bit", "adamw_torch_4bit", "galore")) else p for p in LEVERS], ids=lambda p: p.short())
 def test_levers_simulate_exactly_as_they_run(plan):
     """The real libraries (torch fused AdamW, torchao, galore-torch, apollo-torch, lomo-optim, transformers'
     checkpoint offload) traced under fake tensors equal the same step on real CPU tensors, byte for byte
@@ -231,8 +238,8 @@ def test_activation_offload_moves_the_checkpointed_inputs_to_the_host():
     assert moved.phases["forward"].ledger["activations"] < kept.phases["forward"].ledger["activations"]
 
 
-@pytest.mark.parametrize("optimizer", ["adamw_torch_fused", "adamw_torch_8bit", "adamw_torch_4bit", "galore_adamw",
-                                       "galore_adamw_8bit", "apollo_adamw", "adalomo", "lomo"])
+@pytest.mark.parametrize("optimizer", ["adamw_torch_fused", *(pytest.param(o, marks=pytest.mark.slow) for o in (
+    "adamw_torch_8bit", "adamw_torch_4bit", "galore_adamw", "galore_adamw_8bit")), "apollo_adamw", "adalomo", "lomo"])
 def test_optimizer_state_sizes_are_the_libraries_real_ones(optimizer):
     """The state each library allocates (real, on the CPU) equals the ledger's formula within 2%."""
     spec = tiny_spec("qwen2", num_layers=2, hidden_size=256, intermediate_size=512)

@@ -19,6 +19,7 @@ PLANS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch,plan", PLANS, ids=lambda x: x if isinstance(x, str) else x.short())
 def test_extrapolated_equals_full(arch, plan):
     spec = tiny_spec(arch, num_layers=9)
@@ -37,6 +38,7 @@ def test_extrapolated_equals_full(arch, plan):
                    activation_offload=True)),
     ("qwen2", Plan(method="lora", seq_len=128, activation_offload=True)),
 ], ids=lambda x: x if isinstance(x, str) else x.short())
+@pytest.mark.slow
 def test_partial_checkpointing_and_offload_extrapolate_to_the_full_trace(arch, plan):
     """k of L checkpointed layers: three small traces, extended affinely in (checkpointed, other) layers,
     equal the full trace of the model with the plan's own choice of layers (host memory too)."""

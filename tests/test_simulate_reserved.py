@@ -73,6 +73,7 @@ def _mid_spec():
     Plan(method="lora", seq_len=512, micro_batch=2),
     Plan(method="qlora", quantization="nf4", gradient_checkpointing=True, seq_len=1024),
 ], ids=["lora", "qlora-ckpt"])
+@pytest.mark.slow
 def test_rebuilt_depth_matches_a_full_trace(plan):
     from advisor.runtime.simulate.runner import trace_step
 
@@ -92,6 +93,7 @@ def test_rebuilt_depth_matches_a_full_trace(plan):
     Plan(method="lora", lora_r=64, lora_targets="all-linear", seq_len=512, grad_accum=2, gradient_checkpointing=True),
     Plan(method="qlora", quantization="nf4", gradient_checkpointing=True, seq_len=512),
 ], ids=["lora-qv-ckpt", "lora-all-ckpt", "qlora-ckpt"])
+@pytest.mark.slow
 def test_a_three_layer_trace_tagged_by_layer_rebuilds_a_deeper_step(plan):
     """The rebuild from one 3-layer trace (its middle layer repeated) against a full 10-layer trace:
     the same live peak, the reserved peak within 1% (the two-trace alignment drifted with depth:
@@ -111,6 +113,7 @@ def test_a_three_layer_trace_tagged_by_layer_rebuilds_a_deeper_step(plan):
     assert rebuilt.reserved_peak_bytes == pytest.approx(truth.reserved_peak_bytes, rel=0.01)
 
 
+@pytest.mark.slow
 def test_simulate_backend_reports_the_reserved_peak():
     from advisor.runtime.backends import get_backend
 

@@ -14,7 +14,11 @@ def test_required_spaces_exist():
     assert {"default", "qlora", "throughput", "low-memory"} <= set(list_spaces())
 
 
-@pytest.mark.parametrize("name", list_spaces())
+# the default space: its grid (over 100k plans) and its sampled proposals take tens of seconds each
+SPACES = [pytest.param(n, marks=pytest.mark.slow) if n == "default" else n for n in list_spaces()]
+
+
+@pytest.mark.parametrize("name", SPACES)
 def test_space_loads_and_every_grid_point_builds_a_plan(name):
     space = load_space(name)
     text = (SPACES_DIR / f"{name}.yaml").read_text()
@@ -88,7 +92,7 @@ def _sample(space, spec, sampler, n):
     return proposals
 
 
-@pytest.mark.parametrize("name", list_spaces())
+@pytest.mark.parametrize("name", SPACES)
 @pytest.mark.parametrize("model", ["qwen7b", "llama8b", "gemma2b"])
 def test_every_sampled_proposal_is_a_valid_plan(name, model):
     import optuna
@@ -177,6 +181,7 @@ def test_a_walk_never_runs_into_a_dead_end():
         plan_from_params(params, space, {}).validate()
 
 
+@pytest.mark.slow
 def test_random_spaces_only_ever_propose_valid_plans():
     import random
 

@@ -9,6 +9,8 @@ import functools
 import threading
 import time
 
+import pytest
+
 from advisor.commands import tune as tune_command
 
 
@@ -43,6 +45,7 @@ def open_tuner(settings):
     return tuner
 
 
+@pytest.mark.slow
 @sync
 async def test_live_study_pause_resume_and_quit_after_the_current_trial(tmp_path):
     from advisor.ui.tui.app import AdvisorApp
@@ -79,6 +82,7 @@ async def test_live_study_pause_resume_and_quit_after_the_current_trial(tmp_path
     assert app.board.finished_count() == finished
 
 
+@pytest.mark.slow
 @sync
 async def test_watching_a_study_run_elsewhere_picks_up_new_trials(tmp_path):
     from advisor.ui.tui import open_study_app

@@ -22,6 +22,7 @@ def tune(tmp_path, capsys, *extra):
     return code, json.loads(out) if out.strip() else None
 
 
+@pytest.mark.slow
 def test_qwen7b_24gb_recommends_peft_and_rejects_full(tmp_path, capsys):
     code, d = tune(tmp_path, capsys, "--trials", "25")
     assert code == 0
@@ -47,6 +48,7 @@ def test_qwen7b_24gb_recommends_peft_and_rejects_full(tmp_path, capsys):
     assert rungs[:3] == [0, 1, 1] and rungs == sorted(rungs)
 
 
+@pytest.mark.slow
 def test_rerun_continues_to_the_planned_count(tmp_path, capsys):
     _, first = tune(tmp_path, capsys, "--trials", "10")
     _, second = tune(tmp_path, capsys, "--trials", "16")
@@ -68,6 +70,7 @@ def _finished(db: Path) -> int:
         return 0
 
 
+@pytest.mark.slow
 def test_sigkill_midway_then_rerun_finishes_without_repeats(tmp_path):
     reports = tmp_path / "reports"
     cmd = [sys.executable, "-m", "advisor", "tune", "--gpu-budget", "24GB", "--model", "qwen7b", "--backend", "estimate",

@@ -1,6 +1,7 @@
 """Many workers on one study in a real PostgreSQL (started by .ci/run, URL in ADVISOR_TEST_PG_URL):
 one worker is killed with SIGKILL mid-trial; its trial is failed by heartbeat and retried, and the
-study ends with every planned trial finished exactly once."""
+study ends with every planned trial finished exactly once. Every test starts from an empty schema, as
+on a freshly created database: the processes that open it first create Optuna's tables at once."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 
@@ -18,34 +20,83 @@ pytestmark = pytest.mark.skipif(not PG_URL, reason="no PostgreSQL: set ADVISOR_T
 TRIALS = 10
 
 
+@pytest.fixture
+def fresh_pg_url():
+    """The test database's URL with a new, empty schema as its only search path: Optuna finds none of its
+    tables there and creates them, as on a freshly created database (CREATE SCHEMA needs no CREATEDB).
+    The schema is dropped afterwards."""
+    import sqlalchemy
+
+    schema = f"advisor_test_{uuid.uuid4().hex[:12]}"
+    admin = sqlalchemy.create_engine(PG_URL, isolation_level="AUTOCOMMIT", poolclass=sqlalchemy.pool.NullPool)
+    with admin.connect() as con:
+        con.execute(sqlalchemy.text(f'CREATE SCHEMA "{schema}"'))
+    url = sqlalchemy.engine.make_url(PG_URL).update_query_dict({"options": f"-csearch_path={schema}"})
+    yield url.render_as_string(hide_password=False)
+    with admin.connect() as con:
+        con.execute(sqlalchemy.text(f'DROP SCHEMA "{schema}" CASCADE'))
+    admin.dispose()
+
+
 def _advisor(*argv, **kw):
     return subprocess.Popen([sys.executable, "-m", "advisor", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True, **kw)
 
 
-def _study(name):
+OPEN_STORAGE = """
+import sys
+from advisor.search.storage import make_storage
+print("ready", flush=True)
+sys.stdin.readline()
+make_storage(sys.argv[1])
+"""
+
+
+def test_processes_opening_a_fresh_storage_at_once_all_succeed(fresh_pg_url):
+    # a study and its workers started together on a new database: each process creates Optuna's schema
+    # (CREATE TYPE studydirection, CREATE TABLE ...) when it opens the storage; without a lock the ones that
+    # lost failed with a unique violation on pg_type_typname_nsp_index (5 runs of 5 here, before the fix)
+    procs = [subprocess.Popen([sys.executable, "-c", OPEN_STORAGE, fresh_pg_url], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    for p in procs:  # every process has imported and waits: released together, they open the storage at once
+        assert p.stdout.readline().strip() == "ready", p.stderr.read()
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    errors = [err.strip().splitlines()[-1] for p in procs for _, err in [p.communicate(timeout=120)] if p.returncode]
+    assert not errors, errors
     import optuna
 
-    try:
-        return optuna.load_study(study_name=name, storage=PG_URL)
-    except KeyError:
-        return None
+    assert optuna.get_all_study_names(fresh_pg_url) == []  # the schema is there and usable
 
 
-def test_three_workers_one_killed_mid_trial():
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_three_workers_one_killed_mid_trial(fresh_pg_url):
+    import optuna
+
+    from advisor.search.storage import make_storage
+
+    def load():
+        try:
+            return optuna.load_study(study_name=name, storage=storage)
+        except KeyError:
+            return None
+
     name = f"workers-{os.getpid()}-{int(time.time())}"
-    common = ["--storage", PG_URL, "--study", name]
+    common = ["--storage", fresh_pg_url, "--study", name]
     watcher = _advisor("tune", "--gpu-budget", "24GB", "--model", "qwen0.5b", "--backend", "simulate",
                        "--trials", str(TRIALS), "--no-work", "--json", "--heartbeat", "1", *common)
+    storage = make_storage(fresh_pg_url)  # opened alongside the watcher's, as a dashboard or a worker would
     deadline = time.time() + 120
-    while _study(name) is None or not _study(name).user_attrs.get("ladder_enqueued"):
+    while load() is None or not load().user_attrs.get("ladder_enqueued"):
         assert time.time() < deadline and watcher.poll() is None, watcher.stderr.read() if watcher.poll() else "slow"
         time.sleep(0.2)
     workers = [_advisor("worker", "--heartbeat", "1", *common) for _ in range(3)]
     victim = workers[0]
     killed_trial = None
     while killed_trial is None and time.time() < deadline + 300:
-        for t in _study(name).get_trials(deepcopy=False):
+        for t in load().get_trials(deepcopy=False):
             # mid-trial: the plan is chosen (plan_key is set after sampling) and being measured
             if t.state.name == "RUNNING" and t.user_attrs.get("worker", "").endswith(f":{victim.pid}") \
                     and "plan_key" in t.user_attrs:
@@ -60,7 +111,7 @@ def test_three_workers_one_killed_mid_trial():
         out, err = w.communicate(timeout=900)
         assert w.returncode == 0, err
         outs.append(out + err)
-    study = _study(name)
+    study = load()
     trials = study.get_trials(deepcopy=False)
     finished = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
     # every planned evaluation finished exactly once (a repeat proposal is answered from the first

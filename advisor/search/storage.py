@@ -41,7 +41,7 @@ def make_storage(url: str, heartbeat_seconds: int = HEARTBEAT_SECONDS):
     try:
         if is_sqlite(url):
             return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 30}})
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _schema_lock(url):
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3)
             return optuna.storages.RDBStorage(url, heartbeat_interval=heartbeat_seconds,
@@ -55,6 +55,41 @@ def make_storage(url: str, heartbeat_seconds: int = HEARTBEAT_SECONDS):
 
 def _lock_key(study_name: str) -> int:
     return int.from_bytes(hashlib.sha256(study_name.encode()).digest()[:8], "big", signed=True)
+
+
+# one key per database for Optuna's schema (advisory locks are scoped to the database they are taken in);
+# a study name is hashed the same way, so this one is not a name a study could have
+SCHEMA_LOCK_NAME = "\0vram-advisor: optuna schema"
+
+
+@contextlib.contextmanager
+def _schema_lock(url: str) -> Iterator[None]:
+    """Serializes the creation of Optuna's tables between processes that open one fresh database at once.
+
+    ``RDBStorage`` creates its schema when it is built (CREATE TYPE / CREATE TABLE, then the version
+    rows); two processes doing it at once on an empty PostgreSQL database both see no table, and the
+    loser fails with a unique violation on ``pg_type_typname_nsp_index``. The lock is held on a
+    connection of its own, since the storage's engine does not exist yet.
+    """
+    if not url.startswith("postgresql"):
+        yield  # SQLite is one process; other servers: not locked (PostgreSQL is the multi-worker storage)
+        return
+    import sqlalchemy
+    from sqlalchemy import text
+
+    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+    try:
+        with engine.connect() as con:
+            key = _lock_key(SCHEMA_LOCK_NAME)
+            con.execute(text("SELECT pg_advisory_lock(:k)"), {"k": key})
+            con.commit()  # a session lock outlives the transaction; do not sit idle in one while others wait
+            try:
+                yield
+            finally:
+                con.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+                con.commit()
+    finally:
+        engine.dispose()
 
 
 @contextlib.contextmanager

@@ -160,14 +160,17 @@ class Tuner:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             # multivariate TPE over the conditional space (group=True), constraints set per trial
             sampler = optuna.samplers.TPESampler(seed=self.s.seed, multivariate=True, group=True, n_startup_trials=8)
-        self.storage = make_storage(self.s.storage, self.s.heartbeat_seconds)
-        study = optuna.create_study(study_name=self.s.study_name, storage=self.storage, sampler=sampler,
-                                    directions=["maximize", "minimize"], load_if_exists=True)
-        stored = study.user_attrs.get(ATTR)
+        self.storage = make_storage(self.s.storage, self.s.heartbeat_seconds)  # Optuna's schema, under a lock
         mine = self.s.describe()
-        if stored is None:
-            study.set_user_attr(ATTR, mine)
-        else:
+        # made and described in one step for every other process: a worker never finds the study without its
+        # description, and two tunes started at once cannot both describe it (settings_from_study takes it too)
+        with study_lock(self.storage, self.s.storage, self.s.study_name):
+            study = optuna.create_study(study_name=self.s.study_name, storage=self.storage, sampler=sampler,
+                                        directions=["maximize", "minimize"], load_if_exists=True)
+            stored = study.user_attrs.get(ATTR)
+            if stored is None:
+                study.set_user_attr(ATTR, mine)
+        if stored is not None:
             for key in ("space", "backend"):
                 if _comparable(stored[key]) != _comparable(mine[key]):
                     raise AdvisorInputError(
@@ -544,11 +547,12 @@ def settings_from_study(storage_url: str, study_name: str, backend: str | None =
 
     storage = make_storage(storage_url, heartbeat_seconds)
     try:
-        study = optuna.load_study(study_name=study_name, storage=storage)
+        with study_lock(storage, storage_url, study_name):  # not between its creation and its description
+            study = optuna.load_study(study_name=study_name, storage=storage)
+            d = study.user_attrs.get(ATTR)
     except KeyError:
         raise AdvisorInputError("--study", "no such study in this storage (create it with advisor tune --storage ...)",
                                 study_name) from None
-    d = study.user_attrs.get(ATTR)
     if not d:
         raise AdvisorInputError("--study", "this study was not made by advisor tune", study_name)
     return TuneSettings.from_description(StudyDescription.from_dict(d), storage=storage_url, study_name=study_name,
