@@ -446,7 +446,7 @@ class Tuner:
             rec.update(_memory_fields(report))
             if report.extra.get("tokens_per_s"):
                 rec.update(tokens_per_s=float(report.extra["tokens_per_s"]) * s.gpus, tokens_per_s_source="measured")
-                if s.backend == "cuda" and options.get("num_layers") is None:
+                if s.backend == "cuda" and options.num_layers is None:  # a part-depth probe is not the plan's speed
                     _calibrate_speed(s, plan, float(report.extra["tokens_per_s"]))
             if report.extra.get("losses"):
                 rec["losses"] = [float(x) for x in report.extra["losses"]]

@@ -79,7 +79,8 @@ def report_from_result(result: ProbeResult) -> MemoryReport:
     notes += list(result.notes)
     extra: dict[str, Any] = {k: getattr(result, k) for k in (
         "step_time_median_s", "step_time_p90_s", "tokens_per_s", "final_loss", "fidelity_kl", "peak_reserved_bytes",
-        "nvml_peak_bytes", "wall_s")}
+        "nvml_peak_bytes", "wall_s", "gpu_name", "test_double")}
+    extra["losses"] = list(result.losses)   # the tuner keeps them with the trial (TrialRecord.losses)
     extra["versions"] = result.versions
     return MemoryReport(source="measured", backend=result.device, device=device, host={}, tensor_peak_bytes=peak,
                         peak_bytes=whole, peak_phase=result.peak_phase, notes=tuple(notes), extra=extra,

@@ -34,7 +34,8 @@ def essence(text: str, limit: int = 300) -> str:
 def status_of_exception(exc_type: str, text: str) -> str:
     """oom for every out-of-memory form, crash for CUDA errors (the context is lost), else error."""
     lowered = f"{exc_type} {text}".lower()
-    if exc_type in ("OutOfMemoryError", "MemoryError") or any(m in lowered for m in _OOM_MARKERS):
+    # BudgetTooSmall (advisor.runtime.probe._limits): the budget cannot hold even the CUDA context
+    if exc_type in ("OutOfMemoryError", "MemoryError", "BudgetTooSmall") or any(m in lowered for m in _OOM_MARKERS):
         return "oom"
     if any(m in lowered for m in _CUDA_ERROR_MARKERS):
         return "crash"
