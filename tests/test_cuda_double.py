@@ -6,6 +6,7 @@ tests/test_tune_cuda.py."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -70,6 +71,11 @@ def test_allocations_go_through_the_caching_allocator_model():
         assert cuda.get_device_name(0) == resolve_gpu(GPU).name + CUDA_DOUBLE_SUFFIX
         assert cuda.get_device_properties(0).total_memory == resolve_gpu(GPU).memory_bytes
         assert cuda.memory_allocated() == 0 and cuda.memory_reserved() == 0
+        nvml = cuda_boundary.nvml()
+        nvml.nvmlInit()
+        handle = nvml.nvmlDeviceGetHandleByIndex(0)
+        assert nvml.nvmlDeviceGetComputeRunningProcesses(handle) == [], "no tensor yet: no CUDA context"
+        assert nvml.nvmlDeviceGetMemoryInfo(handle).used == 0
         big = torch.empty(3 * MIB, dtype=torch.uint8)
         small = torch.empty(100_000, dtype=torch.uint8)
         assert cuda.memory_allocated() == 3 * MIB + 100_352  # 100,000 B rounded up to 512 B blocks
@@ -82,9 +88,6 @@ def test_allocations_go_through_the_caching_allocator_model():
         cuda.empty_cache()
         assert cuda.memory_reserved() == 2 * MIB and cuda.memory_stats()["num_alloc_retries"] == 0
         # NVML: the process is its reserved memory plus a fixed CUDA context
-        nvml = cuda_boundary.nvml()
-        nvml.nvmlInit()
-        handle = nvml.nvmlDeviceGetHandleByIndex(0)
         (proc,) = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
         assert proc.usedGpuMemory == 2 * MIB + CONTEXT_BYTES
         assert nvml.nvmlSystemGetDriverVersion() == DRIVER
@@ -108,6 +111,39 @@ def test_the_allocator_limit_releases_the_cache_and_retries_before_running_out()
             torch.empty(16 * MIB, dtype=torch.uint8)
         assert cuda.memory_allocated() == 20 * MIB
         del b
+
+
+def test_nvml_memory_without_the_process_in_view_is_the_devices_growth(monkeypatch):
+    """In a container NVML may not list this PID: the probe then takes the device's used memory minus what it
+    was before CUDA started (advisor.runtime.probe._memory.CudaMemory.process_bytes)."""
+    from advisor.runtime.probe._memory import CudaMemory
+
+    with use(GPU) as cuda:
+        mem = CudaMemory(0)  # before the first tensor: NVML's baseline is the GPU without this process
+        x = torch.empty(3 * MIB, dtype=torch.uint8)
+        assert mem.process_bytes() == 20 * MIB + CONTEXT_BYTES and mem.nvml_method.startswith("cuda test double")
+        monkeypatch.setattr(cuda.nvml, "nvmlDeviceGetComputeRunningProcesses", lambda handle: [])
+        assert mem.process_bytes() == 20 * MIB + CONTEXT_BYTES and "minus used before" in mem.nvml_method
+        mem.stop()
+        del x
+
+
+def test_the_parent_stops_a_cuda_probe_whose_process_outgrows_the_budget(monkeypatch):
+    """What the child reports each step is checked as it comes: NVML's whole-process memory over the budget
+    ends the run as oom (a CUDA context that grows after the cap: lazy module loading, libraries' workspaces)."""
+    from advisor.runtime.probe._request import ProbeRequest
+    from advisor.runtime.probe._runner import _handle, _result
+
+    monkeypatch.setenv(CUDA_DOUBLE_ENV, GPU)
+    req = ProbeRequest(spec={}, plan={}, device="cuda", steps=2, warmup=0, memory_limit_bytes=800 * MIB)
+    state = {"steps": [], "phase": "train", "result": None, "failed": None, "loaded": None}
+    step = {"ev": "step", "i": 0, "time_s": 0.1, "loss": 6.0, "warmup": False, "peak": 100 * MIB,
+            "reserved": 120 * MIB, "nvml": 900 * MIB}
+    killed_for, message = _handle(step, state, req, None, "")
+    assert killed_for == "oom" and message == ("whole-process GPU memory (NVML) of the cuda test double 900.00 MiB "
+                                               "over the budget 800.00 MiB at step 0 (stopped early)"), message
+    r = _result(req, state, killed_for, message, "killed by the parent (oom)", -9, Path("/nonexistent"), 1.0, "m")
+    assert r.status == "oom" and r.test_double == GPU and r.nvml_peak_bytes == 900 * MIB and r.steps_done == 1
 
 
 def test_an_idle_cuda_process_is_calibrated_through_the_double():

@@ -55,6 +55,30 @@ def test_a_cuda_probe_runs_its_step_on_the_cpu_and_answers_as_cuda(double):
     assert abs(r.peak_allocated_bytes - cpu.peak_allocated_bytes) <= 0.05 * cpu.peak_allocated_bytes
 
 
+def test_eval_fidelity_is_measured_through_the_double(double, tiny_model):
+    """Real weights: the bf16 reference on the "GPU" (then emptied from its cache), the plan's base against it,
+    eval loss before and after, the training data tokenized by the model's tokenizer. (A 4-bit base of this
+    32-wide model cannot run eval on the CPU: bitsandbytes' CPU packing needs rows of at least its 64-value
+    block, on the CPU path as here.)"""
+    spec = resolve_model(str(tiny_model))
+    r = run_probe(spec, Plan(method="lora", seq_len=32, lora_dropout=0.0), device="cuda", steps=1, warmup=0,
+                  weights_dir=str(tiny_model), data=str(tiny_model / "data.jsonl"), max_eval_tokens=256)
+    assert r.ok and r.device == "cuda" and r.test_double == GPU, r.message
+    assert r.tokenizer == "model" and r.weights == str(tiny_model) and r.fidelity_tokens > 16
+    assert r.fidelity_kl == pytest.approx(0.0, abs=1e-6)  # the bf16 plan is the reference itself
+    assert r.eval_loss_base > 0 and r.eval_loss_after > 0 and r.nvml_peak_bytes > CONTEXT_BYTES
+
+
+def test_a_cuda_probe_without_a_gpu_or_the_double_is_an_error_naming_it(monkeypatch):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    monkeypatch.delenv(CUDA_DOUBLE_ENV, raising=False)
+    r = run_probe(SPEC, PLAN, device="cuda", steps=1, warmup=0)
+    assert r.status == "error" and "torch sees no CUDA GPU" in r.message and r.test_double is None
+
+
 def test_the_budget_cap_is_a_real_out_of_memory_in_the_child(double):
     # logits alone: 16 x 2048 x 512 x 4 B = 64 MiB, over the 48 MiB the budget leaves beside the CUDA context
     big = Plan(method="full", seq_len=2048, micro_batch=16)

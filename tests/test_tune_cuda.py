@@ -79,3 +79,11 @@ def test_a_measured_peak_over_the_headroom_is_not_an_answer(tiny_dir, tmp_path, 
     assert code == 1 and d["best"] is None and trial["state"] == "pruned" and trial["stage"] == "probe", trial
     assert trial["reason"].startswith("measured peak") and "leaves less than 45% of 1.00 GiB" in trial["reason"]
     assert trial["source"] == "measured" and trial["tokens_per_s_source"] == "measured"
+
+
+def test_a_probe_that_runs_out_of_memory_is_pruned_with_its_status(tiny_dir, tmp_path, capsys):
+    # 560 MiB: the simulation fits it (the CUDA context's 500 MiB prior), the GPU does not (its 600 MiB context)
+    code, d = tune(tmp_path, capsys, tiny_dir, "--gpu-budget", "560MiB", "--headroom", "0", "--trials", "1")
+    (trial,) = d["trials"]
+    assert code == 1 and trial["state"] == "pruned" and trial["stage"] == "probe", trial
+    assert trial["reason"].startswith("probe oom:") and "CUDA context alone" in trial["reason"]

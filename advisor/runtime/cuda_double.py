@@ -22,7 +22,8 @@ set_per_process_memory_fraction             a real cap: RLIMIT_DATA at what the 
                                             the GPU's memory (advisor.runtime.probe._limits.limit_cpu, the CPU
                                             probe's), and the allocator model's limit; going over is a real
                                             out-of-memory (status oom)
-NVML process memory (usedGpuMemory)         reserved + CONTEXT_BYTES, a fixed CUDA context
+NVML process memory (usedGpuMemory)         reserved + CONTEXT_BYTES, a fixed CUDA context, from the first
+                                            tensor on the device (before it, no context: NVML lists no process)
 NVML driver version                         DRIVER ("cuda test double"): nothing measured through it passes for a
                                             GPU's
 cuBLAS workspace                            none: the matmuls run on the CPU (a calibration measures 0)
@@ -76,8 +77,13 @@ class CudaDouble:
         self.nvml_method = NVML_METHOD
         """How NVML's process memory is answered."""
         self.limits: dict[str, int] = {}
-        self._tracker = _feeding_tracker(self.allocator)
+        self.context_bytes = 0
+        """The CUDA context: CONTEXT_BYTES from the first device allocation on, as CUDA creates it lazily."""
+        self._tracker = _feeding_tracker(self.allocator, self._create_context)
         self._tracker.__enter__()
+
+    def _create_context(self) -> None:
+        self.context_bytes = CONTEXT_BYTES
 
     def stop(self) -> None:
         """Stop counting (the tracker leaves the dispatch-mode stack of the thread that started it)."""
@@ -153,7 +159,7 @@ class NvmlDouble:
         self._cuda = cuda
 
     def process_bytes(self) -> int:
-        return int(self._cuda.allocator.reserved) + CONTEXT_BYTES
+        return int(self._cuda.allocator.reserved) + self._cuda.context_bytes
 
     def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
         pass
@@ -177,15 +183,18 @@ class NvmlDouble:
         return SimpleNamespace(total=total, used=used, free=max(0, total - used))
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:  # noqa: N802
+        if not self._cuda.context_bytes:
+            return []  # a process without a CUDA context is not a compute process
         return [SimpleNamespace(pid=os.getpid(), usedGpuMemory=self.process_bytes())]
 
     def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
         return DRIVER
 
 
-def _feeding_tracker(allocator: Any) -> Any:
+def _feeding_tracker(allocator: Any, on_first: Any) -> Any:
     """The simulation's live-bytes tracker (advisor.runtime.simulate.tracker), each device storage it sees
-    also asked of ``allocator`` (``malloc`` when made, ``free`` when released), as the caching allocator is."""
+    also asked of ``allocator`` (``malloc`` when made, ``free`` when released), as the caching allocator is;
+    ``on_first()`` is called at the first one."""
     from advisor.runtime.simulate.tracker import LiveBytes
 
     base = type(LiveBytes())
@@ -219,6 +228,8 @@ def _feeding_tracker(allocator: Any) -> Any:
         def _alloc(self, nbytes: int) -> Any:
             rec = super()._alloc(nbytes)
             if not rec.host and rec.requested > 0:
+                if not self._blocks and on_first is not None:
+                    on_first()
                 try:
                     self._blocks[rec.uid] = self.serve(allocator.malloc, rec.requested)
                 except Exception as e:  # AllocatorOutOfMemory: over the cap set_per_process_memory_fraction set
