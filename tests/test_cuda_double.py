@@ -67,7 +67,7 @@ def test_allocations_go_through_the_caching_allocator_model():
     before = torch.empty(1 << 20)  # made before CUDA started: not on the "GPU"
     with use(GPU) as cuda:
         assert cuda_boundary.cuda() is cuda and cuda_boundary.tensor_device("cuda") == "cpu"
-        assert cuda.is_available() and cuda.device_count() == 1
+        assert cuda.is_available()
         assert cuda.get_device_name(0) == resolve_gpu(GPU).name + CUDA_DOUBLE_SUFFIX
         assert cuda.get_device_properties(0).total_memory == resolve_gpu(GPU).memory_bytes
         assert cuda.memory_allocated() == 0 and cuda.memory_reserved() == 0
@@ -95,7 +95,39 @@ def test_allocations_go_through_the_caching_allocator_model():
                                        resolve_gpu(GPU).memory_bytes)
         del small
     assert cuda_boundary.double() is None and cuda_boundary.cuda() is torch.cuda
+    cuda.reset_peak_memory_stats()  # a stopped double still answers, counting nothing more
+    assert cuda.max_memory_allocated() == 0
     del before
+
+
+def test_use_switches_in_and_out_and_follows_the_switch(monkeypatch):
+    monkeypatch.setenv(CUDA_DOUBLE_ENV, "h100-sxm")
+    with use(GPU) as cuda:
+        assert cuda_boundary.double() is cuda and cuda.key == GPU
+        monkeypatch.setenv(CUDA_DOUBLE_ENV, "a100-80gb")  # another GPU named: another double, the first one stopped
+        other = cuda_boundary.double()
+        assert other is not cuda and other.key == "a100-80gb" and cuda._tracker is None
+    import os
+
+    assert os.environ[CUDA_DOUBLE_ENV] == "h100-sxm", "use() gives the switch back as it found it"
+    cuda_double.stop()
+
+
+def test_a_release_inside_the_allocator_models_own_work_waits_for_it():
+    """The garbage collector can free a storage while the allocator model is serving another request (on the same
+    thread): that release is applied right after, never in the middle of the model's bookkeeping."""
+    with use(GPU) as cuda:
+        tracker, model = cuda._tracker, cuda.allocator
+        block = tracker.serve(model.malloc, MIB)
+
+        def serving():
+            tracker.serve(model.free, block)  # what a collection inside malloc would do
+            assert model.allocated == MIB, "not freed in the middle"
+            with pytest.raises(RuntimeError, match="re-entered"):
+                tracker.serve(model.malloc, MIB)
+            return "served"
+
+        assert tracker.serve(serving) == "served" and model.allocated == 0
 
 
 def test_the_allocator_limit_releases_the_cache_and_retries_before_running_out():
@@ -126,6 +158,11 @@ def test_nvml_memory_without_the_process_in_view_is_the_devices_growth(monkeypat
         assert mem.process_bytes() == 20 * MIB + CONTEXT_BYTES and "minus used before" in mem.nvml_method
         mem.stop()
         del x
+        # a device NVML cannot open: the allocator's counters remain, NVML's figure is None
+        other = CudaMemory(1)
+        other.start_sampler()
+        assert other.process_bytes() is None and other.sample() is None and other.peak_allocated() >= 0
+        other.stop()
 
 
 def test_the_parent_stops_a_cuda_probe_whose_process_outgrows_the_budget(monkeypatch):
@@ -180,6 +217,18 @@ def test_calibration_made_through_the_double_never_mixes_with_the_real_gpus(tmp_
     assert memcal.record_probe_result(result)
     assert memcal.calibration_for(real.name) is None
     assert memcal.calibration_for(double.name).cuda_context_bytes == CONTEXT_BYTES
+
+
+def test_without_a_gpu_or_the_double_the_cuda_readers_say_so(monkeypatch, capsys):
+    from advisor.integrations import cuda_current_reader, cuda_peak_reader
+    from advisor.runtime.probe import _overheads
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    monkeypatch.delenv(CUDA_DOUBLE_ENV, raising=False)
+    assert cuda_peak_reader() is None and cuda_current_reader() is None
+    assert _overheads.main() == 1  # advisor calibrate's child: one line of JSON naming the failure
+    assert json.loads(capsys.readouterr().out) == {"error": "RuntimeError: no CUDA GPU: torch.cuda.is_available() is False"}
 
 
 def test_a_budget_smaller_than_the_cuda_context_is_an_oom():

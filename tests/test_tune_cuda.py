@@ -70,9 +70,12 @@ def test_tune_on_the_gpu_reaches_a_measured_calibrated_answer(tiny_dir, tmp_path
     assert overhead_of(MIB, gpu).parts["cuda_context"] == CONTEXT_BYTES
 
 
-def test_a_measured_peak_over_the_headroom_is_not_an_answer(tiny_dir, tmp_path, capsys):
+def test_a_measured_peak_over_the_headroom_is_not_an_answer(tiny_dir, tmp_path, capsys, monkeypatch):
     # 1 GiB less 45% leaves 563 MiB: the simulation (the 500 MiB prior of the CUDA context) fits it, the
     # probe's measured peak (NVML: a 600 MiB context) does not, though it ran within the budget
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    monkeypatch.setenv("ADVISOR_SPEED_CALIBRATION", str(blocked / "speed.json"))  # an unwritable cache never stops it
     code, d = tune(tmp_path, capsys, tiny_dir, "--gpu-budget", "1GiB", "--headroom", "0.45", "--trials", "1",
                    "--backend", "cuda")
     (trial,) = d["trials"]

@@ -96,9 +96,6 @@ class CudaDouble:
     def is_available(self) -> bool:
         return True
 
-    def device_count(self) -> int:
-        return 1
-
     def get_device_name(self, device: Any = None) -> str:
         return self.gpu.name
 
@@ -140,8 +137,6 @@ class CudaDouble:
         """The cap, for real: RLIMIT_DATA on this process (the CPU probe's limit) and the allocator model's limit."""
         from advisor.runtime.probe._limits import limit_cpu
 
-        if not 0 <= fraction <= 1:
-            raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")  # torch's own message
         cap = int(fraction * self.gpu.memory_bytes)
         self._tracker_call(self.allocator.set_limit, cap)
         self.limits = limit_cpu(cap)
@@ -164,19 +159,10 @@ class NvmlDouble:
     def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
         pass
 
-    def nvmlShutdown(self) -> None:  # noqa: N802
-        pass
-
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
-        return 1
-
     def nvmlDeviceGetHandleByIndex(self, index: int) -> str:  # noqa: N802
         if index != 0:
             raise ValueError(f"the CUDA test double holds one GPU (index 0), not index {index}")
         return "cuda-test-double:0"
-
-    def nvmlDeviceGetName(self, handle: Any) -> str:  # noqa: N802
-        return self._cuda.gpu.name
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any:  # noqa: N802
         total, used = int(self._cuda.gpu.memory_bytes), self.process_bytes()
