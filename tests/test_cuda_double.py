@@ -227,6 +227,12 @@ def test_without_a_gpu_or_the_double_the_cuda_readers_say_so(monkeypatch, capsys
         pytest.skip("this machine has a GPU")
     monkeypatch.delenv(CUDA_DOUBLE_ENV, raising=False)
     assert cuda_peak_reader() is None and cuda_current_reader() is None
+    from advisor.memory.inference import ServePlan
+    from advisor.runtime.probe.inference import probe_generate
+    from advisor.runtime.simulate.tiny import tiny_spec
+
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        probe_generate(tiny_spec(), ServePlan(concurrency=1, context_len=64, max_new_tokens=4))
     assert _overheads.main() == 1  # advisor calibrate's child: one line of JSON naming the failure
     assert json.loads(capsys.readouterr().out) == {"error": "RuntimeError: no CUDA GPU: torch.cuda.is_available() is False"}
 

@@ -253,12 +253,13 @@ def main(argv: list[str]) -> int:
     request_path, events_path = argv[1], argv[2]
     events = Events(events_path)
     events.emit("started", pid=os.getpid())
+    req = None
     try:
         req = ProbeRequest.read(Path(request_path))
         result = run(req, events)
     except BaseException as e:  # noqa: BLE001 - every failure becomes a reported status
         text = f"{type(e).__name__}: {e}"
-        status = status_of_exception(type(e).__name__, str(e))
+        status = status_of_exception(type(e).__name__, str(e), limited=bool(req and req.memory_limit_bytes))
         events.emit("failed", status=status, message=essence(text), traceback=traceback.format_exc()[-4000:])
         return 1
     events.emit("result", **result)
