@@ -32,21 +32,24 @@ ALWAYS = ("load", "train", "save")
 
 
 def cuda_peak_reader() -> Callable[[], int] | None:
-    """Peak bytes allocated by torch on the current CUDA device, or None without CUDA."""
-    import torch
+    """Peak bytes allocated by torch on the current CUDA device, or None without CUDA (torch.cuda, or the
+    CUDA test double in its place: advisor.runtime.cuda_boundary)."""
+    from advisor.runtime.cuda_boundary import cuda as cuda_api
 
-    if not torch.cuda.is_available():
+    cuda = cuda_api()
+    if not cuda.is_available():
         return None
-    return lambda: int(torch.cuda.max_memory_allocated())
+    return lambda: int(cuda.max_memory_allocated())
 
 
 def cuda_current_reader() -> Callable[[], int] | None:
     """Bytes allocated by torch on the current CUDA device now, or None without CUDA."""
-    import torch
+    from advisor.runtime.cuda_boundary import cuda as cuda_api
 
-    if not torch.cuda.is_available():
+    cuda = cuda_api()
+    if not cuda.is_available():
         return None
-    return lambda: int(torch.cuda.memory_allocated())
+    return lambda: int(cuda.memory_allocated())
 
 
 class MemoryGuardCallback(TrainerCallback):

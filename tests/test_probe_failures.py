@@ -117,3 +117,11 @@ def test_python_error_and_exit_without_result(spec):
     r2 = probe(spec, w2, fault="exit", timeout=240)
     assert r2.status == "crash" and r2.exit == "exit 3" and "without a result" in r2.message
     assert not w.alive() and not w2.alive()
+
+
+def test_onednn_failing_under_the_memory_limit_is_an_oom():
+    from advisor.runtime.probe._classify import status_of_exception
+
+    text = "could not create a primitive"  # oneDNN's scratchpad refused by RLIMIT_DATA (a 25 MiB step at 48 MiB)
+    assert status_of_exception("RuntimeError", text, limited=True) == "oom"
+    assert status_of_exception("RuntimeError", text) == "error"  # without a limit it says nothing about memory

@@ -40,8 +40,10 @@ def add_parser(subs) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
     import subprocess
     import sys
+    from pathlib import Path
 
     from advisor.core.catalog import detect_gpu, resolve_model
     from advisor.core.errors import AdvisorInputError
@@ -54,9 +56,11 @@ def run(args: argparse.Namespace) -> int:
                                 "no GPU", show_value=False)
     spec = resolve_model(args.model)
     path = args.calibration or cal.default_path()
+    env = dict(os.environ)  # this advisor in the child, as the probe runner does (and $ADVISOR_CUDA_DOUBLE with it)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), *filter(None, [env.get("PYTHONPATH")])])
     try:
         child = subprocess.run([sys.executable, "-m", "advisor.runtime.probe._overheads"], capture_output=True,
-                               text=True, timeout=args.timeout)
+                               text=True, timeout=args.timeout, env=env)
         lines = (child.stdout or "").strip().splitlines()
         measured = json.loads(lines[-1]) if lines else {"error": (child.stderr or "").strip()[-300:]}
     except subprocess.TimeoutExpired:

@@ -392,8 +392,46 @@ def match_gpu_name(nvml_name: str) -> GpuSpec | None:
     return None
 
 
+CUDA_DOUBLE_ENV = "ADVISOR_CUDA_DOUBLE"
+"""Names a catalog GPU (``ADVISOR_CUDA_DOUBLE=rtx-4090``) to switch on the CUDA test double
+(advisor/runtime/cuda_double.py): detection answers that GPU, and a probe asked for cuda runs its real step on
+the CPU. Read in one place, ``cuda_double_gpu``; child processes inherit it."""
+CUDA_DOUBLE_SUFFIX = " (cuda test double)"
+"""Ends the name of the GPU the double stands for, so that no study, report or calibration entry made
+through it reads as a real GPU's (the calibration files key on the name)."""
+
+
+def cuda_double_gpu(index: int = 0) -> GpuSpec | None:
+    """The catalog GPU the CUDA test double stands for, when ``$ADVISOR_CUDA_DOUBLE`` names one; else None.
+
+    Its name ends with CUDA_DOUBLE_SUFFIX and its source says it is the double; it holds one device.
+    """
+    wanted = os.environ.get(CUDA_DOUBLE_ENV, "").strip()
+    if not wanted or index != 0:
+        return None
+    try:
+        gpu = resolve_gpu(wanted)
+    except AdvisorInputError as e:
+        raise AdvisorInputError(CUDA_DOUBLE_ENV, f"must name a catalog GPU ({e.rule.removeprefix('unknown GPU; ')})",
+                                wanted) from None
+    return replace(gpu, name=gpu.name + CUDA_DOUBLE_SUFFIX, detected=True, index=0,
+                   source=f"{CUDA_DOUBLE_ENV}={wanted}: the CUDA test double (no GPU; probes run on the CPU) "
+                          f"standing for the catalog's {gpu.name} ({gpu.source})")
+
+
+def is_cuda_double(gpu: GpuSpec | str | None) -> bool:
+    """Whether ``gpu`` (a GpuSpec or a GPU name) is the CUDA test double's."""
+    name = gpu.name if isinstance(gpu, GpuSpec) else (gpu or "")
+    return name.endswith(CUDA_DOUBLE_SUFFIX)
+
+
 def detect_gpu(index: int = 0) -> GpuSpec | None:
-    """The GPU in this machine through NVML (nvidia-ml-py), or None when there is none."""
+    """The GPU in this machine through NVML (nvidia-ml-py), or None when there is none.
+
+    With ``$ADVISOR_CUDA_DOUBLE`` set, the catalog GPU it names (``cuda_double_gpu``) instead of NVML's."""
+    double = cuda_double_gpu(index)
+    if double is not None:
+        return double
     try:
         import pynvml
     except ImportError:

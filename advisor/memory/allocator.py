@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left, insort
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 from advisor.core.errors import AdvisorInputError
@@ -271,6 +271,11 @@ class CachingAllocator:
     def empty_cache(self) -> None:
         """``emptyCache``: every unsplit cached segment back to the driver."""
         self._release_cached_blocks()
+
+    def set_limit(self, limit_bytes: int | None) -> None:
+        """``setMemoryFraction`` (torch.cuda.set_per_process_memory_fraction): the most bytes reserved from now on."""
+        self.config = replace(self.config, limit_bytes=limit_bytes)
+        self._gc_on = self.config.garbage_collection_threshold > 0 and limit_bytes is not None
 
     def reset_peak(self) -> None:
         """``resetPeakStats``."""

@@ -448,14 +448,15 @@ class Tuner:
             except BackendFailed as e:
                 return {**rec, "reason": f"probe {e.status}: {e.message}"[:300]}
             rec.update(_memory_fields(report))
-            if report.extra.get("tokens_per_s"):
-                rec.update(tokens_per_s=float(report.extra["tokens_per_s"]) * s.gpus, tokens_per_s_source="measured")
-                if s.backend == "cuda" and options.get("num_layers") is None:
-                    _calibrate_speed(s, plan, float(report.extra["tokens_per_s"]))
-            if report.extra.get("losses"):
-                rec["losses"] = [float(x) for x in report.extra["losses"]]
-            if report.extra.get("fidelity_kl") is not None:
-                rec.update(accuracy_loss=float(report.extra["fidelity_kl"]), accuracy_source="measured")
+            measured = report.measured
+            if measured is not None and measured.tokens_per_s:
+                rec.update(tokens_per_s=float(measured.tokens_per_s) * s.gpus, tokens_per_s_source="measured")
+                if s.backend == "cuda" and options.num_layers is None:  # a part-depth probe is not the plan's speed
+                    _calibrate_speed(s, plan, float(measured.tokens_per_s))
+            if measured is not None and measured.losses:
+                rec["losses"] = [float(x) for x in measured.losses]
+            if measured is not None and measured.fidelity_kl is not None:
+                rec.update(accuracy_loss=float(measured.fidelity_kl), accuracy_source="measured")
             if s.backend == "cuda" and not fits(run_peak_bytes(report), s.budget.bytes, s.headroom):
                 return {**rec, "reason": f"measured peak {fmt(run_peak_bytes(report))}{_during(report)} leaves less than "
                                          f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}

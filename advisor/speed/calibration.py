@@ -26,7 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from advisor.core.catalog import GpuSpec, ModelSpec
+from advisor.core.catalog import GpuSpec, ModelSpec, is_cuda_double
 from advisor.core.plan import Plan
 from advisor.speed.terms import step_terms
 
@@ -65,7 +65,9 @@ class GpuCalibration:
 
 
 def gpu_key(gpu: GpuSpec) -> str:
-    return gpu.key if gpu.key not in ("detected", "") else gpu.name
+    """The catalog key; the name of a GPU outside the catalog, or of the CUDA test double's (whose probes ran on
+    the CPU: they must never refit the real GPU's scales)."""
+    return gpu.key if gpu.key not in ("detected", "") and not is_cuda_double(gpu) else gpu.name
 
 
 _cache: dict[str, Any] = {"path": None, "mtime": None, "data": {}}

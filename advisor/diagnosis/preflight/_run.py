@@ -240,12 +240,16 @@ def _probe(model: ModelSpec, plan: Plan, target: Target, headroom: float) -> lis
     try:
         rep = get_backend(device).measure(model, plan, target.detected, options)
     except BackendFailed as e:
+        double = getattr(e.result, "test_double", None)
+        run = f"cuda test double ({double}; the step ran on the CPU)" if double else device
         return [Finding("memory.probe", "error", f"probe {e.status}: {e.message}",
-                        f"a real {device} run of the plan{held} ended with status {e.status}",
+                        f"a real {run} run of the plan{held} ended with status {e.status}",
                         ("lower the micro-batch or the sequence length, or run `advisor tune` for a plan that fits",),
-                        "memory", {"status": e.status, "budget_bytes": options.budget_bytes})]
+                        "memory", {"status": e.status, "budget_bytes": options.budget_bytes, "test_double": double})]
     measured = rep.measured.to_dict() if rep.measured is not None else {}
-    title = (f"probe ran: peak {format_bytes(rep.peak_bytes)} measured on the {device}{held}, "
+    double = rep.extra.get("test_double")
+    where = f"the cuda test double ({double}; the step ran on the CPU)" if double else f"the {device}"
+    title = (f"probe ran: peak {format_bytes(rep.peak_bytes)} measured on {where}{held}, "
              f"{measured.get('tokens_per_s') or 0:,.0f} tokens/s")
     data = {"status": "ok", **rep.extra, **measured}
     if budget is not None and not fits(rep.peak_bytes, budget.bytes, headroom):

@@ -31,10 +31,17 @@ def essence(text: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def status_of_exception(exc_type: str, text: str) -> str:
-    """oom for every out-of-memory form, crash for CUDA errors (the context is lost), else error."""
+def status_of_exception(exc_type: str, text: str, limited: bool = False) -> str:
+    """oom for every out-of-memory form, crash for CUDA errors (the context is lost), else error.
+
+    ``limited``: the process ran under a memory limit (RLIMIT_DATA), where oneDNN reports a scratchpad it
+    cannot allocate as "could not create a primitive" (measured on a CPU probe of a 25 MiB step: at a 48 MiB
+    limit, and fine at 96 MiB)."""
     lowered = f"{exc_type} {text}".lower()
-    if exc_type in ("OutOfMemoryError", "MemoryError") or any(m in lowered for m in _OOM_MARKERS):
+    # BudgetTooSmall (advisor.runtime.probe._limits): the budget cannot hold even the CUDA context
+    if exc_type in ("OutOfMemoryError", "MemoryError", "BudgetTooSmall") or any(m in lowered for m in _OOM_MARKERS):
+        return "oom"
+    if limited and "could not create a primitive" in lowered:
         return "oom"
     if any(m in lowered for m in _CUDA_ERROR_MARKERS):
         return "crash"

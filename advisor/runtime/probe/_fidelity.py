@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from advisor.runtime.cuda_boundary import cuda, tensor_device
+
 REFERENCE_DTYPE = "bfloat16"
 
 
@@ -25,7 +27,7 @@ def _autocast(device: str, plan: Any):
 
     if plan.precision.startswith("mixed"):
         dtype = torch.bfloat16 if plan.precision == "mixed_bf16" else torch.float16
-        return torch.autocast(device_type=device, dtype=dtype)
+        return torch.autocast(device_type=tensor_device(device), dtype=dtype)
     return contextlib.nullcontext()
 
 
@@ -34,17 +36,18 @@ def reference_logprobs(weights_dir: str, ids: Any, window: int, device: str) -> 
     import torch
     from transformers import AutoModelForCausalLM
 
+    on = tensor_device(device)
     model = AutoModelForCausalLM.from_pretrained(weights_dir, dtype=getattr(torch, REFERENCE_DTYPE),
-                                                 local_files_only=True).to(device)
+                                                 local_files_only=True).to(on)
     model.eval()
     out = []
     with torch.no_grad():
         for w in _windows(ids, window):
-            logits = model(input_ids=w.to(device)).logits
+            logits = model(input_ids=w.to(on)).logits
             out.append(torch.log_softmax(logits.float(), dim=-1).cpu())
     del model
     if device == "cuda":
-        torch.cuda.empty_cache()
+        cuda().empty_cache()
     return out
 
 
@@ -53,19 +56,20 @@ def evaluate(model: Any, ids: Any, window: int, device: str, plan: Any, ref: lis
     import torch
     import torch.nn.functional as F
 
+    on = tensor_device(device)
     was_training = model.training
     model.eval()
     kl_sum, ce_sum, n_kl, n_ce = 0.0, 0.0, 0, 0
     try:
         with torch.no_grad(), _autocast(device, plan):
             for i, w in enumerate(_windows(ids, window)):
-                logits = model(input_ids=w.to(device)).logits.float()
+                logits = model(input_ids=w.to(on)).logits.float()
                 logp = torch.log_softmax(logits, dim=-1)
-                ce = F.nll_loss(logp[0, :-1], w[0, 1:].to(device), reduction="sum")
+                ce = F.nll_loss(logp[0, :-1], w[0, 1:].to(on), reduction="sum")
                 ce_sum += float(ce)
                 n_ce += w.shape[1] - 1
                 if ref is not None:
-                    r = ref[i].to(device)
+                    r = ref[i].to(on)
                     kl = (r.exp() * (r - logp)).sum(-1)
                     kl_sum += float(kl.sum())
                     n_kl += kl.numel()

@@ -41,18 +41,22 @@ def limit_cpu(budget_bytes: int) -> dict[str, int]:
     return {"rlimit_data_bytes": cap, "baseline_data_bytes": base}
 
 
-def limit_cuda(budget_bytes: int, cuda_memory) -> dict[str, int | float]:
-    """Cap the caching allocator so the whole process (context included) stays within the budget."""
+def limit_cuda(budget_bytes: int, cuda_memory, device: str = "cuda") -> dict[str, int | float]:
+    """Cap the caching allocator so the whole process (context included) stays within the budget.
+
+    ``cuda_memory`` (advisor.runtime.probe._memory.CudaMemory) asks torch.cuda, or the CUDA test double; ``device``
+    is where its tensors live (advisor.runtime.cuda_boundary.tensor_device)."""
     import torch
 
-    torch.zeros(1, device="cuda")  # create the context, so that NVML sees it
-    torch.cuda.synchronize()
+    cuda = cuda_memory.cuda
+    torch.zeros(1, device=device)  # create the context, so that NVML sees it
+    cuda.synchronize()
     context = cuda_memory.sample() or 0
-    total = torch.cuda.get_device_properties(cuda_memory.index).total_memory
+    total = cuda.get_device_properties(cuda_memory.index).total_memory
     allocator_cap = int(budget_bytes) - context
     if allocator_cap <= 0:
         raise BudgetTooSmall(essence(f"the CUDA context alone takes {context:,} B of the {budget_bytes:,} B budget"))
     fraction = min(1.0, allocator_cap / total)
-    torch.cuda.set_per_process_memory_fraction(fraction, cuda_memory.index)
+    cuda.set_per_process_memory_fraction(fraction, cuda_memory.index)
     return {"context_bytes": context, "allocator_cap_bytes": allocator_cap, "memory_fraction": fraction,
             "total_bytes": int(total)}

@@ -8,7 +8,8 @@ step). Process RSS is not used: the C allocator keeps freed pages, so RSS overst
 
 GPU protocol: ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` (the caching
 allocator's own counters) and the whole process's memory from NVML, sampled every 20 ms by a
-thread and at every step's end.
+thread and at every step's end. Both are asked through advisor.runtime.cuda_boundary, so that the
+CUDA test double (advisor.runtime.cuda_double) can answer them on a machine without a GPU.
 """
 
 from __future__ import annotations
@@ -223,9 +224,14 @@ class CudaMemory:
     """Peak allocated / reserved from the caching allocator, and the process's NVML memory."""
 
     def __init__(self, device_index: int = 0) -> None:
-        import torch
+        from advisor.runtime import cuda_boundary
 
-        self._torch = torch
+        self.cuda = cuda_boundary.cuda()
+        """torch.cuda, or the CUDA test double in its place."""
+        double = cuda_boundary.double()
+        self.method = double.method if double is not None else CUDA_METHOD
+        """How peak_allocated is measured (ProbeResult.memory_method)."""
+        self._per_process = double.nvml_method if double is not None else "NVML per-process usedGpuMemory"
         self.index = device_index
         self.nvml_peak = 0
         self.nvml_method = ""
@@ -233,15 +239,15 @@ class CudaMemory:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._baseline_used: int | None = None
+        self._nvml = None
         try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self._nvml = pynvml
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
-            self._baseline_used = int(pynvml.nvmlDeviceGetMemoryInfo(self._handle).used)
-        except Exception:  # noqa: BLE001 - no NVML: the torch counters remain
-            self._nvml = None
+            nvml = cuda_boundary.nvml()
+            nvml.nvmlInit()
+            self._nvml = nvml
+            self._handle = nvml.nvmlDeviceGetHandleByIndex(device_index)
+            self._baseline_used = int(nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
+        except Exception:  # noqa: BLE001 - no NVML (or no nvidia-ml-py): the torch counters remain
+            self._handle = None
 
     def process_bytes(self) -> int | None:
         """This process's GPU memory: NVML's per-process figure, else device used minus used before we started."""
@@ -251,7 +257,7 @@ class CudaMemory:
         try:
             for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle):
                 if proc.pid == pid and proc.usedGpuMemory is not None:
-                    self.nvml_method = "NVML per-process usedGpuMemory"
+                    self.nvml_method = self._per_process
                     return int(proc.usedGpuMemory)
             used = int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
         except Exception:  # noqa: BLE001
@@ -282,19 +288,19 @@ class CudaMemory:
             self._thread.join(timeout=1)
 
     def reset_peak(self) -> None:
-        self._torch.cuda.reset_peak_memory_stats(self.index)
+        self.cuda.reset_peak_memory_stats(self.index)
 
     def peak_allocated(self) -> int:
-        return int(self._torch.cuda.max_memory_allocated(self.index))
+        return int(self.cuda.max_memory_allocated(self.index))
 
     def peak_reserved(self) -> int:
-        return int(self._torch.cuda.max_memory_reserved(self.index))
+        return int(self.cuda.max_memory_reserved(self.index))
 
     def alloc_retries(self) -> int:
         """cudaMalloc calls retried after freeing the cache (``num_alloc_retries`` of torch.cuda.memory_stats):
         each one synchronizes the device and releases every unused cached segment (c10/cuda/
         CUDACachingAllocator.cpp, ``release_cached_blocks``), so they cost time as well as memory."""
-        return int(self._torch.cuda.memory_stats(self.index).get("num_alloc_retries", 0))
+        return int(self.cuda.memory_stats(self.index).get("num_alloc_retries", 0))
 
 
 # ---------------------------------------------------------------------------------------------- calibration
@@ -307,33 +313,38 @@ def measure_overheads(device_index: int = 0) -> dict[str, Any]:
     small tensor; ``memory_allocated`` before and after the first bf16 matmul and linear layer (their
     outputs freed) gives the cuBLAS / cuBLASLt workspaces, which torch takes from the caching
     allocator; then NVML's process memory minus ``memory_reserved`` is the CUDA context (kernels,
-    driver state, everything outside the allocator).
+    driver state, everything outside the allocator). Under the CUDA test double the same protocol runs
+    on the CPU and ``test_double`` names the catalog GPU it stood for.
     """
     import torch
 
-    if not torch.cuda.is_available():
+    from advisor.runtime import cuda_boundary
+
+    cuda = cuda_boundary.cuda()
+    if not cuda.is_available():
         raise RuntimeError("no CUDA GPU: torch.cuda.is_available() is False")
     mem = CudaMemory(device_index)
-    dev = torch.device("cuda", device_index)
+    where = cuda_boundary.tensor_device("cuda")
+    dev = torch.device(where, device_index) if where == "cuda" else torch.device(where)
     x = torch.ones(1, device=dev)
-    torch.cuda.synchronize(dev)
+    cuda.synchronize(dev)
     a = torch.randn(1024, 1024, device=dev, dtype=torch.bfloat16)
     w = torch.randn(1024, 1024, device=dev, dtype=torch.bfloat16)
     bias = torch.randn(1024, device=dev, dtype=torch.bfloat16)
-    torch.cuda.synchronize(dev)
-    before = torch.cuda.memory_allocated(dev)
+    cuda.synchronize(dev)
+    before = cuda.memory_allocated(dev)
     out = a @ w                                          # cublasGemmEx: the cuBLAS workspace
     out2 = torch.nn.functional.linear(a, w, bias)        # cublasLt with a bias epilogue: its workspace
-    torch.cuda.synchronize(dev)
+    cuda.synchronize(dev)
     del out, out2
-    workspace = torch.cuda.memory_allocated(dev) - before
+    workspace = cuda.memory_allocated(dev) - before
     process = mem.process_bytes()
-    reserved = torch.cuda.memory_reserved(dev)
+    reserved = cuda.memory_reserved(dev)
     del x, a, w, bias
     mem.stop()
     if process is None:
         raise RuntimeError("NVML cannot see this process's memory (nvidia-ml-py missing or no NVML)")
-    return {"gpu": torch.cuda.get_device_name(dev), "cuda_context_bytes": int(process - reserved),
+    double = cuda_boundary.double()
+    return {"gpu": cuda.get_device_name(dev), "cuda_context_bytes": int(process - reserved),
             "cublas_workspace_bytes": int(workspace), "process_bytes": int(process), "reserved_bytes": int(reserved),
-            "method": mem.nvml_method}
-
+            "method": mem.nvml_method, "test_double": double.key if double is not None else None}

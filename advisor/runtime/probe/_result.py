@@ -95,6 +95,9 @@ class ProbeResult:
     """Caveats worth showing a person."""
     source: str = "measured"
     """Always measured: a probe is a real run."""
+    test_double: str | None = None
+    """The catalog GPU the CUDA test double stood for (``$ADVISOR_CUDA_DOUBLE``, advisor.runtime.cuda_double): the
+    step ran on the CPU and the cuda-only figures (reserved, NVML) are the double's. None on a real device."""
 
     def __post_init__(self) -> None:
         for key in _TUPLES:  # JSON gives lists; keep the frozen object hashable-in-spirit and comparable

@@ -157,6 +157,14 @@ def run_probe(model_spec: Any, plan: Any, *, device: str = "cpu", steps: int = 3
             shutil.rmtree(work, ignore_errors=True)
 
 
+def _test_double(device: str) -> str | None:
+    """The catalog GPU the CUDA test double stands for in the child (it inherits the environment), or None."""
+    from advisor.core.catalog import cuda_double_gpu
+
+    gpu = cuda_double_gpu() if device == "cuda" else None
+    return gpu.key if gpu is not None else None
+
+
 def _run(req: ProbeRequest, work: Path, timeout: float, on_start: Callable[[int], None] | None,
          model_name: str) -> ProbeResult:
     req_path, ev_path, log_path = work / "request.json", work / "events.jsonl", work / "child.log"
@@ -222,6 +230,8 @@ def _handle(ev: dict[str, Any], state: dict[str, Any], req: ProbeRequest, killed
         if limit and not killed_for:
             measured = ev.get("nvml") if req.device == "cuda" else ev.get("peak")
             what = "whole-process GPU memory (NVML)" if req.device == "cuda" else "peak of live tensors"
+            if _test_double(req.device):
+                what += " of the cuda test double"
             if measured and measured > limit:
                 return "oom", (f"{what} {_fmt(measured)} over the budget {_fmt(limit)} at step {ev['i']} "
                                f"(stopped early)")
@@ -240,6 +250,7 @@ def _result(req: ProbeRequest, state: dict[str, Any], killed_for: str | None, ki
         "steps_done": len(steps), "step_peaks_bytes": tuple(s["peak"] for s in steps if s.get("peak") is not None),
         "losses": tuple(s["loss"] for s in steps), "weights": req.weights_dir or "random",
         "data": req.data or "synthetic", "budget_bytes": req.memory_limit_bytes, "wall_s": wall, "exit": exit_text,
+        "test_double": _test_double(req.device),
     }
     if steps:
         base["peak_allocated_bytes"] = max(s["peak"] or 0 for s in steps)

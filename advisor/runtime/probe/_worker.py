@@ -47,10 +47,11 @@ def versions() -> dict[str, str | None]:
     out["cuda"] = torch.version.cuda
     out["driver"] = None
     try:
-        import pynvml
+        from advisor.runtime.cuda_boundary import nvml
 
-        pynvml.nvmlInit()
-        drv = pynvml.nvmlSystemGetDriverVersion()
+        lib = nvml()
+        lib.nvmlInit()
+        drv = lib.nvmlSystemGetDriverVersion()
         out["driver"] = drv.decode() if isinstance(drv, bytes) else drv
     except Exception:  # noqa: BLE001 - no NVML, no driver
         pass
@@ -78,9 +79,9 @@ def _preimport(model_type: str) -> None:
 
 def _sync(device: str) -> None:
     if device == "cuda":
-        import torch
+        from advisor.runtime.cuda_boundary import cuda
 
-        torch.cuda.synchronize()
+        cuda().synchronize()
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -97,6 +98,7 @@ def run(req: ProbeRequest, events: Events) -> dict[str, Any]:
 
     from advisor.core.catalog import ModelSpec
     from advisor.core.plan import Plan
+    from advisor.runtime import cuda_boundary
     from advisor.runtime.probe import _data, _fidelity, _limits, _memory
     from advisor.runtime.probe._faults import inject
 
@@ -109,11 +111,16 @@ def run(req: ProbeRequest, events: Events) -> dict[str, Any]:
     out: dict[str, Any] = {"versions": versions(), "notes": notes, "gpu_name": None}
     cuda_mem = None
     if device == "cuda":
-        if not torch.cuda.is_available():
+        cuda = cuda_boundary.cuda()  # torch.cuda, or the CUDA test double (advisor.runtime.cuda_double)
+        if not cuda.is_available():
             raise RuntimeError("device cuda asked for, but torch sees no CUDA GPU (torch.cuda.is_available() is False)")
         cuda_mem = _memory.CudaMemory(0)  # before CUDA creates its context: NVML's baseline is the GPU without us
-        out["gpu_name"] = torch.cuda.get_device_name(0)
+        out["gpu_name"] = cuda.get_device_name(0)
         cuda_mem.start_sampler()
+        double = cuda_boundary.double()
+        if double is not None:
+            notes.append(double.note)
+    on = cuda_boundary.tensor_device(device)  # where the tensors live: the CPU under the CUDA test double
     torch.manual_seed(req.seed)
 
     events.emit("phase", phase="import")
@@ -139,7 +146,7 @@ def run(req: ProbeRequest, events: Events) -> dict[str, Any]:
 
     if req.memory_limit_bytes:
         events.emit("phase", phase="limit")
-        limits = (_limits.limit_cuda(req.memory_limit_bytes, cuda_mem) if device == "cuda"
+        limits = (_limits.limit_cuda(req.memory_limit_bytes, cuda_mem, on) if device == "cuda"
                   else _limits.limit_cpu(req.memory_limit_bytes))
         out["limits"] = limits
 
@@ -163,7 +170,7 @@ def run(req: ProbeRequest, events: Events) -> dict[str, Any]:
         tracker.__enter__()
     try:
         events.emit("phase", phase="build")
-        setup = build_training_setup(spec, plan, device=device, num_layers=req.num_layers,
+        setup = build_training_setup(spec, plan, device=on, target_device=device, num_layers=req.num_layers,
                                      quant_impl=req.quant_impl, weights_dir=req.weights_dir, seed=req.seed)
         stepper: Any = setup
         notes.extend(getattr(setup, "notes", []) or [])
@@ -173,7 +180,7 @@ def run(req: ProbeRequest, events: Events) -> dict[str, Any]:
             events.emit("phase", phase="deepspeed")
             from advisor.runtime.probe._deepspeed import DeepSpeedStepper
 
-            stepper = DeepSpeedStepper(setup, plan, device)
+            stepper = DeepSpeedStepper(setup, plan, on)
             notes.append(f"DeepSpeed {plan.offload}: optimizer states in host memory")
         if tracker is not None:
             tracker.track_all(_memory.module_tensors(setup.model, setup.optimizer))
@@ -231,7 +238,7 @@ def run(req: ProbeRequest, events: Events) -> dict[str, Any]:
         final_loss=losses[-1], peak_allocated_bytes=max(step_peaks), peak_phase=peak_phase,
         step_time_median_s=statistics.median(times), step_time_p90_s=percentile(times, 90),
         tokens_per_s=plan.tokens_per_step / statistics.median(times),
-        memory_method=cpu_method if tracker is not None else _memory.CUDA_METHOD,
+        memory_method=cpu_method if tracker is not None else cuda_mem.method,
         tokenizer=out["tokenizer"],
     )
     if cuda_mem is not None:
@@ -246,12 +253,13 @@ def main(argv: list[str]) -> int:
     request_path, events_path = argv[1], argv[2]
     events = Events(events_path)
     events.emit("started", pid=os.getpid())
+    req = None
     try:
         req = ProbeRequest.read(Path(request_path))
         result = run(req, events)
     except BaseException as e:  # noqa: BLE001 - every failure becomes a reported status
         text = f"{type(e).__name__}: {e}"
-        status = status_of_exception(type(e).__name__, str(e))
+        status = status_of_exception(type(e).__name__, str(e), limited=bool(req and req.memory_limit_bytes))
         events.emit("failed", status=status, message=essence(text), traceback=traceback.format_exc()[-4000:])
         return 1
     events.emit("result", **result)

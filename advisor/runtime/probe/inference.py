@@ -25,6 +25,8 @@ class ServeProbe:
     seconds: float
     new_tokens: int
     source: str = "measured"
+    test_double: str | None = None
+    """The catalog GPU the CUDA test double stood for (the run was on the CPU); None on a GPU."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -32,31 +34,37 @@ class ServeProbe:
 
 def probe_generate(spec: ModelSpec, plan: ServePlan, *, num_layers: int | None = None,
                    new_tokens: int | None = None) -> ServeProbe:
-    """Measure transformers ``generate`` with ``cache_implementation="static"`` on the GPU (bf16)."""
+    """Measure transformers ``generate`` with ``cache_implementation="static"`` on the GPU (bf16).
+
+    In this process: the CUDA test double answers it when switched on (advisor.runtime.cuda_double.use)."""
     import torch
 
+    from advisor.runtime import cuda_boundary
     from advisor.runtime.simulate.inference import serving_model
 
-    if not torch.cuda.is_available():
+    cuda = cuda_boundary.cuda()
+    if not cuda.is_available():
         raise RuntimeError("probe_generate needs a CUDA GPU")
     plan.validate()
     n_new = new_tokens or plan.new_tokens
-    with torch.device("cuda"):
+    on = cuda_boundary.tensor_device("cuda")
+    with torch.device(on):
         model, _ = serving_model(spec, num_layers)
-    ids = torch.randint(0, spec.vocab_size, (plan.concurrency, plan.prompt_len), device="cuda")
+    ids = torch.randint(0, spec.vocab_size, (plan.concurrency, plan.prompt_len), device=on)
     kw = dict(max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False, cache_implementation="static",
               pad_token_id=0)
     with torch.no_grad():
         model.generate(ids[:, :8], **{**kw, "max_new_tokens": 2, "min_new_tokens": 2})  # warm-up
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+        cuda.synchronize()
+        cuda.empty_cache()
+        cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         model.generate(ids, **kw)
-        torch.cuda.synchronize()
+        cuda.synchronize()
         dt = time.perf_counter() - t0
-    return ServeProbe("hf", torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved(),
-                      plan.concurrency * n_new / dt, dt, n_new)
+    double = cuda_boundary.double()
+    return ServeProbe("hf", cuda.max_memory_allocated(), cuda.max_memory_reserved(),
+                      plan.concurrency * n_new / dt, dt, n_new, test_double=double.key if double is not None else None)
 
 
 def vllm_available() -> bool:
