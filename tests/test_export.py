@@ -20,6 +20,7 @@ import yaml
 
 from advisor.core.catalog import resolve_model
 from advisor.core.errors import AdvisorInputError, ConfigErrors
+from advisor.configs._base import training_hyperparameters
 from advisor.configs.export import EXPORTERS, FILENAMES, export_plan, export_sections
 from advisor.configs._deepspeed import PREFETCH_BUCKET_SIZE, REDUCE_BUCKET_SIZE
 from advisor.core.plan import Plan
@@ -108,7 +109,10 @@ def test_advisor_yaml_sections_build_their_classes(name, qwen7b, tmp_path):
     assert str(args.optim.value) == plan.optimizer
     assert args.bf16 == (plan.precision in ("bf16", "mixed_bf16"))
     assert args.fp16 == (plan.precision in ("fp16", "mixed_fp16"))
-    assert args.learning_rate == (2e-5 if plan.method == "full" else 2e-4)
+    hp = training_hyperparameters(plan)
+    assert args.learning_rate == hp["learning_rate"] and args.max_grad_norm == hp["max_grad_norm"]
+    if plan.optimizer.startswith(("adamw", "paged_adamw")) and not plan.optimizer_in_backward:
+        assert args.learning_rate == (2e-5 if plan.method == "full" else 2e-4) and args.max_grad_norm == 1.0
 
     adv = cfg["advisor"]
     assert adv["max_seq_length"] == plan.seq_len and adv["chunked_ce"] == plan.chunked_ce
@@ -325,3 +329,23 @@ def test_chunked_loss_equals_the_models_own_loss(tiny_model):
     mine_grad = torch.autograd.grad(mine, model.lm_head.weight)[0]
     torch.testing.assert_close(mine, ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(mine_grad, ref_grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", ["lomo", "adalomo", "sgd", "galore_adamw"])
+def test_an_optimizer_that_changes_dynamics_exports_its_sources_hyperparameters(tmp_path, qwen7b, optimizer):
+    """LOMO, AdaLomo, SGD, GaLore: the exported run trains with the learning rate and clipping their sources
+    used (advisor/data/quality.yaml hyperparameters), and every format's header says why they differ."""
+    from advisor.search.quality import recommended_hyperparameters
+
+    plan = Plan(method="full", optimizer=optimizer, precision="bf16")
+    rec = recommended_hyperparameters(plan)
+    paths = export_plan(qwen7b, plan, tmp_path)
+    cfg = yaml.safe_load(paths["advisor"].read_text())
+    assert cfg["training"]["learning_rate"] == rec["learning_rate"] != 2e-5
+    assert cfg["training"]["max_grad_norm"] == rec["max_grad_norm"]
+    for fmt, path in paths.items():
+        if fmt in ("advisor", "axolotl", "llamafactory", "trl"):
+            text = path.read_text()
+            assert "changes training dynamics" in text and "source:" in text, fmt
+    if optimizer == "galore_adamw":
+        assert "scale=4.0" in cfg["training"]["optim_args"]

@@ -199,7 +199,7 @@ def test_capacity_depends_on_the_regime():
     assert q.quality_of(RECIPE.with_(lora_r=256, lora_alpha=512), "domain").accuracy_loss < tolerance
     assert cpt.accuracy_loss > tolerance
     assert all(q.quality_of(full(), r).accuracy_loss == 0 for r in ("sft", "domain", "cpt"))
-    with pytest.raises(AdvisorInputError, match="--task"):
+    with pytest.raises(AdvisorInputError, match="--regime"):
         q.quality_of(RECIPE, "rlhf")
 
 

@@ -37,7 +37,8 @@ def test_ties_go_to_more_headroom():
 
 def test_ties_go_to_the_more_accurate_plan_before_more_headroom():
     """Equal throughput: an fp4 plan with room to spare loses to an nf4 one that also fits (priors 0.035 vs
-    0.015); losses within ACCURACY_TIE still go to more headroom, and CPU offload stays the last resort."""
+    0.015); losses within the quality model's resolution (0.01 nats/token) still go to more headroom, and CPU
+    offload stays the last resort."""
     from dataclasses import replace
 
     fp4, nf4 = rec(0, 1000, 15, acc=0.035), rec(1, 1005, 18, acc=0.015)
@@ -80,10 +81,10 @@ def test_explanation_names_the_deciding_step_time_terms():
     assert "recomputation +" in decided  # the term checkpointing adds is what separates them
     # a tie (within 2%) says so: the terms differ, headroom decided
     tie = [replace(records[0], tokens_per_s=1000.0), replace(records[1], tokens_per_s=990.0, peak_bytes=10 * GiB)]
-    line = next(x for x in select(tie, 80 * GiB, 0.05, 0.1).explanation if x.startswith("Throughput tie"))
+    line = next(x for x in select(tie, 80 * GiB, 0.05, 0.1).explanation if x.startswith("Time-to-quality tie"))
     assert "recomputation" in line and "more headroom decided" in line
     less_accurate = [tie[0], replace(tie[1], accuracy_loss=0.05)]
-    line = next(x for x in select(less_accurate, 80 * GiB, 0.05, 0.1).explanation if x.startswith("Throughput tie"))
+    line = next(x for x in select(less_accurate, 80 * GiB, 0.05, 0.1).explanation if x.startswith("Time-to-quality tie"))
     assert line.endswith("the lower accuracy loss decided.")
     assert any(line.startswith("Its predicted step") and "matmuls" in line for line in sel.explanation)
     # records without terms (older studies) explain as before

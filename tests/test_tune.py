@@ -43,9 +43,15 @@ def test_qwen7b_24gb_recommends_peft_and_rejects_full(tmp_path, capsys):
     assert any("Full fine-tuning rejected" in line for line in d["explanation"])
     # conditional knobs: the sampler proposes only valid plans, no trial is spent on an invalid one
     assert not [t for t in d["trials"] if (t["reason"] or "").startswith("invalid")]
-    # the ladder went first, in the seeds' order
-    rungs = [int(t["ladder"][0]) for t in sorted(d["trials"], key=lambda t: t["number"]) if t["ladder"]]
+    # the usual recipe went first (the baseline), then the ladder in the seeds' order
+    labelled = [t["ladder"] for t in sorted(d["trials"], key=lambda t: t["number"]) if t["ladder"]]
+    assert labelled[0].startswith("recipe: the usual recipe")
+    assert d["recipe"]["number"] == 0 and d["recipe"]["plan"]["lora_targets"] == "all-linear"
+    rungs = [int(label[0]) for label in labelled[1:]]
     assert rungs[:3] == [0, 1, 1] and rungs == sorted(rungs)
+    # no lever without a quality entry, no lever changing the dynamics while a plan fits without it
+    assert not any((t["reason"] or "").startswith("no quality evidence") for t in d["trials"])
+    assert best["plan"]["optimizer"] not in ("lomo", "adalomo", "sgd", "adafactor")
 
 
 @pytest.mark.slow

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         if chosen is None or chosen.state != "complete":
             raise AdvisorInputError("--trial", "no complete trial with this number in the study", args.trial)
     else:
-        chosen = select(snap.records, d.budget.bytes, d.headroom, d.tolerance, d.budget.unit).best
+        chosen = select(snap.records, d.budget.bytes, d.headroom, d.tolerance, d.budget.unit, d.rules).best
         if chosen is None:
             raise AdvisorInputError("STUDY", "the study has no feasible plan to export yet", snap.name)
     formats = [f.strip() for item in (args.format or []) for f in item.split(",") if f.strip()] or None

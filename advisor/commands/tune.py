@@ -34,6 +34,9 @@ def add_parser(subs) -> None:
     p.add_argument("--accuracy-tolerance", type=number("--accuracy-tolerance", low=0, low_inclusive=True),
                    default=ACCURACY_TOLERANCE,
                    help="largest accuracy loss accepted (KL nats/token; priors: int8 0.002, nf4 0.015, fp4 0.035)")
+    p.add_argument("--regime", help="what the fine-tune is, for the quality model: sft (instruction or chat tuning, "
+                   "the default), domain (code or math on ~100M+ tokens) or cpt (continued pre-training); "
+                   "advisor/data/quality.yaml")
     p.add_argument("--seed", type=int, default=0, help="sampler seed")
     p.add_argument("--study", help="study name (default: model-budget-space)")
     p.add_argument("--storage", help="Optuna storage URL (default: SQLite under --reports-dir/<study>/)")
@@ -59,6 +62,7 @@ def add_parser(subs) -> None:
 
 def build_settings(args: argparse.Namespace):
     from advisor.commands.common import target_from_args
+    from advisor.core.errors import AdvisorInputError
     from advisor.runtime.backends import BackendOptions, resolve_backend
     from advisor.search.space import load_space
     from advisor.search.tuner import TuneSettings, default_storage, default_study_name
@@ -73,13 +77,20 @@ def build_settings(args: argparse.Namespace):
         if not any(o.split("=", 1)[0].strip() == "packing" for o in args.overrides):
             space.search["packing"] = [False, True]  # with real lengths packing is a real trade-off
     backend = resolve_backend(args.backend, target.detected)
+    regime = getattr(args, "regime", None)
+    if regime is not None:
+        from advisor.search.quality import quality_data
+
+        if regime not in quality_data().regimes:
+            raise AdvisorInputError("--regime", f"must be one of {', '.join(quality_data().regimes)}", regime)
     name = args.study or default_study_name(target.model, target.budget, space)
     storage = args.storage or default_storage(name, args.reports_dir)
     return TuneSettings(model=target.model, space=space, budget=target.budget, gpu=target.gpu,
                         gpu_assumed=target.gpu_assumed, backend=backend, storage=storage, study_name=name,
                         trials=args.trials or space.trials, headroom=args.headroom, tolerance=args.accuracy_tolerance,
                         seed=args.seed, probe_options=BackendOptions(steps=args.probe_steps),
-                        heartbeat_seconds=args.heartbeat, gpus=args.gpus, sharding=args.sharding, data=data)
+                        heartbeat_seconds=args.heartbeat, gpus=args.gpus, sharding=args.sharding, data=data,
+                        regime=regime)
 
 
 def check_budget_reachable(settings) -> None:
@@ -151,19 +162,33 @@ def export_best(settings, best, out_dir: str) -> dict[str, str]:
 def tune_result(settings, records, selection, exports) -> dict:
     from advisor.search.storage import redact
 
+    from dataclasses import asdict
+
+    from advisor.search.select import time_to_quality
+
+    def summary(t, *, full: bool):
+        if t is None:
+            return None
+        out = {"number": t.number, "plan": t.plan, "plan_short": t.plan_short, "state": t.state, "reason": t.reason,
+               "peak_bytes": t.peak_bytes, "run_peak_bytes": t.run_peak_bytes, "source": t.source,
+               "host_bytes": t.host_bytes, "tokens_per_s": t.tokens_per_s,
+               "tokens_per_s_source": t.tokens_per_s_source, "token_factor": t.token_factor,
+               "time_to_quality_s_per_token": time_to_quality(t) if t.tokens_per_s else None,
+               "accuracy_loss": t.accuracy_loss, "accuracy_source": t.accuracy_source}
+        if full:
+            out.update(tensor_peak_bytes=t.tensor_peak_bytes, ledger=t.ledger, step_terms=t.step_terms)
+        return out
+
     best = selection.best
     return {
         "study": settings.study_name, "storage": redact(settings.storage), "backend": settings.backend,
         "model": {"name": settings.model.name, "params_total": settings.model.params_total},
         "gpu": {"name": settings.gpu.name, "assumed": settings.gpu_assumed},
         "budget": {"bytes": settings.budget.bytes, "text": settings.budget.text},
-        "headroom": settings.headroom, "accuracy_tolerance": settings.tolerance,
-        "best": None if best is None else {
-            "number": best.number, "plan": best.plan, "plan_short": best.plan_short, "peak_bytes": best.peak_bytes,
-            "tensor_peak_bytes": best.tensor_peak_bytes, "source": best.source, "ledger": best.ledger,
-            "tokens_per_s": best.tokens_per_s, "tokens_per_s_source": best.tokens_per_s_source,
-            "step_terms": best.step_terms,
-            "accuracy_loss": best.accuracy_loss, "accuracy_source": best.accuracy_source},
+        "headroom": settings.headroom, "accuracy_tolerance": settings.tolerance, "regime": settings.regime,
+        "best": summary(best, full=True),
+        "recipe": summary(selection.recipe, full=False),
+        "departures": [asdict(d) for d in selection.departures],
         "explanation": selection.explanation,
         "n_trials": sum(1 for r in records if r.state in ("complete", "pruned") and not r.duplicate_of),
         "n_pruned": sum(1 for r in records if r.state == "pruned" and not r.duplicate_of),

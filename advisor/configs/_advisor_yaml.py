@@ -31,10 +31,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from advisor.configs._base import (ADAM, DEEPSPEED_FILE, LIGER_FUSED_LOSS_ONLY, LR_SCHEDULER, PRECISION_FLAGS,
-                                   STARTING_LEARNING_RATE, TORCH_DTYPE, TORCH_TO_PLAN, WARMUP_STEPS, Collect,
-                                   ExportContext, alloc_env, comment_block, dump_yaml, env_prefix, lora_alpha_value,
-                                   plan_summary, write_text)
+from advisor.configs._base import (ADAM, Collect, DEEPSPEED_FILE, ExportContext, LIGER_FUSED_LOSS_ONLY, LR_SCHEDULER,
+                                   PRECISION_FLAGS, TORCH_DTYPE, TORCH_TO_PLAN, WARMUP_STEPS, alloc_env,
+                                   comment_block, dump_yaml, env_prefix, lora_alpha_value, plan_summary,
+                                   training_hyperparameters, write_text)
 from advisor.configs._keys import DECLARED, fill, read_declared, refuse_unexpressible, unplaced
 from advisor.configs._deepspeed import check_batch, deepspeed_config, read_offload
 from advisor.configs._training_args import (checkpoint_layers_of, liger_fused_loss, read_checkpointing,
@@ -91,6 +91,7 @@ def lora_section(plan) -> dict[str, Any] | None:
 
 def training_section(plan, output_dir: str = "outputs") -> dict[str, Any]:
     _, bf16, fp16 = PRECISION_FLAGS[plan.precision]
+    hp = training_hyperparameters(plan)
     section: dict[str, Any] = {
         "output_dir": output_dir,
         "per_device_train_batch_size": DECLARED,
@@ -101,10 +102,11 @@ def training_section(plan, output_dir: str = "outputs") -> dict[str, Any]:
         "optim": plan.optimizer,
         "bf16": bf16,
         "fp16": fp16,
-        "learning_rate": STARTING_LEARNING_RATE[plan.method],
+        "learning_rate": hp["learning_rate"],
         "lr_scheduler_type": LR_SCHEDULER,
         "warmup_steps": WARMUP_STEPS,
         **ADAM,
+        "max_grad_norm": hp["max_grad_norm"],
         "num_train_epochs": 1,
         "max_steps": -1,
         "logging_steps": 10,

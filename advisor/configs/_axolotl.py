@@ -28,9 +28,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from advisor.configs._base import (ADAM, DEEPSPEED_FILE, LR_SCHEDULER, OPTIM_ALIASES, STARTING_LEARNING_RATE,
-                                   TORCH_DTYPE, TORCH_TO_PLAN, WARMUP_STEPS, Collect, ExportContext, Unsupported,
-                                   comment_block, dump_yaml, env_note, env_prefix, plan_summary, require_int_alpha,
+from advisor.configs._base import (ADAM, Collect, DEEPSPEED_FILE, ExportContext, LR_SCHEDULER, OPTIM_ALIASES,
+                                   TORCH_DTYPE, TORCH_TO_PLAN, Unsupported, WARMUP_STEPS, comment_block, dump_yaml,
+                                   env_note, env_prefix, plan_summary, require_int_alpha, training_hyperparameters,
                                    write_text)
 from advisor.configs._deepspeed import read_offload
 from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_unexpressible
@@ -80,11 +80,11 @@ def axolotl_config(ctx: ExportContext) -> dict[str, Any]:
         "gradient_accumulation_steps": DECLARED,
         "num_epochs": 1.0,
         "optimizer": plan.optimizer,
-        "learning_rate": STARTING_LEARNING_RATE[plan.method],
+        "learning_rate": training_hyperparameters(plan)["learning_rate"],
         "lr_scheduler": LR_SCHEDULER,
         "warmup_steps": WARMUP_STEPS,
         "weight_decay": ADAM["weight_decay"],
-        "max_grad_norm": ADAM["max_grad_norm"],
+        "max_grad_norm": training_hyperparameters(plan)["max_grad_norm"],
         "bf16": plan.precision == "bf16",
         "fp16": plan.precision == "fp16",
         "tf32": False,

@@ -10,6 +10,7 @@ it was found at, and the keys a file left out, all at once.
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -78,6 +79,35 @@ WARMUP_STEPS = 10
 now) while 4.x only takes integers here, so a whole number of steps runs on both."""
 ADAM = {"adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8, "weight_decay": 0.0, "max_grad_norm": 1.0}
 """TrainingArguments' own defaults, written out because the DeepSpeed optimizer section repeats them."""
+
+
+def training_hyperparameters(plan: "Plan") -> dict[str, Any]:
+    """learning_rate, max_grad_norm and optim_args an exported run trains with: AdamW's starting values, or the
+    ones the sources of a plan's optimizer recommend where it changes training dynamics (LOMO, AdaLomo, GaLore,
+    APOLLO, SGD, a step inside backward: advisor.search.quality.recommended_hyperparameters, cited in
+    advisor/data/quality.yaml), with ``why`` and ``sources`` then (the header says them)."""
+    from advisor.search.quality import recommended_hyperparameters
+
+    out: dict[str, Any] = {"learning_rate": STARTING_LEARNING_RATE[plan.method],
+                           "max_grad_norm": ADAM["max_grad_norm"]}
+    rec = recommended_hyperparameters(plan)
+    for key in ("learning_rate", "max_grad_norm", "optim_args", "why", "sources"):
+        if key in rec:
+            out[key] = rec[key]
+    return out
+
+
+def hyperparameter_note(plan: "Plan") -> list[str]:
+    """Header lines saying why an export's learning rate or clipping differ from AdamW's ([] when they don't)."""
+    hp = training_hyperparameters(plan)
+    if "why" not in hp:
+        return []
+    lines = [f"learning_rate {hp['learning_rate']:g} and max_grad_norm {hp['max_grad_norm']:g} (AdamW's: "
+             f"{STARTING_LEARNING_RATE[plan.method]:g} and {ADAM['max_grad_norm']:g}) because {plan.optimizer}"
+             + (" with the step inside backward" if plan.optimizer_in_backward else "") + " changes training dynamics:"]
+    lines += textwrap.wrap(hp["why"], width=100)
+    lines += [f"source: {s}" for s in hp.get("sources", [])]
+    return lines
 
 
 LIGER_FUSED_LOSS_ONLY = {"fused_linear_cross_entropy": True, "cross_entropy": False, "rms_norm": False,
@@ -182,7 +212,7 @@ def plan_summary(ctx: ExportContext) -> list[str]:
     if peak:
         src = ctx.extra.get("source", "predicted")
         lines.append(f"peak memory ({src}): {peak / 2**30:.2f} GiB")
-    return lines
+    return lines + hyperparameter_note(ctx.plan)
 
 
 # --------------------------------------------------------------------------- reading

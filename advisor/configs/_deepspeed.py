@@ -28,8 +28,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from advisor.configs._base import (ADAM, DEEPSPEED_FILE, PRECISION_FLAGS, STARTING_LEARNING_RATE, Collect,
-                                   ExportContext, Unsupported, write_json)
+from advisor.configs._base import (ADAM, Collect, DEEPSPEED_FILE, ExportContext, PRECISION_FLAGS, Unsupported,
+                                   training_hyperparameters, write_json)
 
 REDUCE_BUCKET_SIZE = 200_000_000
 """Elements per gradient reduce bucket: 2e8, the size the memory ledger assumes for the bucket."""
@@ -60,14 +60,14 @@ def deepspeed_config(plan) -> dict[str, Any]:
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": plan.micro_batch,
         "gradient_accumulation_steps": plan.grad_accum,
-        "gradient_clipping": ADAM["max_grad_norm"],
+        "gradient_clipping": training_hyperparameters(plan)["max_grad_norm"],
         "bf16": {"enabled": bf16},
         "fp16": {"enabled": fp16, "loss_scale": 0, "initial_scale_power": 16} if fp16 else {"enabled": False},
         "zero_optimization": zero,
         "optimizer": {
             "type": "AdamW",
             "params": {
-                "lr": STARTING_LEARNING_RATE[plan.method],
+                "lr": training_hyperparameters(plan)["learning_rate"],
                 "betas": [ADAM["adam_beta1"], ADAM["adam_beta2"]],
                 "eps": ADAM["adam_epsilon"],
                 "weight_decay": ADAM["weight_decay"],

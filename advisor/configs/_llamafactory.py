@@ -42,10 +42,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from advisor.configs._base import (DEEPSPEED_FILE, HF_OPTIM_DEFAULT, LR_SCHEDULER, OPTIM_ALIASES,
-                                   STARTING_LEARNING_RATE, WARMUP_STEPS, Collect, ExportContext, Unsupported,
-                                   comment_block, dump_yaml, env_note, env_prefix, plan_summary, require_int_alpha,
-                                   write_text)
+from advisor.configs._base import (Collect, DEEPSPEED_FILE, ExportContext, HF_OPTIM_DEFAULT, LR_SCHEDULER,
+                                   OPTIM_ALIASES, Unsupported, WARMUP_STEPS, comment_block, dump_yaml, env_note,
+                                   env_prefix, plan_summary, require_int_alpha, training_hyperparameters, write_text)
 from advisor.configs._deepspeed import read_offload
 from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_unexpressible
 from advisor.configs._training_args import all_layers_only, read_optim_args
@@ -115,7 +114,8 @@ def llamafactory_config(ctx: ExportContext) -> dict[str, Any]:
         "per_device_eval_batch_size": DECLARED,
         "gradient_accumulation_steps": DECLARED,
         "optim": plan.optimizer,
-        "learning_rate": STARTING_LEARNING_RATE[plan.method],
+        "learning_rate": training_hyperparameters(plan)["learning_rate"],
+        "max_grad_norm": training_hyperparameters(plan)["max_grad_norm"],
         "num_train_epochs": 1.0,
         "lr_scheduler_type": LR_SCHEDULER,
         "warmup_steps": WARMUP_STEPS,

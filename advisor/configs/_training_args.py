@@ -29,7 +29,13 @@ GALORE_TARGETS = ["self_attn", "mlp"]
 
 
 def optim_args(plan) -> str:
-    return f"rank={plan.optim_rank},update_proj_gap={plan.optim_proj_gap}"
+    """TrainingArguments.optim_args of a low-rank optimizer: its rank and projection gap, and what its sources
+    recommend beside them (GaLore's fine-tuning scale: configs._base.training_hyperparameters)."""
+    from advisor.configs._base import training_hyperparameters
+
+    extra = training_hyperparameters(plan).get("optim_args") or {}
+    return ",".join([f"rank={plan.optim_rank}", f"update_proj_gap={plan.optim_proj_gap}",
+                     *(f"{k}={v}" for k, v in extra.items())])
 
 
 def every_n(plan, spec) -> int | None:

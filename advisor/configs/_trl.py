@@ -31,9 +31,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
-from advisor.configs._base import (ADAM, DEEPSPEED_FILE, LR_SCHEDULER, PRECISION_FLAGS, STARTING_LEARNING_RATE,
-                                   TORCH_DTYPE, TORCH_TO_PLAN, WARMUP_STEPS, Collect, ExportContext, Unsupported,
-                                   comment_block, dump_yaml, plan_summary, require_int_alpha, write_text)
+from advisor.configs._base import (ADAM, Collect, DEEPSPEED_FILE, ExportContext, LR_SCHEDULER, PRECISION_FLAGS,
+                                   TORCH_DTYPE, TORCH_TO_PLAN, Unsupported, WARMUP_STEPS, comment_block, dump_yaml,
+                                   plan_summary, require_int_alpha, training_hyperparameters, write_text)
 from advisor.configs._deepspeed import check_batch, read_offload
 from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_unexpressible
 from advisor.configs._training_args import (checkpoint_layers_of, every_n, read_checkpointing, read_optimizer,
@@ -102,10 +102,11 @@ ROWS: list[tuple[str, Callable[[ExportContext], Any]]] = [
     ("optim", lambda ctx: ctx.plan.optimizer),
     ("bf16", lambda ctx: PRECISION_FLAGS[ctx.plan.precision][1]),
     ("fp16", lambda ctx: PRECISION_FLAGS[ctx.plan.precision][2]),
-    ("learning_rate", lambda ctx: STARTING_LEARNING_RATE[ctx.plan.method]),
+    ("learning_rate", lambda ctx: training_hyperparameters(ctx.plan)["learning_rate"]),
     ("lr_scheduler_type", lambda ctx: LR_SCHEDULER),
     ("warmup_steps", lambda ctx: WARMUP_STEPS),
-    *((k, (lambda v: lambda ctx: v)(v)) for k, v in ADAM.items()),
+    *((k, (lambda v: lambda ctx: v)(v)) for k, v in ADAM.items() if k != "max_grad_norm"),
+    ("max_grad_norm", lambda ctx: training_hyperparameters(ctx.plan)["max_grad_norm"]),
     ("num_train_epochs", lambda ctx: 1),
     ("output_dir", lambda ctx: "outputs"),
     ("logging_steps", lambda ctx: 10),

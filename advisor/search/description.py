@@ -17,7 +17,7 @@ from advisor.core.fit import HEADROOM
 from advisor.core.target import Target
 from advisor.core.units import Budget
 from advisor.memory.sharding import DEFAULT_SHARDING
-from advisor.search.select import ACCURACY_TOLERANCE
+from advisor.search.select import ACCURACY_TOLERANCE, Rules
 from advisor.search.space import DEFAULT_TRIALS, SearchSpace
 
 ATTR = "advisor"
@@ -43,7 +43,7 @@ class StudyDescription:
     headroom: float = HEADROOM
     """Fraction of the budget kept free (advisor.core.fit)."""
     tolerance: float = ACCURACY_TOLERANCE
-    """Largest accuracy loss accepted (KL nats/token)."""
+    """Largest accuracy loss accepted (nats/token of excess held-out loss: advisor/data/quality.yaml)."""
     seed: int = 0
     """Sampler seed."""
     trials: int = DEFAULT_TRIALS
@@ -54,6 +54,8 @@ class StudyDescription:
     """Data-parallel GPUs of the target run (the budget is per GPU)."""
     sharding: str = DEFAULT_SHARDING
     """How model state is split across ``gpus`` (advisor.memory.sharding)."""
+    regime: str | None = None
+    """What the fine-tune is, for the quality model (sft, domain, cpt; None: its default, sft)."""
     versions: dict[str, Any] = field(default_factory=dict, compare=False)
     """Library versions when the study was made."""
     environment: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -63,13 +65,18 @@ class StudyDescription:
     def target(self) -> Target:
         return Target(model=self.model, gpu=self.gpu, budget=self.budget, gpu_assumed=self.gpu_assumed)
 
+    @property
+    def rules(self) -> Rules:
+        """How the study's answer is chosen beside the budget (advisor.search.select.Rules)."""
+        return Rules(regime=self.regime, global_batch=self.space.fixed.get("global_batch"))
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON object stored with the study (the keys studies have always had, plus task)."""
         return {"model": self.model.to_dict(), "gpu": self.gpu.to_dict(), "gpu_assumed": self.gpu_assumed,
                 "budget": {"bytes": self.budget.bytes, "text": self.budget.text, "unit": self.budget.unit},
                 "space": self.space.to_dict(), "backend": self.backend, "headroom": self.headroom,
                 "tolerance": self.tolerance, "seed": self.seed, "trials": self.trials, "task": self.task,
-                "gpus": self.gpus, "sharding": self.sharding, "versions": dict(self.versions),
+                "gpus": self.gpus, "sharding": self.sharding, "regime": self.regime, "versions": dict(self.versions),
                 "environment": dict(self.environment)}
 
     @classmethod
@@ -83,7 +90,7 @@ class StudyDescription:
                    headroom=float(d.get("headroom", HEADROOM)), tolerance=float(d.get("tolerance", ACCURACY_TOLERANCE)),
                    seed=int(d.get("seed", 0)), trials=int(d.get("trials") or space.trials),
                    task=d.get("task", "train"), gpus=int(d.get("gpus", 1)), sharding=d.get("sharding", DEFAULT_SHARDING),
-                   versions=dict(d.get("versions") or {}), environment=dict(d.get("environment") or {}))
+                   regime=d.get("regime"), versions=dict(d.get("versions") or {}), environment=dict(d.get("environment") or {}))
 
 
 def _known(cls, d: dict[str, Any]) -> dict[str, Any]:

@@ -480,7 +480,7 @@ def _regime(regime: str | None) -> str:
     data = quality_data()
     regime = regime or data.default_regime
     if regime not in data.regimes:
-        raise AdvisorInputError("--task", f"must be one of {', '.join(data.regimes)}", regime)
+        raise AdvisorInputError("--regime", f"must be one of {', '.join(data.regimes)}", regime)
     return regime
 
 
@@ -583,6 +583,20 @@ def uncovered_levers(plan: Plan, regime: str | None = None, *, global_batch: int
     """The levers of ``plan`` that have no quality entry or an unsupported one (``lever=value: why``): a plan
     with any cannot be picked."""
     return lever_effects(plan, regime, global_batch=global_batch)[1]
+
+
+def quality_problems(plan: Plan, regime: str | None = None, *, global_batch: int | None = None
+                     ) -> list[AdvisorInputError]:
+    """The uncovered levers of ``plan`` as plan-rule errors, each under the knob that sets the lever (the form
+    the search's rule checks take: a plan the quality model has no evidence for is never proposed)."""
+    from advisor.core.plan import flag_of
+
+    errs = []
+    for text in uncovered_levers(plan, regime, global_batch=global_batch):
+        lever = text.split("=", 1)[0]
+        knob = "micro_batch" if lever == "global_batch" else lever
+        errs.append(AdvisorInputError(flag_of(knob), f"no quality evidence: {text}", getattr(plan, knob, None)))
+    return errs
 
 
 def dynamics_levers(plan: Plan, regime: str | None = None, *, global_batch: int | None = None) -> list[str]:

@@ -1,6 +1,11 @@
-"""Choosing the answer from a study's trials: feasibility, the best balance, the Pareto front,
-and an explanation built from the numbers. Pure functions over plain records (no Optuna here),
+"""Choosing the answer from a study's trials: feasibility, time to quality held to the usual recipe, the
+Pareto front, and an explanation built from the numbers. Pure functions over plain records (no Optuna here),
 so the CLI, the TUI and the report render the same selection.
+
+The ranking is time to quality (DESIGN.md "Objectives"): a plan's tokens per second corrected by what its
+levers do to training (advisor/data/quality.yaml: token_factor / tokens_per_s). The usual recipe
+(advisor.search.recipe) is the baseline: an answer departs from it by exact levers freely, otherwise only
+for a gain larger than the step-time model's own median error, with its quality within the tolerance.
 """
 
 from __future__ import annotations
@@ -9,19 +14,25 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, TypeVar
 
 from advisor.core.fit import fits
+from advisor.core.plan import Plan
 from advisor.core.units import format_bytes
+from advisor.search.departures import Departure, departures, non_exact, plan_of, with_change
 from advisor.search.ladder import is_reference
+from advisor.search.recipe import is_recipe
 
 T = TypeVar("T")
 
-TIE = 0.02  # throughputs within 2% are a tie: broken by no CPU offload, then accuracy, then more headroom
-# accuracy losses (KL nats/token) within this are a tie: the priors of accuracy_priors.yaml are int8 0.002,
-# nf4 0.015, fp4 0.035, so one quantization format is never a tie with another
+TIE = 0.02
+"""Times to quality within 2% are a tie: broken by fewer changes from the usual recipe, no CPU offload, the
+lower accuracy loss beyond noise, then more headroom (``break_tie``)."""
 ACCURACY_TIE = 0.005
+"""Measured accuracy losses (nats/token) within this are a tie (priors are compared by their sources' noise:
+advisor.search.quality.quality_tie)."""
 ACCURACY_TOLERANCE = 0.05
-"""Default largest accuracy loss a chosen plan may have (KL nats/token; `advisor tune --accuracy-tolerance`):
-every quantization prior of accuracy_priors.yaml (int8 0.002, nf4 0.015, fp4 0.035) is within it, so the
-default never rules a format out by its prior alone; a measured KL above it does."""
+"""Default largest accuracy loss a chosen plan may have (nats/token of excess held-out loss against the
+reference training; `advisor tune --accuracy-tolerance`): advisor/data/quality.yaml ``default_tolerance``,
+about +5% perplexity, just beyond what the sources' downstream evaluations resolve (peft's re-runs move
+GSM8K 3-4 points, 0.03-0.04 nats)."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +56,7 @@ class TrialRecord:
     tokens_per_s_source: str = ""  # predicted or measured
     accuracy_loss: float | None = None
     accuracy_source: str = ""      # prior or measured
+    token_factor: float = 1.0      # training tokens to reach the same loss, relative to the reference (quality.yaml)
     seconds: float = 0.0
     ladder: str = ""               # the ladder rung that proposed it, if any
     losses: list[float] = field(default_factory=list)
@@ -69,15 +81,17 @@ class Selection:
     feasible: list[TrialRecord]
     pareto: list[TrialRecord]
     explanation: list[str]
+    recipe: TrialRecord | None = None
+    """The usual recipe's trial (None in a study made before the recipe baseline)."""
+    departures: list[Departure] = field(default_factory=list)
+    """What the answer changes from the usual recipe, group by group."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"best": self.best.to_dict() if self.best else None,
                 "runner_up": self.runner_up.to_dict() if self.runner_up else None,
+                "recipe": self.recipe.to_dict() if self.recipe else None,
+                "departures": [asdict(d) for d in self.departures],
                 "pareto": [t.to_dict() for t in self.pareto], "explanation": self.explanation}
-
-
-def _key(t: TrialRecord) -> tuple:
-    return (t.tokens_per_s or 0.0, -(t.peak_bytes or 0))
 
 
 def non_dominated(items: Iterable[T], objectives: Callable[[T], tuple]) -> list[T]:
@@ -102,10 +116,10 @@ def non_dominated(items: Iterable[T], objectives: Callable[[T], tuple]) -> list[
 
 
 def pareto_front(records: list[TrialRecord]) -> list[TrialRecord]:
-    """Trials no other trial beats on throughput, accuracy loss and memory at once."""
-    front = non_dominated(records, lambda t: (t.tokens_per_s, -t.accuracy_loss, -t.peak_bytes))
+    """Trials no other trial beats on time to quality, accuracy loss and memory at once."""
+    front = non_dominated(records, lambda t: (-time_to_quality(t), -t.accuracy_loss, -t.peak_bytes))
     seen, unique = set(), []
-    for t in sorted(front, key=lambda t: -(t.tokens_per_s or 0)):
+    for t in sorted(front, key=time_to_quality):
         k = (t.plan_short, round(t.tokens_per_s or 0, 3))
         if k not in seen:
             seen.add(k)
@@ -113,82 +127,212 @@ def pareto_front(records: list[TrialRecord]) -> list[TrialRecord]:
     return unique
 
 
+@dataclass(frozen=True)
+class Rules:
+    """How the answer is chosen beside the budget: the quality model's regime, the global batch the user asked
+    for, and the step-time model's measured error that a change must beat to leave the usual recipe."""
+
+    regime: str | None = None
+    """sft (default), domain or cpt: advisor/data/quality.yaml ``regimes``."""
+    global_batch: int | None = None
+    """Sequences per optimizer step the space fixes (a plan that changes it changes the dynamics)."""
+    margin: float | None = None
+    """The gain in time to quality a non-exact change must exceed; None: the step-time model's median error
+    (advisor/data/prediction_error.yaml ``step_time``)."""
+    uniform_lengths: bool = False
+    """No --data was given: every sequence is taken to be seq_len tokens (no padding), which the explanation
+    says when the answer batches several unpacked sequences."""
+
+    def needed_gain(self) -> float:
+        return step_time_error() if self.margin is None else self.margin
+
+
+def step_time_error() -> float:
+    """The step-time model's median |error| against published runs (prediction_error.yaml, checked against
+    benchmarks/throughput_vs_published.py by tests/test_speed_published.py)."""
+    from advisor.core.data_files import load_data_file
+
+    return float(load_data_file("prediction_error.yaml")["step_time"]["median_abs"])
+
+
+def time_to_quality(t: TrialRecord) -> float:
+    """Seconds per reference token (token factor / tokens per second): the ranking key, lower is better."""
+    return (t.token_factor or 1.0) / t.tokens_per_s
+
+
+def _quality(t: TrialRecord, rules: Rules):
+    from advisor.search.quality import quality_of
+
+    return quality_of(plan_of(t.plan), rules.regime, global_batch=rules.global_batch)
+
+
 def select(records: list[TrialRecord], budget_bytes: int, headroom: float, tolerance: float,
-           unit: str = "GiB") -> Selection:
-    """Highest throughput among feasible trials within the accuracy tolerance; ties → ``break_tie``."""
+           unit: str = "GiB", rules: Rules | None = None,
+           measure_change: Callable[[Plan], tuple[float | None, int | None]] | None = None) -> Selection:
+    """The best balance of time to quality among feasible trials, held to the usual recipe.
+
+    1. Eligible: fits the budget with headroom, every lever has a quality entry, accuracy loss within
+       ``tolerance``; levers that change training dynamics only when no eligible plan fits without them.
+    2. Allowed: the usual recipe's trial (advisor.search.recipe), and any plan that departs from it by exact
+       levers only, or whose gain in time to quality over it beats the step-time model's median error
+       (``Rules.needed_gain``). Without a recipe that fits, every eligible plan is allowed.
+    3. The fastest in time to quality (token factor / tokens per second); plans within ``TIE`` of it go to
+       ``break_tie``.
+    ``measure_change(plan) -> (tokens/s, run peak)`` lets the explanation say what each change gains alone.
+    """
+    rules = rules or Rules()
     done = [t for t in records if t.state == "complete" and t.peak_bytes is not None and t.tokens_per_s
             and t.duplicate_of is None]
     feasible = [t for t in done if fits(run_peak(t), budget_bytes, headroom)]
+    quality = {t.number: _quality(t, rules) for t in feasible}
     accurate = [t for t in feasible if (t.accuracy_loss or 0.0) <= tolerance]
-    ranked = sorted(accurate, key=lambda t: -(t.tokens_per_s or 0))
+    pickable = [t for t in accurate if quality[t.number].pickable]
+    steady = [t for t in pickable if not quality[t.number].dynamics]
+    eligible = steady or pickable
+    recipe = next((t for t in records if is_recipe(t.ladder) and t.duplicate_of is None), None)
+    baseline = recipe if recipe is not None and recipe in eligible else None
+    moves = {t.number: departures(plan_of(t.plan), plan_of(baseline.plan), rules.regime,
+                                  global_batch=rules.global_batch) if baseline else [] for t in eligible}
+    need = rules.needed_gain()
+
+    def allowed(t: TrialRecord) -> bool:
+        return (baseline is None or not non_exact(moves[t.number])
+                or time_to_quality(baseline) / time_to_quality(t) - 1 > need)
+
+    ranked = sorted((t for t in eligible if allowed(t)), key=time_to_quality)
     best = None
     if ranked:
-        top = ranked[0].tokens_per_s
-        best = break_tie([t for t in ranked if t.tokens_per_s >= top * (1 - TIE)])
+        top = time_to_quality(ranked[0])
+        best = break_tie([t for t in ranked if time_to_quality(t) <= top * (1 + TIE)], moves, quality)
     runner_up = next((t for t in ranked if best and t.plan_short != best.plan_short), None)
     pareto = pareto_front(feasible)
-    return Selection(best, runner_up, feasible, pareto,
-                     explain(best, runner_up, records, feasible, budget_bytes, headroom, tolerance, unit))
+    context = _Context(records, feasible, eligible, pickable, steady, recipe, baseline, moves, quality, rules,
+                       budget_bytes, headroom, tolerance, unit, measure_change)
+    return Selection(best, runner_up, feasible, pareto, explain(best, runner_up, context), recipe=recipe,
+                     departures=list(moves.get(best.number, [])) if best else [])
 
 
 def _offloads(t: TrialRecord) -> bool:
     return t.plan.get("offload", "none") != "none"
 
 
-def break_tie(ties: list[TrialRecord]) -> TrialRecord:
-    """Among plans of tied throughput: CPU offload only as the last resort (the seeds' priority order),
-    then the lowest accuracy loss (within ``ACCURACY_TIE``), then the most headroom."""
-    pool = [t for t in ties if not _offloads(t)] or ties
-    least = min(t.accuracy_loss or 0.0 for t in pool)
-    pool = [t for t in pool if (t.accuracy_loss or 0.0) <= least + ACCURACY_TIE]
+def break_tie(ties: list[TrialRecord], moves: dict | None = None, quality: dict | None = None) -> TrialRecord:
+    """Among plans of tied time to quality: the fewest non-exact departures from the usual recipe, then CPU
+    offload only as the last resort (the seeds' priority order), then the lower accuracy loss where the
+    difference is beyond the sources' noise (advisor.search.quality.quality_tie), then the most headroom."""
+    moves, quality = moves or {}, quality or {}
+    fewest = min(len(non_exact(moves.get(t.number, []))) for t in ties)
+    pool = [t for t in ties if len(non_exact(moves.get(t.number, []))) == fewest]
+    pool = [t for t in pool if not _offloads(t)] or pool
+    least = min(pool, key=lambda t: t.accuracy_loss or 0.0)
+    pool = [t for t in pool if not _more_accurate(least, t, quality)]
     return min(pool, key=run_peak)
 
 
-def tie_decider(best: TrialRecord, other: TrialRecord) -> str:
-    """What chose ``best`` over ``other`` when their throughputs tie (``break_tie``'s order)."""
+def _more_accurate(a: TrialRecord, b: TrialRecord, quality: dict) -> bool:
+    """Is ``a`` more accurate than ``b`` beyond noise? Priors: the difference must exceed the noise of the
+    levers in which the two plans differ, and the quality model's resolution (advisor.search.quality); a
+    measured loss on either side: ``ACCURACY_TIE``."""
+    from advisor.search.quality import quality_data, quality_difference
+
+    delta = (b.accuracy_loss or 0.0) - (a.accuracy_loss or 0.0)
+    qa, qb = quality.get(a.number), quality.get(b.number)
+    if qa is not None and qb is not None and a.accuracy_source == b.accuracy_source == "prior":
+        return delta > max(quality_difference(qa, qb)[1], quality_data().resolution) + 1e-12
+    return delta > ACCURACY_TIE
+
+
+def tie_decider(best: TrialRecord, other: TrialRecord, moves: dict | None = None, quality: dict | None = None) -> str:
+    """What chose ``best`` over ``other`` when their time to quality ties (``break_tie``'s order)."""
+    moves = moves or {}
+    if len(non_exact(moves.get(other.number, []))) > len(non_exact(moves.get(best.number, []))):
+        return "fewer changes from the usual recipe decided"
     if _offloads(other) and not _offloads(best):
         return "no CPU offload decided"
-    if (other.accuracy_loss or 0.0) > (best.accuracy_loss or 0.0) + ACCURACY_TIE:
+    if _more_accurate(best, other, quality or {}):
         return "the lower accuracy loss decided"
     return "more headroom decided"
 
 
-def explain(best, runner_up, records, feasible, budget_bytes, headroom, tolerance, unit) -> list[str]:
-    fmt = lambda n: format_bytes(n, unit)  # noqa: E731
+@dataclass(frozen=True)
+class _Context:
+    records: list[TrialRecord]
+    feasible: list[TrialRecord]
+    eligible: list[TrialRecord]
+    pickable: list[TrialRecord]
+    steady: list[TrialRecord]
+    recipe: TrialRecord | None
+    baseline: TrialRecord | None
+    moves: dict[int, list[Departure]]
+    quality: dict
+    rules: Rules
+    budget_bytes: int
+    headroom: float
+    tolerance: float
+    unit: str
+    measure_change: Callable[[Plan], tuple[float | None, int | None]] | None
+
+
+def explain(best: TrialRecord | None, runner_up: TrialRecord | None, c: _Context) -> list[str]:
+    fmt = lambda n: format_bytes(n, c.unit)  # noqa: E731
     lines: list[str] = []
-    pruned = [t for t in records if t.state == "pruned"]
+    pruned = [t for t in c.records if t.state == "pruned"]
     if best is None:
-        lines.append(f"No plan fits {fmt(budget_bytes)} with {headroom:.0%} headroom and an accuracy loss "
-                     f"within {tolerance}: {len(pruned)} pruned, {len(feasible)} feasible.")
-        smallest = min((t for t in records if t.peak_bytes), key=run_peak, default=None)
+        lines.append(f"No plan fits {fmt(c.budget_bytes)} with {c.headroom:.0%} headroom and an accuracy loss "
+                     f"within {c.tolerance}: {len(pruned)} pruned, {len(c.feasible)} feasible.")
+        smallest = min((t for t in c.records if t.peak_bytes), key=run_peak, default=None)
         if smallest:
             during = (f", during {smallest.run_peak_phase}" if smallest.run_peak_phase not in ("", "train") else "")
             lines.append(f"The smallest plan seen, #{smallest.number} {smallest.plan_short}, needs "
                          f"{fmt(run_peak(smallest))} ({smallest.source}{during}).")
         return lines
-    left = budget_bytes - run_peak(best)
+    left = c.budget_bytes - run_peak(best)
     during = f" during {best.run_peak_phase}" if best.run_peak_phase not in ("", "train") else ""
+    factor = f", {best.token_factor:.2f}x the tokens to the same loss" if (best.token_factor or 1.0) > 1 else ""
     lines.append(f"Chosen #{best.number} {best.plan_short}: {best.tokens_per_s:,.0f} tokens/s "
-                 f"({best.tokens_per_s_source}), peak {fmt(run_peak(best))}{during} ({best.source}) of {fmt(budget_bytes)}, "
-                 f"{fmt(left)} ({left / budget_bytes:.0%}) left; accuracy loss {best.accuracy_loss:.3f} "
-                 f"({best.accuracy_source}, tolerance {tolerance}).")
+                 f"({best.tokens_per_s_source}{factor}), peak {fmt(run_peak(best))}{during} ({best.source}) of "
+                 f"{fmt(c.budget_bytes)}, {fmt(left)} ({left / c.budget_bytes:.0%}) left; accuracy loss "
+                 f"{best.accuracy_loss:.3f} ({best.accuracy_source}, tolerance {c.tolerance}).")
+    lines += recipe_lines(best, c, fmt)
     if runner_up:
-        d_tps = (runner_up.tokens_per_s / best.tokens_per_s - 1) * 100
+        d_ttq = (time_to_quality(runner_up) / time_to_quality(best) - 1) * 100
         d_mem = runner_up.peak_bytes - best.peak_bytes
-        lines.append(f"Runner-up #{runner_up.number} {runner_up.plan_short}: {d_tps:+.0f}% throughput, "
+        lines.append(f"Runner-up #{runner_up.number} {runner_up.plan_short}: {d_ttq:+.0f}% time to quality, "
                      f"{'+' if d_mem >= 0 else '-'}{fmt(abs(d_mem))} memory, accuracy loss {runner_up.accuracy_loss:.3f}.")
-        decided = deciding_terms(best, runner_up)
+        decided = deciding_terms(best, runner_up, c)
         if decided:
             lines.append(decided)
     breakdown = step_breakdown(best)
     if breakdown:
         lines.append(breakdown)
-    faster = [t for t in feasible if t.tokens_per_s > best.tokens_per_s and (t.accuracy_loss or 0) > tolerance]
+    p = best.plan
+    if c.rules.uniform_lengths and not p.get("packing") and int(p.get("micro_batch", 1)) > 1:
+        lines.append(f"Assumes uniform lengths: every sequence is {p.get('seq_len')} tokens (no --data given), so "
+                     f"micro-batch {p.get('micro_batch')} pays no padding. On real data of varied lengths it does "
+                     "(ms-swift measured micro-batch 8 at 0.64x the samples/s of micro-batch 1): pass --data FILE to "
+                     "count it, or pack the sequences (--packing).")
+    faster = [t for t in c.feasible if time_to_quality(t) < time_to_quality(best) and (t.accuracy_loss or 0) > c.tolerance]
     if faster:
-        f = max(faster, key=lambda t: t.tokens_per_s)
+        f = min(faster, key=time_to_quality)
         lines.append(f"Faster but rejected for accuracy: #{f.number} {f.plan_short} ({f.tokens_per_s:,.0f} tokens/s, "
-                     f"loss {f.accuracy_loss:.3f} > {tolerance}).")
-    over = [t for t in records if t.state == "pruned" and t.plan.get("method") == "full" and t.peak_bytes]
+                     f"loss {f.accuracy_loss:.3f} > {c.tolerance}).")
+    unpicked = [t for t in c.feasible if t.number in c.quality and not c.quality[t.number].pickable]
+    if unpicked:
+        levers = sorted({u.split(":")[0] for t in unpicked for u in c.quality[t.number].uncovered})
+        lines.append(f"Left out: {len(unpicked)} plan(s) using levers no source measured in this setting "
+                     f"({', '.join(levers)}): a lever without a quality entry cannot be picked.")
+    dynamic = [t for t in c.pickable if t not in c.steady] if c.steady else []
+    if dynamic:
+        levers = sorted({x for t in dynamic for x in c.quality[t.number].dynamics})
+        lines.append(f"Left out: {len(dynamic)} plan(s) with levers that change training dynamics "
+                     f"({', '.join(levers)}): they are used only where nothing else fits, and plans without "
+                     "them fit.")
+    held = [t for t in c.records if t.state == "pruned" and t.duplicate_of is None
+            and t.reason.startswith("changes training dynamics")]
+    if held:
+        lines.append(f"Not searched: {len(held)} plan(s) with levers that change training dynamics (e.g. "
+                     f"#{held[0].number} {held[0].plan_short}): a plan without them fits.")
+    over = [t for t in c.records if t.state == "pruned" and t.plan.get("method") == "full" and t.peak_bytes]
     if over:
         reference = [t for t in over if is_reference(t.plan)]
         t = reference[0] if reference else min(over, key=lambda t: t.peak_bytes)
@@ -201,6 +345,67 @@ def explain(best, runner_up, records, feasible, budget_bytes, headroom, toleranc
     return lines
 
 
+def recipe_lines(best: TrialRecord, c: _Context, fmt: Callable[[int], str]) -> list[str]:
+    """The answer beside the usual recipe: what it changes, what each change gains and costs."""
+    r = c.recipe
+    if r is None:
+        return ["No usual-recipe trial in this study (a study made before the recipe baseline): the answer is "
+                "the fastest eligible plan."]
+    if c.baseline is None:
+        why = r.reason or ("its accuracy loss is over the tolerance" if r in c.feasible else "it did not run")
+        return [f"The usual recipe, #{r.number} {r.plan_short}, is not a candidate: {why}. The answer is the "
+                "fastest eligible plan."]
+    if best.number == r.number:
+        lines = [f"This is the usual recipe ({r.plan_short})."]
+        better = [t for t in c.eligible if time_to_quality(t) < time_to_quality(r) and non_exact(c.moves[t.number])]
+        if better:
+            t = min(better, key=time_to_quality)
+            gain = time_to_quality(r) / time_to_quality(t) - 1
+            lines.append(f"The fastest departure, #{t.number} {t.plan_short}, gains {gain:+.0%} in time to quality "
+                         f"but changes {', '.join(d.group for d in non_exact(c.moves[t.number]))} (not exact): a "
+                         f"gain within the step-time model's {c.rules.needed_gain():.0%} median error decides "
+                         "nothing, so the recipe stays.")
+        return lines
+    gain = time_to_quality(r) / time_to_quality(best) - 1
+    moves = c.moves[best.number]
+    d_acc = (best.accuracy_loss or 0.0) - (r.accuracy_loss or 0.0)
+    lines = [f"The usual recipe, #{r.number} {r.plan_short}: {r.tokens_per_s:,.0f} tokens/s, peak "
+             f"{fmt(run_peak(r))}, accuracy loss {r.accuracy_loss:.3f}. The answer gains {gain:+.0%} in time to "
+             f"quality at {d_acc:+.3f} accuracy loss"
+             + (", changing exact levers only (the trained model is the same)." if not non_exact(moves) else
+                f", more than the step-time model's {c.rules.needed_gain():.0%} median error.")]
+    recipe_plan, plan = plan_of(r.plan), plan_of(best.plan)
+    for d in moves:
+        lines.append("  " + change_line(d, recipe_plan, plan, r, c, fmt))
+    return lines
+
+
+def change_line(d: Departure, recipe_plan: Plan, plan: Plan, r: TrialRecord, c: _Context,
+                fmt: Callable[[int], str]) -> str:
+    """One change from the recipe: the values, its kind, and what it gains and costs applied to the recipe alone."""
+    text = f"{d.group}: {d.recipe} -> {d.answer} ({d.kind})"
+    gains = []
+    variant = with_change(recipe_plan, plan, d) if c.measure_change else None
+    if variant is not None:
+        tps, peak = c.measure_change(variant)
+        if tps and r.tokens_per_s:
+            gains.append(f"{tps / r.tokens_per_s - 1:+.0%} tokens/s")
+        if peak is not None and run_peak(r):
+            delta = peak - run_peak(r)
+            gains.append(f"{'+' if delta >= 0 else '-'}{fmt(abs(delta))} peak")
+    costs = []
+    if d.accuracy_loss:
+        costs.append(f"{d.accuracy_loss:+.3f} accuracy loss")
+    if abs(d.token_factor - 1) > 1e-9:
+        costs.append(f"{d.token_factor:.2f}x tokens")
+    if d.kind == "exact":
+        costs.append("no quality cost")
+    text += ": " + ", ".join(gains + costs) if gains or costs else ""
+    if d.sources:
+        text += f" [{'; '.join(d.sources)}]"
+    return text + "."
+
+
 # ----------------------------------------------------------------------------- step-time terms
 
 def _per_token(t: TrialRecord) -> dict[str, float]:
@@ -210,7 +415,7 @@ def _per_token(t: TrialRecord) -> dict[str, float]:
     return {k: v / tokens for k, v in t.step_terms.items()} if tokens > 0 else {}
 
 
-def deciding_terms(best: TrialRecord, other: TrialRecord, n: int = 2) -> str:
+def deciding_terms(best: TrialRecord, other: TrialRecord, c: "_Context | None" = None, n: int = 2) -> str:
     """The predicted step-time terms that separate two plans, per 1k tokens, largest first."""
     if not best.step_terms or not other.step_terms:
         return ""
@@ -223,9 +428,10 @@ def deciding_terms(best: TrialRecord, other: TrialRecord, n: int = 2) -> str:
     if not shown:
         return ""
     vs = f"#{other.number} vs #{best.number}"
-    if best.tokens_per_s and other.tokens_per_s and abs(other.tokens_per_s / best.tokens_per_s - 1) <= TIE:
-        return (f"Throughput tie (within {TIE:.0%}): {vs} differ most in {', '.join(shown)} per 1k tokens "
-                f"(predicted step-time terms); {tie_decider(best, other)}.")
+    if best.tokens_per_s and other.tokens_per_s and abs(time_to_quality(other) / time_to_quality(best) - 1) <= TIE:
+        decider = tie_decider(best, other, c.moves if c else None, c.quality if c else None)
+        return (f"Time-to-quality tie (within {TIE:.0%}): {vs} differ most in {', '.join(shown)} per 1k tokens "
+                f"(predicted step-time terms); {decider}.")
     return f"Decided by (predicted step-time terms per 1k tokens, {vs}): {', '.join(shown)}."
 
 

@@ -26,10 +26,11 @@ from advisor.core.target import Target
 from advisor.memory.phases import run_peak_bytes
 from advisor.memory.sharding import DEFAULT_SHARDING
 from advisor.runtime.backends import BackendFailed, BackendOptions, get_backend
-from advisor.search.accuracy import accuracy_prior
 from advisor.search.description import ATTR, StudyDescription
 from advisor.search.ladder import ladder
-from advisor.search.select import ACCURACY_TOLERANCE, TIE, Selection, TrialRecord, select
+from advisor.search.quality import quality_of, quality_problems
+from advisor.search.recipe import usual_recipe
+from advisor.search.select import ACCURACY_TOLERANCE, TIE, Rules, Selection, TrialRecord, run_peak, select, time_to_quality
 from advisor.search.space import Conditions, DeadEnd, SearchSpace, model_rules, plan_from_params
 from advisor.search.storage import Heartbeat, is_sqlite, make_storage, study_lock
 from advisor.speed.throughput import predict_throughput
@@ -69,6 +70,15 @@ class TuneSettings:
     data: Any = None
     """The user's documents (advisor.core.data_profile.DataProfile, --data): memory at the longest batch
     unless packed, tokens/s in real tokens."""
+    regime: str | None = None
+    """What the fine-tune is, for the quality model (advisor/data/quality.yaml ``regimes``: sft, domain, cpt;
+    None: its default)."""
+
+    @property
+    def rules(self) -> Rules:
+        """How the answer is chosen beside the budget (advisor.search.select.Rules)."""
+        return Rules(regime=self.regime, global_batch=self.space.fixed.get("global_batch"),
+                     uniform_lengths=self.data is None)
 
     @property
     def target(self) -> Target:
@@ -79,8 +89,8 @@ class TuneSettings:
         return StudyDescription(model=self.model, gpu=self.gpu, budget=self.budget, space=self.space,
                                 backend=self.backend, gpu_assumed=self.gpu_assumed, headroom=self.headroom,
                                 tolerance=self.tolerance, seed=self.seed, trials=self.trials, task="train",
-                                gpus=self.gpus, sharding=self.sharding, versions=library_versions(),
-                                environment=gpu_environment())
+                                gpus=self.gpus, sharding=self.sharding, regime=self.regime,
+                                versions=library_versions(), environment=gpu_environment())
 
     def describe(self) -> dict[str, Any]:
         return self.description().to_dict()
@@ -92,7 +102,7 @@ class TuneSettings:
         return cls(model=d.model, space=d.space, budget=d.budget, gpu=d.gpu, gpu_assumed=d.gpu_assumed,
                    backend=backend or d.backend, storage=storage, study_name=study_name, trials=d.trials,
                    headroom=d.headroom, tolerance=d.tolerance, seed=d.seed, heartbeat_seconds=heartbeat_seconds,
-                   gpus=d.gpus, sharding=d.sharding)
+                   gpus=d.gpus, sharding=d.sharding, regime=d.regime)
 
 
 def default_study_name(model: ModelSpec, budget: Budget, space: SearchSpace) -> str:
@@ -182,6 +192,13 @@ class Tuner:
         self.study = study
         self._recover_interrupted()
         with study_lock(self.storage, self.s.storage, self.s.study_name):
+            if not study.user_attrs.get("recipe_enqueued"):
+                # the usual recipe first: the baseline the answer is held to (advisor.search.recipe)
+                recipe = usual_recipe(self.s.space, self._card_precision(), self._fits_by_estimate)
+                named = self.conditions.optuna_params(recipe[1]) if recipe else None
+                if named is not None:
+                    study.enqueue_trial(named, user_attrs={"ladder": recipe[0]}, skip_if_exists=True)
+                study.set_user_attr("recipe_enqueued", True)
             if not study.user_attrs.get("ladder_enqueued"):
                 for rung, params in ladder(self.s.space, self._fits_by_estimate):
                     named = self.conditions.optuna_params(params)
@@ -302,7 +319,23 @@ class Tuner:
         return [record_from_trial(t) for t in self.study.get_trials(deepcopy=False)]
 
     def selection(self) -> Selection:
-        return select(self.records(), self.s.budget.bytes, self.s.headroom, self.s.tolerance, self.s.budget.unit)
+        return select(self.records(), self.s.budget.bytes, self.s.headroom, self.s.tolerance, self.s.budget.unit,
+                      self.s.rules, measure_change=self._measure_change)
+
+    def _measure_change(self, plan: Plan) -> tuple[float | None, int | None]:
+        """A variant of the usual recipe (one change applied), predicted as a trial is: the step-time model's
+        tokens/s and the estimated run peak (for the explanation's per-change gains)."""
+        try:
+            rep = self._per_gpu(get_backend("estimate").measure(self.s.model, plan, self.s.gpu), plan)
+        except AdvisorInputError:
+            return None, None
+        tps = predict_throughput(self.s.model, plan, self.s.gpu, self.s.gpus, self.s.sharding, data=self.s.data)
+        return tps.tokens_per_s * 1.0, run_peak_bytes(rep)
+
+    def _card_precision(self) -> str:
+        """The precision the usual recipe trains in on this card: bf16 where the GPU has it, else fp16 with loss
+        scaling."""
+        return "bf16" if self.s.gpu.bf16 else "fp16"
 
     # -- one trial -----------------------------------------------------------
 
@@ -310,7 +343,12 @@ class Tuner:
     def conditions(self) -> Conditions:
         """The space's knobs under the plan rules and this model's modules (one per tuner: it memoizes)."""
         if getattr(self, "_conditions", None) is None:
-            self._conditions = Conditions(self.s.space, self.s.model.arch or {}, model_rules(self.s.model))
+            rules, settings = model_rules(self.s.model), self.s.rules
+
+            def check(plan: Plan):  # the model's rules, then no lever without quality evidence (never proposed)
+                return rules(plan) or quality_problems(plan, settings.regime, global_batch=settings.global_batch)
+
+            self._conditions = Conditions(self.s.space, self.s.model.arch or {}, check)
         return self._conditions
 
     def _suggest(self, trial) -> dict[str, Any]:
@@ -343,7 +381,9 @@ class Tuner:
         rec["seconds"] = time.perf_counter() - start
         if rec.get("reason"):
             return self._finish(trial, rec, pruned=True)
-        return self._finish(trial, rec, pruned=False, values=(rec["tokens_per_s"], rec["accuracy_loss"]))
+        # the sampler's objectives: tokens/s per token factor (1 / time to quality), and the accuracy loss
+        return self._finish(trial, rec, pruned=False,
+                            values=(rec["tokens_per_s"] / rec.get("token_factor", 1.0), rec["accuracy_loss"]))
 
     def _finish(self, trial, rec: dict[str, Any], pruned: bool, values=None):
         import optuna
@@ -372,7 +412,18 @@ class Tuner:
         if self.study is None:
             return None
         records = [r for r in self.records() if r.source != "estimated"]
-        return select(records, self.s.budget.bytes, self.s.headroom, self.s.tolerance).best
+        return select(records, self.s.budget.bytes, self.s.headroom, self.s.tolerance, rules=self.s.rules).best
+
+    def _fits_without_dynamics(self) -> TrialRecord | None:
+        """A finished trial that fits the budget without levers that change training dynamics, if any."""
+        if self.study is None:
+            return None
+        for r in self.records():
+            if r.state == "complete" and r.duplicate_of is None and run_peak(r) is not None \
+                    and fits(run_peak(r), self.s.budget.bytes, self.s.headroom) \
+                    and not quality_of(Plan.from_dict(r.plan), self.s.regime).dynamics:
+                return r
+        return None
 
     def _per_gpu(self, report, plan: Plan):
         """The ledger of one GPU of the target run (sharded when it has several), with the run's phases:
@@ -405,6 +456,15 @@ class Tuner:
             return {**rec, "reason": f"invalid: {e.rule}", "invalid": True}
         for e in checkpoint_depth_problems(plan, s.model.num_layers):
             return {**rec, "reason": f"invalid: {e.rule}", "invalid": True}
+        quality = quality_of(plan, s.regime, global_batch=s.space.fixed.get("global_batch"))
+        if not quality.pickable:
+            return {**rec, "reason": f"no quality evidence: {quality.uncovered[0]}", "invalid": True}
+        if quality.dynamics:
+            steady = self._fits_without_dynamics()
+            if steady is not None:  # levers that change training dynamics only where nothing else fits
+                return {**rec, "reason": f"changes training dynamics ({', '.join(quality.dynamics)}): searched only "
+                                         f"where nothing else fits, and #{steady.number} fits without it",
+                        "invalid": True}
 
         rec["stage"] = "estimate"
         report = self._per_gpu(get_backend("estimate").measure(s.model, plan, s.gpu), plan)
@@ -416,18 +476,19 @@ class Tuner:
                                      f"{fmt(s.budget.bytes)}{' less headroom' if last_stage else ''}"}
         tps = predict_throughput(s.model, plan, s.gpu, s.gpus, s.sharding, data=s.data)
         prediction = dict(tokens_per_s=tps.tokens_per_s, tokens_per_s_source=tps.source, step_terms=tps.terms,
-                          accuracy_loss=accuracy_prior(plan), accuracy_source="prior")
+                          accuracy_loss=quality.accuracy_loss, accuracy_source=quality.accuracy_source,
+                          token_factor=quality.token_factor)
         if s.backend == "simulate":
             incumbent = self._incumbent()
-            if incumbent is not None and tps.tokens_per_s < incumbent.tokens_per_s * (1 - TIE):
+            if incumbent is not None and quality.token_factor / tps.tokens_per_s > time_to_quality(incumbent) * (1 + TIE):
                 # cannot become the answer: the estimate (within a few % of the simulation) decides,
                 # and the seconds of a simulation go to plans that could win
                 rec.update(prediction)
                 if not fits(run_peak_bytes(report), s.budget.bytes, s.headroom):
                     return {**rec, "reason": f"estimated peak {fmt(run_peak_bytes(report))}{_during(report)} leaves less than "
                                              f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
-                rec["note"] = (f"not simulated: predicted {tps.tokens_per_s:,.0f} tokens/s cannot beat "
-                               f"#{incumbent.number} ({incumbent.tokens_per_s:,.0f})")
+                rec["note"] = (f"not simulated: predicted {tps.tokens_per_s:,.0f} tokens/s (time to quality) cannot "
+                               f"beat #{incumbent.number} ({incumbent.tokens_per_s:,.0f})")
                 return rec
         if s.backend in ("simulate", "cpu", "cuda"):
             rec["stage"] = "simulate"
@@ -455,8 +516,10 @@ class Tuner:
                     _calibrate_speed(s, plan, float(measured.tokens_per_s))
             if measured is not None and measured.losses:
                 rec["losses"] = [float(x) for x in measured.losses]
-            if measured is not None and measured.fidelity_kl is not None:
-                rec.update(accuracy_loss=float(measured.fidelity_kl), accuracy_source="measured")
+            if measured is not None and measured.fidelity_kl is not None:  # the measured KL replaces the format's prior
+                q = quality_of(plan, s.regime, global_batch=s.space.fixed.get("global_batch"),
+                               measured_kl=float(measured.fidelity_kl))
+                rec.update(accuracy_loss=q.accuracy_loss, accuracy_source=q.accuracy_source)
             if s.backend == "cuda" and not fits(run_peak_bytes(report), s.budget.bytes, s.headroom):
                 return {**rec, "reason": f"measured peak {fmt(run_peak_bytes(report))}{_during(report)} leaves less than "
                                          f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}

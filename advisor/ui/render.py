@@ -271,11 +271,47 @@ def print_tune_result(settings, records, selection, exports) -> None:
         report = MemoryReport(source=best.source, backend=settings.backend, device=ledger, host={},
                               tensor_peak_bytes=best.tensor_peak_bytes or 0, peak_bytes=best.peak_bytes)
         console.print(ledger_table(report, budget, title=f"Winner #{best.number}: {escape(best.plan_short)}"))
+        if selection.recipe is not None and selection.recipe.number != best.number:
+            console.print(recipe_table(selection.recipe, best, budget))
     for line in selection.explanation:
         style = "bold green" if line.startswith("Chosen") else None
         console.print(escape(line), style=style, highlight=False)
     for kind, path in exports.items():
         console.print(f"exported {kind}: {path}")
+
+
+def recipe_table(recipe, best, budget):
+    """The usual recipe beside the answer: what each predicts, on the same rows."""
+    from rich.table import Table
+
+    from advisor.search.select import run_peak, time_to_quality
+
+    t = Table(title="The usual recipe beside the answer", title_justify="left")
+    t.add_column("")
+    t.add_column(f"usual recipe #{recipe.number}", overflow="fold")
+    t.add_column(f"answer #{best.number}", overflow="fold")
+
+    def ttq(r):
+        if not r.tokens_per_s or not best.tokens_per_s or r.state != "complete":
+            return "-"
+        return f"{time_to_quality(r) / time_to_quality(best):.2f}x"
+
+    def peak(r):
+        return budget.format(run_peak(r)) if run_peak(r) else "-"
+
+    rows = [("plan", escape(recipe.plan_short), escape(best.plan_short)),
+            ("tokens/s", f"{recipe.tokens_per_s:,.0f}" if recipe.tokens_per_s else "-", f"{best.tokens_per_s:,.0f}"),
+            ("time to quality", ttq(recipe), ttq(best)),
+            ("peak (GPU)", peak(recipe), peak(best)),
+            ("host memory", budget.format(recipe.host_bytes) if recipe.host_bytes else "-",
+             budget.format(best.host_bytes) if best.host_bytes else "-"),
+            ("accuracy loss", f"{recipe.accuracy_loss:.3f}" if recipe.accuracy_loss is not None else "-",
+             f"{best.accuracy_loss:.3f}")]
+    if recipe.state != "complete":
+        rows.append(("status", escape(recipe.reason or recipe.state), "fits"))
+    for row in rows:
+        t.add_row(*row)
+    return t
 
 
 # ----------------------------------------------------------------------------- catalogs

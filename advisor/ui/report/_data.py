@@ -93,7 +93,7 @@ class ReportData:
 
 def gather(snap: StudySnapshot) -> ReportData:
     d = snap.description
-    selection = select(snap.records, d.budget.bytes, d.headroom, d.tolerance, d.budget.unit)
+    selection = select(snap.records, d.budget.bytes, d.headroom, d.tolerance, d.budget.unit, d.rules)
     notes = []
     if d.gpu_assumed:
         notes.append(f"No GPU was detected or named when the study ran: throughput is predicted for a "
@@ -105,7 +105,7 @@ def gather(snap: StudySnapshot) -> ReportData:
     if not any(r.tokens_per_s_source == "measured" for r in snap.records):
         notes.append("Throughput is predicted (step-time model of the GPU), not measured, for every trial.")
     if not any(r.accuracy_source == "measured" for r in snap.records):
-        notes.append("Accuracy loss is a documented prior (advisor/data/accuracy_priors.yaml) for every trial.")
+        notes.append("Accuracy loss is a documented prior (advisor/data/quality.yaml, docs/quality.md) for every trial.")
     return ReportData(
         study=snap.name, storage=snap.storage, description=d, records=list(snap.records), selection=selection,
         timeline=timeline(snap), comparisons=comparisons(snap.records, d), exports=list(snap.exports),

@@ -17,7 +17,7 @@ SOURCE_HELP = {
     "simulated": "fake-tensor trace of one real training step on the CPU",
     "measured": "a real probe run: NVML / allocator peak, timed steps",
     "predicted": "step-time model of the GPU (advisor/speed/)",
-    "prior": "documented prior per quantization and adapter (advisor/data/accuracy_priors.yaml)",
+    "prior": "documented prior of each lever, with its source (advisor/data/quality.yaml, docs/quality.md)",
 }
 
 PLAN_LABELS = {
