@@ -248,3 +248,24 @@ def test_optimizer_state_sizes_are_the_libraries_real_ones(optimizer):
     got = t.phases["forward"].ledger["optimizer_states"]
     want = optimizer_state_bytes(spec, plan, param_breakdown(spec, plan))
     assert abs(got - want) <= 0.02 * max(want, 1) + 16384, (got, want)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plan", [Plan(method="lora", micro_batch=2, grad_accum=6, seq_len=64),
+                                  Plan(method="full", gradient_checkpointing=True, optimizer="adamw_torch_fused",
+                                       micro_batch=1, grad_accum=5, seq_len=64)], ids=lambda p: p.short())
+def test_two_traced_micro_steps_give_the_whole_accumulation(plan):
+    """A traced step runs two of its grad_accum micro-batches (runner.TRACED_MICRO_STEPS): the later ones
+    repeat the second allocation for allocation. The step, its ledger and its allocator replay equal the
+    whole accumulation's, but for what each extra micro-batch leaves alive in the trace loop: its input ids
+    and labels (made up front; a real data loader makes one batch at a time) and its loss scalars."""
+    from advisor.memory.allocator import replay
+
+    whole = trace_step(SPEC, plan, micro_steps=None)
+    two = trace_step(SPEC, plan)
+    per_batch = 2 * plan.micro_batch * plan.seq_len * 8 + 1024  # int64 ids and labels, loss scalars (512 B blocks)
+    losses = (plan.grad_accum - 2) * per_batch
+    assert 0 <= whole.peak_bytes - two.peak_bytes <= losses and whole.peak_phase == two.peak_phase
+    for c in CATEGORIES:
+        assert abs(whole.ledger[c] - two.ledger[c]) <= losses, c
+    assert abs(replay(whole.events).reserved_peak_bytes - replay(two.events).reserved_peak_bytes) <= 2 * 2**20

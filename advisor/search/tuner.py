@@ -29,7 +29,8 @@ from advisor.runtime.backends import BackendFailed, BackendOptions, get_backend
 from advisor.search.description import ATTR, StudyDescription
 from advisor.search.ladder import ladder
 from advisor.search.quality import quality_of, quality_problems
-from advisor.search.recipe import usual_recipe
+from advisor.search.departures import departures, non_exact
+from advisor.search.recipe import is_recipe, usual_recipe
 from advisor.search.select import ACCURACY_TOLERANCE, TIE, Rules, Selection, TrialRecord, run_peak, select, time_to_quality
 from advisor.search.space import Conditions, DeadEnd, SearchSpace, model_rules, plan_from_params
 from advisor.search.storage import Heartbeat, is_sqlite, make_storage, study_lock
@@ -414,6 +415,36 @@ class Tuner:
         records = [r for r in self.records() if r.source != "estimated"]
         return select(records, self.s.budget.bytes, self.s.headroom, self.s.tolerance, rules=self.s.rules).best
 
+    def _cannot_win(self, plan: Plan, ttq: float) -> str:
+        """Why a plan whose predicted time to quality is ``ttq`` cannot become the answer ('' when it could):
+        it is slower than the answer so far beyond a tie, or it changes non-exact levers of the usual recipe
+        for a gain within the step-time model's error (advisor.search.select)."""
+        incumbent = self._incumbent()
+        if incumbent is not None and ttq > time_to_quality(incumbent) * (1 + TIE):
+            return (f"its predicted time to quality is {ttq / time_to_quality(incumbent) - 1:+.0%} behind "
+                    f"#{incumbent.number}")
+        recipe = self._recipe_baseline()
+        if recipe is not None:
+            gain = time_to_quality(recipe) / ttq - 1
+            changes = non_exact(departures(plan, Plan.from_dict(recipe.plan), self.s.regime,
+                                           global_batch=self.s.rules.global_batch))
+            if changes and gain <= self.s.rules.needed_gain():
+                return (f"it changes {', '.join(d.group for d in changes)} of the usual recipe (#{recipe.number}) "
+                        f"for a predicted {gain:+.0%} in time to quality, within the step-time model's "
+                        f"{self.s.rules.needed_gain():.0%} median error")
+        return ""
+
+    def _recipe_baseline(self) -> TrialRecord | None:
+        """The usual recipe's trial once it has run and fits (simulated or measured), else None."""
+        if self.study is None:
+            return None
+        for r in self.records():
+            if is_recipe(r.ladder) and r.duplicate_of is None:
+                ok = (r.state == "complete" and r.source != "estimated" and r.tokens_per_s
+                      and fits(run_peak(r), self.s.budget.bytes, self.s.headroom))
+                return r if ok else None
+        return None
+
     def _fits_without_dynamics(self) -> TrialRecord | None:
         """A finished trial that fits the budget without levers that change training dynamics, if any."""
         if self.study is None:
@@ -479,16 +510,15 @@ class Tuner:
                           accuracy_loss=quality.accuracy_loss, accuracy_source=quality.accuracy_source,
                           token_factor=quality.token_factor)
         if s.backend == "simulate":
-            incumbent = self._incumbent()
-            if incumbent is not None and quality.token_factor / tps.tokens_per_s > time_to_quality(incumbent) * (1 + TIE):
+            why_not = self._cannot_win(plan, quality.token_factor / tps.tokens_per_s)
+            if why_not:
                 # cannot become the answer: the estimate (within a few % of the simulation) decides,
                 # and the seconds of a simulation go to plans that could win
                 rec.update(prediction)
                 if not fits(run_peak_bytes(report), s.budget.bytes, s.headroom):
                     return {**rec, "reason": f"estimated peak {fmt(run_peak_bytes(report))}{_during(report)} leaves less than "
                                              f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
-                rec["note"] = (f"not simulated: predicted {tps.tokens_per_s:,.0f} tokens/s (time to quality) cannot "
-                               f"beat #{incumbent.number} ({incumbent.tokens_per_s:,.0f})")
+                rec["note"] = f"not simulated: {why_not}"
                 return rec
         if s.backend in ("simulate", "cpu", "cuda"):
             rec["stage"] = "simulate"

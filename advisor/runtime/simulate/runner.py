@@ -121,10 +121,19 @@ def cuda_semantics():
         masking_utils.find_packed_sequence_indices = original_packed
 
 
+TRACED_MICRO_STEPS = 2
+"""Micro-batches a traced step runs of its ``grad_accum``: the first allocates the gradients, the second adds
+into them, and every later one repeats the second allocation for allocation (the same shapes, into the same
+gradient buffers), so two give the step's peak and its allocation pattern (tests/test_simulate.py holds a
+traced step of 2 to one of the whole accumulation)."""
+
+
 def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: int | None = None,
                target_device: str = "cuda", quant_impl: str = "auto", seed: int = 0,
-               checkpoint_set: tuple[int, ...] | None = None) -> StepTrace:
-    """Trace warm-up + one measured step of ``plan`` on ``spec`` (``num_layers`` decoder layers).
+               checkpoint_set: tuple[int, ...] | None = None,
+               micro_steps: int | None = TRACED_MICRO_STEPS) -> StepTrace:
+    """Trace warm-up + one measured step of ``plan`` on ``spec`` (``num_layers`` decoder layers), each of
+    ``micro_steps`` micro-batches (None: all ``grad_accum`` of them).
 
     GaLore / APOLLO: the measured step updates the projection (``update_proj_gap`` 1 in the trace), the
     step every ``optim_proj_gap`` steps whose SVD / random projection is the optimizer's memory spike.
@@ -212,7 +221,7 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
         layer_hooks = tag_layers(_decoder_layers(setup.model), tracker)
         tag_layer_storages(_decoder_layers(setup.model), tracker, None)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            batches = [setup.make_batch(i) for i in range(plan.grad_accum)]
+            batches = [setup.make_batch(i) for i in range(min(plan.grad_accum, micro_steps or plan.grad_accum))]
             setup.phase_hook = hook
             warm_clock = tracker.clock
             setup.train_step(batches)  # warm-up
