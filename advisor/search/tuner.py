@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from advisor.core.card_rules import Card
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.errors import AdvisorInputError
 from advisor.core.fit import HEADROOM, fits, overshoot, usable_bytes
@@ -69,6 +70,16 @@ class TuneSettings:
     data: Any = None
     """The user's documents (advisor.core.data_profile.DataProfile, --data): memory at the longest batch
     unless packed, tokens/s in real tokens."""
+
+    def __post_init__(self) -> None:
+        # the space's `auto` choices (precision, attention) become the card's, for this model's class
+        self.space = self.space.on_card(Card.of(self.card, self.model))
+
+    @property
+    def card(self) -> GpuSpec | None:
+        """The GPU whose rules the plans must keep (advisor.core.card_rules): named or detected; None when only
+        assumed from the budget (as pre-flight judges only a GPU it knows, Target.known_gpu)."""
+        return None if self.gpu_assumed else self.gpu
 
     @property
     def target(self) -> Target:
@@ -310,7 +321,8 @@ class Tuner:
     def conditions(self) -> Conditions:
         """The space's knobs under the plan rules and this model's modules (one per tuner: it memoizes)."""
         if getattr(self, "_conditions", None) is None:
-            self._conditions = Conditions(self.s.space, self.s.model.arch or {}, model_rules(self.s.model))
+            self._conditions = Conditions(self.s.space, self.s.model.arch or {},
+                                          model_rules(self.s.model, self.s.card))
         return self._conditions
 
     def _suggest(self, trial) -> dict[str, Any]:
