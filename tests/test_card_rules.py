@@ -357,3 +357,34 @@ def test_the_issues_t4_command_gets_go(tmp_path, capsys):
     assert not [f for f in checked["findings"] if f["check"].startswith("config.")
                 and f["severity"] in ("warning", "error")]
     _assert_go("t4", tuned, checked)
+
+
+# --------------------------------------------------------------------------- detection
+
+
+def test_a_detected_card_outside_the_catalog_gets_its_compute_capability_and_bf16_from_nvml(monkeypatch):
+    import sys
+    from types import SimpleNamespace
+
+    from advisor.core.catalog import detect_gpu
+
+    class Nvml:  # pynvml's calls detect_gpu makes, for one device
+        def __init__(self, name, cc):
+            self.name, self.cc = name, cc
+
+        def nvmlInit(self): pass
+        def nvmlShutdown(self): pass
+        def nvmlDeviceGetCount(self): return 1
+        def nvmlDeviceGetHandleByIndex(self, i): return i
+        def nvmlDeviceGetName(self, handle): return self.name
+        def nvmlDeviceGetMemoryInfo(self, handle): return SimpleNamespace(total=11 * 2**30)
+        def nvmlDeviceGetCudaComputeCapability(self, handle): return self.cc
+
+    monkeypatch.setitem(sys.modules, "pynvml", Nvml("NVIDIA GeForce RTX 2080 Ti", (7, 5)))
+    turing = detect_gpu()
+    assert turing.key == "detected" and turing.sm == 75 and turing.bf16 is False
+    assert _refused(Plan(), turing) == {("--precision", "bf16")}
+    monkeypatch.setitem(sys.modules, "pynvml", Nvml("NVIDIA RTX A6000", (8, 6)))
+    assert detect_gpu().sm == 86 and detect_gpu().bf16 is True
+    monkeypatch.setitem(sys.modules, "pynvml", Nvml("NVIDIA Tesla T4", (7, 5)))  # not the catalog's NVML name
+    assert detect_gpu().sm == 75
