@@ -208,6 +208,9 @@ def test_an_older_space_whose_only_precision_the_card_cannot_run_is_a_clear_erro
         space.on_card(Card.of(T4, resolve_model("qwen7b")))
     assert e.value.where == "search.precision" and "Tesla T4 (sm75)" in e.value.rule and "auto" in e.value.rule
     space.on_card(Card.of(A100, resolve_model("qwen7b")))  # runs there
+    with pytest.raises(AdvisorInputError) as e:  # the model's side: Gemma-2's class has no sdpa
+        space.on_card(Card.of(A100, resolve_model("gemma-2-2b")))
+    assert e.value.where == "search.attn_impl" and "Gemma2ForCausalLM" in e.value.rule
 
 
 @pytest.mark.parametrize("name", ["default", "low-memory", "qlora", "throughput"])

@@ -292,10 +292,17 @@ class Card:
             return default_attention(self.model)
         raise KeyError(f"{knob} is not decided by the card (CARD_DECIDED: {', '.join(CARD_DECIDED)})")
 
-    def refuses(self, knob: str, value: Any) -> CardRule | None:
-        """The rule that refuses ``value`` of ``knob`` on this card whatever the other knobs (None: it may run)."""
-        return next((r for r in card_rules() if r.effect == "refuse" and r.covers(knob, value) and r.on(self.gpu)),
+    def refusal(self, knob: str, value: Any) -> str | None:
+        """Why ``value`` of ``knob`` cannot run here whatever the other knobs (None: it may run), in one line."""
+        if value == AUTO:
+            return None  # the card's own choice
+        rule = next((r for r in card_rules() if r.effect == "refuse" and r.covers(knob, value) and r.on(self.gpu)),
                     None)
+        if rule is not None:
+            return f"{card_label(self.gpu)} {rule.lacks}; use {rule.instead}"
+        if knob == "attn_impl":
+            return next((f.rule for f in self._attention_findings(value)), None)
+        return None
 
     def findings(self, plan: Any) -> list[CardFinding]:
         """Everything the rules say about ``plan`` here: refusals and notes."""
@@ -321,11 +328,11 @@ class Card:
                 else:
                     out.append(CardFinding(r.id, r.effect, knob, value, f"{label} {r.lacks}",
                                            f"{r.name} on {label}: it {r.lacks}", r.fix, evidence))
-        out += self._attention_findings(plan)
+        out += self._attention_findings(plan.attn_impl)
         return out
 
-    def _attention_findings(self, plan: Any) -> list[CardFinding]:
-        facts, impl = self.model, plan.attn_impl
+    def _attention_findings(self, impl: str) -> list[CardFinding]:
+        facts = self.model
         if facts.attention is None or impl in facts.attention:
             return []
         runs = sorted(facts.attention, key=["sdpa", "flash_attention_2", "eager"].index)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import yaml
 
-from advisor.core.card_rules import AUTO, CARD_DECIDED, Card, card_label
+from advisor.core.card_rules import AUTO, CARD_DECIDED, Card
 from advisor.core.errors import AdvisorInputError, ConfigErrors
 from advisor.core.knobs import Knob, knob_of, knobs, searched
 from advisor.core.plan import Plan, checkpoint_depth_problems, compute_dtype_for, lora_target_modules
@@ -121,13 +121,11 @@ class SearchSpace:
         whose choices runs there is an error naming the key (an older space's ``precision: [bf16]`` on a T4)."""
         errors = []
         for name, values in self.search.items():
-            refusals = [card.refuses(name, v) for v in values]
+            refusals = [card.refusal(name, v) for v in values]
             if values and all(refusals):
-                rule = refusals[0]
-                instead = f"list {AUTO} (the card's choice)" if name in CARD_DECIDED else f"use {rule.instead}"
-                errors.append(AdvisorInputError(
-                    f"search.{name}", f"none of these choices runs on {card_label(card.gpu)}, which {rule.lacks}; "
-                    f"{instead}", values))
+                auto = f" (or list {AUTO}: the card's choice)" if name in CARD_DECIDED else ""
+                errors.append(AdvisorInputError(f"search.{name}", f"none of these choices runs here: {refusals[0]}"
+                                                + auto, values))
         if len(errors) == 1:
             raise errors[0]
         if errors:
