@@ -82,6 +82,11 @@ class CardRule:
     def covers(self, knob: str, value: Any) -> bool:
         return value in self.when.get(knob, ())
 
+    def says(self, gpu: Any) -> str:
+        """The one line after the flag: "the Tesla T4 (sm75) has no bf16 tensor cores; use fp16 (...)"."""
+        said = f"{card_label(gpu)} {self.lacks}"
+        return f"{said}; use {self.instead}" if self.effect == "refuse" else said
+
 
 @lru_cache(maxsize=None)
 def card_rules() -> tuple[CardRule, ...]:
@@ -299,7 +304,7 @@ class Card:
         rule = next((r for r in card_rules() if r.effect == "refuse" and r.covers(knob, value) and r.on(self.gpu)),
                     None)
         if rule is not None:
-            return f"{card_label(self.gpu)} {rule.lacks}; use {rule.instead}"
+            return rule.says(self.gpu)
         if knob == "attn_impl":
             return next((f.rule for f in self._attention_findings(value)), None)
         return None
@@ -314,20 +319,16 @@ class Card:
             label = card_label(self.gpu)
             evidence = f"{r.detail} ({r.source})" if r.detail else r.source
             if r.when.get("experts") and self.model.experts:
-                out.append(CardFinding(r.id, r.effect, None, self.model.class_name, f"{label} {r.lacks}",
+                out.append(CardFinding(r.id, r.effect, None, self.model.class_name, r.says(self.gpu),
                                        f"{r.name} on {label}", r.fix, evidence))
             for knob, concerned in r.when.items():
                 if knob == "experts" or values.get(knob) not in concerned:
                     continue
                 if not knob_of(type(plan), knob).applies_to(values):
                     continue
-                value = values[knob]
-                if r.effect == "refuse":
-                    out.append(CardFinding(r.id, r.effect, knob, value, f"{label} {r.lacks}; use {r.instead}",
-                                           f"{r.name} requested but {label} {r.lacks}", r.fix, evidence))
-                else:
-                    out.append(CardFinding(r.id, r.effect, knob, value, f"{label} {r.lacks}",
-                                           f"{r.name} on {label}: it {r.lacks}", r.fix, evidence))
+                title = (f"{r.name} requested but {label} {r.lacks}" if r.effect == "refuse"
+                         else f"{r.name} on {label}: it {r.lacks}")
+                out.append(CardFinding(r.id, r.effect, knob, values[knob], r.says(self.gpu), title, r.fix, evidence))
         out += self._attention_findings(plan.attn_impl)
         return out
 
