@@ -17,7 +17,7 @@ from advisor.core.errors import AdvisorInputError, ConfigErrors
 from advisor.configs.export import FILENAMES, export_plan
 from advisor.configs.export import Unsupported
 from advisor.core.plan import (ATTENTION, FUSED_BACKWARD_OPTIMIZERS, LOW_RANK_OPTIMIZERS, OFFLOADS, OPTIMIZERS,
-                               PRECISIONS, Plan)
+                               LOSS_SCALED, PRECISIONS, Plan)
 
 SPEC = resolve_model("qwen7b")
 LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -41,9 +41,9 @@ def plans(draw) -> Plan:
         attn = "sdpa"
     if offload != "none":
         optimizer = "adamw_torch"
-    in_bwd = optimizer in FUSED_BACKWARD_OPTIMIZERS or (offload == "none" and precision != "mixed_fp16"
+    in_bwd = optimizer in FUSED_BACKWARD_OPTIMIZERS or (offload == "none" and precision not in LOSS_SCALED
                                                         and draw(st.booleans()) and draw(st.booleans()))
-    if optimizer in ("lomo", "adalomo") and precision == "mixed_fp16":
+    if optimizer in ("lomo", "adalomo") and precision in LOSS_SCALED:  # the Trainer's GradScaler cannot wrap it
         precision = "mixed_bf16"
     ckpt = draw(st.booleans())
     targets = draw(st.one_of(st.just("all-linear"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from advisor.core.card_rules import Card
 from advisor.core.catalog import resolve_model
 from advisor.core.errors import AdvisorInputError, ConfigErrors
 from advisor.search.space import (SPACES_DIR, list_spaces, load_space, model_rules, plan_from_params,
@@ -98,7 +99,8 @@ def test_every_sampled_proposal_is_a_valid_plan(name, model):
     import optuna
     import warnings
 
-    space, spec = load_space(name), resolve_model(model)
+    spec = resolve_model(model)
+    space = load_space(name).on_card(Card.of(None, spec))  # as the tuner binds it: `auto` is the model's attention
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         tpe = optuna.samplers.TPESampler(seed=0, multivariate=True, group=True, n_startup_trials=8)
@@ -141,7 +143,7 @@ def test_the_ladder_is_enqueued_under_the_names_a_walk_asks():
     c = load_space("default").conditions()
     point = {"method": "full", "quantization": "none", "double_quant": True, "lora_r": 16,
              "lora_targets": "attention", "gradient_checkpointing": False, "optimizer": "adamw_torch",
-             "micro_batch": 1, "precision": "bf16", "attn_impl": "sdpa", "offload": "none", "chunked_ce": False}
+             "micro_batch": 1, "precision": "auto", "attn_impl": "auto", "offload": "none", "chunked_ce": False}
     named = c.optuna_params(point)
     assert named["method"] == "full" and not any(k.startswith(("quantization", "double_quant", "lora_")) for k in named)
     assert c.optuna_params({**point, "method": "qlora"}) is None  # qlora needs a 4-bit base: no walk gets there

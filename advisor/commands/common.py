@@ -59,11 +59,17 @@ def add_plan_flags(p: argparse.ArgumentParser, plan: type = Plan) -> None:
 
 
 def add_knob_flag(g, k: Knob, plan: type = Plan) -> None:
-    """The flag of one knob (and its alias flag, if it declares one)."""
+    """The flag of one knob (and its alias flag, if it declares one). A knob the card decides (precision,
+    attention: advisor.core.card_rules.CARD_DECIDED) has no fixed default: ``plan_from_args`` asks the card."""
+    from advisor.core.card_rules import CARD_DECIDED, CARD_DEFAULT_MEANS
+
+    card_decided = k.name in CARD_DECIDED
     parts = [k.help]
     if k.cli.implies:
         parts.append(f"(implies {flag_of(k.cli.implies[0], plan)})")
-    if k.default_text:
+    if card_decided:
+        parts.append(f"(default: {CARD_DEFAULT_MEANS[k.name]})")
+    elif k.default_text:
         parts.append(k.default_text)
     options: dict[str, Any] = {"dest": k.name, "help": " ".join(parts)}
     if k.is_switch:
@@ -71,7 +77,7 @@ def add_knob_flag(g, k: Knob, plan: type = Plan) -> None:
             raise TypeError(f"{k.name}: a switch on by default has no flag to turn it on")
         g.add_argument(k.flag, action="store_true", **options)
     else:
-        options["default"] = None if (k.cli.default or k.cli.alias) else k.default
+        options["default"] = None if (k.cli.default or k.cli.alias or card_decided) else k.default
         if k.choices is not None:
             options["choices"] = k.choices
         if k.cli.parse is not None:
@@ -102,11 +108,19 @@ def add_gpus_flags(p: argparse.ArgumentParser) -> None:
                    help="how model state is split across --gpus (ZeRO-2/3, FSDP full shard, or replicated)")
 
 
-def plan_from_args(args: argparse.Namespace, plan: type = Plan) -> Plan:
-    """The Plan the knobs' flags describe (each knob read by its declaration), validated."""
+def plan_from_args(args: argparse.Namespace, plan: type = Plan, card=None) -> Plan:
+    """The Plan the knobs' flags describe (each knob read by its declaration), validated.
+
+    ``card`` (advisor.core.card_rules.Card: the GPU named or detected, the model's class): the precision and
+    attention not given are its choices, and a plan it cannot run is refused (flag, what it lacks, what to use).
+    None: no card known (bf16, sdpa; nothing refused for a card)."""
+    from advisor.core.card_rules import CARD_DECIDED, Card
+
     values: dict[str, Any] = {}
     for k in knobs(plan):
         value = getattr(args, k.name, None)
+        if value is None and k.name in CARD_DECIDED:
+            value = (card or Card()).choice(k.name, values)
         if k.cli.alias and getattr(args, _alias_dest(k.cli.alias[0]), False):
             flag, meant = k.cli.alias
             if value not in (None, meant):
@@ -120,7 +134,15 @@ def plan_from_args(args: argparse.Namespace, plan: type = Plan) -> Plan:
     for k in knobs(plan):  # a knob that turns another on (--checkpoint-layers: --gradient-checkpointing)
         if k.cli.implies and values[k.name] != k.default:
             values[k.cli.implies[0]] = k.cli.implies[1]
-    return plan(**values).validate()
+    result = plan(**values).validate()
+    problems = card.problems(result) if card is not None else []
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        from advisor.core.errors import ConfigErrors
+
+        raise ConfigErrors(problems)
+    return result
 
 
 def target_from_args(args: argparse.Namespace, **rules: Any):

@@ -40,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from advisor.commands.common import check_plan_against_model, plan_from_args, target_from_args
+    from advisor.core.card_rules import Card
     from advisor.core.fit import fits
 
     target = target_from_args(args)
@@ -58,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         from advisor.runtime.backends import PROBES, BackendFailed, BackendOptions, get_backend
 
-        plan = plan_from_args(args)
+        # the precision and attention not given are the card's; a plan it cannot run is refused (card_rules)
+        plan = plan_from_args(args, card=Card.of(target.known_gpu, model))
         check_plan_against_model(model, plan)
         if getattr(args, "data", None):
             from advisor.runtime.probe import data_profile

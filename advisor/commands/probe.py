@@ -34,13 +34,15 @@ def add_parser(subs) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from advisor.commands.common import check_plan_against_model, plan_from_args, target_from_args
+    from advisor.core.card_rules import Card
     from advisor.runtime.probe import run_probe
 
     target = target_from_args(args)
     model, budget = target.model, target.budget
-    plan = plan_from_args(args)
-    check_plan_against_model(model, plan)
     device = args.device or ("cuda" if target.detected is not None else "cpu")
+    # the run's card is the GPU here (a cpu probe: none); the model's class either way (advisor.core.card_rules)
+    plan = plan_from_args(args, card=Card.of(target.detected if device == "cuda" else None, model))
+    check_plan_against_model(model, plan)
     result = run_probe(model, plan, device=device, steps=args.steps, warmup=args.warmup, timeout=args.timeout,
                        data=args.data, memory_limit_bytes=budget.bytes if budget else None, weights_dir=args.weights,
                        eval_texts=args.eval_texts, num_layers=args.num_layers, seed=args.seed)

@@ -140,7 +140,7 @@ def sections(ctx: ExportContext) -> dict[str, Any]:
         advisor["env"] = alloc_env(plan)   # train.py sets these before torch starts CUDA
     if ctx.gpu is not None:
         advisor["gpu"] = {"key": ctx.gpu.key, "name": ctx.gpu.name, "memory_bytes": ctx.gpu.memory_bytes,
-                          "bf16": ctx.gpu.bf16}
+                          "bf16": ctx.gpu.bf16, "sm": ctx.gpu.sm}  # what decided the precision (card_rules)
     if ctx.extra:
         advisor["prediction"] = _plain(ctx.extra)
     doc = {

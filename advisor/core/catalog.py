@@ -321,7 +321,7 @@ class GpuSpec:
     memory_bytes: int
     """Total device memory."""
     bf16: bool
-    """Tensor cores support bfloat16."""
+    """Tensor cores support bfloat16 (Ampere, sm80, and newer)."""
     bf16_tflops: float | None
     """Dense BF16 tensor TFLOP/s (FP32 accumulate)."""
     fp16_tflops: float
@@ -343,6 +343,9 @@ class GpuSpec:
     sustained_tflops: float | None = None
     """Dense fp16/bf16 tensor TFLOP/s a long GEMM sustains where the power limit holds the clock
     below the boost clock the datasheet peak assumes (None: not published; the peak is used)."""
+    sm: int | None = None
+    """CUDA compute capability, major * 10 + minor (75 for 7.5): what runs on the card
+    (advisor.core.card_rules). None: unknown (a study stored before the field, NVML without it)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -362,6 +365,7 @@ def _gpu_from_entry(key: str, entry: dict) -> GpuSpec:
         nvlink_gbs=entry.get("nvlink_gbs"),
         tdp_w=entry.get("tdp_w"),
         sustained_tflops=entry.get("sustained_tflops"),
+        sm=entry.get("sm"),
     )
 
 
@@ -447,14 +451,27 @@ def detect_gpu(index: int = 0) -> GpuSpec | None:
         name = pynvml.nvmlDeviceGetName(handle)
         name = name.decode() if isinstance(name, bytes) else name
         total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+        sm = _compute_capability(pynvml, handle)
     finally:
         pynvml.nvmlShutdown()
     known = match_gpu_name(name)
     if known is not None:
         return replace(known, memory_bytes=total, detected=True, index=index)
-    return GpuSpec(key="detected", name=name, memory_bytes=total, bf16=True, bf16_tflops=None,
-                   fp16_tflops=0.0, mem_bw_gbs=0.0, host_link_gbs=16.0,
-                   source="NVML (not in the catalog: speed unknown)", detected=True, index=index)
+    gpu = GpuSpec(key="detected", name=name, memory_bytes=total, bf16=True, bf16_tflops=None,
+                  fp16_tflops=0.0, mem_bw_gbs=0.0, host_link_gbs=16.0,
+                  source="NVML (not in the catalog: speed unknown)", detected=True, index=index, sm=sm)
+    from advisor.core.card_rules import bf16_runs
+
+    return replace(gpu, bf16=bf16_runs(gpu))  # the one bf16 rule (card_rules.yaml), from NVML's compute capability
+
+
+def _compute_capability(pynvml, handle) -> int | None:
+    """NVML's CUDA compute capability as major * 10 + minor (None where the binding or driver lacks it)."""
+    try:
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+    except Exception:  # noqa: BLE001 - AttributeError on old bindings, NVMLError_NotSupported
+        return None
+    return int(major) * 10 + int(minor)
 
 
 BUDGET_MATCH = 0.95

@@ -37,6 +37,9 @@ computed in the forward (Liger's fused linear cross-entropy, Apple's cut cross-e
 ALL_LINEAR = "all-linear"
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+LOSS_SCALED = ("fp16", "mixed_fp16")
+"""Precisions trained with fp16 autocast and the Trainer's GradScaler (the exports write TrainingArguments
+fp16: true for both: fp16 weights with fp32 adapters, or fp32 master weights)."""
 
 
 FOUR_BIT = ("nf4", "fp4")
@@ -502,11 +505,13 @@ def optimizer_problems(plan: Plan, bad) -> None:
             bad("optimizer_in_backward", f"{opt} already updates inside backward", plan.optimizer_in_backward)
         if plan.offload != "none":
             bad("optimizer_in_backward", "DeepSpeed CPU offload runs its own optimizer step", plan.optimizer_in_backward)
-        if plan.precision == "mixed_fp16":
-            bad("optimizer_in_backward", "fp16 loss scaling must unscale every gradient before any step: use bf16",
+        if plan.precision in LOSS_SCALED:
+            bad("optimizer_in_backward", "fp16 loss scaling must unscale every gradient before any step: use bf16 "
+                "(Ampere or newer), or step after backward",
                 plan.precision)
-    if opt in ("lomo", "adalomo") and plan.precision == "mixed_fp16":
-        bad("optimizer", "LOMO keeps its own loss scaler; the Trainer's fp16 GradScaler cannot wrap it: use bf16",
+    if opt in ("lomo", "adalomo") and plan.precision in LOSS_SCALED:
+        bad("optimizer", "LOMO keeps its own loss scaler; the Trainer's fp16 GradScaler cannot wrap it: use bf16 "
+            "(Ampere or newer), or another optimizer",
             opt)
     if plan.checkpoint_layers is not None and not plan.gradient_checkpointing:
         bad("checkpoint_layers", f"checkpointing k layers needs {flag_of('gradient_checkpointing')} on",

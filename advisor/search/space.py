@@ -15,7 +15,7 @@ declares them: ``advisor/data/spaces/README.md``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import yaml
 
+from advisor.core.card_rules import AUTO, CARD_DECIDED, Card
 from advisor.core.errors import AdvisorInputError, ConfigErrors
 from advisor.core.knobs import Knob, knob_of, knobs, searched
 from advisor.core.plan import Plan, checkpoint_depth_problems, compute_dtype_for, lora_target_modules
@@ -55,7 +56,10 @@ def universe(k: Knob) -> tuple | None:
 
 
 def choice_problem(k: Knob, value: Any) -> str | None:
-    """Why ``value`` cannot be one of a space's choices for knob ``k`` (None: it can)."""
+    """Why ``value`` cannot be one of a space's choices for knob ``k`` (None: it can). A knob the card decides
+    (advisor.core.card_rules.CARD_DECIDED) also takes ``auto``: the card's value at each point."""
+    if value == AUTO and k.name in CARD_DECIDED:
+        return None
     allowed = universe(k)
     if allowed is not None:
         return None if value in allowed else f"must be among {', '.join(map(str, allowed))}"
@@ -88,6 +92,9 @@ class SearchSpace:
     overrides: tuple[str, ...] = field(default=())
     plan: type = field(default=Plan, compare=False, repr=False)
     """The Plan class whose declared knobs the space searches (a subclass adds its own)."""
+    card: Card | None = field(default=None, compare=False, repr=False)
+    """Where the plans will train (advisor.core.card_rules.Card): what the ``auto`` choices become
+    (``plan_from_params``). None: no card known (bf16, sdpa)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "trials": self.trials, "fixed": self.fixed, "search": self.search,
@@ -108,6 +115,22 @@ class SearchSpace:
     def grid(self) -> Iterator[dict[str, Any]]:
         """Every valid point of the space (each knob only where it applies)."""
         return self.conditions().points()
+
+    def on_card(self, card: Card) -> "SearchSpace":
+        """The space for plans that train on ``card``: its ``auto`` choices become the card's. A knob none of
+        whose choices runs there is an error naming the key (an older space's ``precision: [bf16]`` on a T4)."""
+        errors = []
+        for name, values in self.search.items():
+            refusals = [card.refusal(name, v) for v in values]
+            if values and all(refusals):
+                auto = f" (or list {AUTO}: the card's choice)" if name in CARD_DECIDED else ""
+                errors.append(AdvisorInputError(f"search.{name}", f"none of these choices runs here: {refusals[0]}"
+                                                + auto, values))
+        if len(errors) == 1:
+            raise errors[0]
+        if errors:
+            raise ConfigErrors(errors)
+        return replace(self, card=card)
 
 
 def list_spaces(task: str = "train") -> list[str]:
@@ -285,6 +308,10 @@ def plan_from_params(params: dict[str, Any], space: SearchSpace, arch: dict[str,
     fixed, plan = space.fixed, space.plan
     fields = {k.name: k for k in knobs(plan)}
     values = {k: v for k, v in params.items() if k in fields and v is not None}
+    card = space.card or Card()
+    for name in CARD_DECIDED:  # a space's `auto`: the card's value here (advisor.core.card_rules)
+        if values.get(name) == AUTO:
+            values[name] = card.choice(name, values)
     method = values.get("method", plan.method)
     mb = values.get("micro_batch", plan.micro_batch)
     r = values.get("lora_r", plan.lora_r)
@@ -310,9 +337,11 @@ Ask = Callable[[str, str, list], Any]
 """(Optuna parameter name, knob, the values offered) → the value chosen."""
 
 
-def model_rules(model) -> Check:
-    """The plan rules for one model: Plan.problems, then the adapter targets its layers really have."""
+def model_rules(model, gpu=None) -> Check:
+    """The plan rules for one model on one card: Plan.problems, the adapter targets its layers really have,
+    and what runs on ``gpu`` for the model's class (advisor.core.card_rules; None: no card known)."""
     linears = list(model.linear_shapes())
+    card = Card.of(gpu, model)
 
     def check(plan: Plan) -> list[AdvisorInputError]:
         errs = plan.problems() + checkpoint_depth_problems(plan, model.num_layers)
@@ -321,7 +350,7 @@ def model_rules(model) -> Check:
                 lora_target_modules(plan, linears)
             except AdvisorInputError as e:
                 errs = [e]
-        return errs
+        return errs + card.problems(plan)
 
     return check
 

@@ -18,8 +18,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from advisor.core.card_rules import Card
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.errors import AdvisorInputError
+from advisor.core.card_rules import card_precision
 from advisor.core.fit import HEADROOM, fits, overshoot, usable_bytes
 from advisor.core.plan import Plan, checkpoint_depth_problems, lora_target_modules
 from advisor.core.target import Target
@@ -80,6 +82,16 @@ class TuneSettings:
         """How the answer is chosen beside the budget (advisor.search.select.Rules)."""
         return Rules(regime=self.regime, global_batch=self.space.fixed.get("global_batch"),
                      uniform_lengths=self.data is None)
+
+    def __post_init__(self) -> None:
+        # the space's `auto` choices (precision, attention) become the card's, for this model's class
+        self.space = self.space.on_card(Card.of(self.card, self.model))
+
+    @property
+    def card(self) -> GpuSpec | None:
+        """The GPU whose rules the plans must keep (advisor.core.card_rules): named or detected; None when only
+        assumed from the budget (as pre-flight judges only a GPU it knows, Target.known_gpu)."""
+        return None if self.gpu_assumed else self.gpu
 
     @property
     def target(self) -> Target:
@@ -195,7 +207,7 @@ class Tuner:
         with study_lock(self.storage, self.s.storage, self.s.study_name):
             if not study.user_attrs.get("recipe_enqueued"):
                 # the usual recipe first: the baseline the answer is held to (advisor.search.recipe)
-                recipe = usual_recipe(self.s.space, self._card_precision(), self._fits_by_estimate)
+                recipe = usual_recipe(self.s.space, card_precision(self.s.card), self._fits_by_estimate)
                 named = self.conditions.optuna_params(recipe[1]) if recipe else None
                 if named is not None:
                     study.enqueue_trial(named, user_attrs={"ladder": recipe[0]}, skip_if_exists=True)
@@ -333,10 +345,6 @@ class Tuner:
         tps = predict_throughput(self.s.model, plan, self.s.gpu, self.s.gpus, self.s.sharding, data=self.s.data)
         return tps.tokens_per_s * 1.0, run_peak_bytes(rep)
 
-    def _card_precision(self) -> str:
-        """The precision the usual recipe trains in on this card: bf16 where the GPU has it, else fp16 with loss
-        scaling."""
-        return "bf16" if self.s.gpu.bf16 else "fp16"
 
     # -- one trial -----------------------------------------------------------
 
@@ -344,9 +352,9 @@ class Tuner:
     def conditions(self) -> Conditions:
         """The space's knobs under the plan rules and this model's modules (one per tuner: it memoizes)."""
         if getattr(self, "_conditions", None) is None:
-            rules, settings = model_rules(self.s.model), self.s.rules
+            rules, settings = model_rules(self.s.model, self.s.card), self.s.rules
 
-            def check(plan: Plan):  # the model's rules, then no lever without quality evidence (never proposed)
+            def check(plan: Plan):  # the model's and card's rules, then no lever without quality evidence
                 return rules(plan) or quality_problems(plan, settings.regime, global_batch=settings.global_batch)
 
             self._conditions = Conditions(self.s.space, self.s.model.arch or {}, check)

@@ -7,7 +7,8 @@ import importlib.util
 import shutil
 from pathlib import Path
 
-from advisor.core.catalog import GpuSpec
+from advisor.core.card_rules import Card
+from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.data_files import load_data_file
 from advisor.diagnosis.findings import Finding
 from advisor.core.plan import ALL_LINEAR, Plan
@@ -78,15 +79,6 @@ def check_gpu(plan: Plan, gpu: GpuSpec | None, budget_bytes: int | None) -> list
     if gpu is None:
         return [Finding("env.gpu", "info", "no GPU detected and none named: memory is checked against the budget only",
                         "", ("name the target with --gpu NAME",), "environment")]
-    uses_bf16 = "bf16" in (plan.precision, plan.activation_dtype, plan.compute_dtype)
-    if uses_bf16 and not gpu.bf16:
-        findings.append(Finding("config.bf16-unsupported", "error", f"bf16 requested but the {gpu.name} has no bf16",
-                                "pre-Ampere GPUs lack bf16 tensor cores",
-                                ("set fp16: true, bf16: false (mixed_fp16 precision)",), "config"))
-    if plan.activation_dtype == "fp16" and gpu.bf16:
-        findings.append(Finding("config.fp16-on-bf16-gpu", "warning", f"fp16 on a {gpu.name}, which supports bf16",
-                                "fp16's narrow range needs loss scaling and diverges more often",
-                                ("set bf16: true, fp16: false",), "config"))
     if gpu.detected:
         free = _free_gpu_memory(gpu.index or 0)
         if free is not None and budget_bytes and free < budget_bytes:
@@ -95,6 +87,14 @@ def check_gpu(plan: Plan, gpu: GpuSpec | None, budget_bytes: int | None) -> list
                                     "NVML: other processes hold GPU memory", ("stop the other processes (nvidia-smi)",),
                                     "environment", {"free_bytes": free}))
     return findings
+
+
+def check_card(plan: Plan, gpu: GpuSpec | None, model: ModelSpec | None) -> list[Finding]:
+    """What runs on the card and for the model's class, by the one rule the tuner plans with
+    (advisor.core.card_rules): what it refuses is an error (NO-GO), what runs by a slower path or with a better
+    choice at hand is said (info, so the tuner's own answers stay GO)."""
+    return [Finding(f"config.{f.id}", "error" if f.effect == "refuse" else "info", f.title, f.evidence, (f.fix,),
+                    "config", {"key": f.knob, "value": f.value}) for f in Card.of(gpu, model).findings(plan)]
 
 
 def _free_gpu_memory(index: int) -> int | None:

@@ -93,6 +93,7 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
     findings += _config.check_pad_token(model)
     findings += _env.check_versions(plan)
     findings += _env.check_gpu(plan, target.known_gpu, budget.bytes if budget else None)
+    findings += _env.check_card(plan, target.known_gpu, model)
 
     stats = data_stats(inp.data, model.path) if inp.data else None
     seq = inp.max_seq_len or plan.seq_len

@@ -1,0 +1,367 @@
+"""What runs on a card: the one rule of which plans a GPU (and a model's class) can run.
+
+Every hardware rule is data in ``advisor/data/card_rules.yaml``, each with its source: bf16 only from
+Ampere (sm80) on, FlashAttention-2 only there too, Triton kernels (Liger, torchao's low-bit AdamW) from
+sm70, bitsandbytes from sm60; and what runs but by a slower path (LLM.int8() without int8 tensor cores,
+the grouped-GEMM experts fallback), said but never refused. The model side, which attention
+implementations transformers runs for the model's class, is an input (``model_facts``).
+
+Used by plan validation (the tuner's Conditions through ``advisor.search.space.model_rules``; estimate and
+probe), the search space (its ``auto`` choices, ``Card.choice``), pre-flight and the exports, so the
+search never proposes, and pre-flight never refuses, a plan the other one judges differently.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Mapping
+
+from advisor.core.data_files import load_data_file
+from advisor.core.errors import AdvisorInputError
+from advisor.core.knobs import knob_of
+from advisor.core.plan import Plan
+
+AUTO = "auto"
+"""A search space's choice for a knob the card decides (``CARD_DECIDED``): the value ``Card.choice`` gives."""
+CARD_DECIDED = ("precision", "attn_impl")
+"""The knobs whose ``auto`` choice the card (and the model) decide: the precision the card trains in, the
+attention implementation the model's class runs."""
+CARD_DEFAULT_MEANS = {
+    "precision": "the card's: bf16 on Ampere or newer, else fp16 with loss scaling (mixed_fp16 for --method full)",
+    "attn_impl": "sdpa where the model's class runs it, else eager",
+}
+"""What an ``auto`` choice (a flag left out) means, in the words of --help."""
+BF16_RULE = "bf16-unsupported"
+"""The rule that says which cards have bf16 tensor cores (``card_precision`` follows it)."""
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+"""config.json fields that give a model routed experts (Qwen-MoE, Mixtral, DeepSeek)."""
+
+
+# --------------------------------------------------------------------------- the rules (data)
+
+
+@dataclass(frozen=True)
+class CardRule:
+    """One requirement of lever values on the GPU (an entry of card_rules.yaml's ``rules``)."""
+
+    id: str
+    name: str
+    """What needs it, as a finding's title says it."""
+    when: Mapping[str, tuple]
+    """Plan knob → the values concerned; ``experts``: a model with routed experts."""
+    sm_below: int | None
+    """Cards below this compute capability are concerned (a requirement)."""
+    sm_from: int | None
+    """Cards from this compute capability on are concerned (a better choice the card has)."""
+    effect: str
+    """refuse (not valid on those cards) or note (runs; said, never refused)."""
+    lacks: str
+    """What the cards concerned lack or do, completing "the Tesla T4 (sm75) ..."."""
+    instead: str
+    """What to use there, in the command line's words."""
+    fix: str
+    """The same in a config file's words (pre-flight)."""
+    source: str
+    detail: str = ""
+    """More on what happens there (pre-flight's evidence)."""
+
+    def on(self, gpu: Any) -> bool:
+        """Does the rule concern this card? A card of unknown compute capability is judged only by its bf16
+        flag (bf16 from sm80 on: below or at/above the bf16 rule's bound); with no card, never."""
+        if gpu is None:
+            return False
+        low, high = _sm_range(gpu)
+        if self.sm_below is not None:
+            return high < self.sm_below
+        return self.sm_from is not None and low >= self.sm_from
+
+    def covers(self, knob: str, value: Any) -> bool:
+        return value in self.when.get(knob, ())
+
+    def says(self, gpu: Any) -> str:
+        """The one line after the flag: "the Tesla T4 (sm75) has no bf16 tensor cores; use fp16 (...)"."""
+        said = f"{card_label(gpu)} {self.lacks}"
+        return f"{said}; use {self.instead}" if self.effect == "refuse" else said
+
+
+@lru_cache(maxsize=None)
+def card_rules() -> tuple[CardRule, ...]:
+    """The rules of advisor/data/card_rules.yaml."""
+    return tuple(CardRule(id=r["id"], name=r["name"], when={k: tuple(v) if isinstance(v, list) else (v,)
+                                                             for k, v in r["when"].items()},
+                          sm_below=r.get("sm_below"), sm_from=r.get("sm_from"), effect=r["effect"],
+                          lacks=r["lacks"], instead=r["instead"], fix=r["fix"], source=r["source"],
+                          detail=r.get("detail", ""))
+                 for r in load_data_file("card_rules.yaml")["rules"])
+
+
+@lru_cache(maxsize=None)
+def not_card_rules() -> tuple[dict, ...]:
+    """The lever values checked and found to need nothing of the GPU, each with why and its source."""
+    return tuple(load_data_file("card_rules.yaml")["not_card_rules"])
+
+
+def card_sm(gpu: Any) -> int | None:
+    """The card's compute capability (major * 10 + minor), None when unknown."""
+    return getattr(gpu, "sm", None)
+
+
+def _sm_range(gpu: Any) -> tuple[int, float]:
+    """The compute capabilities the card may have: its own, or, unknown, what its bf16 flag says."""
+    sm = card_sm(gpu)
+    if sm is not None:
+        return sm, sm
+    bound = next(r.sm_below for r in card_rules() if r.id == BF16_RULE)
+    return (bound, float("inf")) if getattr(gpu, "bf16", True) else (0, bound - 1)
+
+
+def card_label(gpu: Any) -> str:
+    """"the Tesla T4 (sm75)", as the rules' messages name a card."""
+    sm = card_sm(gpu)
+    return f"the {gpu.name}" + (f" (sm{sm})" if sm is not None else "")
+
+
+def bf16_runs(gpu: Any) -> bool:
+    """The card has bf16 tensor cores (the bf16 rule does not refuse bf16 on it; no card: assumed)."""
+    return not any(r.id == BF16_RULE and r.on(gpu) for r in card_rules())
+
+
+def card_precision(gpu: Any, method: str = "lora") -> str:
+    """The precision a plan takes on the card: bf16 where it has bf16 tensor cores (or no card is known), else
+    fp16 trained with loss scaling. With adapters that is the Plan's ``fp16``: fp16 weights, fp16 autocast,
+    fp32 adapters (peft's autocast_adapter_dtype upcasts them) and the Trainer's GradScaler (the exports write
+    ``fp16: true``); a full fine-tune is ``mixed_fp16`` (fp32 master weights: pure fp16 ones diverge)."""
+    if bf16_runs(gpu):
+        return "bf16"
+    return "mixed_fp16" if method == "full" else "fp16"
+
+
+# --------------------------------------------------------------------------- the model side
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a model's class runs, as the card rules need it."""
+
+    class_name: str | None = None
+    attention: frozenset[str] | None = None
+    """The attention implementations transformers runs for the class (eager always); None: not known."""
+    experts: bool = False
+    """The model routes tokens to experts (transformers' experts implementation applies)."""
+    transformers_version: str = ""
+
+
+def model_facts(model: Any) -> ModelFacts:
+    """The facts of a ModelSpec's class (None or an unknown class: nothing known, nothing refused).
+
+    The attention implementations are read from the installed transformers' modeling source
+    (``_class_attention``) until ModelSpec carries them; this is the one place to point at that field."""
+    if model is None:
+        return ModelFacts()
+    config = getattr(model, "config", None) or {}
+    experts = any(int(config.get(k) or 0) > 0 for k in EXPERT_KEYS)
+    archs = config.get("architectures") or []
+    found = _class_attention(getattr(model, "model_type", "") or "", archs[0] if archs else None)
+    version = _transformers_version()
+    if found is None:
+        return ModelFacts(experts=experts, transformers_version=version)
+    return ModelFacts(class_name=found[0], attention=found[1], experts=experts, transformers_version=version)
+
+
+_ATTENTION_ATTRS = {"sdpa": ("_supports_sdpa",), "flash_attention_2": ("_supports_flash_attn", "_supports_flash_attn_2")}
+"""transformers' class attributes that allow each implementation (modeling_utils.PreTrainedModel: both False by
+default; _sdpa_can_dispatch / _flash_attn_can_dispatch raise ValueError when the class's is False)."""
+_LIBRARY_BASES = {"PreTrainedModel", "GenerationMixin", "Module", "nn.Module"}
+
+
+@lru_cache(maxsize=None)
+def _class_attention(model_type: str, class_name: str | None) -> tuple[str, frozenset[str]] | None:
+    """(class name, the attention implementations it runs) from the installed transformers' modeling file for
+    ``model_type``, read without importing it (no torch): the class's and its in-file bases' ``_supports_*``
+    assignments, PreTrainedModel's False where none sets them. None when the file, the class or a value
+    cannot be read statically (a base from another module, a property)."""
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or not spec.origin or not model_type.isidentifier():
+        return None
+    path = Path(spec.origin).parent / "models" / model_type / f"modeling_{model_type}.py"
+    if not path.is_file():
+        return None
+    classes = {n.name: n for n in ast.parse(path.read_text(encoding="utf-8")).body if isinstance(n, ast.ClassDef)}
+    name = class_name if class_name in classes else next((n for n in classes if n.endswith("ForCausalLM")), None)
+    if name is None:
+        return None
+    wanted = {a for attrs in _ATTENTION_ATTRS.values() for a in attrs}
+    values: dict[str, Any] = {}
+    unknown_base = False
+    todo, seen = [name], set()
+    while todo:  # the class, then its bases depth first (Python's MRO for these single chains)
+        node = classes[todo.pop(0)]
+        if node.name in seen:
+            continue
+        seen.add(node.name)
+        for stmt in node.body:
+            target, value = _assigned(stmt)
+            if target in wanted:
+                values.setdefault(target, value.value if isinstance(value, ast.Constant) else None)
+            elif isinstance(stmt, ast.FunctionDef) and stmt.name in wanted:
+                values.setdefault(stmt.name, None)
+        for base in node.bases:
+            base_name = ast.unparse(base)
+            if base_name in classes:
+                todo.append(base_name)
+            elif base_name not in _LIBRARY_BASES:
+                unknown_base = True
+    supported = {"eager"}
+    for impl, attrs in _ATTENTION_ATTRS.items():
+        got = [values[a] for a in attrs if a in values]
+        if any(v is None for v in got) or (not got and unknown_base):
+            return None
+        if any(got):
+            supported.add(impl)
+    return name, frozenset(supported)
+
+
+def _assigned(stmt: ast.stmt) -> tuple[str | None, ast.expr | None]:
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+        return stmt.targets[0].id, stmt.value
+    if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+        return stmt.target.id, stmt.value
+    return None, None
+
+
+@lru_cache(maxsize=None)
+def _transformers_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("transformers")
+    except PackageNotFoundError:
+        return ""
+
+
+def default_attention(facts: ModelFacts) -> str:
+    """The attention a plan takes for the model: sdpa where its class runs it (transformers' own default),
+    else eager (flash_attention_2 needs the flash-attn package on the training machine: only when asked)."""
+    return "sdpa" if facts.attention is None or "sdpa" in facts.attention else "eager"
+
+
+# --------------------------------------------------------------------------- judging a plan
+
+
+@dataclass(frozen=True)
+class CardFinding:
+    """What a rule says about one plan on one card."""
+
+    id: str
+    effect: str
+    """refuse or note."""
+    knob: str | None
+    """The Plan knob it concerns (None: the model's experts)."""
+    value: Any
+    rule: str
+    """The one line a command prints after the flag: what the card lacks and what to use instead."""
+    title: str
+    """Pre-flight's title."""
+    fix: str
+    evidence: str
+    """What happens there and where the rule comes from."""
+
+    def error(self, plan_type: type | None = None) -> AdvisorInputError:
+        flag = knob_of(plan_type or Plan, self.knob).flag if self.knob else "--model"
+        return AdvisorInputError(flag, self.rule, self.value)
+
+
+@dataclass(frozen=True)
+class Card:
+    """Where a plan will train: the GPU (None: not known, nothing is refused for it) and the model's facts.
+
+    A search space bound to it resolves its ``auto`` choices (``choice``); its ``problems`` are the card's part
+    of a plan's validation."""
+
+    gpu: Any = None
+    model: ModelFacts = ModelFacts()
+
+    @classmethod
+    def of(cls, gpu: Any = None, model: Any = None) -> "Card":
+        return cls(gpu, model_facts(model))
+
+    def choice(self, knob: str, values: Mapping[str, Any]) -> Any:
+        """The value an ``auto`` choice of ``knob`` takes at a point of the space (``values``: the knobs so far)."""
+        if knob == "precision":
+            return card_precision(self.gpu, values.get("method", "lora"))
+        if knob == "attn_impl":
+            return default_attention(self.model)
+        raise KeyError(f"{knob} is not decided by the card (CARD_DECIDED: {', '.join(CARD_DECIDED)})")
+
+    def refusal(self, knob: str, value: Any) -> str | None:
+        """Why ``value`` of ``knob`` cannot run here whatever the other knobs (None: it may run), in one line."""
+        if value == AUTO:
+            return None  # the card's own choice
+        rule = next((r for r in card_rules() if r.effect == "refuse" and r.covers(knob, value) and r.on(self.gpu)),
+                    None)
+        if rule is not None:
+            return rule.says(self.gpu)
+        if knob == "attn_impl":
+            return next((f.rule for f in self._attention_findings(value)), None)
+        return None
+
+    def findings(self, plan: Any) -> list[CardFinding]:
+        """Everything the rules say about ``plan`` here: refusals and notes."""
+        values = vars(plan)
+        out: list[CardFinding] = []
+        for r in card_rules():
+            if not r.on(self.gpu):
+                continue
+            label = card_label(self.gpu)
+            evidence = f"{r.detail} ({r.source})" if r.detail else r.source
+            if r.when.get("experts") and self.model.experts:
+                out.append(CardFinding(r.id, r.effect, None, self.model.class_name, r.says(self.gpu),
+                                       f"{r.name} on {label}", r.fix, evidence))
+            for knob, concerned in r.when.items():
+                if knob == "experts" or values.get(knob) not in concerned:
+                    continue
+                if not knob_of(type(plan), knob).applies_to(values):
+                    continue
+                title = (f"{r.name} requested but {label} {r.lacks}" if r.effect == "refuse"
+                         else f"{r.name} on {label}: it {r.lacks}")
+                out.append(CardFinding(r.id, r.effect, knob, values[knob], r.says(self.gpu), title, r.fix, evidence))
+        out += self._attention_findings(plan.attn_impl)
+        return out
+
+    def _attention_findings(self, impl: str) -> list[CardFinding]:
+        facts = self.model
+        if facts.attention is None or impl in facts.attention:
+            return []
+        runs = sorted(facts.attention, key=["sdpa", "flash_attention_2", "eager"].index)
+        attrs = " / ".join(_ATTENTION_ATTRS.get(impl, ("?",)))
+        where = f"transformers {facts.transformers_version}".strip()
+        rule = (f"{facts.class_name} does not run {impl} in {where} ({attrs} is False); use "
+                f"{' or '.join(runs)}")
+        return [CardFinding("attention-unsupported", "refuse", "attn_impl", impl, rule,
+                            f"{impl} requested but {facts.class_name} does not support it",
+                            f"use attn_implementation: {runs[0]}",
+                            "transformers modeling_utils.PreTrainedModel._sdpa_can_dispatch / "
+                            "_flash_attn_can_dispatch: ValueError when the class's attribute is False")]
+
+    def problems(self, plan: Any) -> list[AdvisorInputError]:
+        """The plan's rules on this card: one error per refusal, naming the flag and the value."""
+        return [f.error(type(plan)) for f in self.findings(plan) if f.effect == "refuse"]
+
+    def notes(self, plan: Any) -> list[CardFinding]:
+        """What runs, but by a slower path or with a better choice at hand."""
+        return [f for f in self.findings(plan) if f.effect == "note"]
+
+
+def card_problems(plan: Any, gpu: Any, model: Any = None) -> list[AdvisorInputError]:
+    """Every rule of what runs that ``plan`` breaks on ``gpu`` (None: no card known) for ``model`` (a ModelSpec;
+    None: its class is not judged), one AdvisorInputError each (flag, what the card lacks, what to use)."""
+    return Card.of(gpu, model).problems(plan)
+
+
+__all__ = ["AUTO", "CARD_DECIDED", "CARD_DEFAULT_MEANS", "Card", "CardFinding", "CardRule", "ModelFacts", "bf16_runs", "card_label",
+           "card_precision", "card_problems", "card_rules", "card_sm", "default_attention", "model_facts",
+           "not_card_rules"]
