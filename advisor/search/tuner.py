@@ -18,10 +18,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from advisor.core.card_rules import Card
+from advisor.core.card_rules import Card, card_precision
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.errors import AdvisorInputError
-from advisor.core.card_rules import card_precision
 from advisor.core.fit import HEADROOM, fits, overshoot, usable_bytes
 from advisor.core.plan import Plan, checkpoint_depth_problems, lora_target_modules
 from advisor.core.target import Target
