@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, TypeVar
 
-from advisor.core.fit import fits
+from advisor.core.fit import fits, host_fits
 from advisor.core.units import format_bytes
 from advisor.search.ladder import is_reference
 
@@ -40,7 +40,12 @@ class TrialRecord:
     run_peak_bytes: int | None = None  # the run's peak: the highest of load, train, eval, generate, save
     run_peak_phase: str = ""       # the phase that sets it
     ledger: dict[str, int] = field(default_factory=dict)
-    host_bytes: int = 0
+    host_bytes: int = 0            # host memory the plan keeps during training (offloaded)
+    host_peak_bytes: int = 0       # the run's host peak: process + max(load, training), pinned and pageable
+    host_peak_phase: str = ""      # load or train: what sets the host peak
+    host_pinned_bytes: int = 0     # page-locked bytes during training (advisor.memory.host)
+    host_pageable_bytes: int = 0
+    host_ledger: dict[str, int] = field(default_factory=dict)  # host bytes per ledger category
     tokens_per_s: float | None = None
     tokens_per_s_source: str = ""  # predicted or measured
     accuracy_loss: float | None = None
@@ -60,6 +65,12 @@ class TrialRecord:
 def run_peak(t: TrialRecord) -> int | None:
     """What feasibility is decided on: the run's peak when known, else the step's."""
     return t.run_peak_bytes or t.peak_bytes
+
+
+def host_peak(t: TrialRecord) -> int:
+    """What host feasibility is decided on: the run's host peak, else (a record from before it was kept) the
+    offloaded bytes."""
+    return t.host_peak_bytes or t.host_bytes
 
 
 @dataclass(frozen=True)
@@ -114,11 +125,13 @@ def pareto_front(records: list[TrialRecord]) -> list[TrialRecord]:
 
 
 def select(records: list[TrialRecord], budget_bytes: int, headroom: float, tolerance: float,
-           unit: str = "GiB") -> Selection:
-    """Highest throughput among feasible trials within the accuracy tolerance; ties → ``break_tie``."""
+           unit: str = "GiB", host_budget_bytes: int | None = None) -> Selection:
+    """Highest throughput among feasible trials within the accuracy tolerance; ties → ``break_tie``.
+    Feasible: the GPU rule and, with a host budget, the host rule (advisor.core.fit)."""
     done = [t for t in records if t.state == "complete" and t.peak_bytes is not None and t.tokens_per_s
             and t.duplicate_of is None]
-    feasible = [t for t in done if fits(run_peak(t), budget_bytes, headroom)]
+    feasible = [t for t in done if fits(run_peak(t), budget_bytes, headroom)
+                and host_fits(host_peak(t), host_budget_bytes)]
     accurate = [t for t in feasible if (t.accuracy_loss or 0.0) <= tolerance]
     ranked = sorted(accurate, key=lambda t: -(t.tokens_per_s or 0))
     best = None

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.errors import AdvisorInputError
-from advisor.core.fit import HEADROOM, fits, overshoot, usable_bytes
+from advisor.core.fit import HEADROOM, fits, host_fits, host_overshoot, host_usable_bytes, overshoot, usable_bytes
 from advisor.core.plan import Plan, checkpoint_depth_problems, lora_target_modules
 from advisor.core.target import Target
 from advisor.memory.phases import run_peak_bytes
@@ -69,10 +69,19 @@ class TuneSettings:
     data: Any = None
     """The user's documents (advisor.core.data_profile.DataProfile, --data): memory at the longest batch
     unless packed, tokens/s in real tokens."""
+    host_budget: Budget | None = None
+    """The RAM of the machine the run is for (--host-budget, else detected); None: host memory not checked."""
+    host_detected: bool = False
+    """``host_budget`` was detected on this machine rather than given."""
 
     @property
     def target(self) -> Target:
-        return Target(model=self.model, gpu=self.gpu, budget=self.budget, gpu_assumed=self.gpu_assumed)
+        return Target(model=self.model, gpu=self.gpu, budget=self.budget, gpu_assumed=self.gpu_assumed,
+                      host_budget=self.host_budget, host_detected=self.host_detected)
+
+    @property
+    def host_budget_bytes(self) -> int | None:
+        return self.host_budget.bytes if self.host_budget is not None else None
 
     def description(self) -> StudyDescription:
         """What the study is for, typed (stored as JSON in the study's "advisor" attribute)."""
@@ -80,7 +89,8 @@ class TuneSettings:
                                 backend=self.backend, gpu_assumed=self.gpu_assumed, headroom=self.headroom,
                                 tolerance=self.tolerance, seed=self.seed, trials=self.trials, task="train",
                                 gpus=self.gpus, sharding=self.sharding, versions=library_versions(),
-                                environment=gpu_environment())
+                                environment=gpu_environment(), host_budget=self.host_budget,
+                                host_detected=self.host_detected)
 
     def describe(self) -> dict[str, Any]:
         return self.description().to_dict()
@@ -92,11 +102,12 @@ class TuneSettings:
         return cls(model=d.model, space=d.space, budget=d.budget, gpu=d.gpu, gpu_assumed=d.gpu_assumed,
                    backend=backend or d.backend, storage=storage, study_name=study_name, trials=d.trials,
                    headroom=d.headroom, tolerance=d.tolerance, seed=d.seed, heartbeat_seconds=heartbeat_seconds,
-                   gpus=d.gpus, sharding=d.sharding)
+                   gpus=d.gpus, sharding=d.sharding, host_budget=d.host_budget, host_detected=d.host_detected)
 
 
-def default_study_name(model: ModelSpec, budget: Budget, space: SearchSpace) -> str:
-    raw = f"{model.name}-{budget.text}-{space.name}"
+def default_study_name(model: ModelSpec, budget: Budget, space: SearchSpace, host_budget: Budget | None = None) -> str:
+    """model-budget-space, and -host<budget> when a host budget was given (not detected)."""
+    raw = f"{model.name}-{budget.text}-{space.name}" + (f"-host{host_budget.text}" if host_budget is not None else "")
     return re.sub(r"[^A-Za-z0-9._-]+", "", raw.replace(" ", "")).lower()
 
 
@@ -179,6 +190,11 @@ class Tuner:
             if stored["model"]["name"] != mine["model"]["name"] or stored["budget"]["bytes"] != mine["budget"]["bytes"]:
                 raise AdvisorInputError("--study", f"study {self.s.study_name!r} is for {stored['model']['name']} at "
                                         f"{stored['budget']['text']}; name a new study with --study", self.s.study_name)
+            stored_host = (stored.get("host_budget") or {}).get("bytes")
+            if stored_host is not None and mine.get("host_budget") and stored_host != mine["host_budget"]["bytes"]:
+                raise AdvisorInputError("--host-budget", f"study {self.s.study_name!r} was made for a host budget of "
+                                        f"{stored['host_budget']['text']}; name a new study with --study",
+                                        mine["host_budget"]["text"])
         self.study = study
         self._recover_interrupted()
         with study_lock(self.storage, self.s.storage, self.s.study_name):
@@ -302,7 +318,8 @@ class Tuner:
         return [record_from_trial(t) for t in self.study.get_trials(deepcopy=False)]
 
     def selection(self) -> Selection:
-        return select(self.records(), self.s.budget.bytes, self.s.headroom, self.s.tolerance, self.s.budget.unit)
+        return select(self.records(), self.s.budget.bytes, self.s.headroom, self.s.tolerance, self.s.budget.unit,
+                      host_budget_bytes=self.s.host_budget_bytes)
 
     # -- one trial -----------------------------------------------------------
 
@@ -353,6 +370,9 @@ class Tuner:
         # constraint for the sampler: > 0 when the peak (with headroom) exceeds the budget
         trial.set_constraint("memory", 1.0 if invalid or peak is None
                              else overshoot(peak, self.s.budget.bytes, self.s.headroom))
+        # and > 0 when the host peak exceeds the host budget less the OS reserve (advisor.core.fit.host_fits)
+        trial.set_constraint("host_memory", 1.0 if invalid else host_overshoot(rec.get("host_peak_bytes") or 0,
+                                                                               self.s.host_budget_bytes))
         trial.set_user_attr("record", rec)
         state = "pruned" if pruned else "complete"
         self.on_event(TrialFinished(TrialRecord(number=trial.number, state=state, **rec)))
@@ -372,7 +392,8 @@ class Tuner:
         if self.study is None:
             return None
         records = [r for r in self.records() if r.source != "estimated"]
-        return select(records, self.s.budget.bytes, self.s.headroom, self.s.tolerance).best
+        return select(records, self.s.budget.bytes, self.s.headroom, self.s.tolerance,
+                      host_budget_bytes=self.s.host_budget_bytes).best
 
     def _per_gpu(self, report, plan: Plan):
         """The ledger of one GPU of the target run (sharded when it has several), with the run's phases:
@@ -389,7 +410,8 @@ class Tuner:
             rep = self._per_gpu(get_backend("estimate").measure(self.s.model, plan, self.s.gpu), plan)
         except AdvisorInputError:
             return False
-        return fits(run_peak_bytes(rep), self.s.budget.bytes, self.s.headroom)
+        return fits(run_peak_bytes(rep), self.s.budget.bytes, self.s.headroom) \
+            and host_fits(_host_peak(self.s, rep), self.s.host_budget_bytes)
 
     def _evaluate(self, plan: Plan, rung: str) -> dict[str, Any]:
         """estimate → (simulate) → (probe); a dict of TrialRecord fields, with "reason" when pruned."""
@@ -408,12 +430,15 @@ class Tuner:
 
         rec["stage"] = "estimate"
         report = self._per_gpu(get_backend("estimate").measure(s.model, plan, s.gpu), plan)
-        rec.update(_memory_fields(report))
+        rec.update(_memory_fields(report, s.gpus))
         limit = usable_bytes(s.budget.bytes, s.headroom)
         last_stage = s.backend == "estimate"
         if run_peak_bytes(report) > (limit if last_stage else s.budget.bytes * (1 + PRESCREEN_MARGIN)):
             return {**rec, "reason": f"estimated peak {fmt(run_peak_bytes(report))}{_during(report)} over the budget "
                                      f"{fmt(s.budget.bytes)}{' less headroom' if last_stage else ''}"}
+        over_host = _over_host(s, report, "estimated", 0.0 if last_stage else PRESCREEN_MARGIN)
+        if over_host:
+            return {**rec, "reason": over_host}
         tps = predict_throughput(s.model, plan, s.gpu, s.gpus, s.sharding, data=s.data)
         prediction = dict(tokens_per_s=tps.tokens_per_s, tokens_per_s_source=tps.source, step_terms=tps.terms,
                           accuracy_loss=accuracy_prior(plan), accuracy_source="prior")
@@ -426,16 +451,20 @@ class Tuner:
                 if not fits(run_peak_bytes(report), s.budget.bytes, s.headroom):
                     return {**rec, "reason": f"estimated peak {fmt(run_peak_bytes(report))}{_during(report)} leaves less than "
                                              f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
+                if _over_host(s, report, "estimated"):
+                    return {**rec, "reason": _over_host(s, report, "estimated")}
                 rec["note"] = (f"not simulated: predicted {tps.tokens_per_s:,.0f} tokens/s cannot beat "
                                f"#{incumbent.number} ({incumbent.tokens_per_s:,.0f})")
                 return rec
         if s.backend in ("simulate", "cpu", "cuda"):
             rec["stage"] = "simulate"
             report = self._per_gpu(get_backend("simulate").measure(s.model, plan, s.gpu), plan)
-            rec.update(_memory_fields(report))
+            rec.update(_memory_fields(report, s.gpus))
             if not fits(run_peak_bytes(report), s.budget.bytes, s.headroom):
                 return {**rec, "reason": f"simulated peak {fmt(run_peak_bytes(report))}{_during(report)} leaves less than "
                                          f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
+            if _over_host(s, report, "simulated"):
+                return {**rec, "reason": _over_host(s, report, "simulated")}
         rec.update(prediction)
         if s.backend in ("cpu", "cuda"):
             rec["stage"] = "probe"
@@ -447,7 +476,7 @@ class Tuner:
                 report = self._per_gpu(get_backend(s.backend).measure(s.model, plan, s.gpu, options), plan)
             except BackendFailed as e:
                 return {**rec, "reason": f"probe {e.status}: {e.message}"[:300]}
-            rec.update(_memory_fields(report))
+            rec.update(_memory_fields(report, s.gpus))
             measured = report.measured
             if measured is not None and measured.tokens_per_s:
                 rec.update(tokens_per_s=float(measured.tokens_per_s) * s.gpus, tokens_per_s_source="measured")
@@ -488,14 +517,41 @@ def _during(report) -> str:
     return "" if phase == "train" else f" during {phase}"
 
 
-def _memory_fields(report) -> dict[str, Any]:
+def _host_peak(settings: TuneSettings, report) -> int:
+    """The host peak of the machine: each of the --gpus ranks on it is a process of its own."""
+    return int(report.host_peak_bytes) * settings.gpus
+
+
+def _over_host(settings: TuneSettings, report, source: str, margin: float = 0.0) -> str:
+    """Why a plan is over the host budget (advisor.core.fit.host_fits), naming its host peak, its pinned and
+    pageable bytes and the budget; "" when it fits (or is within ``margin`` of it, before a later stage)."""
+    budget = settings.host_budget_bytes
+    peak = _host_peak(settings, report)
+    if budget is None or host_fits(peak / (1 + margin), budget):
+        return ""
+    fmt = settings.budget.format
+    g = settings.gpus
+    phase = report.host_memory.peak_phase if report.host_memory is not None else "train"
+    return (f"{source} host peak {fmt(peak)}{' during load' if phase == 'load' else ''} (pinned "
+            f"{fmt(report.host_pinned_bytes * g)}, pageable {fmt(report.host_pageable_bytes * g)}) over the host "
+            f"budget {fmt(budget)} less the OS reserve ({fmt(host_usable_bytes(budget))} usable)")
+
+
+def _memory_fields(report, gpus: int = 1) -> dict[str, Any]:
     # peak_bytes is the step's (its ledger sums to it); run_peak_bytes, the highest phase, is what feasibility
     # is decided on (advisor.search.select.run_peak)
-    return {"peak_bytes": int(report.peak_bytes), "run_peak_bytes": report.run_peak_bytes,
-            "run_peak_phase": report.run_peak_phase,
-            "tensor_peak_bytes": int(report.tensor_peak_bytes),
-            "source": report.source, "ledger": {k: int(v) for k, v in report.device.items()},
-            "host_bytes": int(report.host_bytes)}
+    fields = {"peak_bytes": int(report.peak_bytes), "run_peak_bytes": report.run_peak_bytes,
+              "run_peak_phase": report.run_peak_phase,
+              "tensor_peak_bytes": int(report.tensor_peak_bytes),
+              "source": report.source, "ledger": {k: int(v) for k, v in report.device.items()}}
+    if report.host_memory is not None:
+        # a probe measures no host memory: the simulated figures stay
+        fields.update(host_bytes=int(report.host_bytes), host_peak_bytes=int(report.host_peak_bytes) * gpus,
+                      host_peak_phase=report.host_memory.peak_phase,
+                      host_pinned_bytes=int(report.host_pinned_bytes) * gpus,
+                      host_pageable_bytes=int(report.host_pageable_bytes) * gpus,
+                      host_ledger={k: int(v) for k, v in report.host.items() if v})
+    return fields
 
 
 def _comparable(value: Any) -> Any:
