@@ -14,6 +14,10 @@ settings.register_profile("ci", derandomize=True, deadline=None)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 
+# the host budget a command detects is never the test machine's RAM (advisor/core/host.py): a machine with room for
+# every plan, for module-scoped fixtures and child processes too; a test of the host rule sets its own
+os.environ["ADVISOR_HOST_RAM"] = "1TiB"
+
 
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path, monkeypatch):
@@ -24,9 +28,6 @@ def _isolated_home(tmp_path, monkeypatch):
     monkeypatch.setenv("ADVISOR_MEMORY_CALIBRATION", str(tmp_path / "memory_calibration.json"))  # never the user's GPU calibration
     # probes' throughput calibration (advisor/speed/calibration.py) in the test's own folder
     monkeypatch.setenv("ADVISOR_SPEED_CALIBRATION", str(tmp_path / "speed_calibration.json"))
-    # the host budget a command detects is never the test machine's RAM (advisor/core/host.py): a machine with
-    # room for every plan, unless a test sets its own
-    monkeypatch.setenv("ADVISOR_HOST_RAM", "1TiB")
     yield
 
 

@@ -190,11 +190,7 @@ class Tuner:
             if stored["model"]["name"] != mine["model"]["name"] or stored["budget"]["bytes"] != mine["budget"]["bytes"]:
                 raise AdvisorInputError("--study", f"study {self.s.study_name!r} is for {stored['model']['name']} at "
                                         f"{stored['budget']['text']}; name a new study with --study", self.s.study_name)
-            stored_host = (stored.get("host_budget") or {}).get("bytes")
-            if stored_host is not None and mine.get("host_budget") and stored_host != mine["host_budget"]["bytes"]:
-                raise AdvisorInputError("--host-budget", f"study {self.s.study_name!r} was made for a host budget of "
-                                        f"{stored['host_budget']['text']}; name a new study with --study",
-                                        mine["host_budget"]["text"])
+            self._adopt_host_budget(stored)
         self.study = study
         self._recover_interrupted()
         with study_lock(self.storage, self.s.storage, self.s.study_name):
@@ -205,6 +201,18 @@ class Tuner:
                         study.enqueue_trial(named, user_attrs={"ladder": rung}, skip_if_exists=True)
                 study.set_user_attr("ladder_enqueued", True)
         return study
+
+    def _adopt_host_budget(self, stored: dict[str, Any]) -> None:
+        """A study goes on with the host budget it was made for: a detected one yields to it (the study may be
+        resumed on another machine), and a study made before host budgets keeps its host memory unchecked; a
+        --host-budget that differs from the stored one is an error."""
+        hb = stored.get("host_budget")
+        if self.s.host_detected or self.s.host_budget is None:
+            d = StudyDescription.from_dict(stored)
+            self.s.host_budget, self.s.host_detected = d.host_budget, d.host_detected
+        elif hb is not None and int(hb["bytes"]) != self.s.host_budget.bytes:
+            raise AdvisorInputError("--host-budget", f"study {self.s.study_name!r} was made for a host budget of "
+                                    f"{hb['text']}; name a new study with --study", self.s.host_budget.text)
 
     def _recover_interrupted(self) -> None:
         """Trials left RUNNING (kill -9) or FAILED by an interruption are failed and enqueued again, once.

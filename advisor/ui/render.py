@@ -323,13 +323,19 @@ def print_tune_result(settings, records, selection, exports) -> None:
         console.print(f"exported {kind}: {path}")
 
 
+def host_peak_text(r, fmt) -> str:
+    """A trial's host peak (a TrialRecord's): when it happens, and the pinned and pageable bytes in training.
+    The terminal, the report and the TUI show it beside the GPU peak."""
+    peak = r.host_peak_bytes or r.host_bytes
+    during = " during load" if r.host_peak_phase == "load" else ""
+    return (f"{fmt(peak)}{during} (in training: pinned {fmt(r.host_pinned_bytes)}, pageable "
+            f"{fmt(r.host_pageable_bytes)})")
+
+
 def winner_host_line(best, budget: Budget, host_budget: Budget | None) -> str:
     """The winner's host peak beside its GPU peak: pinned and pageable, against the host budget."""
-    peak = best.host_peak_bytes or best.host_bytes
-    during = " during load" if best.host_peak_phase == "load" else ""
     line = (f"GPU peak {budget.format(best.run_peak_bytes or best.peak_bytes)} · host peak "
-            f"[bold]{budget.format(peak)}[/]{during} (in training: pinned {budget.format(best.host_pinned_bytes)}, "
-            f"pageable {budget.format(best.host_pageable_bytes)}; {best.source})")
+            f"{escape(host_peak_text(best, budget.format))} ({best.source})")
     if host_budget is not None:
         line += f" of {budget.format(host_usable_bytes(host_budget.bytes))} usable of {escape(str(host_budget.text))}"
     return line

@@ -93,7 +93,8 @@ class ReportData:
 
 def gather(snap: StudySnapshot) -> ReportData:
     d = snap.description
-    selection = select(snap.records, d.budget.bytes, d.headroom, d.tolerance, d.budget.unit)
+    selection = select(snap.records, d.budget.bytes, d.headroom, d.tolerance, d.budget.unit,
+                       host_budget_bytes=d.host_budget_bytes)
     notes = []
     if d.gpu_assumed:
         notes.append(f"No GPU was detected or named when the study ran: throughput is predicted for a "

@@ -105,7 +105,8 @@ class Board:
     def selection(self) -> Selection:
         if self._selection is None:
             i = self.info
-            self._selection = select(self.ordered(), i.budget.bytes, i.headroom, i.tolerance, i.budget.unit)
+            self._selection = select(self.ordered(), i.budget.bytes, i.headroom, i.tolerance, i.budget.unit,
+                                     host_budget_bytes=i.description.host_budget_bytes)
         return self._selection
 
     @property
