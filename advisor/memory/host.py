@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable
 
@@ -112,63 +113,92 @@ def _sixteen_bit(plan: Plan) -> int:
 
 # ----------------------------------------------------------------------------- DeepSpeed ZeRO-Offload
 
-def deepspeed_host(model: ModelSpec, plan: Plan, pin_optimizer: bool = DEEPSPEED_PIN_MEMORY,
-                   pin_param: bool = DEEPSPEED_PIN_MEMORY) -> tuple[dict[str, int], dict[str, int], list[str]]:
-    """(pinned, pageable, notes) of DeepSpeed ZeRO-Offload on one rank, buffer by buffer as DeepSpeed 0.19
-    allocates them. The HF Trainer hands DeepSpeed one parameter group (transformers integrations/deepspeed.py:669,
-    ``DummyOptim``), so each flat partition is one tensor: one pinned block."""
+@dataclass(frozen=True)
+class HostBuffer:
+    """One kind of host tensor DeepSpeed allocates for ZeRO-Offload."""
+
+    name: str
+    """DeepSpeed's attribute (or what it is)."""
+    category: str
+    """The ledger category it counts under."""
+    tensors: Counter
+    """Bytes of each tensor: bytes -> how many."""
+    pinned: bool
+    """Page-locked (then each tensor takes a power-of-two block) or pageable."""
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes allocated: pinned blocks, or the tensors' own bytes."""
+        return pinned_bytes_of(self.tensors) if self.pinned else int(sum(k * v for k, v in self.tensors.items()))
+
+
+def deepspeed_buffers(model: ModelSpec, plan: Plan, pin_optimizer: bool = DEEPSPEED_PIN_MEMORY,
+                      pin_param: bool = DEEPSPEED_PIN_MEMORY) -> list[HostBuffer]:
+    """The host tensors of DeepSpeed ZeRO-Offload on one rank, buffer by buffer as DeepSpeed 0.19 allocates them
+    (tests/test_host_memory.py checks the ZeRO-2 list against a real DeepSpeed engine on the CPU). The HF Trainer
+    hands DeepSpeed one parameter group (transformers integrations/deepspeed.py:669, ``DummyOptim``), so each flat
+    partition is one tensor."""
     tensors = trainable_tensors(model, plan)
     n = sum(k * v for k, v in tensors.items())
     largest = max(tensors) if tensors else 0
     p16 = _sixteen_bit(plan)
-    pinned: dict[str, int] = {}
-    pageable: dict[str, int] = {}
-
-    def put(kind_pinned: bool, category: str, nbytes: int, blocks: int | None = None) -> None:
-        target = pinned if kind_pinned else pageable
-        target[category] = target.get(category, 0) + int(blocks if kind_pinned and blocks is not None
-                                                          else (pinned_block_bytes(nbytes) if kind_pinned else nbytes))
-
+    one = lambda nbytes: Counter({int(nbytes): 1}) if nbytes else Counter()  # noqa: E731
     # DeepSpeedCPUAdam: fp32 exp_avg and exp_avg_sq, zeros_like on the CPU: pageable (ops/adam/cpu_adam.py:161-164)
-    put(False, "optimizer_states", 8 * n)
+    out = [HostBuffer("exp_avg, exp_avg_sq", "optimizer_states", Counter({4 * n: 2}) if n else Counter(), False)]
     if plan.offload == "zero2_cpu":
-        # stage_1_and_2.py:560-565 the fp32 master partition, pinned by offload_optimizer.pin_memory
-        put(pin_optimizer, "master_weights", 4 * n)
-        # :566-575 a 16-bit buffer of the partition, to copy the updated weights back to the GPU
-        put(pin_optimizer, "weights", p16 * n)
-        # :936-941 the fp32 gradient partition; :656-658 a staging buffer of the largest parameter (16-bit)
-        put(pin_optimizer, "gradients", 4 * n)
-        put(pin_optimizer, "gradients", p16 * largest)
+        out += [
+            # stage_1_and_2.py:560-565 the fp32 master partition, pinned by offload_optimizer.pin_memory
+            HostBuffer("single_partition_of_fp32_groups", "master_weights", one(4 * n), pin_optimizer),
+            # :566-575 a 16-bit copy of the partition, to send the updated weights back to the GPU
+            HostBuffer("param_buffer_of_bit16_for_cpu_offload_groups", "weights", one(p16 * n), pin_optimizer),
+            # :936-941 the fp32 gradient partition
+            HostBuffer("single_partition_of_fp32_groups[].grad", "gradients", one(4 * n), pin_optimizer),
+            # :656-658 a 16-bit staging buffer the size of the largest parameter
+            HostBuffer("temp_grad_buffer_for_cpu_offload", "gradients", one(p16 * largest), pin_optimizer),
+        ]
         if plan.grad_accum > 1:
-            # :1822-1825, :2166 with accumulation, one 16-bit buffer per parameter, each pinned on its own
-            blocks = pinned_bytes_of(Counter({p16 * k: v for k, v in tensors.items()}))
-            put(pin_optimizer, "gradients", p16 * n, blocks)
-        notes = ["ZeRO-2 offload (DeepSpeed stage_1_and_2.py): fp32 master, 16-bit copy and fp32 gradients "
-                 f"{'pinned' if pin_optimizer else 'pageable'}, CPU Adam moments pageable"]
-        return pinned, pageable, notes
-    # ZeRO-3: every parameter over the persistence threshold partitioned to the host, each pinned on its own by
-    # offload_param.pin_memory (partition_parameters.py:1836-1843); the trainable ones are then copied into one
-    # flat pinned buffer (stage3.py:906, pinned whatever the setting) and their first blocks stay in torch's host
-    # cache (freed blocks are kept for reuse)
-    offloaded = Counter({k: v for k, v in param_tensors(model).items() if k > ZERO3_PERSISTENCE})
+            # :1822-1825, :2166 with accumulation, a 16-bit buffer per parameter, each pinned on its own
+            out.append(HostBuffer("accumulated_grads_in_cpu", "gradients",
+                                  Counter({p16 * k: v for k, v in tensors.items()}), pin_optimizer))
+        return out
+    # ZeRO-3: every parameter over the persistence threshold is partitioned to the host as it is made, each pinned
+    # on its own by offload_param.pin_memory (partition_parameters.py:1836-1843)
     p_w = DTYPE_BYTES[plan.param_dtype]
-    if pin_param:
-        put(True, "weights", 0, pinned_bytes_of(Counter({p_w * k: v for k, v in offloaded.items()})))
-    else:
-        put(False, "weights", p_w * sum(k * v for k, v in offloaded.items()))
-    put(True, "weights", p16 * n)
-    # stage3.py:1158-1160 the fp32 partition, a clone of a CPU tensor: pageable
-    put(False, "master_weights", 4 * n)
-    # stage3.py:790-795 the flat gradient buffer in the accumulation dtype (the model's: engine.py:1806), and
-    # :1338-1342 an fp32 gradient buffer per sub-group, both pinned by offload_optimizer.pin_memory
-    put(pin_optimizer, "gradients", p16 * n)
+    offloaded = {k: v for k, v in param_tensors(model).items() if k > ZERO3_PERSISTENCE}
     groups = Counter({ZERO3_SUB_GROUP: n // ZERO3_SUB_GROUP})
     if n % ZERO3_SUB_GROUP:
         groups[n % ZERO3_SUB_GROUP] += 1
-    put(pin_optimizer, "gradients", 4 * n, pinned_bytes_of(Counter({4 * k: v for k, v in groups.items()})))
-    notes = ["ZeRO-3 offload (DeepSpeed stage3.py, partition_parameters.py): 16-bit parameters and gradient "
-             "buffers pinned, fp32 partition and CPU Adam moments pageable"]
-    return pinned, pageable, notes
+    out += [
+        HostBuffer("ds_tensor (parameter partitions)", "weights", Counter({p_w * k: v for k, v in offloaded.items()}),
+                   pin_param),
+        # stage3.py:906 the trainable partitions copied into one flat buffer, pinned whatever the setting; their
+        # first blocks stay in torch's host cache (freed pinned blocks are kept for reuse)
+        HostBuffer("param_groups_fp16_flat_cpu_memory", "weights", one(p16 * n), True),
+        # stage3.py:1158-1160 the fp32 partition, a clone of a CPU tensor: pageable
+        HostBuffer("fp32_partitioned_groups_flat", "master_weights", one(4 * n), False),
+        # stage3.py:790-795 the flat gradient buffer in the accumulation dtype (the model's: engine.py:1806)
+        HostBuffer("grad_partitions_flat_buffer", "gradients", one(p16 * n), pin_optimizer),
+        # stage3.py:1338-1342 an fp32 gradient buffer per sub-group of sub_group_size elements
+        HostBuffer("fp32_partitioned_groups_flat[].grad", "gradients", Counter({4 * k: v for k, v in groups.items()}),
+                   pin_optimizer),
+    ]
+    return out
+
+
+def deepspeed_host(model: ModelSpec, plan: Plan, pin_optimizer: bool = DEEPSPEED_PIN_MEMORY,
+                   pin_param: bool = DEEPSPEED_PIN_MEMORY) -> tuple[dict[str, int], dict[str, int], list[str]]:
+    """(pinned, pageable, notes): ``deepspeed_buffers`` summed per category and kind."""
+    pinned: dict[str, int] = {}
+    pageable: dict[str, int] = {}
+    for b in deepspeed_buffers(model, plan, pin_optimizer, pin_param):
+        if b.nbytes:
+            target = pinned if b.pinned else pageable
+            target[b.category] = target.get(b.category, 0) + b.nbytes
+    stage = "ZeRO-2 offload (DeepSpeed stage_1_and_2.py)" if plan.offload == "zero2_cpu" else \
+        "ZeRO-3 offload (DeepSpeed stage3.py, partition_parameters.py)"
+    kinds = ", ".join(f"{k} {'pinned' if v else 'pageable'}" for k, v in (
+        ("optimizer buffers", pin_optimizer), *((("parameters", pin_param),) if plan.offload == "zero3_cpu" else ())))
+    return pinned, pageable, [f"{stage}: {kinds} (pin_memory), CPU Adam moments pageable"]
 
 
 # ----------------------------------------------------------------------------- loading
@@ -210,6 +240,6 @@ def host_memory(model: ModelSpec, plan: Plan, *, activations_pinned: int = 0,
                       baseline_bytes=process_baseline_bytes(), notes=tuple(out))
 
 
-__all__ = ["DEEPSPEED_PIN_MEMORY", "OFFLOAD_MIN_BYTES", "SHARDED", "ZERO3_PERSISTENCE", "ZERO3_SUB_GROUP", "deepspeed_host",
+__all__ = ["DEEPSPEED_PIN_MEMORY", "HostBuffer", "deepspeed_buffers", "OFFLOAD_MIN_BYTES", "SHARDED", "ZERO3_PERSISTENCE", "ZERO3_SUB_GROUP", "deepspeed_host",
            "host_memory", "load_host_bytes", "param_tensors", "pinned_block_bytes", "pinned_bytes_of",
            "process_baseline_bytes", "trainable_tensors"]

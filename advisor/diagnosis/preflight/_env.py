@@ -136,28 +136,29 @@ def host_memory_findings(report: MemoryReport, host_budget: Budget | None, detec
     """The host rule's finding: NO-GO (an error) naming the pinned and pageable bytes when the host peak is over
     the host budget less the OS reserve."""
     hm = report.host_memory
+    fmt = host_budget.format if host_budget is not None else format_bytes
     peak = report.host_peak_bytes * gpus
     pinned, pageable = report.host_pinned_bytes * gpus, report.host_pageable_bytes * gpus
     phase = hm.peak_phase if hm is not None else "train"
     during = f", during load ({hm.load_what})" if hm is not None and phase == "load" else ""
-    parts = f"pinned {format_bytes(pinned)}, pageable {format_bytes(pageable)}{during}"
+    parts = f"pinned {fmt(pinned)}, pageable {fmt(pageable)}{during}"
     if hm is not None:
-        parts += f", the process {format_bytes(hm.baseline_bytes)}"
+        parts += f", the process {fmt(hm.baseline_bytes)}"
     data = {"host_peak_bytes": peak, "host_pinned_bytes": pinned, "host_pageable_bytes": pageable,
             "host_peak_phase": phase, "host_budget_bytes": host_budget.bytes if host_budget else None}
     if host_budget is None:
-        return [Finding("env.host-ram", "info", f"host memory: peak {format_bytes(peak)} ({parts}); no host budget to "
+        return [Finding("env.host-ram", "info", f"host memory: peak {fmt(peak)} ({parts}); no host budget to "
                         "check against", "", ("pass --host-budget",), "environment", data)]
     usable = host_usable_bytes(host_budget.bytes)
     data["host_usable_bytes"] = int(usable)
     where = f"{host_budget} of RAM{' (detected)' if detected else ''}"
     if not host_fits(peak, host_budget.bytes):
         return [Finding("env.host-ram", "error",
-                        f"host memory: peak {format_bytes(peak)} > {format_bytes(usable)} usable of {where}",
-                        f"{parts}; the OS keeps {format_bytes(host_budget.bytes - usable)} (GKE's node reservation). "
+                        f"host memory: peak {fmt(peak)} > {fmt(usable)} usable of {where}",
+                        f"{parts}; the OS keeps {fmt(host_budget.bytes - usable)} (GKE's node reservation). "
                         "Pinned pages cannot be swapped: the run ends in cudaErrorMemoryAllocation or the OOM killer",
                         host_fixes(report), "environment", data)]
-    findings = [Finding("env.host-ram", "ok", f"host memory: peak {format_bytes(peak)} of {format_bytes(usable)} "
+    findings = [Finding("env.host-ram", "ok", f"host memory: peak {fmt(peak)} of {fmt(usable)} "
                         f"usable ({where})", parts, (), "environment", data)]
     if detected:
         import psutil
