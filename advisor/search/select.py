@@ -46,6 +46,7 @@ class TrialRecord:
     host_pinned_bytes: int = 0     # page-locked bytes during training (advisor.memory.host)
     host_pageable_bytes: int = 0
     host_ledger: dict[str, int] = field(default_factory=dict)  # host bytes per ledger category
+    host_source: str = ""          # estimated or simulated: the stage that counted the host bytes (a probe does not)
     tokens_per_s: float | None = None
     tokens_per_s_source: str = ""  # predicted or measured
     accuracy_loss: float | None = None

@@ -558,7 +558,7 @@ def _memory_fields(report, gpus: int = 1) -> dict[str, Any]:
                       host_peak_phase=report.host_memory.peak_phase,
                       host_pinned_bytes=int(report.host_pinned_bytes) * gpus,
                       host_pageable_bytes=int(report.host_pageable_bytes) * gpus,
-                      host_ledger={k: int(v) for k, v in report.host.items() if v})
+                      host_ledger={k: int(v) for k, v in report.host.items() if v}, host_source=report.source)
     return fields
 
 

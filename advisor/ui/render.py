@@ -204,8 +204,9 @@ def trials_table(records, budget: Budget, limit: int | None = None, title: str =
     t.add_column("#", justify="right", no_wrap=True)
     t.add_column("state / why pruned", overflow="fold")
     t.add_column("plan", overflow="fold")
+    # the host peak under the GPU's in the same column: a column of its own would squeeze the plan at 80 columns
     has_host = any(r.host_bytes for r in rows)
-    for col in ("peak", *(("host",) if has_host else ()), "tok/s", "acc. loss"):
+    for col in ("peak\n[dim]host[/]" if has_host else "peak", "tok/s", "acc. loss"):
         t.add_column(col, justify="right", overflow="fold")
     for r in rows:
         style = STATE_STYLE.get(r.state, "")
@@ -216,9 +217,10 @@ def trials_table(records, budget: Budget, limit: int | None = None, title: str =
         acc = f"{r.accuracy_loss:.3f}\n[dim]{SOURCE_MARK.get(r.accuracy_source, '')}[/]" \
             if r.accuracy_loss is not None and r.state == "complete" else ""
         state = f"[{style}]{r.state}[/]" + (f": {escape(r.reason)}" if r.reason else "")
-        host = (f"{budget.format(r.host_peak_bytes or r.host_bytes)}\n[dim]{SOURCE_MARK.get(r.source, r.source)}[/]"
-                if (r.host_peak_bytes or r.host_bytes) else "")
-        t.add_row(str(r.number), state, escape(r.plan_short), peak, *((host,) if has_host else ()), tps, acc)
+        if has_host and peak and (r.host_peak_bytes or r.host_bytes):
+            value, mark = peak.split("\n", 1)
+            peak = f"{value}\n[dim]{budget.format(r.host_peak_bytes or r.host_bytes)}[/]\n{mark}"
+        t.add_row(str(r.number), state, escape(r.plan_short), peak, tps, acc)
     return t
 
 
@@ -315,7 +317,8 @@ def print_tune_result(settings, records, selection, exports) -> None:
         report = MemoryReport(source=best.source, backend=settings.backend, device=ledger, host=dict(best.host_ledger),
                               tensor_peak_bytes=best.tensor_peak_bytes or 0, peak_bytes=best.peak_bytes)
         console.print(ledger_table(report, budget, title=f"Winner #{best.number}: {escape(best.plan_short)}"))
-        console.print(winner_host_line(best, budget, settings.host_budget))
+        if best.host_peak_bytes or best.host_bytes:
+            console.print(winner_host_line(best, budget, settings.host_budget))
     for line in selection.explanation:
         style = "bold green" if line.startswith("Chosen") else None
         console.print(escape(line), style=style, highlight=False)
@@ -334,8 +337,8 @@ def host_peak_text(r, fmt) -> str:
 
 def winner_host_line(best, budget: Budget, host_budget: Budget | None) -> str:
     """The winner's host peak beside its GPU peak: pinned and pageable, against the host budget."""
-    line = (f"GPU peak {budget.format(best.run_peak_bytes or best.peak_bytes)} · host peak "
-            f"{escape(host_peak_text(best, budget.format))} ({best.source})")
+    line = (f"GPU peak {budget.format(best.run_peak_bytes or best.peak_bytes)} ({best.source}) · host peak "
+            f"{escape(host_peak_text(best, budget.format))} ({best.host_source or best.source})")
     if host_budget is not None:
         line += f" of {budget.format(host_usable_bytes(host_budget.bytes))} usable of {escape(str(host_budget.text))}"
     return line

@@ -114,9 +114,10 @@ def _ledger_table(d: ReportData, r: TrialRecord) -> str:
     for cat in CATEGORIES:
         if r.host_ledger.get(cat):
             rows.append([escape(LABELS[cat]) + " <span class=muted>(host)</span>",
-                         escape(d.fmt(r.host_ledger[cat])) + src(r.source), ""])
+                         escape(d.fmt(r.host_ledger[cat])) + src(r.host_source or r.source), ""])
     if r.host_peak_bytes or r.host_bytes:
-        rows.append(["<b>Peak in host memory</b>", f"<b>{escape(host_peak_text(r, d.fmt))}</b>" + src(r.source), ""])
+        rows.append(["<b>Peak in host memory</b>", f"<b>{escape(host_peak_text(r, d.fmt))}</b>"
+                     + src(r.host_source or r.source), ""])
     return _table(["Category", "Bytes", "Share"], rows, num={1, 2})
 
 
@@ -131,8 +132,9 @@ def answer(d: ReportData) -> str:
             f"<code>{escape(best.plan_short)}</code></p><p style='margin:0'>"
             f"<b>{tps_text(best)}</b> tokens/s{src(best.tokens_per_s_source)} · peak <b>{escape(d.fmt(best.peak_bytes))}"
             f"</b>{src(best.source)} of {escape(d.fmt(d.budget_bytes))} ({escape(d.fmt(left))} left{src(best.source)}) · "
-            f"host peak <b>{escape(host_peak_text(best, d.fmt))}</b>{src(best.source)} · "
-            f"accuracy loss <b>{acc_text(best)}</b>{src(best.accuracy_source)}</p></div>")
+            + (f"host peak <b>{escape(host_peak_text(best, d.fmt))}</b>{src(best.host_source or best.source)} · "
+               if best.host_peak_bytes or best.host_bytes else "")
+            + f"accuracy loss <b>{acc_text(best)}</b>{src(best.accuracy_source)}</p></div>")
     plan = _table(["Setting", "Value"], [[escape(a), escape(b)] for a, b in plan_rows(best.plan)])
     exports = _exports(d)
     return (f'<section id="answer"><h2>The answer</h2>{head}<h3>Why</h3><ul>{expl}</ul>'

@@ -43,8 +43,10 @@ def render_markdown(d: ReportData) -> str:
     else:
         lines += [f"**Winner #{best.number}: `{best.plan_short}`**: {tps_text(best)} tokens/s "
                   f"({best.tokens_per_s_source}), peak {d.fmt(best.peak_bytes)} ({best.source}) of "
-                  f"{d.fmt(d.budget_bytes)}, host peak {host_peak_text(best, d.fmt)}, accuracy loss "
-                  f"{acc_text(best)} ({best.accuracy_source}).", ""]
+                  f"{d.fmt(d.budget_bytes)}"
+                  + (f", host peak {host_peak_text(best, d.fmt)} ({best.host_source or best.source})"
+                     if best.host_peak_bytes or best.host_bytes else "")
+                  + f", accuracy loss {acc_text(best)} ({best.accuracy_source}).", ""]
     lines += [f"- {line}" for line in d.selection.explanation] + [""]
     if best is not None:
         lines += ["### Plan", ""] + _table(["setting", "value"], [list(r) for r in plan_rows(best.plan)])
@@ -53,9 +55,11 @@ def render_markdown(d: ReportData) -> str:
         rows.append(["**Peak on the GPU**", f"**{d.fmt(best.peak_bytes)}** ({best.source})", "100%"])
         for c in CATEGORIES:
             if best.host_ledger.get(c):
-                rows.append([f"{LABELS[c]} (host)", f"{d.fmt(best.host_ledger[c])} ({best.source})", ""])
+                rows.append([f"{LABELS[c]} (host)", f"{d.fmt(best.host_ledger[c])} ({best.host_source or best.source})",
+                             ""])
         if best.host_peak_bytes or best.host_bytes:
-            rows.append(["**Peak in host memory**", f"**{host_peak_text(best, d.fmt)}** ({best.source})", ""])
+            rows.append(["**Peak in host memory**",
+                         f"**{host_peak_text(best, d.fmt)}** ({best.host_source or best.source})", ""])
         lines += ["### Memory ledger of the winner", ""] + _table(["category", "bytes", "share"], rows)
     if d.exports:
         lines += ["### Exports", ""]
