@@ -374,3 +374,19 @@ def test_resuming_a_study_keeps_the_host_budget_it_was_made_for(tmp_path, capsys
     assert json.loads(capsys.readouterr().out)["host_budget"] is None
     assert Counter(t.state.name for t in study.trials)["COMPLETE"] + Counter(
         t.state.name for t in study.trials)["PRUNED"] >= 5
+
+
+def test_deepspeeds_native_pinning_is_held_to_the_memlock_limit(monkeypatch):
+    """torch's pinning is not capped by ulimit -l; DeepSpeed's mlock-based native backend is."""
+    import resource
+
+    from advisor.diagnosis.preflight._env import host_memory_findings
+
+    rep = get_backend("estimate").measure(resolve_model("qwen7b"), Plan(method="full", offload="zero2_cpu"), None)
+    budget, _ = resolve_host_budget("1TiB")
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (64 * 2**10, 64 * 2**10))
+    monkeypatch.delenv("DS_PIN_MEMORY_BACKEND", raising=False)
+    assert [f.check for f in host_memory_findings(rep, budget)] == ["env.host-ram"]
+    monkeypatch.setenv("DS_PIN_MEMORY_BACKEND", "native")
+    memlock = [f for f in host_memory_findings(rep, budget) if f.check == "env.memlock"]
+    assert memlock and memlock[0].severity == "error" and "ulimit -l" in memlock[0].title

@@ -160,6 +160,7 @@ def host_memory_findings(report: MemoryReport, host_budget: Budget | None, detec
                         host_fixes(report), "environment", data)]
     findings = [Finding("env.host-ram", "ok", f"host memory: peak {fmt(peak)} of {fmt(usable)} "
                         f"usable ({where})", parts, (), "environment", data)]
+    findings += _memlock_findings(report, pinned)
     if detected:
         import psutil
 
@@ -186,3 +187,22 @@ def host_fixes(report: MemoryReport) -> tuple[str, ...]:
                      "trainable parameter on the host)")
     fixes.append("run on a machine with more RAM (--host-budget to plan for it), or `advisor tune` for a plan within it")
     return tuple(fixes)
+
+
+def _memlock_findings(report: MemoryReport, pinned: int) -> list[Finding]:
+    """torch pins through cudaHostAlloc, which ``ulimit -l`` does not cap; DeepSpeed's native pinning backend
+    (``DS_PIN_MEMORY_BACKEND=native``, deepspeed/utils/pin_memory.py) locks pages with mlock, which it does."""
+    import os
+    import resource
+
+    if os.environ.get("DS_PIN_MEMORY_BACKEND", "torch").strip().lower() != "native" or not pinned \
+            or (report.host_memory is not None and not report.host_memory.pinned.keys() - {"activations"}):
+        return []
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if soft == resource.RLIM_INFINITY or soft >= pinned:
+        return []
+    return [Finding("env.memlock", "error", f"DS_PIN_MEMORY_BACKEND=native locks {format_bytes(pinned)} with mlock, "
+                    f"over this shell's locked-memory limit of {format_bytes(soft)} (ulimit -l)", "",
+                    ("raise the limit (ulimit -l unlimited; memlock in /etc/security/limits.conf, or --ulimit memlock=-1 "
+                     "for docker)", "or unset DS_PIN_MEMORY_BACKEND: torch's pinning is not capped by ulimit -l"),
+                    "environment", {"memlock_bytes": soft, "host_pinned_bytes": pinned})]
