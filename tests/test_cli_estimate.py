@@ -190,7 +190,9 @@ def test_levers_flags(capsys):
     assert "ckpt7" in d["plan_short"]
     _, out, _ = run_cli(capsys, *base, "--gradient-checkpointing", "--activation-offload")
     d = json.loads(out)
-    assert d["host"]["activations"] == 28 * 1024 * 3584 * 2  # each layer's input, bf16
+    # each layer's input, bf16 (7 MiB), pinned in an 8 MiB block of torch's CachingHostAllocator
+    assert d["host"]["activations"] == 28 * 8 * 2**20 and d["host_pinned_bytes"] == 28 * 8 * 2**20
+    assert d["host_memory"]["pinned"] == {"activations": 28 * 8 * 2**20} and d["host_pageable_bytes"] == 0
     _, out, _ = run_cli(capsys, *base, "--method", "full", "--gradient-checkpointing", "--optimizer",
                         "adamw_torch_fused", "--optimizer-in-backward")
     d = json.loads(out)

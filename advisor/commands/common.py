@@ -49,6 +49,16 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu-budget", help='memory budget: "24GB", "24 GiB", "24000MiB" or "90%%" of the GPU (GB = GiB = 2^30 bytes)')
 
 
+HOST_BUDGET_HELP = ('host memory (RAM) of the machine the run is for: "64GB", "64 GiB" or "50%%" of this machine\'s RAM '
+                    "(GB = GiB = 2^30 bytes); default: this machine's RAM as detected (psutil, or its container's "
+                    "limit). A plan fits when its host peak (pinned and pageable) fits it less the OS reserve")
+
+
+def add_host_budget_flag(p) -> None:
+    """``--host-budget``: parsed like --gpu-budget (advisor.core.target.resolve_host_budget)."""
+    p.add_argument("--host-budget", help=HOST_BUDGET_HELP)
+
+
 def add_plan_flags(p: argparse.ArgumentParser, plan: type = Plan) -> None:
     """A flag per knob of ``plan``, each from its declaration (advisor.core.knobs): flag, parse type,
     choices, help and the default the help states."""
@@ -152,7 +162,8 @@ def target_from_args(args: argparse.Namespace, **rules: Any):
     from advisor.core.target import resolve_target
 
     return resolve_target(args.model, gpu=getattr(args, "gpu", None), gpu_budget=getattr(args, "gpu_budget", None),
-                          trust_remote_code=getattr(args, "trust_remote_code", False), **rules)
+                          trust_remote_code=getattr(args, "trust_remote_code", False),
+                          host_budget=getattr(args, "host_budget", None), **rules)
 
 
 def check_plan_against_model(model, plan) -> None:

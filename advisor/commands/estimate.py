@@ -6,7 +6,7 @@ import argparse
 import json
 
 from advisor.commands._help import DefaultsHelpFormatter
-from advisor.commands.common import add_model_flags, add_plan_flags, number, positive_int
+from advisor.commands.common import add_host_budget_flag, add_model_flags, add_plan_flags, number, positive_int
 from advisor.core.fit import HEADROOM
 from advisor.runtime.backends import BACKENDS
 
@@ -18,6 +18,7 @@ def add_parser(subs) -> None:
         formatter_class=DefaultsHelpFormatter)
     p.add_argument("--task", choices=("train", "inference"), default="train", help="what the GPU will do")
     add_model_flags(p)
+    add_host_budget_flag(p)
     add_plan_flags(p)
     g = p.add_argument_group("inference (--task inference)")
     g.add_argument("--context-len", type=positive_int("--context-len"), default=4096, help="tokens per sequence")
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
 
     from advisor.commands.common import check_plan_against_model, plan_from_args, target_from_args
     from advisor.core.card_rules import Card
-    from advisor.core.fit import fits
+    from advisor.core.fit import fits, host_fits, host_usable_bytes
 
     target = target_from_args(args)
     model, gpu, budget = target.model, target.gpu, target.budget
@@ -95,12 +96,21 @@ def run(args: argparse.Namespace) -> int:
         result["headroom"] = args.headroom
         # the run fits when its highest phase does (load, train, eval, generate, save): the one rule
         result["fits"] = fits(report.run_peak_bytes, budget.bytes, args.headroom)
+    host_budget = target.host_budget
+    if host_budget is not None and args.task == "train":
+        # the host rule (advisor.core.fit.host_fits): the host peak against the RAM less the OS reserve; the
+        # ranks of --gpus share one machine
+        host_peak = report.host_peak_bytes * args.gpus
+        result["host_budget"] = {"bytes": host_budget.bytes, "text": host_budget.text,
+                                 "detected": target.host_detected, "usable_bytes": int(host_usable_bytes(host_budget.bytes))}
+        result["host_fits"] = host_fits(host_peak, host_budget.bytes)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         from advisor.ui.render import print_estimate
 
-        print_estimate(result, report, budget, args.headroom)
+        print_estimate(result, report, budget, args.headroom, host_budget=target.host_budget if args.task == "train"
+                       else None, gpus=args.gpus)
     return 0
 
 

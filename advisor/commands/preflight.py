@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from advisor.commands.common import number, positive_int
+from advisor.commands.common import add_host_budget_flag, number, positive_int
 from advisor.core.fit import HEADROOM
 
 
@@ -17,6 +17,7 @@ def add_parser(subs) -> None:
     p.add_argument("config", help="advisor.yaml, TrainingArguments YAML/JSON, axolotl or LLaMA-Factory YAML")
     p.add_argument("--gpu-budget", help='memory budget ("24GB", "90%%"); default: the GPU\'s memory')
     p.add_argument("--gpu", help="GPU from the catalog; default: the detected one")
+    add_host_budget_flag(p)
     p.add_argument("--data", help="training data (JSONL with 'text', or .txt): longest sequence and total tokens")
     p.add_argument("--max-seq-len", type=positive_int("--max-seq-len"), help="longest sequence (without --data)")
     p.add_argument("--epochs", type=number("--epochs", low=0), help="epochs for the time estimate")
@@ -44,7 +45,7 @@ def run_preflight_cmd(args: argparse.Namespace) -> int:
     result = run_preflight(PreflightInput(
         config=args.config, gpu_budget=args.gpu_budget, gpu=args.gpu, data=args.data, probe=args.probe,
         max_seq_len=args.max_seq_len, headroom=args.headroom, epochs=args.epochs,
-        trust_remote_code=args.trust_remote_code, backend=args.backend))
+        trust_remote_code=args.trust_remote_code, backend=args.backend, host_budget=args.host_budget))
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, default=str))
     else:

@@ -7,7 +7,7 @@ import json
 import sys
 
 from advisor.commands._help import DefaultsHelpFormatter
-from advisor.commands.common import add_gpus_flags, number, positive_int
+from advisor.commands.common import add_gpus_flags, add_host_budget_flag, number, positive_int
 from advisor.core.fit import HEADROOM
 from advisor.runtime.backends import BACKENDS
 from advisor.search.select import ACCURACY_TOLERANCE
@@ -24,6 +24,7 @@ def add_parser(subs) -> None:
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code shipped in a model directory")
     p.add_argument("--gpu-budget", required=True, help='memory budget: "24GB", "24 GiB", "24000MiB", "90%%"')
     p.add_argument("--gpu", help="GPU to plan for (catalog name); default: the detected one, else one the budget matches")
+    add_host_budget_flag(p)
     p.add_argument("--space", default="default", help="search space: a built-in name (advisor/data/spaces/) or a YAML file")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="override space keys, e.g. method=qlora seq_len=2048")
     p.add_argument("--backend", default="auto", choices=("auto", *BACKENDS),
@@ -83,14 +84,15 @@ def build_settings(args: argparse.Namespace):
 
         if regime not in quality_data().regimes:
             raise AdvisorInputError("--regime", f"must be one of {', '.join(quality_data().regimes)}", regime)
-    name = args.study or default_study_name(target.model, target.budget, space)
+    name = args.study or default_study_name(target.model, target.budget, space,
+                                            None if target.host_detected else target.host_budget)
     storage = args.storage or default_storage(name, args.reports_dir)
     return TuneSettings(model=target.model, space=space, budget=target.budget, gpu=target.gpu,
                         gpu_assumed=target.gpu_assumed, backend=backend, storage=storage, study_name=name,
                         trials=args.trials or space.trials, headroom=args.headroom, tolerance=args.accuracy_tolerance,
                         seed=args.seed, probe_options=BackendOptions(steps=args.probe_steps),
                         heartbeat_seconds=args.heartbeat, gpus=args.gpus, sharding=args.sharding, data=data,
-                        regime=regime)
+                        regime=regime, host_budget=target.host_budget, host_detected=target.host_detected)
 
 
 def check_budget_reachable(settings) -> None:
@@ -171,12 +173,15 @@ def tune_result(settings, records, selection, exports) -> dict:
             return None
         out = {"number": t.number, "plan": t.plan, "plan_short": t.plan_short, "state": t.state, "reason": t.reason,
                "peak_bytes": t.peak_bytes, "run_peak_bytes": t.run_peak_bytes, "source": t.source,
-               "host_bytes": t.host_bytes, "tokens_per_s": t.tokens_per_s,
+               "host_bytes": t.host_bytes, "host_peak_bytes": t.host_peak_bytes,
+               "host_pinned_bytes": t.host_pinned_bytes, "host_pageable_bytes": t.host_pageable_bytes,
+               "tokens_per_s": t.tokens_per_s,
                "tokens_per_s_source": t.tokens_per_s_source, "token_factor": t.token_factor,
                "time_to_quality_s_per_token": time_to_quality(t) if t.tokens_per_s else None,
                "accuracy_loss": t.accuracy_loss, "accuracy_source": t.accuracy_source}
         if full:
-            out.update(tensor_peak_bytes=t.tensor_peak_bytes, ledger=t.ledger, step_terms=t.step_terms)
+            out.update(tensor_peak_bytes=t.tensor_peak_bytes, ledger=t.ledger, step_terms=t.step_terms,
+                       host_ledger=t.host_ledger)
         return out
 
     best = selection.best
@@ -185,6 +190,7 @@ def tune_result(settings, records, selection, exports) -> dict:
         "model": {"name": settings.model.name, "params_total": settings.model.params_total},
         "gpu": {"name": settings.gpu.name, "assumed": settings.gpu_assumed},
         "budget": {"bytes": settings.budget.bytes, "text": settings.budget.text},
+        "host_budget": host_budget_dict(settings),
         "headroom": settings.headroom, "accuracy_tolerance": settings.tolerance, "regime": settings.regime,
         "best": summary(best, full=True),
         "recipe": summary(selection.recipe, full=False),
@@ -194,7 +200,19 @@ def tune_result(settings, records, selection, exports) -> dict:
         "n_pruned": sum(1 for r in records if r.state == "pruned" and not r.duplicate_of),
         "n_repeats": sum(1 for r in records if r.duplicate_of is not None),
         "pareto": [{"number": t.number, "plan_short": t.plan_short, "peak_bytes": t.peak_bytes,
+                    "host_peak_bytes": t.host_peak_bytes,
                     "tokens_per_s": t.tokens_per_s, "accuracy_loss": t.accuracy_loss} for t in selection.pareto],
         "trials": [r.to_dict() for r in records],
         "exports": exports,
     }
+
+
+def host_budget_dict(settings) -> dict | None:
+    """The host budget of a tune result: the RAM, how it was set, and what the host rule leaves usable."""
+    from advisor.core.fit import host_reserve_bytes, host_usable_bytes
+
+    hb = settings.host_budget
+    if hb is None:
+        return None
+    return {"bytes": hb.bytes, "text": hb.text, "detected": settings.host_detected,
+            "os_reserve_bytes": host_reserve_bytes(hb.bytes), "usable_bytes": int(host_usable_bytes(hb.bytes))}

@@ -7,7 +7,10 @@ One rule for every command (estimate, tune for training and inference, probe, pr
   catalog GPU the budget matches (``gpu_assumed``: throughput and overheads are predicted for it);
   with neither a GPU nor a budget there is none;
 - budget: ``--gpu-budget`` ("24GB", or "90%" of the GPU named or detected); without it, the memory of
-  the GPU named or detected when the command asks for that default (preflight), else none.
+  the GPU named or detected when the command asks for that default (preflight), else none;
+- host budget: ``--host-budget`` ("64GB", or "50%" of the RAM detected here) when planning for another
+  machine, else the RAM detected on this one (advisor.core.host: psutil, or the container's limit). The host
+  rule (advisor.core.fit.host_fits) keeps the OS reserve out of it.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ class Target:
     """No GPU was named or detected: ``gpu`` is the catalog GPU the budget matches."""
     detected: GpuSpec | None = None
     """The GPU in this machine (where a cuda probe runs); None without one."""
+    host_budget: Budget | None = None
+    """The host RAM the run's machine has (--host-budget, else detected); None: host memory is not checked."""
+    host_detected: bool = False
+    """``host_budget`` is this machine's RAM as detected, not a value the user gave."""
 
     @property
     def known_gpu(self) -> GpuSpec | None:
@@ -42,11 +49,13 @@ class Target:
 
 def resolve_target(model: str | ModelSpec, *, gpu: str | None = None, gpu_budget: str | None = None,
                    trust_remote_code: bool = False, budget_required: bool = False,
-                   budget_defaults_to_gpu: bool = False, detect: bool = True) -> Target:
+                   budget_defaults_to_gpu: bool = False, detect: bool = True,
+                   host_budget: str | None = None) -> Target:
     """The Target from what the user typed (flags named in every error).
 
     ``budget_required``: no --gpu-budget is an error. ``budget_defaults_to_gpu``: without --gpu-budget
-    the budget is the whole memory of the GPU named or detected. ``detect=False`` skips NVML (tests).
+    the budget is the whole memory of the GPU named or detected. ``detect=False`` skips NVML and the RAM
+    detection (tests: no host budget unless ``host_budget`` is given).
     """
     from advisor.core.catalog import detect_gpu, gpu_for_budget, resolve_gpu, resolve_model
     from advisor.core.units import parse_budget
@@ -65,7 +74,24 @@ def resolve_target(model: str | ModelSpec, *, gpu: str | None = None, gpu_budget
     assumed = chosen is None and budget is not None
     if assumed:
         chosen = gpu_for_budget(budget.bytes)
-    return Target(model=spec, gpu=chosen, budget=budget, gpu_assumed=assumed, detected=detected)
+    host, host_detected = resolve_host_budget(host_budget, detect)
+    return Target(model=spec, gpu=chosen, budget=budget, gpu_assumed=assumed, detected=detected,
+                  host_budget=host, host_detected=host_detected)
 
 
-__all__ = ["Target", "resolve_target"]
+def resolve_host_budget(text: str | None, detect: bool = True) -> tuple[Budget | None, bool]:
+    """(the host budget, whether it was detected): ``--host-budget`` as typed (a percentage of the RAM detected
+    here), else this machine's RAM; neither without detection."""
+    from advisor.core.host import detect_host_ram
+    from advisor.core.units import format_bytes, parse_host_budget
+
+    if text is not None:
+        ram = detect_host_ram().bytes if str(text).strip().endswith("%") else None
+        return parse_host_budget(text, ram), False
+    if not detect:
+        return None, False
+    ram = detect_host_ram()
+    return Budget(ram.bytes, "GiB", f"{format_bytes(ram.bytes, 'GiB', 1)} ({ram.source})"), True
+
+
+__all__ = ["Target", "resolve_host_budget", "resolve_target"]

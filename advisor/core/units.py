@@ -61,7 +61,7 @@ def parse_size(text: str, flag: str) -> tuple[int, str]:
     unit = m.group("unit") or "B"
     n = int(round(value * _UNITS[unit.lower()]))
     if n < 2**20:
-        raise AdvisorInputError(flag, "a GPU memory budget below 1 MiB cannot hold any model", text)
+        raise AdvisorInputError(flag, "a memory budget below 1 MiB cannot hold any model", text)
     return n, unit
 
 
@@ -79,6 +79,12 @@ def parse_budget(text: str, flag: str = "--gpu-budget", gpu_total_bytes: int | N
         return Budget(int(gpu_total_bytes * pct / 100), "GiB", str(text))
     n, unit = parse_size(text, flag)
     return Budget(n, unit, str(text))
+
+
+def parse_host_budget(text: str, ram_bytes: int, flag: str = "--host-budget") -> Budget:
+    """Parse a host-memory budget the way ``parse_budget`` parses a GPU one; a percentage is of ``ram_bytes``,
+    the RAM detected on this machine (advisor.core.host.detect_host_ram)."""
+    return parse_budget(text, flag, ram_bytes)
 
 
 def format_bytes(n_bytes: float, unit: str | None = None, digits: int = 2) -> str:

@@ -6,7 +6,7 @@ categories, so the CLI, the TUI and the report render one kind of object.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Sequence
 
 CATEGORIES = (
@@ -115,6 +115,75 @@ class StepMeasurement:
         return d
 
 
+HOST_KINDS = ("pinned", "pageable")
+"""How host memory is allocated: page-locked (cudaHostAlloc through torch's CachingHostAllocator: never swapped,
+what DMA copies need) or ordinary pageable memory (malloc; CUDA managed memory evicted to the host counts here)."""
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """The host (CPU) RAM one training run needs, split by how the libraries allocate it
+    (advisor.memory.host builds it; the sums per category are the report's ``host``)."""
+
+    pinned: dict[str, int]
+    """Page-locked bytes per ledger category during training, as allocated: torch's CachingHostAllocator hands out
+    power-of-two blocks (offloaded activations, DeepSpeed's pinned buffers)."""
+    pageable: dict[str, int]
+    """Ordinary bytes per category during training (DeepSpeed's CPU Adam moments, ZeRO-3's fp32 partition, a
+    paged optimizer's states while the driver keeps them evicted to the host)."""
+    load_bytes: int = 0
+    """Weights held in host memory while the model loads, before they move to the GPU (the load phase)."""
+    load_what: str = ""
+    """What sets ``load_bytes``, in a few words."""
+    baseline_bytes: int = 0
+    """The training process itself before any tensor (Python and the training libraries)."""
+    notes: tuple[str, ...] = ()
+
+    @property
+    def pinned_bytes(self) -> int:
+        return int(sum(self.pinned.values()))
+
+    @property
+    def pageable_bytes(self) -> int:
+        return int(sum(self.pageable.values()))
+
+    @property
+    def train_bytes(self) -> int:
+        """What the plan keeps in host memory during training (pinned and pageable)."""
+        return self.pinned_bytes + self.pageable_bytes
+
+    @property
+    def peak_phase(self) -> str:
+        """load or train: the phase that sets the host peak."""
+        return "load" if self.load_bytes > self.train_bytes else "train"
+
+    @property
+    def peak_bytes(self) -> int:
+        """The run's host peak: the process baseline plus the higher of loading and training (the loaded copy
+        is gone once the weights are on the GPU, before the optimizer's host buffers exist)."""
+        return int(self.baseline_bytes + max(self.load_bytes, self.train_bytes))
+
+    def by_category(self) -> dict[str, int]:
+        """Pinned and pageable bytes summed per category (the report's ``host``)."""
+        out: dict[str, int] = {}
+        for part in (self.pinned, self.pageable):
+            for k, v in part.items():
+                out[k] = out.get(k, 0) + int(v)
+        return out
+
+    def scaled(self, divide_by: int, categories: Sequence[str]) -> "HostMemory":
+        """The same with ``categories`` split ``divide_by`` ways (state sharded across data-parallel ranks)."""
+        def part(d: dict[str, int]) -> dict[str, int]:
+            return {k: (v // divide_by if k in categories else v) for k, v in d.items()}
+        return replace(self, pinned=part(self.pinned), pageable=part(self.pageable))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pinned": dict(self.pinned), "pageable": dict(self.pageable), "pinned_bytes": self.pinned_bytes,
+                "pageable_bytes": self.pageable_bytes, "load_bytes": self.load_bytes, "load_what": self.load_what,
+                "baseline_bytes": self.baseline_bytes, "peak_bytes": self.peak_bytes, "peak_phase": self.peak_phase,
+                "notes": list(self.notes)}
+
+
 @dataclass(frozen=True)
 class MemoryReport:
     """Where the memory of one plan goes, at its peak."""
@@ -147,10 +216,29 @@ class MemoryReport:
     None for a step alone."""
     measured: StepMeasurement | None = None
     """Speed and accuracy a real run measured (cpu and cuda probes); None otherwise."""
+    host_memory: HostMemory | None = None
+    """Host memory split by how it is allocated (pinned / pageable), with the load phase and the process
+    baseline; None where the backend does not model host memory (a probe)."""
 
     @property
     def host_bytes(self) -> int:
+        """What the plan keeps in host memory during training (the sum of ``host``)."""
         return sum(self.host.values())
+
+    @property
+    def host_peak_bytes(self) -> int:
+        """The run's host peak (advisor.core.fit.host_fits decides on it): baseline + max(load, train) when the
+        split is known, else the training bytes."""
+        return self.host_memory.peak_bytes if self.host_memory is not None else int(self.host_bytes)
+
+    @property
+    def host_pinned_bytes(self) -> int:
+        return self.host_memory.pinned_bytes if self.host_memory is not None else 0
+
+    @property
+    def host_pageable_bytes(self) -> int:
+        """Pageable bytes during training (all of ``host`` where the split is unknown)."""
+        return self.host_memory.pageable_bytes if self.host_memory is not None else int(self.host_bytes)
 
     @property
     def run_peak_bytes(self) -> int:
@@ -172,6 +260,9 @@ class MemoryReport:
         d["host_bytes"] = self.host_bytes
         d.pop("run_phases")
         d.pop("measured")
+        d["host_memory"] = self.host_memory.to_dict() if self.host_memory is not None else None
+        d.update(host_peak_bytes=self.host_peak_bytes, host_pinned_bytes=self.host_pinned_bytes,
+                 host_pageable_bytes=self.host_pageable_bytes)
         if self.measured is not None:
             d["measured"] = self.measured.to_dict()
         run = self.run_phases

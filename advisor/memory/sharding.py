@@ -22,6 +22,7 @@ from dataclasses import replace
 
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.errors import AdvisorInputError
+from advisor.memory.host import SHARDED
 from advisor.memory.ledger import MemoryReport
 from advisor.memory.overhead import framework_overhead
 from advisor.memory.training import logits_bytes
@@ -69,9 +70,11 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
     overhead, parts = framework_overhead(tensor_peak, gpu, expandable_segments=plan.expandable_segments,
                                          loss_transient_bytes=max(logits_bytes(model, plan)))
     d["overhead"] = overhead
-    host = {k: v // gpus for k, v in report.host.items()}
+    # ZeRO partitions the offloaded state across ranks; each rank's offloaded activations stay its own
+    hm = report.host_memory.scaled(gpus, SHARDED) if report.host_memory is not None else None
+    host = {**report.host, **hm.by_category()} if hm is not None else {k: v // gpus for k, v in report.host.items()}
     notes = (*report.notes, f"{strategy} over {gpus} GPUs: per-GPU ledger; collectives are modelled, not traced")
-    return replace(report, device=d, host=host, tensor_peak_bytes=int(tensor_peak),
+    return replace(report, device=d, host=host, host_memory=hm, tensor_peak_bytes=int(tensor_peak),
                    peak_bytes=int(tensor_peak + overhead), notes=notes,
                    reserved_peak_bytes=int(tensor_peak + parts["fragmentation"]),
                    extra={**report.extra, "gpus": gpus, "sharding": strategy,

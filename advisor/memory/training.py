@@ -15,6 +15,7 @@ from advisor.memory.overhead import overhead_of as framework_overhead_of
 from advisor.core.plan import (DTYPE_BYTES, Plan, checkpointed_layers,
                                lora_target_modules)
 from advisor.memory import loss_dora_packing
+from advisor.memory.host import OFFLOAD_MIN_BYTES, host_memory, pinned_block_bytes, pinned_bytes_of
 
 NF4_BLOCK = 64
 """Values per absmax block of 4-bit (NF4/FP4) weights: bitsandbytes' default, which transformers' BitsAndBytesConfig
@@ -161,6 +162,12 @@ def _largest_trainable(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
 
 def layer_activation_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
     """Tensors one decoder layer saves for backward (no checkpointing)."""
+    return int(sum(layer_saved_tensors(model, plan, pb)))
+
+
+def layer_saved_tensors(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> list[int]:
+    """The bytes of each tensor one decoder layer saves for backward (no checkpointing), one entry per tensor
+    (an activation offload pins each in a block of its own: advisor.memory.host)."""
     b, s = plan.micro_batch, plan.seq_len
     T = b * s
     p = DTYPE_BYTES[plan.activation_dtype]
@@ -175,41 +182,42 @@ def layer_activation_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> 
         # nn.Linear nothing (bitsandbytes/autograd/_functions.py); LoRA's own inputs are counted below
         return plan.method == "full" or plan.quantization == "int8"
 
-    saved = 0
+    saved: list[int] = []
     # RMSNorm: fp32 copy of the input and rsqrt saved by pow/mul (transformers LlamaRMSNorm.forward);
     # the normalized input too when the norm weight trains
-    norm = 4 * T * h + 4 * T + (p * T * h if plan.method == "full" else 0)
-    saved += arch.get("norms_per_layer", 2) * norm
+    for _ in range(arch.get("norms_per_layer", 2)):
+        saved += [4 * T * h, 4 * T] + ([p * T * h] if plan.method == "full" else [])
     attn_in = [m for m in shapes if m in ("q_proj", "k_proj", "v_proj", "qkv_proj")]
     mlp_in = [m for m in shapes if m in ("gate_proj", "up_proj", "gate_up_proj")]
     if any(input_saved(m) for m in attn_in):
-        saved += p * T * h
+        saved.append(p * T * h)
     if arch.get("qk_norm"):
-        saved += 4 * T * (qd + kvd) + 4 * T * (model.num_heads + model.num_kv_heads)
+        saved += [4 * T * qd, 4 * T * kvd, 4 * T * model.num_heads, 4 * T * model.num_kv_heads]
     # attention: q and k after RoPE, v, output, and the fp32 logsumexp (FlashAttention-2, Dao 2023 §3.1)
-    saved += p * T * (2 * qd + 2 * kvd) + 4 * b * model.num_heads * s
+    saved += [p * T * qd, p * T * kvd, p * T * kvd, p * T * qd, 4 * b * model.num_heads * s]
     if plan.attn_impl == "eager":
         # eager keeps fp32 softmax and its bf16 copy, b x heads x s x s (transformers eager_attention_forward)
         # and repeat_kv's expanded k and v
-        saved += (4 + p) * b * model.num_heads * s * s + p * T * 2 * (qd - kvd)
+        saved += [4 * b * model.num_heads * s * s, p * b * model.num_heads * s * s, p * T * (qd - kvd),
+                  p * T * (qd - kvd)]
     # o_proj's input is the attention output itself (flash/sdpa return it so that transpose(1, 2) is
     # contiguous: no copy), already counted above
     if any(input_saved(m) for m in mlp_in):
-        saved += p * T * h
+        saved.append(p * T * h)
     # gated MLP: gate output (activation input), activation output and up output (the product's inputs)
-    saved += 3 * p * T * i
+    saved += [p * T * i] * 3
     if input_saved("down_proj"):
-        saved += p * T * i
+        saved.append(p * T * i)
     for m in pb.lora_modules:
         fan_in = shapes[m][0]
         # peft casts the input to the fp32 adapter dtype; lora_A saves it, lora_B saves A's output
         # (peft/tuners/lora/layer.py Linear.forward)
-        saved += 4 * T * fan_in + 4 * T * plan.lora_r
+        saved += [4 * T * fan_in, 4 * T * plan.lora_r]
         if plan.lora_dropout > 0:
-            saved += T * fan_in  # dropout mask, 1 byte per element
-    saved += loss_dora_packing.dora_layer_activation_bytes(model, plan, pb.lora_modules)
-    saved += loss_dora_packing.packed_layer_bytes(model, plan)
-    return int(saved)
+            saved.append(T * fan_in)  # dropout mask, 1 byte per element
+    saved.append(loss_dora_packing.dora_layer_activation_bytes(model, plan, pb.lora_modules))
+    saved.append(loss_dora_packing.packed_layer_bytes(model, plan))
+    return [x for x in saved if x]
 
 
 def logits_bytes(model: ModelSpec, plan: Plan) -> tuple[int, int]:
@@ -266,19 +274,15 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
 
     if plan.offload != "none":
         # ZeRO-Offload keeps fp32 master weights, fp32 Adam moments and fp32 gradients on the host
-        # (Ren et al. 2021, ZeRO-Offload §4; deepspeed.ai/tutorials/zero-offload)
-        host["optimizer_states"] = pb.trainable * 8
-        host["master_weights"] = pb.trainable * 4
-        host["gradients"] = pb.trainable * 4
+        # (Ren et al. 2021, ZeRO-Offload §4; deepspeed.ai/tutorials/zero-offload): advisor.memory.host counts
+        # them buffer by buffer, pinned or pageable
         # the GPU keeps gradient buckets until they are copied out (reduce_bucket_size)
         grads = int(min(pb.trainable, ZERO2_REDUCE_BUCKET) * tb)
         if plan.offload == "zero3_cpu":
             # ZeRO-3 offload_param: parameters live on the host; the GPU gathers a layer at a time plus
             # the prefetch bucket (stage3_prefetch_bucket_size) (Rajbhandari et al. 2021, ZeRO-Infinity)
-            host["weights"] = weights
             live = max(model.layer_params(), model.embedding_params) * 2 + ZERO3_PREFETCH
             weights = int(min(model.params_total, live) * DTYPE_BYTES[plan.param_dtype])
-        notes.append("offload: optimizer states, fp32 masters and gradients in host memory")
 
     layer_acts = layer_activation_bytes(model, plan, pb)
     L = model.num_layers
@@ -291,7 +295,6 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
         if plan.activation_offload or plan.checkpoint_layers is not None else None
     if levers is not None:
         acts, recomputed = levers["loss"], levers["recomputed"]
-        host["activations"] = levers["host"]
         notes.append(levers["note"])
     elif plan.gradient_checkpointing:
         # HF checkpointing keeps each layer's input; one layer is recomputed at a time in backward,
@@ -351,7 +354,12 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
     device = empty()
     device.update(weights=weights, quant_constants=consts, adapter_weights=adapters,
                   optimizer_states=states, master_weights=masters, **at_peak)
-    notes += paged_spill(device, host, plan, gpu)
+    spilled: dict[str, int] = {}
+    notes += paged_spill(device, spilled, plan, gpu)
+    hm = host_memory(model, plan, activations_pinned=offloaded_activation_blocks(
+        model, plan, pb), spill_bytes=spilled.get("optimizer_states", 0))
+    host.update(hm.by_category())
+    notes += hm.notes
     tensor_peak = sum(device.values())
     loss_transient = max(logits_fwd, logits_bwd)
     over = framework_overhead_of(tensor_peak, gpu, expandable_segments=plan.expandable_segments,
@@ -359,7 +367,7 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
     device["overhead"] = over.total
     notes += over.notes()
     return MemoryReport(
-        source="estimated", backend="estimate", device=device, host=host,
+        source="estimated", backend="estimate", device=device, host=host, host_memory=hm,
         tensor_peak_bytes=int(tensor_peak), peak_bytes=int(tensor_peak + over.total), peak_phase=peak_phase,
         notes=tuple(notes), reserved_peak_bytes=int(tensor_peak + over.parts["fragmentation"]),
         extra={"params_trainable": pb.trainable, "lora_modules": list(pb.lora_modules), "overhead_parts": over.parts,
@@ -633,6 +641,24 @@ def activation_levers(model: ModelSpec, plan: Plan, pb: ParamBreakdown, layer_ac
     return {"loss": loss, "recomputed": layer_acts if chosen else 0, "host": int(host), "recompute": recompute_held,
             "layers": layers_held, "end": (x if chosen else 0) + (layer_acts if chosen else layer_acts),
             "stash": stash, "note": what}
+
+
+def offloaded_activation_blocks(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
+    """Pinned host bytes of an activation offload, one power-of-two block per tensor (advisor.memory.host):
+    with checkpointing, each checkpointed layer's input (save_on_cpu around checkpoint); without, every saved
+    tensor of the decoder of at least 1 KiB and the transposed weight views (TRL's rule, as
+    ``activation_levers`` counts them)."""
+    if not plan.activation_offload:
+        return 0
+    L = model.num_layers
+    p = DTYPE_BYTES[plan.activation_dtype]
+    T = plan.micro_batch * plan.seq_len
+    if plan.gradient_checkpointing:
+        return len(checkpointed_layers(plan, L)) * pinned_block_bytes(p * T * model.hidden_size)
+    per_layer = [int(x) for x in layer_saved_tensors(model, plan, pb) if x >= OFFLOAD_MIN_BYTES]
+    if not plan.four_bit:
+        per_layer += [i * o * p for i, o in model.linear_shapes().values()]
+    return L * pinned_bytes_of(per_layer)
 
 
 def apply_activation_levers(phases: dict, lv: dict, grads_held: int, temp: int) -> None:

@@ -4,7 +4,9 @@ It travels as JSON in the Optuna study's user attribute "advisor" (``to_dict`` /
 tested round trip), and every reader rebuilds the model, GPU, budget and space from it in this one
 way: the tuner (and a worker joining the study), `advisor export`, `advisor report` and the TUI.
 Studies written before this type existed (missing task, gpus, sharding; older ModelSpec / GpuSpec
-fields) still load.
+fields) still load. A study written before the host budget existed loads with ``host_budget`` None: its
+host memory is not checked, by the tuner resuming it, the selection, the report or the TUI (its trials were
+chosen without the host rule; a budget detected on whichever machine reads it would re-decide them).
 """
 
 from __future__ import annotations
@@ -60,15 +62,26 @@ class StudyDescription:
     """Library versions when the study was made."""
     environment: dict[str, Any] = field(default_factory=dict, compare=False)
     """GPU driver and CUDA when the study was made."""
+    host_budget: Budget | None = None
+    """The RAM of the machine the run is for (--host-budget, or detected where the study was made); None: host
+    memory not checked (studies made before it existed)."""
+    host_detected: bool = False
+    """``host_budget`` was detected rather than given."""
 
     @property
     def target(self) -> Target:
-        return Target(model=self.model, gpu=self.gpu, budget=self.budget, gpu_assumed=self.gpu_assumed)
+        return Target(model=self.model, gpu=self.gpu, budget=self.budget, gpu_assumed=self.gpu_assumed,
+                      host_budget=self.host_budget, host_detected=self.host_detected)
+
+    @property
+    def host_budget_bytes(self) -> int | None:
+        return self.host_budget.bytes if self.host_budget is not None else None
 
     @property
     def rules(self) -> Rules:
         """How the study's answer is chosen beside the budget (advisor.search.select.Rules)."""
-        return Rules(regime=self.regime, global_batch=self.space.fixed.get("global_batch"))
+        return Rules(regime=self.regime, global_batch=self.space.fixed.get("global_batch"),
+                     host_budget_bytes=self.host_budget_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object stored with the study (the keys studies have always had, plus task)."""
@@ -77,20 +90,30 @@ class StudyDescription:
                 "space": self.space.to_dict(), "backend": self.backend, "headroom": self.headroom,
                 "tolerance": self.tolerance, "seed": self.seed, "trials": self.trials, "task": self.task,
                 "gpus": self.gpus, "sharding": self.sharding, "regime": self.regime, "versions": dict(self.versions),
-                "environment": dict(self.environment)}
+                "environment": dict(self.environment),
+                "host_budget": None if self.host_budget is None else {
+                    "bytes": self.host_budget.bytes, "text": self.host_budget.text, "unit": self.host_budget.unit,
+                    "detected": self.host_detected}}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "StudyDescription":
         """The description from its stored JSON (this version's or an older study's)."""
         b = d["budget"]
+        hb = d.get("host_budget")
         space = _space(d["space"])
         return cls(model=model_from_dict(d["model"]), gpu=gpu_from_dict(d["gpu"]),
-                   budget=Budget(int(b["bytes"]), b.get("unit") or "GiB", b.get("text") or f"{b['bytes']}B"),
+                   budget=_budget(b),
                    space=space, backend=d.get("backend", "estimate"), gpu_assumed=bool(d.get("gpu_assumed", False)),
                    headroom=float(d.get("headroom", HEADROOM)), tolerance=float(d.get("tolerance", ACCURACY_TOLERANCE)),
                    seed=int(d.get("seed", 0)), trials=int(d.get("trials") or space.trials),
                    task=d.get("task", "train"), gpus=int(d.get("gpus", 1)), sharding=d.get("sharding", DEFAULT_SHARDING),
-                   regime=d.get("regime"), versions=dict(d.get("versions") or {}), environment=dict(d.get("environment") or {}))
+                   regime=d.get("regime"), versions=dict(d.get("versions") or {}),
+                   environment=dict(d.get("environment") or {}),
+                   host_budget=_budget(hb) if hb else None, host_detected=bool((hb or {}).get("detected", False)))
+
+
+def _budget(b: dict[str, Any]) -> Budget:
+    return Budget(int(b["bytes"]), b.get("unit") or "GiB", b.get("text") or f"{b['bytes']}B")
 
 
 def _known(cls, d: dict[str, Any]) -> dict[str, Any]:

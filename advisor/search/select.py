@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, TypeVar
 
-from advisor.core.fit import fits
+from advisor.core.fit import fits, host_fits
 from advisor.core.plan import Plan
 from advisor.core.units import format_bytes
 from advisor.search.departures import Departure, departures, non_exact, plan_of, with_change
@@ -51,7 +51,13 @@ class TrialRecord:
     run_peak_bytes: int | None = None  # the run's peak: the highest of load, train, eval, generate, save
     run_peak_phase: str = ""       # the phase that sets it
     ledger: dict[str, int] = field(default_factory=dict)
-    host_bytes: int = 0
+    host_bytes: int = 0            # host memory the plan keeps during training (offloaded)
+    host_peak_bytes: int = 0       # the run's host peak: process + max(load, training), pinned and pageable
+    host_peak_phase: str = ""      # load or train: what sets the host peak
+    host_pinned_bytes: int = 0     # page-locked bytes during training (advisor.memory.host)
+    host_pageable_bytes: int = 0
+    host_ledger: dict[str, int] = field(default_factory=dict)  # host bytes per ledger category
+    host_source: str = ""          # estimated or simulated: the stage that counted the host bytes (a probe does not)
     tokens_per_s: float | None = None
     tokens_per_s_source: str = ""  # predicted or measured
     accuracy_loss: float | None = None
@@ -72,6 +78,12 @@ class TrialRecord:
 def run_peak(t: TrialRecord) -> int | None:
     """What feasibility is decided on: the run's peak when known, else the step's."""
     return t.run_peak_bytes or t.peak_bytes
+
+
+def host_peak(t: TrialRecord) -> int:
+    """What host feasibility is decided on: the run's host peak, else (a record from before it was kept) the
+    offloaded bytes."""
+    return t.host_peak_bytes or t.host_bytes
 
 
 @dataclass(frozen=True)
@@ -142,6 +154,8 @@ class Rules:
     uniform_lengths: bool = False
     """No --data was given: every sequence is taken to be seq_len tokens (no padding), which the explanation
     says when the answer batches several unpacked sequences."""
+    host_budget_bytes: int | None = None
+    """The host budget (advisor.core.fit's host rule); None: host memory is not checked (an older study)."""
 
     def needed_gain(self) -> float:
         return step_time_error() if self.margin is None else self.margin
@@ -171,8 +185,9 @@ def select(records: list[TrialRecord], budget_bytes: int, headroom: float, toler
            measure_change: Callable[[Plan], tuple[float | None, int | None]] | None = None) -> Selection:
     """The best balance of time to quality among feasible trials, held to the usual recipe.
 
-    1. Eligible: fits the budget with headroom, every lever has a quality entry, accuracy loss within
-       ``tolerance``; levers that change training dynamics only when no eligible plan fits without them.
+    1. Eligible: fits the budget with headroom (and the host budget, advisor.core.fit), every lever has a
+       quality entry, accuracy loss within ``tolerance``; levers that change training dynamics only when no
+       eligible plan fits without them.
     2. Allowed: the usual recipe's trial (advisor.search.recipe), and any plan that departs from it by exact
        levers only, or whose gain in time to quality over it beats the step-time model's median error
        (``Rules.needed_gain``). Without a recipe that fits, every eligible plan is allowed.
@@ -183,7 +198,8 @@ def select(records: list[TrialRecord], budget_bytes: int, headroom: float, toler
     rules = rules or Rules()
     done = [t for t in records if t.state == "complete" and t.peak_bytes is not None and t.tokens_per_s
             and t.duplicate_of is None]
-    feasible = [t for t in done if fits(run_peak(t), budget_bytes, headroom)]
+    feasible = [t for t in done if fits(run_peak(t), budget_bytes, headroom)
+                and host_fits(host_peak(t), rules.host_budget_bytes)]
     quality = {t.number: _quality(t, rules) for t in feasible}
     accurate = [t for t in feasible if (t.accuracy_loss or 0.0) <= tolerance]
     pickable = [t for t in accurate if quality[t.number].pickable]

@@ -21,7 +21,7 @@ from typing import Any, Callable
 from advisor.core.card_rules import Card, card_precision
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.errors import AdvisorInputError
-from advisor.core.fit import HEADROOM, fits, overshoot, usable_bytes
+from advisor.core.fit import HEADROOM, fits, host_fits, host_overshoot, host_usable_bytes, overshoot, usable_bytes
 from advisor.core.plan import Plan, checkpoint_depth_problems, lora_target_modules
 from advisor.core.target import Target
 from advisor.memory.phases import run_peak_bytes
@@ -32,7 +32,8 @@ from advisor.search.ladder import ladder
 from advisor.search.quality import quality_of, quality_problems
 from advisor.search.departures import departures, non_exact
 from advisor.search.recipe import is_recipe, usual_recipe
-from advisor.search.select import ACCURACY_TOLERANCE, TIE, Rules, Selection, TrialRecord, run_peak, select, time_to_quality
+from advisor.search.select import (ACCURACY_TOLERANCE, TIE, Rules, Selection, TrialRecord, host_peak, run_peak, select,
+                                   time_to_quality)
 from advisor.search.space import Conditions, DeadEnd, SearchSpace, model_rules, plan_from_params
 from advisor.search.storage import Heartbeat, is_sqlite, make_storage, study_lock
 from advisor.speed.throughput import predict_throughput
@@ -72,6 +73,10 @@ class TuneSettings:
     data: Any = None
     """The user's documents (advisor.core.data_profile.DataProfile, --data): memory at the longest batch
     unless packed, tokens/s in real tokens."""
+    host_budget: Budget | None = None
+    """The RAM of the machine the run is for (--host-budget, else detected); None: host memory not checked."""
+    host_detected: bool = False
+    """``host_budget`` was detected on this machine rather than given."""
     regime: str | None = None
     """What the fine-tune is, for the quality model (advisor/data/quality.yaml ``regimes``: sft, domain, cpt;
     None: its default)."""
@@ -80,7 +85,7 @@ class TuneSettings:
     def rules(self) -> Rules:
         """How the answer is chosen beside the budget (advisor.search.select.Rules)."""
         return Rules(regime=self.regime, global_batch=self.space.fixed.get("global_batch"),
-                     uniform_lengths=self.data is None)
+                     uniform_lengths=self.data is None, host_budget_bytes=self.host_budget_bytes)
 
     def __post_init__(self) -> None:
         # the space's `auto` choices (precision, attention) become the card's, for this model's class
@@ -94,7 +99,12 @@ class TuneSettings:
 
     @property
     def target(self) -> Target:
-        return Target(model=self.model, gpu=self.gpu, budget=self.budget, gpu_assumed=self.gpu_assumed)
+        return Target(model=self.model, gpu=self.gpu, budget=self.budget, gpu_assumed=self.gpu_assumed,
+                      host_budget=self.host_budget, host_detected=self.host_detected)
+
+    @property
+    def host_budget_bytes(self) -> int | None:
+        return self.host_budget.bytes if self.host_budget is not None else None
 
     def description(self) -> StudyDescription:
         """What the study is for, typed (stored as JSON in the study's "advisor" attribute)."""
@@ -102,7 +112,8 @@ class TuneSettings:
                                 backend=self.backend, gpu_assumed=self.gpu_assumed, headroom=self.headroom,
                                 tolerance=self.tolerance, seed=self.seed, trials=self.trials, task="train",
                                 gpus=self.gpus, sharding=self.sharding, regime=self.regime,
-                                versions=library_versions(), environment=gpu_environment())
+                                versions=library_versions(), environment=gpu_environment(),
+                                host_budget=self.host_budget, host_detected=self.host_detected)
 
     def describe(self) -> dict[str, Any]:
         return self.description().to_dict()
@@ -114,11 +125,13 @@ class TuneSettings:
         return cls(model=d.model, space=d.space, budget=d.budget, gpu=d.gpu, gpu_assumed=d.gpu_assumed,
                    backend=backend or d.backend, storage=storage, study_name=study_name, trials=d.trials,
                    headroom=d.headroom, tolerance=d.tolerance, seed=d.seed, heartbeat_seconds=heartbeat_seconds,
-                   gpus=d.gpus, sharding=d.sharding, regime=d.regime)
+                   gpus=d.gpus, sharding=d.sharding, regime=d.regime, host_budget=d.host_budget,
+                   host_detected=d.host_detected)
 
 
-def default_study_name(model: ModelSpec, budget: Budget, space: SearchSpace) -> str:
-    raw = f"{model.name}-{budget.text}-{space.name}"
+def default_study_name(model: ModelSpec, budget: Budget, space: SearchSpace, host_budget: Budget | None = None) -> str:
+    """model-budget-space, and -host<budget> when a host budget was given (not detected)."""
+    raw = f"{model.name}-{budget.text}-{space.name}" + (f"-host{host_budget.text}" if host_budget is not None else "")
     return re.sub(r"[^A-Za-z0-9._-]+", "", raw.replace(" ", "")).lower()
 
 
@@ -201,6 +214,7 @@ class Tuner:
             if stored["model"]["name"] != mine["model"]["name"] or stored["budget"]["bytes"] != mine["budget"]["bytes"]:
                 raise AdvisorInputError("--study", f"study {self.s.study_name!r} is for {stored['model']['name']} at "
                                         f"{stored['budget']['text']}; name a new study with --study", self.s.study_name)
+            self._adopt_host_budget(stored)
         self.study = study
         self._recover_interrupted()
         with study_lock(self.storage, self.s.storage, self.s.study_name):
@@ -218,6 +232,18 @@ class Tuner:
                         study.enqueue_trial(named, user_attrs={"ladder": rung}, skip_if_exists=True)
                 study.set_user_attr("ladder_enqueued", True)
         return study
+
+    def _adopt_host_budget(self, stored: dict[str, Any]) -> None:
+        """A study goes on with the host budget it was made for: a detected one yields to it (the study may be
+        resumed on another machine), and a study made before host budgets keeps its host memory unchecked; a
+        --host-budget that differs from the stored one is an error."""
+        hb = stored.get("host_budget")
+        if self.s.host_detected or self.s.host_budget is None:
+            d = StudyDescription.from_dict(stored)
+            self.s.host_budget, self.s.host_detected = d.host_budget, d.host_detected
+        elif hb is not None and int(hb["bytes"]) != self.s.host_budget.bytes:
+            raise AdvisorInputError("--host-budget", f"study {self.s.study_name!r} was made for a host budget of "
+                                    f"{hb['text']}; name a new study with --study", self.s.host_budget.text)
 
     def _recover_interrupted(self) -> None:
         """Trials left RUNNING (kill -9) or FAILED by an interruption are failed and enqueued again, once.
@@ -401,6 +427,9 @@ class Tuner:
         # constraint for the sampler: > 0 when the peak (with headroom) exceeds the budget
         trial.set_constraint("memory", 1.0 if invalid or peak is None
                              else overshoot(peak, self.s.budget.bytes, self.s.headroom))
+        # and > 0 when the host peak exceeds the host budget less the OS reserve (advisor.core.fit.host_fits)
+        trial.set_constraint("host_memory", 1.0 if invalid else host_overshoot(rec.get("host_peak_bytes") or 0,
+                                                                               self.s.host_budget_bytes))
         trial.set_user_attr("record", rec)
         state = "pruned" if pruned else "complete"
         self.on_event(TrialFinished(TrialRecord(number=trial.number, state=state, **rec)))
@@ -448,7 +477,8 @@ class Tuner:
         for r in self.records():
             if is_recipe(r.ladder) and r.duplicate_of is None:
                 ok = (r.state == "complete" and r.source != "estimated" and r.tokens_per_s
-                      and fits(run_peak(r), self.s.budget.bytes, self.s.headroom))
+                      and fits(run_peak(r), self.s.budget.bytes, self.s.headroom)
+                      and host_fits(host_peak(r), self.s.host_budget_bytes))
                 return r if ok else None
         return None
 
@@ -459,6 +489,7 @@ class Tuner:
         for r in self.records():
             if r.state == "complete" and r.duplicate_of is None and run_peak(r) is not None \
                     and fits(run_peak(r), self.s.budget.bytes, self.s.headroom) \
+                    and host_fits(host_peak(r), self.s.host_budget_bytes) \
                     and not quality_of(Plan.from_dict(r.plan), self.s.regime).dynamics:
                 return r
         return None
@@ -478,7 +509,8 @@ class Tuner:
             rep = self._per_gpu(get_backend("estimate").measure(self.s.model, plan, self.s.gpu), plan)
         except AdvisorInputError:
             return False
-        return fits(run_peak_bytes(rep), self.s.budget.bytes, self.s.headroom)
+        return fits(run_peak_bytes(rep), self.s.budget.bytes, self.s.headroom) \
+            and host_fits(_host_peak(self.s, rep), self.s.host_budget_bytes)
 
     def _evaluate(self, plan: Plan, rung: str) -> dict[str, Any]:
         """estimate → (simulate) → (probe); a dict of TrialRecord fields, with "reason" when pruned."""
@@ -506,12 +538,15 @@ class Tuner:
 
         rec["stage"] = "estimate"
         report = self._per_gpu(get_backend("estimate").measure(s.model, plan, s.gpu), plan)
-        rec.update(_memory_fields(report))
+        rec.update(_memory_fields(report, s.gpus))
         limit = usable_bytes(s.budget.bytes, s.headroom)
         last_stage = s.backend == "estimate"
         if run_peak_bytes(report) > (limit if last_stage else s.budget.bytes * (1 + PRESCREEN_MARGIN)):
             return {**rec, "reason": f"estimated peak {fmt(run_peak_bytes(report))}{_during(report)} over the budget "
                                      f"{fmt(s.budget.bytes)}{' less headroom' if last_stage else ''}"}
+        over_host = _over_host(s, report, "estimated", 0.0 if last_stage else PRESCREEN_MARGIN)
+        if over_host:
+            return {**rec, "reason": over_host}
         tps = predict_throughput(s.model, plan, s.gpu, s.gpus, s.sharding, data=s.data)
         prediction = dict(tokens_per_s=tps.tokens_per_s, tokens_per_s_source=tps.source, step_terms=tps.terms,
                           accuracy_loss=quality.accuracy_loss, accuracy_source=quality.accuracy_source,
@@ -525,15 +560,19 @@ class Tuner:
                 if not fits(run_peak_bytes(report), s.budget.bytes, s.headroom):
                     return {**rec, "reason": f"estimated peak {fmt(run_peak_bytes(report))}{_during(report)} leaves less than "
                                              f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
+                if _over_host(s, report, "estimated"):
+                    return {**rec, "reason": _over_host(s, report, "estimated")}
                 rec["note"] = f"not simulated: {why_not}"
                 return rec
         if s.backend in ("simulate", "cpu", "cuda"):
             rec["stage"] = "simulate"
             report = self._per_gpu(get_backend("simulate").measure(s.model, plan, s.gpu), plan)
-            rec.update(_memory_fields(report))
+            rec.update(_memory_fields(report, s.gpus))
             if not fits(run_peak_bytes(report), s.budget.bytes, s.headroom):
                 return {**rec, "reason": f"simulated peak {fmt(run_peak_bytes(report))}{_during(report)} leaves less than "
                                          f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
+            if _over_host(s, report, "simulated"):
+                return {**rec, "reason": _over_host(s, report, "simulated")}
         rec.update(prediction)
         if s.backend in ("cpu", "cuda"):
             rec["stage"] = "probe"
@@ -545,7 +584,7 @@ class Tuner:
                 report = self._per_gpu(get_backend(s.backend).measure(s.model, plan, s.gpu, options), plan)
             except BackendFailed as e:
                 return {**rec, "reason": f"probe {e.status}: {e.message}"[:300]}
-            rec.update(_memory_fields(report))
+            rec.update(_memory_fields(report, s.gpus))
             measured = report.measured
             if measured is not None and measured.tokens_per_s:
                 rec.update(tokens_per_s=float(measured.tokens_per_s) * s.gpus, tokens_per_s_source="measured")
@@ -588,14 +627,41 @@ def _during(report) -> str:
     return "" if phase == "train" else f" during {phase}"
 
 
-def _memory_fields(report) -> dict[str, Any]:
+def _host_peak(settings: TuneSettings, report) -> int:
+    """The host peak of the machine: each of the --gpus ranks on it is a process of its own."""
+    return int(report.host_peak_bytes) * settings.gpus
+
+
+def _over_host(settings: TuneSettings, report, source: str, margin: float = 0.0) -> str:
+    """Why a plan is over the host budget (advisor.core.fit.host_fits), naming its host peak, its pinned and
+    pageable bytes and the budget; "" when it fits (or is within ``margin`` of it, before a later stage)."""
+    budget = settings.host_budget_bytes
+    peak = _host_peak(settings, report)
+    if budget is None or host_fits(peak / (1 + margin), budget):
+        return ""
+    fmt = settings.budget.format
+    g = settings.gpus
+    phase = report.host_memory.peak_phase if report.host_memory is not None else "train"
+    return (f"{source} host peak {fmt(peak)}{' during load' if phase == 'load' else ''} (pinned "
+            f"{fmt(report.host_pinned_bytes * g)}, pageable {fmt(report.host_pageable_bytes * g)}) over the host "
+            f"budget {fmt(budget)} less the OS reserve ({fmt(host_usable_bytes(budget))} usable)")
+
+
+def _memory_fields(report, gpus: int = 1) -> dict[str, Any]:
     # peak_bytes is the step's (its ledger sums to it); run_peak_bytes, the highest phase, is what feasibility
     # is decided on (advisor.search.select.run_peak)
-    return {"peak_bytes": int(report.peak_bytes), "run_peak_bytes": report.run_peak_bytes,
-            "run_peak_phase": report.run_peak_phase,
-            "tensor_peak_bytes": int(report.tensor_peak_bytes),
-            "source": report.source, "ledger": {k: int(v) for k, v in report.device.items()},
-            "host_bytes": int(report.host_bytes)}
+    fields = {"peak_bytes": int(report.peak_bytes), "run_peak_bytes": report.run_peak_bytes,
+              "run_peak_phase": report.run_peak_phase,
+              "tensor_peak_bytes": int(report.tensor_peak_bytes),
+              "source": report.source, "ledger": {k: int(v) for k, v in report.device.items()}}
+    if report.host_memory is not None:
+        # a probe measures no host memory: the simulated figures stay
+        fields.update(host_bytes=int(report.host_bytes), host_peak_bytes=int(report.host_peak_bytes) * gpus,
+                      host_peak_phase=report.host_memory.peak_phase,
+                      host_pinned_bytes=int(report.host_pinned_bytes) * gpus,
+                      host_pageable_bytes=int(report.host_pageable_bytes) * gpus,
+                      host_ledger={k: int(v) for k, v in report.host.items() if v}, host_source=report.source)
+    return fields
 
 
 def _comparable(value: Any) -> Any:

@@ -6,7 +6,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from advisor.core.fit import HEADROOM, fit_verdict
+from advisor.core.fit import HEADROOM, fit_verdict, host_fits, host_usable_bytes
 from advisor.memory.ledger import LABELS, MemoryReport, RunPhases
 from advisor.core.units import Budget, format_bytes
 
@@ -26,6 +26,7 @@ def ledger_table(report: MemoryReport, budget: Budget | None = None, title: str 
     has_host = report.host_bytes > 0
     if has_host:
         table.add_column("Host", justify="right", footer=_fmt(report.host_bytes, budget))
+        table.columns[0].footer = "Peak on the GPU / in host memory"
     for cat, n in report.device.items():
         host_n = report.host.get(cat, 0)
         if n == 0 and host_n == 0:
@@ -65,8 +66,32 @@ def verdict_lines(report: MemoryReport, budget: Budget | None, headroom: float =
     return lines
 
 
+def host_lines(report: MemoryReport, budget: Budget | None, host_budget: Budget | None = None,
+               gpus: int = 1) -> list[str]:
+    """The host peak beside the GPU's: pinned and pageable, the load phase and the process, and the host rule's
+    verdict against the host budget (advisor.core.fit.host_fits)."""
+    hm = report.host_memory
+    if hm is None:
+        return []
+    fmt = lambda n: _fmt(n, budget)  # noqa: E731
+    peak = hm.peak_bytes * gpus
+    ranks = f" ({gpus} ranks)" if gpus > 1 else ""
+    lines = [f"Host peak [bold]{fmt(peak)}[/]{ranks} during {hm.peak_phase}: pinned {fmt(hm.pinned_bytes * gpus)}, "
+             f"pageable {fmt(hm.pageable_bytes * gpus)} in training; load {fmt(hm.load_bytes * gpus)} "
+             f"({escape(hm.load_what)}); the process {fmt(hm.baseline_bytes * gpus)}"]
+    if host_budget is not None:
+        usable = host_usable_bytes(host_budget.bytes)
+        if host_fits(peak, host_budget.bytes):
+            lines.append(f"[green]WITHIN THE HOST BUDGET[/]: {fmt(peak)} of {fmt(usable)} usable of "
+                         f"{escape(str(host_budget.text))} of RAM (the rest kept for the OS)")
+        else:
+            lines.append(f"[red]OVER THE HOST BUDGET[/]: {fmt(peak)} > {fmt(usable)} usable of "
+                         f"{escape(str(host_budget.text))} of RAM, {fmt(peak - usable)} over")
+    return lines
+
+
 def print_estimate(result: dict[str, Any], report: MemoryReport, budget: Budget | None,
-                   headroom: float = HEADROOM) -> None:
+                   headroom: float = HEADROOM, host_budget: Budget | None = None, gpus: int = 1) -> None:
     from rich.console import Console
 
     console = Console()
@@ -84,6 +109,8 @@ def print_estimate(result: dict[str, Any], report: MemoryReport, budget: Budget 
         console.print(phase_table(report.run_phases, budget))
         for line in run_verdict_lines(report, budget, headroom):
             console.print(line)
+    for line in host_lines(report, budget, host_budget, gpus):
+        console.print(line)
     for note in report.notes:
         console.print(f"[dim]note: {note}[/]")
     if "kv_cache_bytes_per_token" in report.extra:
@@ -167,7 +194,8 @@ def source_mark(source: str) -> str:
 
 
 def trials_table(records, budget: Budget, limit: int | None = None, title: str = "Trials"):
-    """One row per trial: state, plan, peak vs budget, tokens/s, accuracy, and where each number comes from."""
+    """One row per trial: state, plan, peak vs budget, tokens/s, accuracy, and where each number comes from;
+    the host peak too when any trial keeps memory on the host."""
     from rich.table import Table
 
     t = Table(title=title, title_justify="left", expand=False)
@@ -176,7 +204,9 @@ def trials_table(records, budget: Budget, limit: int | None = None, title: str =
     t.add_column("#", justify="right", no_wrap=True)
     t.add_column("state / why pruned", overflow="fold")
     t.add_column("plan", overflow="fold")
-    for col in ("peak", "tok/s", "acc. loss"):
+    # the host peak under the GPU's in the same column: a column of its own would squeeze the plan at 80 columns
+    has_host = any(r.host_bytes for r in rows)
+    for col in ("peak\n[dim]host[/]" if has_host else "peak", "tok/s", "acc. loss"):
         t.add_column(col, justify="right", overflow="fold")
     for r in rows:
         style = STATE_STYLE.get(r.state, "")
@@ -187,8 +217,21 @@ def trials_table(records, budget: Budget, limit: int | None = None, title: str =
         acc = f"{r.accuracy_loss:.3f}\n[dim]{SOURCE_MARK.get(r.accuracy_source, '')}[/]" \
             if r.accuracy_loss is not None and r.state == "complete" else ""
         state = f"[{style}]{r.state}[/]" + (f": {escape(r.reason)}" if r.reason else "")
+        if has_host and peak and (r.host_peak_bytes or r.host_bytes):
+            value, mark = peak.split("\n", 1)
+            peak = f"{value}\n[dim]{budget.format(r.host_peak_bytes or r.host_bytes)}[/]\n{mark}"
         t.add_row(str(r.number), state, escape(r.plan_short), peak, tps, acc)
     return t
+
+
+def host_budget_line(settings) -> str:
+    """The tune header's host budget: the RAM, how it was set, and what the host rule leaves usable."""
+    hb = settings.host_budget
+    if hb is None:
+        return "[dim]Host memory: not checked (a study made before host budgets)[/]"
+    how = "detected on this machine; --host-budget to plan for another" if settings.host_detected else "--host-budget"
+    return (f"[dim]Host budget {escape(str(hb.text))} ({how}): plans may hold "
+            f"{hb.format(host_usable_bytes(hb.bytes))} in host memory, the rest kept for the OS.[/]")
 
 
 class TuneProgress:
@@ -211,6 +254,7 @@ class TuneProgress:
         s = self.s
         console.print(f"[bold]advisor tune[/] {s.model.name} on {s.budget} · space {s.space.name} · "
                       f"backend {s.backend} · study {s.study_name}")
+        console.print(host_budget_line(s))
         if s.gpu_assumed:
             console.print(f"[dim]No GPU detected and none named: throughput is predicted for a {s.gpu.name} "
                           f"({format_bytes(s.gpu.memory_bytes, 'GiB', 0)}), the catalog GPU the budget matches.[/]")
@@ -259,18 +303,22 @@ def print_tune_result(settings, records, selection, exports) -> None:
         from rich.table import Table
 
         t = Table(title="Pareto front (throughput / accuracy / memory)", title_justify="left")
-        for col in ("#", "plan", "peak", "tok/s", "acc. loss"):
+        pareto_host = any(r.host_bytes for r in selection.pareto)
+        for col in ("#", "plan", "peak", *(("host",) if pareto_host else ()), "tok/s", "acc. loss"):
             t.add_column(col, justify="left" if col == "plan" else "right", overflow="fold")
         for r in selection.pareto:
-            t.add_row(str(r.number), escape(r.plan_short), budget.format(r.peak_bytes), f"{r.tokens_per_s:,.0f}",
+            host = (budget.format(r.host_peak_bytes or r.host_bytes),) if pareto_host else ()
+            t.add_row(str(r.number), escape(r.plan_short), budget.format(r.peak_bytes), *host, f"{r.tokens_per_s:,.0f}",
                       f"{r.accuracy_loss:.3f}")
         console.print(t)
     best = selection.best
     if best is not None:
         ledger = {k: v for k, v in best.ledger.items()}
-        report = MemoryReport(source=best.source, backend=settings.backend, device=ledger, host={},
+        report = MemoryReport(source=best.source, backend=settings.backend, device=ledger, host=dict(best.host_ledger),
                               tensor_peak_bytes=best.tensor_peak_bytes or 0, peak_bytes=best.peak_bytes)
         console.print(ledger_table(report, budget, title=f"Winner #{best.number}: {escape(best.plan_short)}"))
+        if best.host_peak_bytes or best.host_bytes:
+            console.print(winner_host_line(best, budget, settings.host_budget))
         if selection.recipe is not None and selection.recipe.number != best.number:
             console.print(recipe_table(selection.recipe, best, budget))
     for line in selection.explanation:
@@ -303,8 +351,8 @@ def recipe_table(recipe, best, budget):
             ("tokens/s", f"{recipe.tokens_per_s:,.0f}" if recipe.tokens_per_s else "-", f"{best.tokens_per_s:,.0f}"),
             ("time to quality", ttq(recipe), ttq(best)),
             ("peak (GPU)", peak(recipe), peak(best)),
-            ("host memory", budget.format(recipe.host_bytes) if recipe.host_bytes else "-",
-             budget.format(best.host_bytes) if best.host_bytes else "-"),
+            ("peak (host)", host_peak_text(recipe, budget.format) if (recipe.host_peak_bytes or recipe.host_bytes)
+             else "-", host_peak_text(best, budget.format) if (best.host_peak_bytes or best.host_bytes) else "-"),
             ("accuracy loss", f"{recipe.accuracy_loss:.3f}" if recipe.accuracy_loss is not None else "-",
              f"{best.accuracy_loss:.3f}")]
     if recipe.state != "complete":
@@ -312,6 +360,24 @@ def recipe_table(recipe, best, budget):
     for row in rows:
         t.add_row(*row)
     return t
+
+
+def host_peak_text(r, fmt) -> str:
+    """A trial's host peak (a TrialRecord's): when it happens, and the pinned and pageable bytes in training.
+    The terminal, the report and the TUI show it beside the GPU peak."""
+    peak = r.host_peak_bytes or r.host_bytes
+    during = " during load" if r.host_peak_phase == "load" else ""
+    return (f"{fmt(peak)}{during} (in training: pinned {fmt(r.host_pinned_bytes)}, pageable "
+            f"{fmt(r.host_pageable_bytes)})")
+
+
+def winner_host_line(best, budget: Budget, host_budget: Budget | None) -> str:
+    """The winner's host peak beside its GPU peak: pinned and pageable, against the host budget."""
+    line = (f"GPU peak {budget.format(best.run_peak_bytes or best.peak_bytes)} ({best.source}) · host peak "
+            f"{escape(host_peak_text(best, budget.format))} ({best.host_source or best.source})")
+    if host_budget is not None:
+        line += f" of {budget.format(host_usable_bytes(host_budget.bytes))} usable of {escape(str(host_budget.text))}"
+    return line
 
 
 # ----------------------------------------------------------------------------- catalogs

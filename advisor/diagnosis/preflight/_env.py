@@ -12,7 +12,9 @@ from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.data_files import load_data_file
 from advisor.diagnosis.findings import Finding
 from advisor.core.plan import ALL_LINEAR, Plan
-from advisor.core.units import format_bytes
+from advisor.core.fit import host_fits, host_usable_bytes
+from advisor.core.units import Budget, format_bytes
+from advisor.memory.ledger import MemoryReport
 from advisor.core.versions import library_versions
 
 
@@ -110,17 +112,12 @@ def _free_gpu_memory(index: int) -> int | None:
         return None
 
 
-def check_host(host_bytes: int, checkpoint_bytes: int, output_dir: str) -> list[Finding]:
-    import psutil
-
-    findings = []
-    if host_bytes:
-        avail = psutil.virtual_memory().available
-        sev = "error" if host_bytes > avail else "ok"
-        findings.append(Finding("env.host-ram", sev, f"offload needs {format_bytes(host_bytes)} of host RAM; "
-                                f"{format_bytes(avail)} available", "", () if sev == "ok" else
-                                ("add RAM, or fit the plan on the GPU (QLoRA, checkpointing) instead of offloading",),
-                                "environment"))
+def check_host(report: MemoryReport, host_budget: Budget | None, checkpoint_bytes: int, output_dir: str,
+               detected: bool = False, gpus: int = 1) -> list[Finding]:
+    """Host RAM by the host rule (advisor.core.fit.host_fits: the host peak, pinned and pageable, against the
+    host budget less the OS reserve), then disk for checkpoints. With a detected budget, also what is free on
+    this machine right now (psutil ``available``: other processes' memory)."""
+    findings = host_memory_findings(report, host_budget, detected, gpus)
     target = Path(output_dir)
     probe = next((p for p in [target, *target.parents] if p.exists()), Path("."))
     free = shutil.disk_usage(probe).free
@@ -132,3 +129,80 @@ def check_host(host_bytes: int, checkpoint_bytes: int, output_dir: str) -> list[
         findings.append(Finding("env.disk", "ok", f"disk: {format_bytes(free)} free for checkpoints of "
                                 f"~{format_bytes(checkpoint_bytes)}", "", (), "environment"))
     return findings
+
+
+def host_memory_findings(report: MemoryReport, host_budget: Budget | None, detected: bool = False,
+                         gpus: int = 1) -> list[Finding]:
+    """The host rule's finding: NO-GO (an error) naming the pinned and pageable bytes when the host peak is over
+    the host budget less the OS reserve."""
+    hm = report.host_memory
+    fmt = host_budget.format if host_budget is not None else format_bytes
+    peak = report.host_peak_bytes * gpus
+    pinned, pageable = report.host_pinned_bytes * gpus, report.host_pageable_bytes * gpus
+    phase = hm.peak_phase if hm is not None else "train"
+    during = f", during load ({hm.load_what})" if hm is not None and phase == "load" else ""
+    parts = f"pinned {fmt(pinned)}, pageable {fmt(pageable)}{during}"
+    if hm is not None:
+        parts += f", the process {fmt(hm.baseline_bytes)}"
+    data = {"host_peak_bytes": peak, "host_pinned_bytes": pinned, "host_pageable_bytes": pageable,
+            "host_peak_phase": phase, "host_budget_bytes": host_budget.bytes if host_budget else None}
+    if host_budget is None:
+        return [Finding("env.host-ram", "info", f"host memory: peak {fmt(peak)} ({parts}); no host budget to "
+                        "check against", "", ("pass --host-budget",), "environment", data)]
+    usable = host_usable_bytes(host_budget.bytes)
+    data["host_usable_bytes"] = int(usable)
+    where = f"{host_budget} of RAM{' (detected)' if detected else ''}"
+    if not host_fits(peak, host_budget.bytes):
+        return [Finding("env.host-ram", "error",
+                        f"host memory: peak {fmt(peak)} > {fmt(usable)} usable of {where}",
+                        f"{parts}; the OS keeps {fmt(host_budget.bytes - usable)} (GKE's node reservation). "
+                        "Pinned pages cannot be swapped: the run ends in cudaErrorMemoryAllocation or the OOM killer",
+                        host_fixes(report), "environment", data)]
+    findings = [Finding("env.host-ram", "ok", f"host memory: peak {fmt(peak)} of {fmt(usable)} "
+                        f"usable ({where})", parts, (), "environment", data)]
+    findings += _memlock_findings(report, pinned)
+    if detected:
+        import psutil
+
+        avail = int(psutil.virtual_memory().available)
+        if avail < peak:
+            findings.append(Finding("env.host-busy", "warning", f"only {format_bytes(avail)} of host RAM is free right "
+                                    f"now; the run's host peak is {format_bytes(peak)}",
+                                    "psutil: other processes hold memory", ("stop other processes before the run",),
+                                    "environment", {"available_bytes": avail, "host_peak_bytes": peak}))
+    return findings
+
+
+def host_fixes(report: MemoryReport) -> tuple[str, ...]:
+    """What lowers the host peak, by what sets it."""
+    h, hm = report.host, report.host_memory
+    fixes = []
+    if hm is not None and hm.peak_phase == "load":
+        fixes.append("load with a device_map (or 4-bit quantization) so the weights go to the GPU tensor by tensor")
+    if h.get("activations", 0):
+        fixes.append("offload activations with gradient checkpointing on (only each layer's input goes to the host), "
+                     "or a smaller micro-batch, or no activation offload")
+    if h.get("optimizer_states", 0) + h.get("master_weights", 0) + h.get("gradients", 0) > h.get("activations", 0):
+        fixes.append("train LoRA / QLoRA adapters instead of offloading a full fine-tune (ZeRO-Offload keeps ~18 B per "
+                     "trainable parameter on the host)")
+    fixes.append("run on a machine with more RAM (--host-budget to plan for it), or `advisor tune` for a plan within it")
+    return tuple(fixes)
+
+
+def _memlock_findings(report: MemoryReport, pinned: int) -> list[Finding]:
+    """torch pins through cudaHostAlloc, which ``ulimit -l`` does not cap; DeepSpeed's native pinning backend
+    (``DS_PIN_MEMORY_BACKEND=native``, deepspeed/utils/pin_memory.py) locks pages with mlock, which it does."""
+    import os
+    import resource
+
+    if os.environ.get("DS_PIN_MEMORY_BACKEND", "torch").strip().lower() != "native" or not pinned \
+            or (report.host_memory is not None and not report.host_memory.pinned.keys() - {"activations"}):
+        return []
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if soft == resource.RLIM_INFINITY or soft >= pinned:
+        return []
+    return [Finding("env.memlock", "error", f"DS_PIN_MEMORY_BACKEND=native locks {format_bytes(pinned)} with mlock, "
+                    f"over this shell's locked-memory limit of {format_bytes(soft)} (ulimit -l)", "",
+                    ("raise the limit (ulimit -l unlimited; memlock in /etc/security/limits.conf, or --ulimit memlock=-1 "
+                     "for docker)", "or unset DS_PIN_MEMORY_BACKEND: torch's pinning is not capped by ulimit -l"),
+                    "environment", {"memlock_bytes": soft, "host_pinned_bytes": pinned})]

@@ -31,6 +31,8 @@ class PreflightInput:
     trust_remote_code: bool = False
     backend: str = "simulate"
     """How the memory check knows the peak: simulate (a fake-tensor trace) or estimate (the closed-form ledger)."""
+    host_budget: str | None = None
+    """--host-budget as typed; None: this machine's RAM as detected."""
 
 
 @dataclass
@@ -47,6 +49,8 @@ class PreflightResult:
     extra: dict[str, Any] = field(default_factory=dict)
     gpu_assumed: bool = False
     """No GPU was named or detected: ``gpu`` is the catalog GPU the budget matches."""
+    host_budget: Budget | None = None
+    """The host RAM checked against (--host-budget, else detected)."""
 
     @property
     def exit_code(self) -> int:
@@ -59,6 +63,8 @@ class PreflightResult:
             "plan": self.plan.to_dict(), "plan_short": self.plan.short(),
             "gpu": self.gpu.to_dict() if self.gpu else None, "gpu_assumed": self.gpu_assumed,
             "budget": {"bytes": self.budget.bytes, "text": self.budget.text} if self.budget else None,
+            "host_budget": {"bytes": self.host_budget.bytes, "text": self.host_budget.text}
+            if self.host_budget else None,
             "memory": _memory_dict(self.report),
             "data": self.data.__dict__ if self.data else None, "hours": self.hours,
             "findings": [f.to_dict() for f in self.findings],
@@ -79,7 +85,8 @@ def _load(path: str):
 def run_preflight(inp: PreflightInput) -> PreflightResult:
     name_or_path, plan, extras = _load(inp.config)
     target = resolve_target(name_or_path, gpu=inp.gpu, gpu_budget=inp.gpu_budget,
-                            trust_remote_code=inp.trust_remote_code, budget_defaults_to_gpu=True)
+                            trust_remote_code=inp.trust_remote_code, budget_defaults_to_gpu=True,
+                            host_budget=inp.host_budget)
     model, gpu, budget = target.model, target.gpu, target.budget
     sections = extras.get("sections", extras) if isinstance(extras, dict) else {}
     training = dict(sections.get("training") or {})
@@ -112,7 +119,8 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
         if inp.probe:
             findings += _probe(model, mem_plan, target, inp.headroom)
         ckpt = _checkpoint_bytes(model, plan, report)
-        findings += _env.check_host(report.host_bytes, ckpt, training.get("output_dir", "outputs"))
+        findings += _env.check_host(report, target.host_budget, ckpt, training.get("output_dir", "outputs"),
+                                    detected=target.host_detected)
         hours, time_finding = _time(model, mem_plan, target, stats, training, inp.epochs)
         findings += time_finding
     else:
@@ -120,7 +128,7 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
     order = {"error": 0, "warning": 1, "info": 2, "ok": 3}
     findings.sort(key=lambda f: order[f.severity])
     return PreflightResult(verdict(findings), findings, model, plan, budget, gpu, report, stats, hours,
-                           gpu_assumed=target.gpu_assumed)
+                           gpu_assumed=target.gpu_assumed, host_budget=target.host_budget)
 
 
 def _memory(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, evaluates: bool = True,

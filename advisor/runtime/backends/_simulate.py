@@ -47,22 +47,25 @@ def _measure(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *, layers
     if sim.extrapolated and len(sim.layers_traced) == 2:
         notes.append(f"traced {sim.layers_traced[0]} and {sim.layers_traced[1]} decoder layers, "
                      f"extrapolated to {model.num_layers}")
-    device, phase, host = dict(sim.ledger), sim.peak_phase, empty()
+    device, phase = dict(sim.ledger), sim.peak_phase
     if plan.offload != "none":
-        device, phase, host, more = _offload(model, plan, sim)
+        device, phase, more = _offload(model, plan, sim)
         notes += more
     if plan.optimizer.startswith("paged"):
         notes.append("paged optimizer states are counted on the GPU (resident); under memory pressure "
                      "bitsandbytes pages them to host memory")
+    # the offload's host copies, traced in the pinned allocator's power-of-two blocks (simulate.tracker)
     offloaded = max((p.host_bytes for p in sim.phases.values()), default=0)
-    if offloaded:
-        host["activations"] = host.get("activations", 0) + offloaded
+    from advisor.memory.host import host_memory
     from advisor.memory.training import paged_spill
 
     device = {**empty(), **device}
+    spilled: dict[str, int] = {}
     if plan.offload == "none":
-        host = {**empty(), **host}
-        notes += paged_spill(device, host, plan, gpu)
+        notes += paged_spill(device, spilled, plan, gpu)
+    hm = host_memory(model, plan, activations_pinned=offloaded, spill_bytes=spilled.get("optimizer_states", 0))
+    host = {**empty(), **hm.by_category()}
+    notes += hm.notes
     tensor_peak = sum(device.values())
     expandable = plan.expandable_segments
     allocator = None
@@ -87,7 +90,8 @@ def _measure(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *, layers
     if allocator is not None:
         extra["allocator"] = allocator.replay.to_dict()
     return MemoryReport(
-        source="simulated", backend="simulate", device=device, host=host, tensor_peak_bytes=int(tensor_peak),
+        source="simulated", backend="simulate", device=device, host=host, host_memory=hm,
+        tensor_peak_bytes=int(tensor_peak),
         peak_bytes=int(tensor_peak + over.total), peak_phase=phase, notes=tuple(notes), extra=extra,
         reserved_peak_bytes=int(tensor_peak + over.parts["fragmentation"]),
     )
@@ -104,12 +108,10 @@ def _offload(model: ModelSpec, plan: Plan, sim):
     a layer at a time plus ``stage3_prefetch_bucket_size`` (deepspeed.ai/docs/config-json
     "offload_param", Rajbhandari et al. 2021).
     """
-    from advisor.memory.training import ZERO2_REDUCE_BUCKET, ZERO3_PREFETCH, param_breakdown, weight_bytes
+    from advisor.memory.training import ZERO2_REDUCE_BUCKET, ZERO3_PREFETCH, param_breakdown
 
     pb = param_breakdown(model, plan)
     tb = 4 if plan.peft else DTYPE_BYTES[plan.param_dtype]
-    host = empty()
-    host.update(optimizer_states=pb.trainable * 8, master_weights=pb.trainable * 4, gradients=pb.trainable * 4)
     bucket = int(min(pb.trainable, ZERO2_REDUCE_BUCKET) * tb)
     best, best_phase = None, ""
     for name, peak in sim.phases.items():
@@ -121,11 +123,9 @@ def _offload(model: ModelSpec, plan: Plan, sim):
         if best is None or sum(d.values()) > sum(best.values()):
             best, best_phase = d, name
     notes = ["offload: optimizer states, fp32 master weights and fp32 gradients in host memory (DeepSpeed "
-             "ZeRO-Offload); gradients on the GPU only as reduce buckets"]
+             "ZeRO-Offload; advisor.memory.host counts its buffers); gradients on the GPU only as reduce buckets"]
     if plan.offload == "zero3_cpu":
-        weights, _ = weight_bytes(model, plan, pb)
-        host["weights"] = weights
         live = max(model.layer_params(), model.embedding_params) * 2 + ZERO3_PREFETCH
         best["weights"] = int(min(model.params_total, live) * DTYPE_BYTES[plan.param_dtype])
         notes.append("zero3_cpu: parameters in host memory, gathered a layer at a time (+ prefetch bucket)")
-    return best, best_phase, host, notes
+    return best, best_phase, notes

@@ -5,7 +5,8 @@ and a weak-reference callback records its release (the pattern of
 ``torch.distributed._tools.mem_tracker``, without its module hooks, which break on peft models).
 The same tracker runs over fake tensors (simulation) and real CPU tensors (the proof that the
 simulation equals execution). Sizes are rounded up to 512 bytes, as CUDA's caching allocator
-counts them (c10/cuda/CUDACachingAllocator.cpp ``kMinBlockSize``, ``round_size``).
+counts them (c10/cuda/CUDACachingAllocator.cpp ``kMinBlockSize``, ``round_size``); host copies (an activation
+offload's) to the power-of-two block of torch's pinned CachingHostAllocator (advisor.memory.host).
 
 Events are kept (allocation and release counters), so the ledger at the peak is computed after
 the step, when it is known which storages are parameters, gradients, optimizer states, quantization
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+
+from advisor.memory.host import pinned_block_bytes
 
 BLOCK = 512
 
@@ -82,8 +85,11 @@ def _make_mode_class():
             return self.clock
 
         def _alloc(self, nbytes: int) -> Record:
-            rec = Record(uid=len(self.records), nbytes=round_block(nbytes, self.block), born=self._tick(),
-                         phase=self.phase, requested=int(nbytes), host=self._on_host > 0, layer=self.layer)
+            on_host = self._on_host > 0
+            # an offload's host copies are pinned: torch's CachingHostAllocator gives each a power-of-two block
+            size = pinned_block_bytes(nbytes) if on_host else round_block(nbytes, self.block)
+            rec = Record(uid=len(self.records), nbytes=size, born=self._tick(),
+                         phase=self.phase, requested=int(nbytes), host=on_host, layer=self.layer)
             self.records.append(rec)
             if rec.host:
                 self.host_bytes += rec.nbytes

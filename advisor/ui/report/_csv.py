@@ -13,6 +13,7 @@ PLAN_KEYS = ("method", "quantization", "double_quant", "compute_dtype", "precisi
              "lora_dropout", "lora_targets", "gradient_checkpointing", "optimizer", "micro_batch", "grad_accum",
              "seq_len", "attn_impl", "offload", "loss", "dora", "packing")
 COLUMNS = (["number", "state", "stage", "ladder", "plan_short", "peak_bytes", "tensor_peak_bytes", "host_bytes",
+            "host_peak_bytes", "host_peak_phase", "host_pinned_bytes", "host_pageable_bytes", "host_source",
             "memory_source", "tokens_per_s", "tokens_per_s_source", "accuracy_loss", "accuracy_source", "seconds",
             "started", "ended", "winner", "pareto", "reason"]
            + [f"ledger_{c}_bytes" for c in CATEGORIES] + [f"plan_{k}" for k in PLAN_KEYS] + ["losses"])
@@ -28,6 +29,9 @@ def render_csv(d: ReportData) -> str:
     for r in d.records:
         row = {"number": r.number, "state": r.state, "stage": r.stage, "ladder": r.ladder, "plan_short": r.plan_short,
                "peak_bytes": r.peak_bytes, "tensor_peak_bytes": r.tensor_peak_bytes, "host_bytes": r.host_bytes,
+               "host_peak_bytes": r.host_peak_bytes, "host_peak_phase": r.host_peak_phase,
+               "host_pinned_bytes": r.host_pinned_bytes, "host_pageable_bytes": r.host_pageable_bytes,
+               "host_source": r.host_source,
                "memory_source": r.source, "tokens_per_s": r.tokens_per_s, "tokens_per_s_source": r.tokens_per_s_source,
                "accuracy_loss": r.accuracy_loss, "accuracy_source": r.accuracy_source, "seconds": round(r.seconds, 4),
                "started": times.get(r.number, {}).get("started", ""), "ended": times.get(r.number, {}).get("ended", ""),

@@ -92,3 +92,15 @@ def space_source(space: SearchSpace) -> str:
     if not space.source:
         return ""
     return _package_path(space.source) or PurePath(space.source).name
+
+
+def host_budget_text(d: StudyDescription, fmt) -> str:
+    """The study's host budget: the RAM, how it was set, and what the host rule leaves usable."""
+    from advisor.core.fit import host_usable_bytes
+
+    hb = d.host_budget
+    if hb is None:
+        return "not checked (a study made before host budgets)"
+    how = "detected where the study ran" if d.host_detected else "--host-budget"
+    return f"{hb.text} ({how}): {fmt(host_usable_bytes(hb.bytes))} usable, the rest kept for the OS"
+

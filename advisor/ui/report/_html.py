@@ -12,7 +12,9 @@ from html import escape
 from advisor import __version__
 from advisor.memory.ledger import CATEGORIES, LABELS
 from advisor.ui.report._data import ReportData
-from advisor.ui.report._format import SOURCE_HELP, acc_text, gpu_line, plan_rows, space_source, tps_text, value_text
+from advisor.ui.render import host_peak_text
+from advisor.ui.report._format import (SOURCE_HELP, acc_text, gpu_line, host_budget_text, plan_rows, space_source,
+                                       tps_text, value_text)
 from advisor.ui.report._plots import plot_titles
 from advisor.search.select import TrialRecord
 
@@ -85,6 +87,7 @@ def question(d: ReportData) -> str:
         ["GPU", escape(gpu_line(s))],
         ["Memory budget", f"<b>{escape(s.budget.text)}</b> = {s.budget.bytes:,} bytes, "
                           f"{d.headroom:.0%} kept free"],
+        ["Host memory budget", escape(host_budget_text(s, d.fmt))],
         ["Accuracy tolerance", f"{s.tolerance} (KL nats/token)"],
         ["Backend", f"{escape(s.backend)} <span class=muted>(last stage of each trial)</span>"],
         ["Trials", f"{len(d.records)} in the study ("
@@ -108,8 +111,13 @@ def _ledger_table(d: ReportData, r: TrialRecord) -> str:
             share = f"{100 * n / r.peak_bytes:.1f}%" if r.peak_bytes else ""
             rows.append([escape(LABELS[cat]), escape(d.fmt(n)) + src(r.source), share])
     rows.append(["<b>Peak on the GPU</b>", f"<b>{escape(d.fmt(r.peak_bytes))}</b>" + src(r.source), "100%"])
-    if r.host_bytes:
-        rows.append(["Host memory (offloaded)", escape(d.fmt(r.host_bytes)) + src(r.source), ""])
+    for cat in CATEGORIES:
+        if r.host_ledger.get(cat):
+            rows.append([escape(LABELS[cat]) + " <span class=muted>(host)</span>",
+                         escape(d.fmt(r.host_ledger[cat])) + src(r.host_source or r.source), ""])
+    if r.host_peak_bytes or r.host_bytes:
+        rows.append(["<b>Peak in host memory</b>", f"<b>{escape(host_peak_text(r, d.fmt))}</b>"
+                     + src(r.host_source or r.source), ""])
     return _table(["Category", "Bytes", "Share"], rows, num={1, 2})
 
 
@@ -124,7 +132,9 @@ def answer(d: ReportData) -> str:
             f"<code>{escape(best.plan_short)}</code></p><p style='margin:0'>"
             f"<b>{tps_text(best)}</b> tokens/s{src(best.tokens_per_s_source)} · peak <b>{escape(d.fmt(best.peak_bytes))}"
             f"</b>{src(best.source)} of {escape(d.fmt(d.budget_bytes))} ({escape(d.fmt(left))} left{src(best.source)}) · "
-            f"accuracy loss <b>{acc_text(best)}</b>{src(best.accuracy_source)}</p></div>")
+            + (f"host peak <b>{escape(host_peak_text(best, d.fmt))}</b>{src(best.host_source or best.source)} · "
+               if best.host_peak_bytes or best.host_bytes else "")
+            + f"accuracy loss <b>{acc_text(best)}</b>{src(best.accuracy_source)}</p></div>")
     plan = _table(["Setting", "Value"], [[escape(a), escape(b)] for a, b in plan_rows(best.plan)])
     exports = _exports(d)
     return (f'<section id="answer"><h2>The answer</h2>{head}<h3>Why</h3><ul>{expl}</ul>'

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from advisor.memory.ledger import CATEGORIES, LABELS
 from advisor.ui.report._data import ReportData
-from advisor.ui.report._format import SOURCE_HELP, acc_text, gpu_line, plan_rows, space_source, tps_text, value_text
+from advisor.ui.render import host_peak_text
+from advisor.ui.report._format import (SOURCE_HELP, acc_text, gpu_line, host_budget_text, plan_rows, space_source,
+                                       tps_text, value_text)
 
 
 def _cell(text: str) -> str:
@@ -28,6 +30,7 @@ def render_markdown(d: ReportData) -> str:
               f"- Model: **{m.name}** ({m.hf_id or ''}, {m.params_total:,} parameters)",
               f"- GPU: {gpu_line(s)}",
               f"- Memory budget: **{s.budget.text}** = {s.budget.bytes:,} bytes, {d.headroom:.0%} kept free",
+              f"- Host memory budget: {host_budget_text(s, d.fmt)}",
               f"- Accuracy tolerance: {s.tolerance} (KL nats/token)",
               f"- Backend: {s.backend}; trials: {len(d.records)} in the study, {s.trials} planned",
               f"- Search space: {space.name} ({space_source(space)})", ""]
@@ -40,15 +43,23 @@ def render_markdown(d: ReportData) -> str:
     else:
         lines += [f"**Winner #{best.number}: `{best.plan_short}`**: {tps_text(best)} tokens/s "
                   f"({best.tokens_per_s_source}), peak {d.fmt(best.peak_bytes)} ({best.source}) of "
-                  f"{d.fmt(d.budget_bytes)}, accuracy loss {acc_text(best)} ({best.accuracy_source}).", ""]
+                  f"{d.fmt(d.budget_bytes)}"
+                  + (f", host peak {host_peak_text(best, d.fmt)} ({best.host_source or best.source})"
+                     if best.host_peak_bytes or best.host_bytes else "")
+                  + f", accuracy loss {acc_text(best)} ({best.accuracy_source}).", ""]
     lines += [f"- {line}" for line in d.selection.explanation] + [""]
     if best is not None:
         lines += ["### Plan", ""] + _table(["setting", "value"], [list(r) for r in plan_rows(best.plan)])
         rows = [[LABELS[c], f"{d.fmt(best.ledger[c])} ({best.source})",
                  f"{100 * best.ledger[c] / best.peak_bytes:.1f}%"] for c in CATEGORIES if best.ledger.get(c)]
         rows.append(["**Peak on the GPU**", f"**{d.fmt(best.peak_bytes)}** ({best.source})", "100%"])
-        if best.host_bytes:
-            rows.append(["Host memory (offloaded)", f"{d.fmt(best.host_bytes)} ({best.source})", ""])
+        for c in CATEGORIES:
+            if best.host_ledger.get(c):
+                rows.append([f"{LABELS[c]} (host)", f"{d.fmt(best.host_ledger[c])} ({best.host_source or best.source})",
+                             ""])
+        if best.host_peak_bytes or best.host_bytes:
+            rows.append(["**Peak in host memory**",
+                         f"**{host_peak_text(best, d.fmt)}** ({best.host_source or best.source})", ""])
         lines += ["### Memory ledger of the winner", ""] + _table(["category", "bytes", "share"], rows)
     if d.exports:
         lines += ["### Exports", ""]

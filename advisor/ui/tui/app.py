@@ -139,6 +139,8 @@ class AdvisorApp(App[int]):
         head.append(f"{i.model_name}", style="bold")
         head.append(f" · {i.fmt(i.budget.bytes)} budget, {i.headroom:.0%} headroom · {i.backend} · study "
                     f"{i.study_name} · {i.gpu_name}")
+        hb = i.description.host_budget
+        head.append(f" · host {hb.text}" if hb is not None else " · host not checked")
         t = Text(overflow="ellipsis", no_wrap=True)
         t.append(f"{b.finished_count()}/{i.trials or '?'} trials, {len(b.pruned())} pruned · ")
         t.append(*self.activity())

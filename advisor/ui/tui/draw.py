@@ -11,6 +11,7 @@ from rich.text import Text
 from advisor.core.fit import usable_bytes
 from advisor.memory.ledger import CATEGORIES, LABELS
 from advisor.search.select import TrialRecord
+from advisor.ui.render import host_peak_text
 
 MARK = {"estimated": "e", "simulated": "s", "measured": "m", "predicted": "p", "prior": "~"}
 LEGEND = "marks: e estimated · s simulated · m measured · p predicted · ~ prior"
@@ -95,8 +96,8 @@ def ledger_lines(record: TrialRecord, budget_bytes: int, headroom: float, fmt, w
         axis.append(" " * pad)
         axis.append(label, style="red")
     lines.append(axis)
-    if record.host_bytes:
-        lines.append(Text(f"{'Host memory (offload)':<{LABEL_W}} {fmt(record.host_bytes)} in CPU RAM", style="dim"))
+    if record.host_peak_bytes or record.host_bytes:
+        lines.append(Text(f"{'Host memory peak':<{LABEL_W}} {host_peak_text(record, fmt)}", style="dim"))
     return lines
 
 

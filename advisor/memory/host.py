@@ -1,0 +1,245 @@
+"""The host ledger: the host (CPU) memory of a training run, split by how the libraries really allocate it.
+
+- **Pinned** (page-locked) memory comes from torch's CachingHostAllocator, which rounds every request up to
+  a power of two (torch/include/ATen/core/CachingHostAllocator.h:302-309, ``c10::llvm::PowerOf2Ceil`` up to
+  ``pinned_max_round_threshold``, unlimited by default: c10/core/AllocatorConfig.h:361) and keeps freed blocks
+  for reuse. transformers' checkpoint offload (``save_on_cpu(pin_memory=True)``, torch/autograd/graph.py:400-414;
+  transformers modeling_utils.py:3160-3166), TRL's OffloadActivations (trl/models/activation_offloading.py:319,
+  ``empty_like(..., pin_memory=True)``), the exported train.py's offload and DeepSpeed's ``pin_memory`` (its
+  accelerator calls ``tensor.pin_memory()``, deepspeed/accelerator/abstract_accelerator.py:275-339, unless
+  ``DS_PIN_MEMORY_BACKEND=native``) all allocate through it, so a pinned tensor costs its power-of-two block.
+- **Pageable** memory is ordinary malloc'd memory: DeepSpeed's CPU Adam moments (``torch.zeros_like`` of the
+  fp32 partition, deepspeed/ops/adam/cpu_adam.py:161-164, never pinned), ZeRO-3's fp32 partition
+  (stage3.py:1158-1160, a ``clone`` of a CPU tensor), and a paged optimizer's states evicted to the host:
+  bitsandbytes allocates them with cudaMallocManaged (``get_paged``, bitsandbytes/functional.py); they live on
+  the host only while the driver keeps them evicted (advisor.memory.training.paged_spill models how much).
+- **Loading**: the exported train.py loads a 4/8-bit model with a ``device_map`` (one tensor staged on the host
+  at a time: transformers core_model_loading.py:1461-1466 ``_materialize_copy``, loaded synchronously when
+  quantizing on the fly, :1862-1871), and any other model onto the CPU whole before the Trainer moves it to the
+  GPU (no ``device_map``: every parameter materialized on the host). The safetensors file itself is mapped
+  (page cache, which the kernel reclaims) and is not counted.
+- **The process**: Python and the training libraries (advisor/data/host_memory.yaml ``process_baseline``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Iterable
+
+from advisor.core.catalog import ModelSpec
+from advisor.core.plan import DTYPE_BYTES, Plan, lora_target_modules
+from advisor.memory.ledger import HostMemory
+
+DEEPSPEED_PIN_MEMORY = True
+"""``offload_optimizer.pin_memory`` and ``offload_param.pin_memory`` as advisor/configs/_deepspeed.py writes
+them (tests/test_host_memory.py holds the two together)."""
+ZERO3_SUB_GROUP = 1_000_000_000
+"""DeepSpeed's default ``sub_group_size`` (deepspeed/runtime/zero/config.py:182): ZeRO-3 splits the trainable
+partition into sub-groups of about this many elements, each with its own fp32 gradient buffer."""
+ZERO3_PERSISTENCE = 100_000
+"""DeepSpeed's default ``stage3_param_persistence_threshold`` (zero/config.py:228): parameters of at most this many
+elements stay on the GPU under ZeRO-3 (partition_parameters.py:1292, ``ds_persist``), the rest go to the host."""
+OFFLOAD_MIN_BYTES = 1024
+"""TRL's ``min_offload_size`` (trl/models/activation_offloading.py:128): smaller saved tensors stay on the GPU."""
+SHARDED = ("optimizer_states", "master_weights", "gradients", "weights")
+"""Host categories that ZeRO partitions across data-parallel ranks (activations are each rank's own)."""
+
+
+def pinned_block_bytes(nbytes: int) -> int:
+    """The block torch's CachingHostAllocator allocates for a pinned request of ``nbytes``: the next power of
+    two (ATen/core/CachingHostAllocator.h:302-309)."""
+    n = int(nbytes)
+    return 0 if n <= 0 else 1 << (n - 1).bit_length()
+
+
+def pinned_bytes_of(sizes: Iterable[int] | Counter) -> int:
+    """Pinned blocks of tensors of these byte sizes (a Counter: size -> how many)."""
+    counts = sizes if isinstance(sizes, Counter) else Counter(int(s) for s in sizes)
+    return int(sum(pinned_block_bytes(s) * n for s, n in counts.items()))
+
+
+@lru_cache(maxsize=1)
+def process_baseline_bytes() -> int:
+    """The training process before it loads weights (advisor/data/host_memory.yaml ``process_baseline``)."""
+    from advisor.core.data_files import load_data_file
+
+    return int(load_data_file("host_memory.yaml")["process_baseline"]["bytes"])
+
+
+# ----------------------------------------------------------------------------- parameter tensors
+
+def param_tensors(model: ModelSpec) -> Counter:
+    """Elements of every parameter tensor of the model: numel -> how many (linears, biases, norms, embedding,
+    an untied output head, the final norm)."""
+    arch = model.arch or {}
+    c: Counter = Counter()
+    L = model.num_layers
+    for i, o in model.linear_shapes().values():
+        c[i * o] += L
+    for n in model.layer_bias_params().values():
+        c[n] += L
+    c[model.hidden_size] += L * arch.get("norms_per_layer", 2) + 1  # layer norms and the final norm
+    if arch.get("qk_norm"):
+        c[model.head_dim] += 2 * L
+    c[model.embedding_params] += 1
+    if model.lm_head_params:
+        c[model.lm_head_params] += 1
+    return c
+
+
+def trainable_tensors(model: ModelSpec, plan: Plan) -> Counter:
+    """Elements of every trainable tensor: LoRA's A (r x in) and B (out x r) per targeted module and layer (and
+    DoRA's magnitude vector), or every parameter for a full fine-tune."""
+    if not plan.peft:
+        return param_tensors(model)
+    shapes = model.linear_shapes()
+    c: Counter = Counter()
+    for m in lora_target_modules(plan, list(shapes)):
+        i, o = shapes[m]
+        c[plan.lora_r * i] += model.num_layers
+        c[plan.lora_r * o] += model.num_layers
+        if plan.dora:
+            c[o] += model.num_layers
+    return c
+
+
+def _sixteen_bit(plan: Plan) -> int:
+    """Bytes of DeepSpeed's low-precision copy: bf16 or fp16 when the exported config enables either, else fp32
+    (advisor/configs/_deepspeed.py sets ``bf16.enabled`` / ``fp16.enabled`` from the plan's precision)."""
+    return 2 if plan.precision in ("bf16", "fp16", "mixed_bf16", "mixed_fp16") else 4
+
+
+# ----------------------------------------------------------------------------- DeepSpeed ZeRO-Offload
+
+@dataclass(frozen=True)
+class HostBuffer:
+    """One kind of host tensor DeepSpeed allocates for ZeRO-Offload."""
+
+    name: str
+    """DeepSpeed's attribute (or what it is)."""
+    category: str
+    """The ledger category it counts under."""
+    tensors: Counter
+    """Bytes of each tensor: bytes -> how many."""
+    pinned: bool
+    """Page-locked (then each tensor takes a power-of-two block) or pageable."""
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes allocated: pinned blocks, or the tensors' own bytes."""
+        return pinned_bytes_of(self.tensors) if self.pinned else int(sum(k * v for k, v in self.tensors.items()))
+
+
+def deepspeed_buffers(model: ModelSpec, plan: Plan, pin_optimizer: bool = DEEPSPEED_PIN_MEMORY,
+                      pin_param: bool = DEEPSPEED_PIN_MEMORY) -> list[HostBuffer]:
+    """The host tensors of DeepSpeed ZeRO-Offload on one rank, buffer by buffer as DeepSpeed 0.19 allocates them
+    (tests/test_host_memory.py checks the ZeRO-2 list against a real DeepSpeed engine on the CPU). The HF Trainer
+    hands DeepSpeed one parameter group (transformers integrations/deepspeed.py:669, ``DummyOptim``), so each flat
+    partition is one tensor."""
+    tensors = trainable_tensors(model, plan)
+    n = sum(k * v for k, v in tensors.items())
+    largest = max(tensors) if tensors else 0
+    p16 = _sixteen_bit(plan)
+    one = lambda nbytes: Counter({int(nbytes): 1}) if nbytes else Counter()  # noqa: E731
+    # DeepSpeedCPUAdam: fp32 exp_avg and exp_avg_sq, zeros_like on the CPU: pageable (ops/adam/cpu_adam.py:161-164)
+    out = [HostBuffer("exp_avg, exp_avg_sq", "optimizer_states", Counter({4 * n: 2}) if n else Counter(), False)]
+    if plan.offload == "zero2_cpu":
+        out += [
+            # stage_1_and_2.py:560-565 the fp32 master partition, pinned by offload_optimizer.pin_memory
+            HostBuffer("single_partition_of_fp32_groups", "master_weights", one(4 * n), pin_optimizer),
+            # :566-575 a 16-bit copy of the partition, to send the updated weights back to the GPU
+            HostBuffer("param_buffer_of_bit16_for_cpu_offload_groups", "weights", one(p16 * n), pin_optimizer),
+            # :936-941 the fp32 gradient partition
+            HostBuffer("single_partition_of_fp32_groups[].grad", "gradients", one(4 * n), pin_optimizer),
+            # :656-658 a 16-bit staging buffer the size of the largest parameter
+            HostBuffer("temp_grad_buffer_for_cpu_offload", "gradients", one(p16 * largest), pin_optimizer),
+        ]
+        if plan.grad_accum > 1:
+            # :1822-1825, :2166 with accumulation, a 16-bit buffer per parameter, each pinned on its own
+            out.append(HostBuffer("accumulated_grads_in_cpu", "gradients",
+                                  Counter({p16 * k: v for k, v in tensors.items()}), pin_optimizer))
+        return out
+    # ZeRO-3: every parameter over the persistence threshold is partitioned to the host as it is made, each pinned
+    # on its own by offload_param.pin_memory (partition_parameters.py:1836-1843)
+    p_w = DTYPE_BYTES[plan.param_dtype]
+    offloaded = {k: v for k, v in param_tensors(model).items() if k > ZERO3_PERSISTENCE}
+    groups = Counter({ZERO3_SUB_GROUP: n // ZERO3_SUB_GROUP})
+    if n % ZERO3_SUB_GROUP:
+        groups[n % ZERO3_SUB_GROUP] += 1
+    out += [
+        HostBuffer("ds_tensor (parameter partitions)", "weights", Counter({p_w * k: v for k, v in offloaded.items()}),
+                   pin_param),
+        # stage3.py:906 the trainable partitions copied into one flat buffer, pinned whatever the setting; their
+        # first blocks stay in torch's host cache (freed pinned blocks are kept for reuse)
+        HostBuffer("param_groups_fp16_flat_cpu_memory", "weights", one(p16 * n), True),
+        # stage3.py:1158-1160 the fp32 partition, a clone of a CPU tensor: pageable
+        HostBuffer("fp32_partitioned_groups_flat", "master_weights", one(4 * n), False),
+        # stage3.py:790-795 the flat gradient buffer in the accumulation dtype (the model's: engine.py:1806)
+        HostBuffer("grad_partitions_flat_buffer", "gradients", one(p16 * n), pin_optimizer),
+        # stage3.py:1338-1342 an fp32 gradient buffer per sub-group of sub_group_size elements
+        HostBuffer("fp32_partitioned_groups_flat[].grad", "gradients", Counter({4 * k: v for k, v in groups.items()}),
+                   pin_optimizer),
+    ]
+    return out
+
+
+def deepspeed_host(model: ModelSpec, plan: Plan, pin_optimizer: bool = DEEPSPEED_PIN_MEMORY,
+                   pin_param: bool = DEEPSPEED_PIN_MEMORY) -> tuple[dict[str, int], dict[str, int], list[str]]:
+    """(pinned, pageable, notes): ``deepspeed_buffers`` summed per category and kind."""
+    pinned: dict[str, int] = {}
+    pageable: dict[str, int] = {}
+    for b in deepspeed_buffers(model, plan, pin_optimizer, pin_param):
+        if b.nbytes:
+            target = pinned if b.pinned else pageable
+            target[b.category] = target.get(b.category, 0) + b.nbytes
+    stage = "ZeRO-2 offload (DeepSpeed stage_1_and_2.py)" if plan.offload == "zero2_cpu" else \
+        "ZeRO-3 offload (DeepSpeed stage3.py, partition_parameters.py)"
+    kinds = ", ".join(f"{k} {'pinned' if v else 'pageable'}" for k, v in (
+        ("optimizer buffers", pin_optimizer), *((("parameters", pin_param),) if plan.offload == "zero3_cpu" else ())))
+    return pinned, pageable, [f"{stage}: {kinds} (pin_memory), CPU Adam moments pageable"]
+
+
+# ----------------------------------------------------------------------------- loading
+
+def load_host_bytes(model: ModelSpec, plan: Plan) -> tuple[int, str]:
+    """(host bytes, what) of loading the model as the exported train.py does (see the module docstring)."""
+    p = DTYPE_BYTES[plan.param_dtype]
+    largest = max(param_tensors(model)) * p
+    if plan.offload == "zero3_cpu":
+        # zero.Init partitions each parameter as it is made; loading gathers one module at a time
+        # (transformers integrations/deepspeed.py _load_state_dict_into_zero3_model)
+        return int(largest), "one tensor staged at a time (zero.Init)"
+    if plan.quantized and plan.offload == "none":
+        return int(largest), "one tensor staged at a time (device_map, quantized as it loads)"
+    return int(model.params_total * p), "the whole model on the CPU before the Trainer moves it to the GPU"
+
+
+# ----------------------------------------------------------------------------- the ledger
+
+def host_memory(model: ModelSpec, plan: Plan, *, activations_pinned: int = 0,
+                spill_bytes: int = 0, notes: Iterable[str] = ()) -> HostMemory:
+    """The host ledger of one rank: DeepSpeed's buffers (offload plans), the offloaded activations (pinned
+    blocks, as the caller counted them), a paged optimizer's spill (pageable), the load and the process."""
+    pinned: dict[str, int] = {}
+    pageable: dict[str, int] = {}
+    out = list(notes)
+    if plan.offload != "none":
+        pinned, pageable, more = deepspeed_host(model, plan)
+        out += more
+    if activations_pinned:
+        pinned["activations"] = pinned.get("activations", 0) + int(activations_pinned)
+        out.append("offloaded activations: pinned, one power-of-two block per saved tensor (torch "
+                   "CachingHostAllocator)")
+    if spill_bytes:
+        pageable["optimizer_states"] = pageable.get("optimizer_states", 0) + int(spill_bytes)
+        out.append("paged optimizer: its spill is CUDA managed memory the driver evicted to the host (pageable)")
+    load, what = load_host_bytes(model, plan)
+    return HostMemory(pinned=pinned, pageable=pageable, load_bytes=load, load_what=what,
+                      baseline_bytes=process_baseline_bytes(), notes=tuple(out))
+
+
+__all__ = ["DEEPSPEED_PIN_MEMORY", "HostBuffer", "deepspeed_buffers", "OFFLOAD_MIN_BYTES", "SHARDED", "ZERO3_PERSISTENCE", "ZERO3_SUB_GROUP", "deepspeed_host",
+           "host_memory", "load_host_bytes", "param_tensors", "pinned_block_bytes", "pinned_bytes_of",
+           "process_baseline_bytes", "trainable_tensors"]
