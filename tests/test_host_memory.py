@@ -23,7 +23,7 @@ from advisor.memory.host import (DEEPSPEED_PIN_MEMORY, deepspeed_buffers, deepsp
                                  pinned_block_bytes, process_baseline_bytes)
 from advisor.runtime.backends import get_backend
 from advisor.runtime.simulate.tiny import tiny_spec
-from advisor.search.select import TrialRecord, select
+from advisor.search.select import Rules, TrialRecord, select
 
 GiB = 2**30
 TINY = dict(num_layers=2, hidden_size=96, intermediate_size=224)
@@ -257,11 +257,11 @@ def _rec(n, tps, host_gib):
 def test_selection_keeps_the_host_rule():
     records = [_rec(0, 1000, 50), _rec(1, 900, 10)]
     assert select(records, 24 * GiB, 0.05, 0.05).best.number == 0  # not checked
-    assert select(records, 24 * GiB, 0.05, 0.05, host_budget_bytes=32 * GiB).best.number == 1
+    assert select(records, 24 * GiB, 0.05, 0.05, rules=Rules(host_budget_bytes=32 * GiB)).best.number == 1
     # a record stored before the host peak was kept: its offloaded bytes decide
     old = TrialRecord(number=2, state="complete", plan={}, plan_short="old", peak_bytes=10 * GiB, tokens_per_s=2000,
                       accuracy_loss=0.01, host_bytes=40 * GiB)
-    assert select([*records, old], 24 * GiB, 0.05, 0.05, host_budget_bytes=32 * GiB).best.number == 1
+    assert select([*records, old], 24 * GiB, 0.05, 0.05, rules=Rules(host_budget_bytes=32 * GiB)).best.number == 1
 
 
 def test_tune_prunes_offload_plans_over_a_small_host_budget(tmp_path, capsys):
