@@ -98,6 +98,11 @@ LEVERS = [
     Plan(method="qlora", quantization="nf4", activation_offload=True, micro_batch=2),
     Plan(method="qlora", quantization="nf4", lora_r=8, activation_offload=True, micro_batch=2, grad_accum=4,
          loss="chunked", optimizer="adamw_torch_4bit"),  # the 24 GB tune's answer (the chunked loss calls the decoder)
+    # LLM.int8 keeps each linear's input on its autograd context, out of reach of checkpointing and of the
+    # offload's saved-tensor hooks (training.int8_held_inputs): the T4 answer of issue 23 was off by half
+    Plan(method="lora", quantization="int8", gradient_checkpointing=True, micro_batch=2),
+    Plan(method="lora", quantization="int8", gradient_checkpointing=True, activation_offload=True, micro_batch=2),
+    Plan(method="lora", quantization="int8", activation_offload=True, micro_batch=2, loss="fused-linear"),
 ]
 
 

@@ -304,7 +304,7 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
         if plan.quantization == "int8":
             # MatMul8bitLt keeps its input on ctx.tensors, not save_for_backward, so checkpointing cannot drop
             # it: every layer keeps its linears' inputs (bitsandbytes/autograd/_functions.py MatMul8bitLt.forward)
-            acts += L * p * T * (2 * h + model.q_dim + model.intermediate_size)
+            acts += L * int8_held_bytes(model, plan)
     else:
         acts = L * layer_acts + final_norm + head_input
         recomputed = 0
@@ -338,7 +338,9 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
     if plan.gradient_checkpointing:
         # the last layer is recomputed first, while every layer's input is still held and before most
         # gradients exist; each layer input is released after its backward (torch.utils.checkpoint)
-        phases["backward-recompute"] = dict(gradients=grads_held, activations=L * p * T * h + recomputed,
+        # every layer's input, and what LLM.int8 linears hold on their context inside the checkpointed layers
+        phases["backward-recompute"] = dict(gradients=grads_held,
+                                            activations=L * (p * T * h + int8_held_bytes(model, plan)) + recomputed,
                                             transient=layer_bwd_temp + autocast_cache)
     else:
         # the last layer's backward, every layer's activations still held (the logits are gone by then)
@@ -605,7 +607,7 @@ def activation_levers(model: ModelSpec, plan: Plan, pb: ParamBreakdown, layer_ac
     x = p * T * model.hidden_size
     chosen = checkpointed_layers(plan, L)
     k = len(chosen)
-    int8 = p * T * (2 * model.hidden_size + model.q_dim + model.intermediate_size) if plan.quantization == "int8" else 0
+    int8 = int8_held_bytes(model, plan)
     top = max(chosen) if chosen else -1
     below_top = top + 1 - k if chosen else 0          # non-checkpointed layers under the top checkpointed one
     last_checkpointed = (L - 1) in chosen
@@ -614,16 +616,19 @@ def activation_levers(model: ModelSpec, plan: Plan, pb: ParamBreakdown, layer_ac
         # each checkpointed layer's input on the host (the rotary tables are keyword arguments bound into the
         # recomputed function, not saved: modeling_layers.GradientCheckpointingLayer); one comes back at a time
         host = k * x
-        held_inputs, back = 0, x
+        # LLM.int8 linears keep their inputs on ctx inside the checkpointed layers too (int8_held_inputs)
+        held_inputs, back = k * int8, x
         rest = (L - k) * layer_acts
         stash = 0
     elif plan.activation_offload:
         # every saved tensor of >= 1 KiB in the decoder that is not a Parameter: the activations, and the
         # transposed views of the linear weights that matmul saves for the input gradient (views are not
         # Parameters); the head and the loss keep theirs on the device (advisor.runtime.build)
-        weight_views = pb.linear * p if not plan.four_bit else 0
-        host = L * layer_acts + weight_views
-        held_inputs, back, rest = 0, 0, 0
+        weight_views = pb.linear * p if not plan.quantized else 0
+        # LLM.int8 linears keep their inputs on ctx, which the hooks never see: they stay on the device (and
+        # o_proj's, the attention output, also goes to the host as the attention saves it)
+        host = L * (layer_acts - sum(int8_held_inputs(model, plan))) + weight_views
+        held_inputs, back, rest = 0, 0, L * int8
         # TRL's forward stash, the last FWD_STASH (5) tensors the last layer saved, still on the device until
         # backward begins: the MLP's gate, activation and up outputs (p*T*i each) and the second norm's fp32
         # input and rsqrt (transformers Qwen2MLP / RMSNorm; traced)
@@ -634,13 +639,35 @@ def activation_levers(model: ModelSpec, plan: Plan, pb: ParamBreakdown, layer_ac
     if plan.activation_offload and not plan.gradient_checkpointing:
         recompute_held, layers_held = None, layer_acts + final_norm + head_input
     else:
-        recompute_held = (held_inputs if not plan.activation_offload else back) + below_top * layer_acts + layer_acts
+        recompute_held = (held_inputs if not plan.activation_offload else back + k * int8) + below_top * layer_acts \
+            + layer_acts
         layers_held = None if last_checkpointed else loss - stash
     what = (f"checkpointing {k} of {L} layers" if plan.gradient_checkpointing else "no checkpointing") + \
         (", activations offloaded to pinned host memory" if plan.activation_offload else "")
     return {"loss": loss, "recomputed": layer_acts if chosen else 0, "host": int(host), "recompute": recompute_held,
             "layers": layers_held, "end": (x if chosen else 0) + (layer_acts if chosen else layer_acts),
             "stash": stash, "note": what}
+
+
+def int8_held_inputs(model: ModelSpec, plan: Plan) -> list[int]:
+    """The inputs LLM.int8 linears hold as plain attributes of their autograd context (bitsandbytes
+    MatMul8bitLt.forward: ``ctx.tensors = (CAt, subA, A)``), not through save_for_backward, so that saved-tensor
+    hooks (activation offload, checkpointing) never see them: q/k/v's and gate/up's shared inputs (the norms'
+    outputs) and down_proj's. (o_proj's is the attention output, which the attention saves as well.)"""
+    if plan.quantization != "int8":
+        return []
+    p = DTYPE_BYTES[plan.activation_dtype]
+    T = plan.micro_batch * plan.seq_len
+    return [p * T * model.hidden_size, p * T * model.hidden_size, p * T * model.intermediate_size]
+
+
+def int8_held_bytes(model: ModelSpec, plan: Plan) -> int:
+    """What one layer's LLM.int8 linears hold on their autograd context whatever hooks or checkpointing do:
+    int8_held_inputs, and o_proj's input (the attention output)."""
+    if plan.quantization != "int8":
+        return 0
+    return sum(int8_held_inputs(model, plan)) + DTYPE_BYTES[plan.activation_dtype] * plan.micro_batch * \
+        plan.seq_len * model.q_dim
 
 
 def offloaded_activation_blocks(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
@@ -656,7 +683,9 @@ def offloaded_activation_blocks(model: ModelSpec, plan: Plan, pb: ParamBreakdown
     if plan.gradient_checkpointing:
         return len(checkpointed_layers(plan, L)) * pinned_block_bytes(p * T * model.hidden_size)
     per_layer = [int(x) for x in layer_saved_tensors(model, plan, pb) if x >= OFFLOAD_MIN_BYTES]
-    if not plan.four_bit:
+    for held in int8_held_inputs(model, plan):  # never offloaded: held on the int8 linears' ctx
+        per_layer.remove(held)
+    if not plan.quantized:
         per_layer += [i * o * p for i, o in model.linear_shapes().values()]
     return L * pinned_bytes_of(per_layer)
 
