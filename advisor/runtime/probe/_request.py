@@ -46,6 +46,10 @@ class ProbeRequest:
     """Seed of weights and synthetic data."""
     fault: str = "none"
     """A fault to inject for real (see FAULTS)."""
+    learning_rate: float | None = None
+    """Constant learning rate of every parameter group (None: the optimizer's as Trainer builds it, whose
+    TrainingArguments default 5e-5 memory and speed do not depend on; the finalists' quality runs set the
+    rate an export trains with)."""
 
     def write(self, path: Path) -> None:
         d = asdict(self)

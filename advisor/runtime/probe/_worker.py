@@ -91,6 +91,22 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[int(rank) - 1]
 
 
+def set_learning_rate(optimizer: Any, plan: Any, lr: float) -> str:
+    """Every parameter group of ``optimizer`` at the constant rate ``lr`` (no schedule); the note saying so.
+
+    LOMO and AdaLomo take their rate as an argument of ``fused_backward`` (advisor.runtime.build), not from
+    their groups: for them the note says the rate stayed Trainer's default."""
+    if plan.optimizer in ("lomo", "adalomo"):
+        return (f"learning rate {lr:g} asked for, but {plan.optimizer} steps inside backward at the rate "
+                "build.TRAINER_DEFAULT_LEARNING_RATE passes: not applied")
+    groups = list(getattr(optimizer, "param_groups", None) or [])
+    for per_param in (getattr(optimizer, "optimizer_dict", None) or {}).values():  # layer-wise GaLore
+        groups += list(per_param.param_groups)
+    for group in groups:
+        group["lr"] = lr
+    return f"learning rate {lr:g}, constant, on {len(groups)} parameter groups"
+
+
 def run(req: ProbeRequest, events: Events) -> dict[str, Any]:
     import statistics
 
@@ -182,6 +198,8 @@ def run(req: ProbeRequest, events: Events) -> dict[str, Any]:
 
             stepper = DeepSpeedStepper(setup, plan, on)
             notes.append(f"DeepSpeed {plan.offload}: optimizer states in host memory")
+        if req.learning_rate is not None:
+            notes.append(set_learning_rate(getattr(stepper, "optimizer", None), plan, req.learning_rate))
         if tracker is not None:
             tracker.track_all(_memory.module_tensors(setup.model, setup.optimizer))
         load = peaks()
