@@ -42,6 +42,12 @@ def add_parser(subs) -> None:
     p.add_argument("--data", metavar="FILE",
                    help="your training documents (JSONL with \"text\", text, or one token length per line): memory at "
                         "the longest batch unless packed, tokens/s in real tokens; adds packing to the search")
+    p.add_argument("--weights", metavar="DIR",
+                   help="real weights of --model (safetensors / bin): with --data and --backend cuda (or cpu for small "
+                        "models), the finalists train a short run each and their measured loss replaces the quality prior")
+    p.add_argument("--quality-tokens", type=positive_int("--quality-tokens"), metavar="N",
+                   help="training tokens of each finalist's quality run (default: 30 optimizer steps of the largest "
+                        "step; rounded up to whole steps of every finalist)")
     p.add_argument("--probe-steps", type=positive_int("--probe-steps"), default=3, help="measured steps per probe")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
     add_gpus_flags(p)
@@ -73,13 +79,21 @@ def build_settings(args: argparse.Namespace):
         if not any(o.split("=", 1)[0].strip() == "packing" for o in args.overrides):
             space.search["packing"] = [False, True]  # with real lengths packing is a real trade-off
     backend = resolve_backend(args.backend, target.detected)
+    weights = None
+    if getattr(args, "weights", None):
+        from advisor.search.finalists import check_data, check_weights, why_not_measured
+
+        weights = check_weights(args.weights)
+        if not why_not_measured(backend, weights, data):
+            check_data(args.data)  # the quality runs need documents to hold out: said now, not after the study
     name = args.study or default_study_name(target.model, target.budget, space)
     storage = args.storage or default_storage(name, args.reports_dir)
     return TuneSettings(model=target.model, space=space, budget=target.budget, gpu=target.gpu,
                         gpu_assumed=target.gpu_assumed, backend=backend, storage=storage, study_name=name,
                         trials=args.trials or space.trials, headroom=args.headroom, tolerance=args.accuracy_tolerance,
                         seed=args.seed, probe_options=BackendOptions(steps=args.probe_steps),
-                        heartbeat_seconds=args.heartbeat, gpus=args.gpus, sharding=args.sharding, data=data)
+                        heartbeat_seconds=args.heartbeat, gpus=args.gpus, sharding=args.sharding, data=data,
+                        weights=weights, quality_tokens=getattr(args, "quality_tokens", None))
 
 
 def check_budget_reachable(settings) -> None:
@@ -128,17 +142,50 @@ def run(args: argparse.Namespace) -> int:
               "to continue", file=sys.stderr)
         return 130
     progress.stop()
-    selection = tuner.selection()
+    try:
+        quality = measure_quality(tuner, quiet=args.json)
+    except KeyboardInterrupt:
+        print(f"interrupted during the finalists' quality runs: study {settings.study_name!r} is saved in "
+              f"{redact(settings.storage)}; run the same command to measure them", file=sys.stderr)
+        return 130
+    selection = with_quality_lines(tuner.selection(), quality, settings)
     records = tuner.records()
     exports = {}
     if args.export and selection.best is not None:
         exports = export_best(settings, selection.best, args.export)
-    result = tune_result(settings, records, selection, exports)
+    result = tune_result(settings, records, selection, exports, quality)
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     else:
         print_tune_result(settings, records, selection, exports)
     return 0 if selection.best is not None else 1
+
+
+def measure_quality(tuner, quiet: bool = False):
+    """The finalists' measured quality (advisor.search.finalists) when the study can measure it (or measured it
+    before), else None."""
+    from advisor.search.finalists import run_finalists
+
+    s = tuner.s
+    say = None if quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    return run_finalists(tuner, tokens=s.quality_tokens, on_progress=say)
+
+
+def with_quality_lines(selection, quality, settings):
+    """The selection with its explanation saying where the answer's quality comes from: measured over N tokens
+    (the finalists' runs), or priors and why nothing was measured; after the "Chosen" line."""
+    from dataclasses import replace
+
+    from advisor.search.finalists import why_not_measured
+    from advisor.search.measured import measured_lines, prior_line
+
+    if quality is not None:
+        lines = measured_lines(quality, selection.best)
+    else:
+        why = why_not_measured(settings.backend, settings.weights, settings.data) or "the study has no finalist"
+        lines = [prior_line(why)]
+    head = selection.explanation[:1]
+    return replace(selection, explanation=[*head, *lines, *selection.explanation[1:]])
 
 
 def export_best(settings, best, out_dir: str) -> dict[str, str]:
@@ -148,7 +195,8 @@ def export_best(settings, best, out_dir: str) -> dict[str, str]:
     return {k: str(v) for k, v in paths.items()}
 
 
-def tune_result(settings, records, selection, exports) -> dict:
+def tune_result(settings, records, selection, exports, quality=None) -> dict:
+    from advisor.search.finalists import why_not_measured
     from advisor.search.storage import redact
 
     best = selection.best
@@ -172,4 +220,7 @@ def tune_result(settings, records, selection, exports) -> dict:
                     "tokens_per_s": t.tokens_per_s, "accuracy_loss": t.accuracy_loss} for t in selection.pareto],
         "trials": [r.to_dict() for r in records],
         "exports": exports,
+        "quality": quality.to_dict() if quality is not None else {
+            "source": "prior", "why": why_not_measured(settings.backend, settings.weights, settings.data)
+            or "the study has no finalist"},
     }

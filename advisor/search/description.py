@@ -3,7 +3,7 @@
 It travels as JSON in the Optuna study's user attribute "advisor" (``to_dict`` / ``from_dict``, a
 tested round trip), and every reader rebuilds the model, GPU, budget and space from it in this one
 way: the tuner (and a worker joining the study), `advisor export`, `advisor report` and the TUI.
-Studies written before this type existed (missing task, gpus, sharding; older ModelSpec / GpuSpec
+Studies written before this type existed (missing task, gpus, sharding, weights; older ModelSpec / GpuSpec
 fields) still load.
 """
 
@@ -54,6 +54,8 @@ class StudyDescription:
     """Data-parallel GPUs of the target run (the budget is per GPU)."""
     sharding: str = DEFAULT_SHARDING
     """How model state is split across ``gpus`` (advisor.memory.sharding)."""
+    weights: str | None = None
+    """Directory of the model's real weights (--weights) the finalists trained from; None: not given."""
     versions: dict[str, Any] = field(default_factory=dict, compare=False)
     """Library versions when the study was made."""
     environment: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -69,7 +71,7 @@ class StudyDescription:
                 "budget": {"bytes": self.budget.bytes, "text": self.budget.text, "unit": self.budget.unit},
                 "space": self.space.to_dict(), "backend": self.backend, "headroom": self.headroom,
                 "tolerance": self.tolerance, "seed": self.seed, "trials": self.trials, "task": self.task,
-                "gpus": self.gpus, "sharding": self.sharding, "versions": dict(self.versions),
+                "gpus": self.gpus, "sharding": self.sharding, "weights": self.weights, "versions": dict(self.versions),
                 "environment": dict(self.environment)}
 
     @classmethod
@@ -83,6 +85,7 @@ class StudyDescription:
                    headroom=float(d.get("headroom", HEADROOM)), tolerance=float(d.get("tolerance", ACCURACY_TOLERANCE)),
                    seed=int(d.get("seed", 0)), trials=int(d.get("trials") or space.trials),
                    task=d.get("task", "train"), gpus=int(d.get("gpus", 1)), sharding=d.get("sharding", DEFAULT_SHARDING),
+                   weights=d.get("weights"),
                    versions=dict(d.get("versions") or {}), environment=dict(d.get("environment") or {}))
 
 

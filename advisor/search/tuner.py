@@ -29,6 +29,7 @@ from advisor.runtime.backends import BackendFailed, BackendOptions, get_backend
 from advisor.search.accuracy import accuracy_prior
 from advisor.search.description import ATTR, StudyDescription
 from advisor.search.ladder import ladder
+from advisor.search.measured import apply_measured
 from advisor.search.select import ACCURACY_TOLERANCE, TIE, Selection, TrialRecord, select
 from advisor.search.space import Conditions, DeadEnd, SearchSpace, model_rules, plan_from_params
 from advisor.search.storage import Heartbeat, is_sqlite, make_storage, study_lock
@@ -69,6 +70,11 @@ class TuneSettings:
     data: Any = None
     """The user's documents (advisor.core.data_profile.DataProfile, --data): memory at the longest batch
     unless packed, tokens/s in real tokens."""
+    weights: str | None = None
+    """Directory of the model's real weights (--weights): with ``data`` and a cpu or cuda backend, the
+    finalists train a short run each from them (advisor.search.finalists)."""
+    quality_tokens: int | None = None
+    """Training tokens of each finalist's run (None: advisor.search.finalists.STEPS steps of the largest step)."""
 
     @property
     def target(self) -> Target:
@@ -80,7 +86,7 @@ class TuneSettings:
                                 backend=self.backend, gpu_assumed=self.gpu_assumed, headroom=self.headroom,
                                 tolerance=self.tolerance, seed=self.seed, trials=self.trials, task="train",
                                 gpus=self.gpus, sharding=self.sharding, versions=library_versions(),
-                                environment=gpu_environment())
+                                environment=gpu_environment(), weights=self.weights)
 
     def describe(self) -> dict[str, Any]:
         return self.description().to_dict()
@@ -92,7 +98,7 @@ class TuneSettings:
         return cls(model=d.model, space=d.space, budget=d.budget, gpu=d.gpu, gpu_assumed=d.gpu_assumed,
                    backend=backend or d.backend, storage=storage, study_name=study_name, trials=d.trials,
                    headroom=d.headroom, tolerance=d.tolerance, seed=d.seed, heartbeat_seconds=heartbeat_seconds,
-                   gpus=d.gpus, sharding=d.sharding)
+                   gpus=d.gpus, sharding=d.sharding, weights=d.weights)
 
 
 def default_study_name(model: ModelSpec, budget: Budget, space: SearchSpace) -> str:
@@ -299,10 +305,15 @@ class Tuner:
             self.study.tell(trial, values=list(values))
 
     def records(self) -> list[TrialRecord]:
-        return [record_from_trial(t) for t in self.study.get_trials(deepcopy=False)]
+        """Every trial's record, the finalists' measured quality laid over them (advisor.search.measured)."""
+        return apply_measured([record_from_trial(t) for t in self.study.get_trials(deepcopy=False)],
+                              self.study.user_attrs)
 
-    def selection(self) -> Selection:
-        return select(self.records(), self.s.budget.bytes, self.s.headroom, self.s.tolerance, self.s.budget.unit)
+    def selection(self, records: list[TrialRecord] | None = None) -> Selection:
+        """The selection over the study's records (or over ``records``: the finalists ask it again without the
+        ones already taken, advisor.search.finalists)."""
+        return select(self.records() if records is None else records, self.s.budget.bytes, self.s.headroom,
+                      self.s.tolerance, self.s.budget.unit)
 
     # -- one trial -----------------------------------------------------------
 

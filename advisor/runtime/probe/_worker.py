@@ -150,7 +150,7 @@ def run(req: ProbeRequest, events: Events) -> dict[str, Any]:
         seed=req.seed)
 
     ref = eval_ids = None
-    window = min(plan.seq_len, 512)
+    window = req.eval_window or min(plan.seq_len, 512)
     if req.weights_dir and req.eval_texts:
         events.emit("phase", phase="reference")
         eval_ids = _data.eval_ids(list(req.eval_texts), req.weights_dir, spec.vocab_size, req.max_eval_tokens)

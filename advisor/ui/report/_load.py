@@ -54,6 +54,7 @@ def open_study(storage: str, name: str | None, folder: Path | None) -> StudySnap
     """Load a study written by `advisor tune` (read only)."""
     import optuna
 
+    from advisor.search.measured import apply_measured
     from advisor.search.tuner import record_from_trial
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -64,7 +65,7 @@ def open_study(storage: str, name: str | None, folder: Path | None) -> StudySnap
         raise AdvisorInputError("--study", "this study was not made by `advisor tune` (no advisor settings recorded)",
                                 name)
     trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
-    records = [record_from_trial(t) for t in trials]
+    records = apply_measured([record_from_trial(t) for t in trials], study.user_attrs)  # the finalists' measured quality
     timings = {t.number: TrialTiming(t.datetime_start, t.datetime_complete) for t in trials}
     return StudySnapshot(name=name, storage=redact(storage), description=StudyDescription.from_dict(settings),
                          records=records, timings=timings,
