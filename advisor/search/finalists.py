@@ -11,7 +11,8 @@ again without the ones already taken), ``FINALISTS`` in all, plus the usual-reci
 same order with the same seed, for the same training tokens: a plan with fewer tokens per optimizer step takes
 more steps (``training_tokens``). It trains at the constant learning rate an export of the plan starts from
 (quality.yaml ``hyperparameters``: AdamW 2e-4 for adapters, 2e-5 for full fine-tuning; a dynamics optimizer's
-own), in a probe child process (advisor.runtime.probe), under the budget on a GPU.
+own), in a probe child process (advisor.runtime.probe), under the budget on a GPU. No 16-bit reference model is
+loaded beside it (the probe's fidelity pass): where QLoRA is the answer, the 16-bit base would not fit.
 
 **The loss compared**, L: cross-entropy per token on documents of --data held out from training (a fixed,
 content-hashed ~10%), after the run, in the same windows for every finalist. Not the mean training loss of the
@@ -51,9 +52,8 @@ STEPS = 30
 """Default length of a run: this many optimizer steps of the finalist with the most tokens per step."""
 HELD_OUT_FRACTION = 0.1
 """Share of --data's documents held out (at least one; never fewer than one left to train on)."""
-EVAL_TOKENS = 4096
-"""Held-out tokens L is computed over at most (the fidelity pass keeps the 16-bit base's log-probabilities of
-each: tokens x vocabulary x 4 B, 2.5 GB for a 152k vocabulary)."""
+EVAL_TOKENS = 8192
+"""Held-out tokens L is computed over at most (in windows of ``EVAL_WINDOW``: one forward each, no backward)."""
 EVAL_WINDOW = 512
 """Longest evaluation window, tokens (the probe's own default)."""
 NOISE_RUNS = 1
@@ -202,11 +202,11 @@ def train_finalist(model: Any, plan: Plan, number: int, *, device: str, weights:
     lr = learning_rate(plan)
     r = run_probe(model, plan, device=device, steps=steps, warmup=0, timeout=timeout, data=train_file,
                   memory_limit_bytes=budget_bytes, weights_dir=weights, eval_texts=[held_out_file],
-                  max_eval_tokens=eval_tokens, seed=seed, learning_rate=lr, eval_window=eval_window)
+                  max_eval_tokens=eval_tokens, seed=seed, learning_rate=lr, eval_window=eval_window, fidelity=False)
     return FinalistRun(number=number, plan_short=plan.short(), status=r.status, message=r.message, seed=seed,
                        steps=r.steps_done, tokens=r.steps_done * plan.tokens_per_step, learning_rate=lr,
                        held_out_loss=r.eval_loss_after, held_out_loss_before=r.eval_loss_base,
-                       fidelity_kl=r.fidelity_kl, train_losses=tuple(r.losses), wall_s=r.wall_s), r.fidelity_tokens
+                       train_losses=tuple(r.losses), wall_s=r.wall_s), r.fidelity_tokens
 
 
 def pick_reference(runs: list[FinalistRun], priors: dict[int, float], recipe: Any | None) -> tuple[int | None, str]:
@@ -274,7 +274,7 @@ def measure_finalists(model: Any, finalists: list[Any], recipe: Any | None, *, d
 
 
 def _timeout(record: Any, tokens: int) -> float:
-    """Seconds a run may take: loading and the fidelity pass, plus 5x the training time at the speed the study
+    """Seconds a run may take: loading and the two held-out passes, plus 5x the training time at the speed the study
     saw for the plan."""
     tps = record.tokens_per_s or 0.0
     return 600.0 + (5 * tokens / tps if tps > 0 else 3600.0)

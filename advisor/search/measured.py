@@ -51,8 +51,6 @@ class FinalistRun:
     """L: cross-entropy per token on the held-out documents after training (nats)."""
     held_out_loss_before: float | None = None
     """The same before training: the plan's base (quantized or not) on the held-out documents."""
-    fidelity_kl: float | None = None
-    """KL per token of the plan's base from the 16-bit base on the held-out documents (nats)."""
     train_losses: tuple[float, ...] = ()
     """Training loss of each step."""
     wall_s: float = 0.0
@@ -183,7 +181,7 @@ def stored_measurement(study_attrs: dict[str, Any]) -> QualityMeasurement | None
         return None
     try:
         return QualityMeasurement.from_dict(raw)
-    except (TypeError, KeyError, ValueError):
+    except (TypeError, KeyError, ValueError, AttributeError):
         return None  # written by another version: the records keep their priors
 
 

@@ -46,6 +46,9 @@ class ProbeRequest:
     """Seed of weights and synthetic data."""
     fault: str = "none"
     """A fault to inject for real (see FAULTS)."""
+    fidelity: bool = True
+    """With real weights and eval texts: also load the 16-bit base and measure the KL of the plan's base from it
+    (False: the eval losses only, without a second model in memory)."""
     eval_window: int | None = None
     """Tokens per eval window (None: the plan's seq_len, at most 512). Runs whose eval losses are compared
     need the same windows: a window's loss depends on how much context its tokens have."""

@@ -135,7 +135,8 @@ def run_probe(model_spec: Any, plan: Any, *, device: str = "cpu", steps: int = 3
               weights_dir: str | None = None, eval_texts: list[str] | None = None, max_eval_tokens: int = 2048,
               num_layers: int | None = None, quant_impl: str = "auto", seed: int = 0, fault: str = "none",
               on_start: Callable[[int], None] | None = None, keep_dir: str | None = None,
-              learning_rate: float | None = None, eval_window: int | None = None) -> ProbeResult:
+              learning_rate: float | None = None, eval_window: int | None = None,
+              fidelity: bool = True) -> ProbeResult:
     """Run ``plan`` on ``model_spec`` for ``warmup + steps`` optimizer steps in a child process.
 
     Never raises for what happens in the child: out of memory, a crash, a hang past ``timeout``
@@ -144,7 +145,8 @@ def run_probe(model_spec: Any, plan: Any, *, device: str = "cpu", steps: int = 3
     once it runs. Real weights from ``weights_dir`` turn on eval fidelity over ``eval_texts``
     (default: the shipped advisor/data/probes/eval/*.txt). ``keep_dir`` keeps the request, events and child log.
     ``learning_rate`` trains every parameter group at that constant rate (default: the optimizer's own);
-    ``eval_window`` sets the tokens per eval window (default: the plan's seq_len, at most 512).
+    ``eval_window`` sets the tokens per eval window (default: the plan's seq_len, at most 512); ``fidelity=False``
+    keeps the eval losses but loads no 16-bit reference model (no KL).
     """
     from advisor.runtime.probe._data import default_eval_texts
 
@@ -156,7 +158,8 @@ def run_probe(model_spec: Any, plan: Any, *, device: str = "cpu", steps: int = 3
                        data=str(data) if data else None, memory_limit_bytes=memory_limit_bytes,
                        weights_dir=str(weights_dir) if weights_dir else None, eval_texts=tuple(map(str, eval_texts)),
                        max_eval_tokens=max_eval_tokens, num_layers=num_layers, quant_impl=quant_impl, seed=seed,
-                       fault=fault, learning_rate=learning_rate, eval_window=eval_window)
+                       fault=fault, learning_rate=learning_rate, eval_window=eval_window,
+                       fidelity=fidelity)
     work = Path(keep_dir) if keep_dir else Path(tempfile.mkdtemp(prefix="advisor-probe-"))
     work.mkdir(parents=True, exist_ok=True)
     try:

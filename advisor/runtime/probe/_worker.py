@@ -152,11 +152,14 @@ def run(req: ProbeRequest, events: Events) -> dict[str, Any]:
     ref = eval_ids = None
     window = req.eval_window or min(plan.seq_len, 512)
     if req.weights_dir and req.eval_texts:
-        events.emit("phase", phase="reference")
         eval_ids = _data.eval_ids(list(req.eval_texts), req.weights_dir, spec.vocab_size, req.max_eval_tokens)
-        ref = _fidelity.reference_logprobs(req.weights_dir, eval_ids, window, device)
-        if cuda_mem is not None:
-            cuda_mem.nvml_peak = 0  # the reference model is gone (empty_cache): it is not the plan's memory
+        if req.fidelity:
+            events.emit("phase", phase="reference")
+            ref = _fidelity.reference_logprobs(req.weights_dir, eval_ids, window, device)
+            if cuda_mem is not None:
+                cuda_mem.nvml_peak = 0  # the reference model is gone (empty_cache): it is not the plan's memory
+        else:
+            notes.append("eval fidelity not measured (asked): eval loss only, no 16-bit reference model loaded")
     elif not req.weights_dir:
         notes.append("random weights: eval fidelity and eval loss not measured")
 
@@ -207,10 +210,12 @@ def run(req: ProbeRequest, events: Events) -> dict[str, Any]:
         out["load_reserved_bytes"] = load["reserved"]
         events.emit("loaded", **load)
 
-        if ref is not None:
-            events.emit("phase", phase="fidelity")
+        if eval_ids is not None:
+            events.emit("phase", phase="fidelity" if ref is not None else "eval")
             ev = _fidelity.evaluate(setup.model, eval_ids, window, device, plan, ref)
-            out.update(fidelity_kl=ev["kl"], eval_loss_base=ev["eval_loss"], fidelity_tokens=ev["tokens"])
+            out.update(eval_loss_base=ev["eval_loss"], fidelity_tokens=ev["tokens"])
+            if ref is not None:
+                out["fidelity_kl"] = ev["kl"]
 
         step_peaks, times, losses, grads, peak_phase = [], [], [], 0, ""
         nvml_peak = reserved_peak = 0
