@@ -21,7 +21,8 @@ from advisor.core.errors import AdvisorInputError
 from advisor.core.plan import Plan
 from advisor.runtime.probe._tiny import tiny_model_dir
 from advisor.search.finalists import (check_weights, choose_finalists, learning_rate, measure_finalists,
-                                      split_documents, training_tokens, why_not_measured)
+                                      split_documents, steps_for, training_tokens,
+                                      why_not_measured)
 from advisor.search.measured import (ATTR, FinalistRun, QualityMeasurement, apply_measured, measured_lines,
                                      prior_line, stored_measurement)
 from advisor.search.select import TrialRecord, select
@@ -92,6 +93,11 @@ def test_every_finalist_trains_the_same_tokens_in_whole_steps():
     assert training_tokens([big, small], tokens=1000) == 1024  # rounded up to whole steps of every plan
     total = training_tokens([big, small, odd], tokens=4096)
     assert all(total % p.tokens_per_step == 0 for p in (big, small, odd)) and total >= 4096
+    # steps with no common measure (sequence lengths 1000 and 1024): each reaches the target within one step
+    a, b = Plan(method="lora", seq_len=1000, micro_batch=8), Plan(method="lora", seq_len=1024, micro_batch=8)
+    total = training_tokens([a, b], steps=30)
+    assert total == 30 * 8192
+    assert [steps_for(p, total) for p in (a, b)] == [31, 30]  # 248,000 and 245,760 tokens
 
 
 def test_held_out_documents_are_a_fixed_tenth_never_trained_on():
@@ -186,7 +192,7 @@ def test_quality_is_measured_only_with_real_runs_weights_and_text():
 def test_weights_must_be_a_directory_of_weights(tmp_path, tiny):
     with pytest.raises(AdvisorInputError, match="no such directory"):
         check_weights(str(tmp_path / "nowhere"))
-    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "config.json").write_text("{}")  # a config alone is no weights
     with pytest.raises(AdvisorInputError, match="no weight files"):
         check_weights(str(tmp_path))
     assert check_weights(str(tiny[0])) == str(tiny[0].resolve())
@@ -213,6 +219,10 @@ def test_without_real_runs_the_answer_says_its_quality_is_a_prior(tmp_path, caps
     assert code == 0 and d["quality"]["source"] == "prior" and "estimate backend" in d["quality"]["why"]
     assert d["explanation"][1].startswith("Quality: priors") and "estimate backend" in d["explanation"][1]
     assert all(t["accuracy_source"] != "measured" for t in d["trials"])
+    from advisor.ui.report._data import gather
+    from advisor.ui.report._load import open_study
+
+    assert gather(open_study(d["storage"], d["study"], None)).selection.explanation == d["explanation"]
 
 
 def test_the_study_description_keeps_the_weights_and_old_studies_load():
@@ -340,6 +350,9 @@ def test_tune_on_the_cpu_measures_the_finalists_end_to_end(tmp_path, capsys, tin
     snap = open_study(d["storage"], d["study"], None)
     assert {r.number: r.accuracy_source for r in snap.records if r.number in {t["number"] for t in measured}} \
         == {t["number"]: "measured" for t in measured}
+    from advisor.ui.report._data import gather
+
+    assert gather(snap).selection.explanation == d["explanation"]  # the same quality lines as tune printed
     # the same command again: the study's measurement is reused, nothing is trained
     def no_probe(*a, **k):
         raise AssertionError("the finalists were trained again")

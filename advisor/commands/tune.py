@@ -116,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
 
         refuse_study_flags(args)
         return run_inference(args)
+    from advisor.search.measured import WHY_ATTR, study_quality_lines
     from advisor.search.storage import redact
     from advisor.search.tuner import Tuner
 
@@ -148,12 +149,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"interrupted during the finalists' quality runs: study {settings.study_name!r} is saved in "
               f"{redact(settings.storage)}; run the same command to measure them", file=sys.stderr)
         return 130
-    selection = with_quality_lines(tuner.selection(), quality, settings)
+    selection = study_quality_lines(tuner.selection(), tuner.study.user_attrs)
     records = tuner.records()
     exports = {}
     if args.export and selection.best is not None:
         exports = export_best(settings, selection.best, args.export)
-    result = tune_result(settings, records, selection, exports, quality)
+    result = tune_result(settings, records, selection, exports, quality,
+                         tuner.study.user_attrs.get(WHY_ATTR, ""))
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     else:
@@ -163,29 +165,16 @@ def run(args: argparse.Namespace) -> int:
 
 def measure_quality(tuner, quiet: bool = False):
     """The finalists' measured quality (advisor.search.finalists) when the study can measure it (or measured it
-    before), else None."""
-    from advisor.search.finalists import run_finalists
+    before), else None; then the study keeps why (advisor.search.measured.WHY_ATTR), for `advisor report`."""
+    from advisor.search.finalists import run_finalists, why_not_measured
+    from advisor.search.measured import WHY_ATTR
 
     s = tuner.s
     say = None if quiet else (lambda line: print(line, file=sys.stderr, flush=True))
-    return run_finalists(tuner, tokens=s.quality_tokens, on_progress=say)
-
-
-def with_quality_lines(selection, quality, settings):
-    """The selection with its explanation saying where the answer's quality comes from: measured over N tokens
-    (the finalists' runs), or priors and why nothing was measured; after the "Chosen" line."""
-    from dataclasses import replace
-
-    from advisor.search.finalists import why_not_measured
-    from advisor.search.measured import measured_lines, prior_line
-
-    if quality is not None:
-        lines = measured_lines(quality, selection.best)
-    else:
-        why = why_not_measured(settings.backend, settings.weights, settings.data) or "the study has no finalist"
-        lines = [prior_line(why)]
-    head = selection.explanation[:1]
-    return replace(selection, explanation=[*head, *lines, *selection.explanation[1:]])
+    quality = run_finalists(tuner, tokens=s.quality_tokens, on_progress=say)
+    if quality is None:
+        tuner.study.set_user_attr(WHY_ATTR, why_not_measured(s.backend, s.weights, s.data) or "the study has no finalist")
+    return quality
 
 
 def export_best(settings, best, out_dir: str) -> dict[str, str]:
@@ -195,8 +184,7 @@ def export_best(settings, best, out_dir: str) -> dict[str, str]:
     return {k: str(v) for k, v in paths.items()}
 
 
-def tune_result(settings, records, selection, exports, quality=None) -> dict:
-    from advisor.search.finalists import why_not_measured
+def tune_result(settings, records, selection, exports, quality=None, why_not: str = "") -> dict:
     from advisor.search.storage import redact
 
     best = selection.best
@@ -220,7 +208,5 @@ def tune_result(settings, records, selection, exports, quality=None) -> dict:
                     "tokens_per_s": t.tokens_per_s, "accuracy_loss": t.accuracy_loss} for t in selection.pareto],
         "trials": [r.to_dict() for r in records],
         "exports": exports,
-        "quality": quality.to_dict() if quality is not None else {
-            "source": "prior", "why": why_not_measured(settings.backend, settings.weights, settings.data)
-            or "the study has no finalist"},
+        "quality": quality.to_dict() if quality is not None else {"source": "prior", "why": why_not},
     }

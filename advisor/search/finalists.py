@@ -56,6 +56,8 @@ EVAL_TOKENS = 8192
 """Held-out tokens L is computed over at most (in windows of ``EVAL_WINDOW``: one forward each, no backward)."""
 EVAL_WINDOW = 512
 """Longest evaluation window, tokens (the probe's own default)."""
+LCM_SLACK = 4
+"""Largest common multiple of the finalists' steps accepted, in targets (``training_tokens``)."""
 NOISE_RUNS = 1
 """Extra runs of the reference with another seed and document order (0: no noise estimate)."""
 RECIPE_MARK = "recipe"
@@ -73,8 +75,6 @@ def check_weights(path: str) -> str:
         raise AdvisorInputError("--weights", "no such directory", path)
     if not any(next(p.glob(pattern), None) for pattern in WEIGHT_FILES):
         raise AdvisorInputError("--weights", f"no weight files ({', '.join(WEIGHT_FILES)}) in the directory", path)
-    if not (p / "config.json").is_file():
-        raise AdvisorInputError("--weights", "no config.json in the directory (the 16-bit base is loaded from it)", path)
     return str(p.resolve())
 
 
@@ -142,11 +142,20 @@ def choose_finalists(records: list[Any], best_of: Callable[[list[Any]], Any | No
 
 def training_tokens(plans: list[Plan], steps: int = STEPS, tokens: int | None = None) -> int:
     """Training tokens every finalist runs: ``tokens`` (default ``steps`` steps of the largest step) rounded
-    up to a whole number of steps of every plan (their tokens per step's least common multiple)."""
+    up to a whole number of steps of every plan (their tokens per step's least common multiple), unless that
+    multiple is over ``LCM_SLACK`` times the target (sequence lengths with no common measure): then the target,
+    each plan running the whole steps that reach it (``steps_for``: within one step of it)."""
     per_step = [p.tokens_per_step for p in plans]
     target = tokens or steps * max(per_step)
     common = math.lcm(*per_step)
+    if common > LCM_SLACK * target:
+        return target
     return common * max(1, -(-target // common))
+
+
+def steps_for(plan: Plan, tokens: int) -> int:
+    """Optimizer steps of ``plan`` that reach ``tokens`` (exactly when its step divides them)."""
+    return max(1, -(-tokens // plan.tokens_per_step))
 
 
 def learning_rate(plan: Plan) -> float:
@@ -198,7 +207,7 @@ def train_finalist(model: Any, plan: Plan, number: int, *, device: str, weights:
     documents; and the held-out tokens L was computed over."""
     from advisor.runtime.probe import run_probe
 
-    steps = tokens // plan.tokens_per_step
+    steps = steps_for(plan, tokens)
     lr = learning_rate(plan)
     r = run_probe(model, plan, device=device, steps=steps, warmup=0, timeout=timeout, data=train_file,
                   memory_limit_bytes=budget_bytes, weights_dir=weights, eval_texts=[held_out_file],
@@ -241,11 +250,11 @@ def measure_finalists(model: Any, finalists: list[Any], recipe: Any | None, *, d
         held_tokens = 0
         for i, (rec, plan) in enumerate(zip(finalists, plans), 1):
             say(f"quality run {i}/{len(plans)}: #{rec.number} {plan.short()}, {total:,} tokens "
-                f"({total // plan.tokens_per_step} steps)")
+                f"({steps_for(plan, total)} steps)")
             run, counted = train_finalist(model, plan, rec.number, device=device, weights=weights,
-                                              train_file=train_file, held_out_file=held_file, tokens=total, seed=seed,
-                                              eval_window=window, budget_bytes=budget_bytes,
-                                              timeout=_timeout(rec, total), eval_tokens=eval_tokens)
+                                          train_file=train_file, held_out_file=held_file, tokens=total, seed=seed,
+                                          eval_window=window, budget_bytes=budget_bytes, timeout=_timeout(rec, total),
+                                          eval_tokens=eval_tokens)
             runs.append(run)
             held_tokens = max(held_tokens, counted)
         reference, why = pick_reference(runs, priors, recipe)
@@ -320,5 +329,5 @@ def run_finalists(tuner: Any, *, steps: int = STEPS, tokens: int | None = None, 
 
 
 __all__ = ["FINALISTS", "NOISE_RUNS", "STEPS", "check_data", "check_weights", "choose_finalists", "learning_rate",
-           "measure_finalists", "run_finalists", "split_documents", "training_tokens", "usual_recipe",
+           "measure_finalists", "run_finalists", "split_documents", "steps_for", "training_tokens", "usual_recipe",
            "why_not_measured"]

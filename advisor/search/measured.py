@@ -24,6 +24,8 @@ from typing import Any, Iterable
 
 ATTR = "measured_quality"
 """The Optuna study user attribute holding the QualityMeasurement (as ``to_dict``)."""
+WHY_ATTR = "quality_not_measured"
+"""The study user attribute saying why nothing was measured (`advisor tune` writes it; `advisor report` reads it)."""
 METRIC = "held-out loss"
 """What L is: cross-entropy on documents of --data not trained on, after the run (see advisor.search.finalists)."""
 
@@ -243,8 +245,24 @@ def measured_lines(m: QualityMeasurement, best: Any | None) -> list[str]:
 
 def prior_line(why_not: str) -> str:
     """The explanation's line on quality when nothing was measured."""
-    return f"Quality: priors (advisor/data/quality.yaml), not measured: {why_not}."
+    return f"Quality: priors (advisor/data/quality.yaml), not measured: {why_not}." if why_not else \
+        "Quality: priors (advisor/data/quality.yaml), not measured."
 
 
-__all__ = ["ATTR", "METRIC", "FinalistRun", "QualityMeasurement", "apply_measured", "measured_lines",
-           "prior_line", "stored_measurement"]
+def with_quality_lines(selection: Any, measurement: QualityMeasurement | None, why_not: str = "") -> Any:
+    """The selection (advisor.search.select.Selection) with its explanation saying where the answer's quality
+    comes from, after the "Chosen" line: measured over N tokens (``measured_lines``), or priors and why
+    (``prior_line``). `advisor tune` and `advisor report` show the same lines."""
+    lines = measured_lines(measurement, selection.best) if measurement is not None else [prior_line(why_not)]
+    head = selection.explanation[:1]
+    return replace(selection, explanation=[*head, *lines, *selection.explanation[1:]])
+
+
+def study_quality_lines(selection: Any, study_attrs: dict[str, Any] | None) -> Any:
+    """``with_quality_lines`` from what a study stored (its measurement, or why there is none)."""
+    attrs = study_attrs or {}
+    return with_quality_lines(selection, stored_measurement(attrs), str(attrs.get(WHY_ATTR) or ""))
+
+
+__all__ = ["ATTR", "METRIC", "WHY_ATTR", "FinalistRun", "QualityMeasurement", "apply_measured", "measured_lines",
+           "prior_line", "stored_measurement", "study_quality_lines", "with_quality_lines"]
