@@ -173,7 +173,9 @@ def test_the_explanation_says_measured_over_n_tokens_or_prior():
     assert "prior 0.000" in lines[0]
     assert "#5 2.6000 (+0.0700)" in lines[1] and "#7 oom" in lines[1] and "noise ±0.0040" in lines[1]
     assert "reference: the usual recipe" in lines[1]
-    assert prior_line("no --weights").startswith("Quality: priors (advisor/data/quality.yaml), not measured")
+    assert prior_line("no --weights") == "Quality: priors, not measured: no --weights."
+    unmeasured = measured_lines(m, record(7, Plan(method="lora", lora_r=64), accuracy=0.002))
+    assert unmeasured[0] == "Quality of #7: accuracy loss 0.002 (prior, not measured: its quality run ended oom)."
     failed = measured_lines(replace(m, reference=None, runs=(run(0, None, status="crash"),)), None)
     assert failed == ["Quality measurement failed (#0 crash): the finalists keep their priors."]
 

@@ -221,8 +221,10 @@ def measured_lines(m: QualityMeasurement, best: Any | None) -> list[str]:
             lines.append(f"Quality of #{best.number}: accuracy loss {a:.3f} measured over {run.tokens:,} tokens "
                          f"({METRIC} on {m.held_out_tokens:,} tokens of --data not trained on{prior_text}).")
         else:
-            lines.append(f"Quality of #{best.number}: accuracy loss {best.accuracy_loss:.3f} (prior, not measured: "
-                         f"{(m.run_of(number) and m.note(number)) or 'not a finalist'}).")
+            run = m.run_of(number)
+            why = f"its quality run ended {run.status}" if run is not None else "not a finalist"
+            lines.append(f"Quality of #{best.number}: accuracy loss {best.accuracy_loss or 0.0:.3f} (prior, not "
+                         f"measured: {why}).")
     if ref is None or not ref.ok:
         failed = ", ".join(f"#{r.number} {r.status}" for r in m.runs if not r.ok)
         lines.append(f"Quality measurement failed ({failed}): the finalists keep their priors.")
@@ -245,8 +247,7 @@ def measured_lines(m: QualityMeasurement, best: Any | None) -> list[str]:
 
 def prior_line(why_not: str) -> str:
     """The explanation's line on quality when nothing was measured."""
-    return f"Quality: priors (advisor/data/quality.yaml), not measured: {why_not}." if why_not else \
-        "Quality: priors (advisor/data/quality.yaml), not measured."
+    return f"Quality: priors, not measured: {why_not}." if why_not else "Quality: priors, not measured."
 
 
 def with_quality_lines(selection: Any, measurement: QualityMeasurement | None, why_not: str = "") -> Any:
