@@ -233,8 +233,9 @@ def test_the_study_description_keeps_the_weights_and_old_studies_load():
     from advisor.search.description import StudyDescription
     from advisor.search.space import load_space
 
-    d = StudyDescription(model=resolve_model("qwen0.5b"), gpu=resolve_gpu("rtx-4090"), budget=Budget(2**34, "GiB", "16GiB"),
-                         space=load_space("default", []), backend="cuda", weights="/models/qwen")
+    d = StudyDescription(model=resolve_model("qwen0.5b"), gpu=resolve_gpu("rtx-4090"),
+                         budget=Budget(2**34, "GiB", "16GiB"), space=load_space("default", []), backend="cuda",
+                         weights="/models/qwen")
     stored = d.to_dict()
     assert StudyDescription.from_dict(stored).weights == "/models/qwen"
     del stored["weights"]

@@ -43,8 +43,9 @@ def add_parser(subs) -> None:
                    help="your training documents (JSONL with \"text\", text, or one token length per line): memory at "
                         "the longest batch unless packed, tokens/s in real tokens; adds packing to the search")
     p.add_argument("--weights", metavar="DIR",
-                   help="real weights of --model (safetensors / bin): with --data and --backend cuda (or cpu for small "
-                        "models), the finalists train a short run each and their measured loss replaces the quality prior")
+                   help="real weights of --model (safetensors / bin): with --data and --backend cuda (or cpu for "
+                        "small models), the finalists train a short run each and their measured loss replaces the "
+                        "quality prior")
     p.add_argument("--quality-tokens", type=positive_int("--quality-tokens"), metavar="N",
                    help="training tokens of each finalist's quality run (default: 30 optimizer steps of the largest "
                         "step; rounded up to whole steps of every finalist)")
@@ -173,7 +174,8 @@ def measure_quality(tuner, quiet: bool = False):
     say = None if quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     quality = run_finalists(tuner, tokens=s.quality_tokens, on_progress=say)
     if quality is None:
-        tuner.study.set_user_attr(WHY_ATTR, why_not_measured(s.backend, s.weights, s.data) or "the study has no finalist")
+        why = why_not_measured(s.backend, s.weights, s.data) or "the study has no finalist"
+        tuner.study.set_user_attr(WHY_ATTR, why)
     return quality
 
 
