@@ -17,6 +17,8 @@ STUDY_FLAGS = {
     "tui": ("--tui", "the Textual app browses an Optuna study and the serving search keeps none; use --json or "
                      "the printed table"),
     "gpus": ("--gpus", "serving plans are for one GPU (no tensor-parallel ledger yet)"),
+    "weights": ("--weights", "the serving search trains nothing: the finalists' quality runs are for training plans"),
+    "quality_tokens": ("--quality-tokens", "the serving search trains nothing"),
 }
 
 

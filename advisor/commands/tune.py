@@ -46,6 +46,13 @@ def add_parser(subs) -> None:
     p.add_argument("--data", metavar="FILE",
                    help="your training documents (JSONL with \"text\", text, or one token length per line): memory at "
                         "the longest batch unless packed, tokens/s in real tokens; adds packing to the search")
+    p.add_argument("--weights", metavar="DIR",
+                   help="real weights of --model (safetensors / bin): with --data and --backend cuda (or cpu for "
+                        "small models), the finalists train a short run each and their measured loss replaces the "
+                        "quality prior")
+    p.add_argument("--quality-tokens", type=positive_int("--quality-tokens"), metavar="N",
+                   help="training tokens of each finalist's quality run (default: 30 optimizer steps of the largest "
+                        "step; rounded up to whole steps of every finalist)")
     p.add_argument("--probe-steps", type=positive_int("--probe-steps"), default=3, help="measured steps per probe")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
     add_gpus_flags(p)
@@ -78,6 +85,13 @@ def build_settings(args: argparse.Namespace):
         if not any(o.split("=", 1)[0].strip() == "packing" for o in args.overrides):
             space.search["packing"] = [False, True]  # with real lengths packing is a real trade-off
     backend = resolve_backend(args.backend, target.detected)
+    weights = None
+    if getattr(args, "weights", None):
+        from advisor.search.finalists import check_data, check_weights, why_not_measured
+
+        weights = check_weights(args.weights)
+        if not why_not_measured(backend, weights, data):
+            check_data(args.data)  # the quality runs need documents to hold out: said now, not after the study
     regime = getattr(args, "regime", None)
     if regime is not None:
         from advisor.search.quality import quality_data
@@ -92,7 +106,8 @@ def build_settings(args: argparse.Namespace):
                         trials=args.trials or space.trials, headroom=args.headroom, tolerance=args.accuracy_tolerance,
                         seed=args.seed, probe_options=BackendOptions(steps=args.probe_steps),
                         heartbeat_seconds=args.heartbeat, gpus=args.gpus, sharding=args.sharding, data=data,
-                        regime=regime, host_budget=target.host_budget, host_detected=target.host_detected)
+                        regime=regime, host_budget=target.host_budget, host_detected=target.host_detected,
+                        weights=weights, quality_tokens=getattr(args, "quality_tokens", None))
 
 
 def check_budget_reachable(settings) -> None:
@@ -115,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
 
         refuse_study_flags(args)
         return run_inference(args)
+    from advisor.search.measured import WHY_ATTR, study_quality_lines
     from advisor.search.storage import redact
     from advisor.search.tuner import Tuner
 
@@ -141,17 +157,39 @@ def run(args: argparse.Namespace) -> int:
               "to continue", file=sys.stderr)
         return 130
     progress.stop()
-    selection = tuner.selection()
+    try:
+        quality = measure_quality(tuner, quiet=args.json)
+    except KeyboardInterrupt:
+        print(f"interrupted during the finalists' quality runs: study {settings.study_name!r} is saved in "
+              f"{redact(settings.storage)}; run the same command to measure them", file=sys.stderr)
+        return 130
+    selection = study_quality_lines(tuner.selection(), tuner.study.user_attrs)
     records = tuner.records()
     exports = {}
     if args.export and selection.best is not None:
         exports = export_best(settings, selection.best, args.export)
-    result = tune_result(settings, records, selection, exports)
+    result = tune_result(settings, records, selection, exports, quality,
+                         tuner.study.user_attrs.get(WHY_ATTR, ""))
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     else:
         print_tune_result(settings, records, selection, exports)
     return 0 if selection.best is not None else 1
+
+
+def measure_quality(tuner, quiet: bool = False):
+    """The finalists' measured quality (advisor.search.finalists) when the study can measure it (or measured it
+    before), else None; then the study keeps why (advisor.search.measured.WHY_ATTR), for `advisor report`."""
+    from advisor.search.finalists import run_finalists, why_not_measured
+    from advisor.search.measured import WHY_ATTR
+
+    s = tuner.s
+    say = None if quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    quality = run_finalists(tuner, tokens=s.quality_tokens, on_progress=say)
+    if quality is None:
+        why = why_not_measured(s.backend, s.weights, s.data) or "the study has no finalist"
+        tuner.study.set_user_attr(WHY_ATTR, why)
+    return quality
 
 
 def export_best(settings, best, out_dir: str) -> dict[str, str]:
@@ -161,7 +199,7 @@ def export_best(settings, best, out_dir: str) -> dict[str, str]:
     return {k: str(v) for k, v in paths.items()}
 
 
-def tune_result(settings, records, selection, exports) -> dict:
+def tune_result(settings, records, selection, exports, quality=None, why_not: str = "") -> dict:
     from advisor.search.storage import redact
 
     from dataclasses import asdict
@@ -204,6 +242,7 @@ def tune_result(settings, records, selection, exports) -> dict:
                     "tokens_per_s": t.tokens_per_s, "accuracy_loss": t.accuracy_loss} for t in selection.pareto],
         "trials": [r.to_dict() for r in records],
         "exports": exports,
+        "quality": quality.to_dict() if quality is not None else {"source": "prior", "why": why_not},
     }
 
 

@@ -3,7 +3,7 @@
 It travels as JSON in the Optuna study's user attribute "advisor" (``to_dict`` / ``from_dict``, a
 tested round trip), and every reader rebuilds the model, GPU, budget and space from it in this one
 way: the tuner (and a worker joining the study), `advisor export`, `advisor report` and the TUI.
-Studies written before this type existed (missing task, gpus, sharding; older ModelSpec / GpuSpec
+Studies written before this type existed (missing task, gpus, sharding, weights; older ModelSpec / GpuSpec
 fields) still load. A study written before the host budget existed loads with ``host_budget`` None: its
 host memory is not checked, by the tuner resuming it, the selection, the report or the TUI (its trials were
 chosen without the host rule; a budget detected on whichever machine reads it would re-decide them).
@@ -58,6 +58,8 @@ class StudyDescription:
     """How model state is split across ``gpus`` (advisor.memory.sharding)."""
     regime: str | None = None
     """What the fine-tune is, for the quality model (sft, domain, cpt; None: its default, sft)."""
+    weights: str | None = None
+    """Directory of the model's real weights (--weights) the finalists trained from; None: not given."""
     versions: dict[str, Any] = field(default_factory=dict, compare=False)
     """Library versions when the study was made."""
     environment: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -89,7 +91,7 @@ class StudyDescription:
                 "budget": {"bytes": self.budget.bytes, "text": self.budget.text, "unit": self.budget.unit},
                 "space": self.space.to_dict(), "backend": self.backend, "headroom": self.headroom,
                 "tolerance": self.tolerance, "seed": self.seed, "trials": self.trials, "task": self.task,
-                "gpus": self.gpus, "sharding": self.sharding, "regime": self.regime, "versions": dict(self.versions),
+                "gpus": self.gpus, "sharding": self.sharding, "regime": self.regime, "weights": self.weights, "versions": dict(self.versions),
                 "environment": dict(self.environment),
                 "host_budget": None if self.host_budget is None else {
                     "bytes": self.host_budget.bytes, "text": self.host_budget.text, "unit": self.host_budget.unit,
@@ -107,7 +109,7 @@ class StudyDescription:
                    headroom=float(d.get("headroom", HEADROOM)), tolerance=float(d.get("tolerance", ACCURACY_TOLERANCE)),
                    seed=int(d.get("seed", 0)), trials=int(d.get("trials") or space.trials),
                    task=d.get("task", "train"), gpus=int(d.get("gpus", 1)), sharding=d.get("sharding", DEFAULT_SHARDING),
-                   regime=d.get("regime"), versions=dict(d.get("versions") or {}),
+                   regime=d.get("regime"), weights=d.get("weights"), versions=dict(d.get("versions") or {}),
                    environment=dict(d.get("environment") or {}),
                    host_budget=_budget(hb) if hb else None, host_detected=bool((hb or {}).get("detected", False)))
 

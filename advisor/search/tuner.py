@@ -34,6 +34,7 @@ from advisor.search.departures import departures, non_exact
 from advisor.search.recipe import is_recipe, usual_recipe
 from advisor.search.select import (ACCURACY_TOLERANCE, TIE, Rules, Selection, TrialRecord, host_peak, run_peak, select,
                                    time_to_quality)
+from advisor.search.measured import apply_measured
 from advisor.search.space import Conditions, DeadEnd, SearchSpace, model_rules, plan_from_params
 from advisor.search.storage import Heartbeat, is_sqlite, make_storage, study_lock
 from advisor.speed.throughput import predict_throughput
@@ -81,6 +82,12 @@ class TuneSettings:
     """What the fine-tune is, for the quality model (advisor/data/quality.yaml ``regimes``: sft, domain, cpt;
     None: its default)."""
 
+    weights: str | None = None
+    """Directory of the model's real weights (--weights): with ``data`` and a cpu or cuda backend, the
+    finalists train a short run each from them (advisor.search.finalists)."""
+    quality_tokens: int | None = None
+    """Training tokens of each finalist's run (None: advisor.search.finalists.STEPS steps of the largest step)."""
+
     @property
     def rules(self) -> Rules:
         """How the answer is chosen beside the budget (advisor.search.select.Rules)."""
@@ -113,7 +120,8 @@ class TuneSettings:
                                 tolerance=self.tolerance, seed=self.seed, trials=self.trials, task="train",
                                 gpus=self.gpus, sharding=self.sharding, regime=self.regime,
                                 versions=library_versions(), environment=gpu_environment(),
-                                host_budget=self.host_budget, host_detected=self.host_detected)
+                                host_budget=self.host_budget, host_detected=self.host_detected,
+                                weights=self.weights)
 
     def describe(self) -> dict[str, Any]:
         return self.description().to_dict()
@@ -126,7 +134,7 @@ class TuneSettings:
                    backend=backend or d.backend, storage=storage, study_name=study_name, trials=d.trials,
                    headroom=d.headroom, tolerance=d.tolerance, seed=d.seed, heartbeat_seconds=heartbeat_seconds,
                    gpus=d.gpus, sharding=d.sharding, regime=d.regime, host_budget=d.host_budget,
-                   host_detected=d.host_detected)
+                   host_detected=d.host_detected, weights=d.weights)
 
 
 def default_study_name(model: ModelSpec, budget: Budget, space: SearchSpace, host_budget: Budget | None = None) -> str:
@@ -354,11 +362,15 @@ class Tuner:
             self.study.tell(trial, values=list(values))
 
     def records(self) -> list[TrialRecord]:
-        return [record_from_trial(t) for t in self.study.get_trials(deepcopy=False)]
+        """Every trial's record, the finalists' measured quality laid over them (advisor.search.measured)."""
+        return apply_measured([record_from_trial(t) for t in self.study.get_trials(deepcopy=False)],
+                              self.study.user_attrs)
 
-    def selection(self) -> Selection:
-        return select(self.records(), self.s.budget.bytes, self.s.headroom, self.s.tolerance, self.s.budget.unit,
-                      self.s.rules, measure_change=self._measure_change)
+    def selection(self, records: list[TrialRecord] | None = None) -> Selection:
+        """The selection over the study's records (or over ``records``: the finalists ask it again without the
+        ones already taken, advisor.search.finalists)."""
+        return select(self.records() if records is None else records, self.s.budget.bytes, self.s.headroom,
+                      self.s.tolerance, self.s.budget.unit, self.s.rules, measure_change=self._measure_change)
 
     def _measure_change(self, plan: Plan) -> tuple[float | None, int | None]:
         """A variant of the usual recipe (one change applied), predicted as a trial is: the step-time model's

@@ -46,6 +46,16 @@ class ProbeRequest:
     """Seed of weights and synthetic data."""
     fault: str = "none"
     """A fault to inject for real (see FAULTS)."""
+    fidelity: bool = True
+    """With real weights and eval texts: also load the 16-bit base and measure the KL of the plan's base from it
+    (False: the eval losses only, without a second model in memory)."""
+    eval_window: int | None = None
+    """Tokens per eval window (None: the plan's seq_len, at most 512). Runs whose eval losses are compared
+    need the same windows: a window's loss depends on how much context its tokens have."""
+    learning_rate: float | None = None
+    """Constant learning rate of every parameter group (None: the optimizer's as Trainer builds it, whose
+    TrainingArguments default 5e-5 memory and speed do not depend on; the finalists' quality runs set the
+    rate an export trains with)."""
 
     def write(self, path: Path) -> None:
         d = asdict(self)

@@ -75,6 +75,8 @@ class ProbeResult:
     """Cross-entropy of the plan's base model (before training) on the eval texts."""
     eval_loss_after: float | None = None
     """Cross-entropy on the eval texts after the short run."""
+    learning_rate: float | None = None
+    """The constant learning rate the run trained at, when one was asked for (None: the optimizer's default)."""
     weights: str = "random"
     """random (initialized from the config) or the directory real weights were loaded from."""
     data: str = "synthetic"

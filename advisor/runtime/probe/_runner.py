@@ -103,7 +103,8 @@ def reap(proc: subprocess.Popen, known: dict[int, Any]) -> None:
 
 
 def _validate(plan: Any, device: str, steps: int, warmup: int, timeout: float, data: str | None,
-              weights_dir: str | None, fault: str, memory_limit_bytes: int | None) -> None:
+              weights_dir: str | None, fault: str, memory_limit_bytes: int | None,
+              learning_rate: float | None = None, eval_window: int | None = None) -> None:
     from advisor.runtime.probe._data import read_documents
 
     plan.validate()
@@ -123,13 +124,19 @@ def _validate(plan: Any, device: str, steps: int, warmup: int, timeout: float, d
         raise AdvisorInputError("--weights", "no such directory", weights_dir)
     if fault not in FAULTS:
         raise AdvisorInputError("fault", f"must be one of {', '.join(FAULTS)}", fault)
+    if learning_rate is not None and not (isinstance(learning_rate, (int, float)) and 0 < learning_rate < 1):
+        raise AdvisorInputError("learning rate", "must be a number between 0 and 1", learning_rate)
+    if eval_window is not None and (not isinstance(eval_window, int) or eval_window < 2):
+        raise AdvisorInputError("eval window", "must be a whole number of at least 2 tokens", eval_window)
 
 
 def run_probe(model_spec: Any, plan: Any, *, device: str = "cpu", steps: int = 3, warmup: int = 1,
               timeout: float = 300.0, data: str | None = None, memory_limit_bytes: int | None = None,
               weights_dir: str | None = None, eval_texts: list[str] | None = None, max_eval_tokens: int = 2048,
               num_layers: int | None = None, quant_impl: str = "auto", seed: int = 0, fault: str = "none",
-              on_start: Callable[[int], None] | None = None, keep_dir: str | None = None) -> ProbeResult:
+              on_start: Callable[[int], None] | None = None, keep_dir: str | None = None,
+              learning_rate: float | None = None, eval_window: int | None = None,
+              fidelity: bool = True) -> ProbeResult:
     """Run ``plan`` on ``model_spec`` for ``warmup + steps`` optimizer steps in a child process.
 
     Never raises for what happens in the child: out of memory, a crash, a hang past ``timeout``
@@ -137,17 +144,22 @@ def run_probe(model_spec: Any, plan: Any, *, device: str = "cpu", steps: int = 3
     AdvisorInputError only for bad arguments. ``on_start(pid)`` is called with the child's pid
     once it runs. Real weights from ``weights_dir`` turn on eval fidelity over ``eval_texts``
     (default: the shipped advisor/data/probes/eval/*.txt). ``keep_dir`` keeps the request, events and child log.
+    ``learning_rate`` trains every parameter group at that constant rate (default: the optimizer's own);
+    ``eval_window`` sets the tokens per eval window (default: the plan's seq_len, at most 512); ``fidelity=False``
+    keeps the eval losses but loads no 16-bit reference model (no KL).
     """
     from advisor.runtime.probe._data import default_eval_texts
 
-    _validate(plan, device, steps, warmup, timeout, data, weights_dir, fault, memory_limit_bytes)
+    _validate(plan, device, steps, warmup, timeout, data, weights_dir, fault, memory_limit_bytes, learning_rate,
+              eval_window)
     if eval_texts is None:
         eval_texts = [str(p) for p in default_eval_texts()] if weights_dir else []
     req = ProbeRequest(spec=model_spec.to_dict(), plan=plan.to_dict(), device=device, steps=steps, warmup=warmup,
                        data=str(data) if data else None, memory_limit_bytes=memory_limit_bytes,
                        weights_dir=str(weights_dir) if weights_dir else None, eval_texts=tuple(map(str, eval_texts)),
                        max_eval_tokens=max_eval_tokens, num_layers=num_layers, quant_impl=quant_impl, seed=seed,
-                       fault=fault)
+                       fault=fault, learning_rate=learning_rate, eval_window=eval_window,
+                       fidelity=fidelity)
     work = Path(keep_dir) if keep_dir else Path(tempfile.mkdtemp(prefix="advisor-probe-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
@@ -250,7 +262,7 @@ def _result(req: ProbeRequest, state: dict[str, Any], killed_for: str | None, ki
         "steps_done": len(steps), "step_peaks_bytes": tuple(s["peak"] for s in steps if s.get("peak") is not None),
         "losses": tuple(s["loss"] for s in steps), "weights": req.weights_dir or "random",
         "data": req.data or "synthetic", "budget_bytes": req.memory_limit_bytes, "wall_s": wall, "exit": exit_text,
-        "test_double": _test_double(req.device),
+        "test_double": _test_double(req.device), "learning_rate": req.learning_rate,
     }
     if steps:
         base["peak_allocated_bytes"] = max(s["peak"] or 0 for s in steps)

@@ -91,6 +91,22 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[int(rank) - 1]
 
 
+def set_learning_rate(optimizer: Any, plan: Any, lr: float) -> str:
+    """Every parameter group of ``optimizer`` at the constant rate ``lr`` (no schedule); the note saying so.
+
+    LOMO and AdaLomo take their rate as an argument of ``fused_backward`` (advisor.runtime.build), not from
+    their groups: for them the note says the rate stayed Trainer's default."""
+    if plan.optimizer in ("lomo", "adalomo"):
+        return (f"learning rate {lr:g} asked for, but {plan.optimizer} steps inside backward at the rate "
+                "build.TRAINER_DEFAULT_LEARNING_RATE passes: not applied")
+    groups = list(getattr(optimizer, "param_groups", None) or [])
+    for per_param in (getattr(optimizer, "optimizer_dict", None) or {}).values():  # layer-wise GaLore
+        groups += list(per_param.param_groups)
+    for group in groups:
+        group["lr"] = lr
+    return f"learning rate {lr:g}, constant, on {len(groups)} parameter groups"
+
+
 def run(req: ProbeRequest, events: Events) -> dict[str, Any]:
     import statistics
 
@@ -134,13 +150,16 @@ def run(req: ProbeRequest, events: Events) -> dict[str, Any]:
         seed=req.seed)
 
     ref = eval_ids = None
-    window = min(plan.seq_len, 512)
+    window = req.eval_window or min(plan.seq_len, 512)
     if req.weights_dir and req.eval_texts:
-        events.emit("phase", phase="reference")
         eval_ids = _data.eval_ids(list(req.eval_texts), req.weights_dir, spec.vocab_size, req.max_eval_tokens)
-        ref = _fidelity.reference_logprobs(req.weights_dir, eval_ids, window, device)
-        if cuda_mem is not None:
-            cuda_mem.nvml_peak = 0  # the reference model is gone (empty_cache): it is not the plan's memory
+        if req.fidelity:
+            events.emit("phase", phase="reference")
+            ref = _fidelity.reference_logprobs(req.weights_dir, eval_ids, window, device)
+            if cuda_mem is not None:
+                cuda_mem.nvml_peak = 0  # the reference model is gone (empty_cache): it is not the plan's memory
+        else:
+            notes.append("eval fidelity not measured (asked): eval loss only, no 16-bit reference model loaded")
     elif not req.weights_dir:
         notes.append("random weights: eval fidelity and eval loss not measured")
 
@@ -182,6 +201,8 @@ def run(req: ProbeRequest, events: Events) -> dict[str, Any]:
 
             stepper = DeepSpeedStepper(setup, plan, on)
             notes.append(f"DeepSpeed {plan.offload}: optimizer states in host memory")
+        if req.learning_rate is not None:
+            notes.append(set_learning_rate(getattr(stepper, "optimizer", None), plan, req.learning_rate))
         if tracker is not None:
             tracker.track_all(_memory.module_tensors(setup.model, setup.optimizer))
         load = peaks()
@@ -189,10 +210,12 @@ def run(req: ProbeRequest, events: Events) -> dict[str, Any]:
         out["load_reserved_bytes"] = load["reserved"]
         events.emit("loaded", **load)
 
-        if ref is not None:
-            events.emit("phase", phase="fidelity")
+        if eval_ids is not None:
+            events.emit("phase", phase="fidelity" if ref is not None else "eval")
             ev = _fidelity.evaluate(setup.model, eval_ids, window, device, plan, ref)
-            out.update(fidelity_kl=ev["kl"], eval_loss_base=ev["eval_loss"], fidelity_tokens=ev["tokens"])
+            out.update(eval_loss_base=ev["eval_loss"], fidelity_tokens=ev["tokens"])
+            if ref is not None:
+                out["fidelity_kl"] = ev["kl"]
 
         step_peaks, times, losses, grads, peak_phase = [], [], [], 0, ""
         nvml_peak = reserved_peak = 0

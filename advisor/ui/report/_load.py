@@ -48,12 +48,16 @@ class StudySnapshot:
     """The folder holding study.db (None for a non-SQLite storage)."""
     exports: list[dict[str, Any]] = field(default_factory=list)
     """Export folders found beside the study: {"dir", "files": [{"name", "path", "text"}]}."""
+    quality: dict[str, Any] = field(default_factory=dict)
+    """The study's quality attributes (advisor.search.measured: ATTR, the finalists' measurement; WHY_ATTR, why
+    nothing was measured), for the explanation's quality lines."""
 
 
 def open_study(storage: str, name: str | None, folder: Path | None) -> StudySnapshot:
     """Load a study written by `advisor tune` (read only)."""
     import optuna
 
+    from advisor.search.measured import ATTR as MEASURED, WHY_ATTR, apply_measured
     from advisor.search.tuner import record_from_trial
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -64,11 +68,13 @@ def open_study(storage: str, name: str | None, folder: Path | None) -> StudySnap
         raise AdvisorInputError("--study", "this study was not made by `advisor tune` (no advisor settings recorded)",
                                 name)
     trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
-    records = [record_from_trial(t) for t in trials]
+    attrs = study.user_attrs
+    records = apply_measured([record_from_trial(t) for t in trials], attrs)  # the finalists' measured quality
     timings = {t.number: TrialTiming(t.datetime_start, t.datetime_complete) for t in trials}
     return StudySnapshot(name=name, storage=redact(storage), description=StudyDescription.from_dict(settings),
                          records=records, timings=timings,
-                         directory=folder, exports=find_exports(folder) if folder else [])
+                         directory=folder, exports=find_exports(folder) if folder else [],
+                         quality={k: attrs[k] for k in (MEASURED, WHY_ATTR) if k in attrs})
 
 
 def find_exports(folder: Path) -> list[dict[str, Any]]:

@@ -56,6 +56,10 @@ class TunerController:
         error = ""
         try:
             self.tuner.run()
+            if not self.stop_requested:  # the finalists' quality runs, where they can run (advisor.search.finalists)
+                from advisor.search.finalists import run_finalists
+
+                run_finalists(self.tuner, tokens=self.tuner.s.quality_tokens)
         except Exception as e:  # noqa: BLE001 - shown in the app; the study keeps every finished trial
             error = f"{type(e).__name__}: {e}"
         try:
@@ -93,6 +97,7 @@ class StudyWatcher:
         """(records, the typed StudyDescription) as stored now; AdvisorInputError when there is no such study."""
         import optuna
 
+        from advisor.search.measured import apply_measured
         from advisor.search.tuner import record_from_trial
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -111,25 +116,29 @@ class StudyWatcher:
                                     self.study_name)
         description = StudyDescription.from_dict(stored)
         trials = self.study.get_trials(deepcopy=False)
-        self._last = _signature(trials)
-        return [with_params_summary(record_from_trial(t), t) for t in trials], description
+        attrs = self.study.user_attrs
+        self._last = _signature(trials, attrs)
+        return apply_measured([with_params_summary(record_from_trial(t), t) for t in trials], attrs), description
 
     def start(self, app) -> None:
         app.run_worker(lambda: self._work(app), thread=True, name="study-watcher", group="study",
                        exit_on_error=False)
 
     def _work(self, app) -> None:
+        from advisor.search.measured import apply_measured
         from advisor.search.tuner import record_from_trial
 
         last = self._last
         while not self._stop.wait(self.poll_s):
             try:
                 trials = self.study.get_trials(deepcopy=False)
+                attrs = self.study.user_attrs
             except Exception:  # noqa: BLE001 - a busy or briefly locked database: try again next poll
                 continue
-            sig = _signature(trials)
+            sig = _signature(trials, attrs)
             if sig != last:
-                app.post_message(m.RecordsLoaded([with_params_summary(record_from_trial(t), t) for t in trials]))
+                app.post_message(m.RecordsLoaded(apply_measured(
+                    [with_params_summary(record_from_trial(t), t) for t in trials], attrs)))
                 last = sig
 
     def pause(self, paused: bool) -> None:  # a study run elsewhere is paused where it runs
@@ -139,8 +148,11 @@ class StudyWatcher:
         self._stop.set()
 
 
-def _signature(trials) -> tuple:
-    return tuple((t.number, t.state.name, "record" in t.user_attrs) for t in trials)
+def _signature(trials, study_attrs: dict | None = None) -> tuple:
+    from advisor.search.measured import ATTR
+
+    measured = (study_attrs or {}).get(ATTR) or {}
+    return (tuple((t.number, t.state.name, "record" in t.user_attrs) for t in trials), str(measured.get("key")))
 
 
 def with_params_summary(record, trial):

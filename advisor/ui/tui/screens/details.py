@@ -37,6 +37,8 @@ def summary(record: TrialRecord, info: StudyInfo, chosen: bool) -> Text:
         t.append(f"\nthroughput {record.tokens_per_s:,.0f} tokens/s ({record.tokens_per_s_source})")
     if record.accuracy_loss is not None:
         t.append(f"\naccuracy loss {record.accuracy_loss:.4f} ({record.accuracy_source}; tolerance {info.tolerance})")
+    if record.note:
+        t.append(f"\n{record.note}", style="dim")  # e.g. over how many tokens a finalist's quality was measured
     if record.losses:
         t.append("\nlosses " + " ".join(f"{x:.3f}" for x in record.losses))
     return t
