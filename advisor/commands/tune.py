@@ -151,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
             tuner.wait_until_finished()
         else:
             tuner.run()
+            tuner.polish()  # each non-exact change of the answer must pay for itself (advisor.search.select)
     except KeyboardInterrupt:
         progress.stop()
         print(f"interrupted: study {settings.study_name!r} is saved in {redact(settings.storage)}; run the same command "

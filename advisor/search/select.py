@@ -219,13 +219,33 @@ def select(records: list[TrialRecord], budget_bytes: int, headroom: float, toler
     best = None
     if ranked:
         top = time_to_quality(ranked[0])
-        best = break_tie([t for t in ranked if time_to_quality(t) <= top * (1 + TIE)], moves, quality)
+        best = simplest(break_tie([t for t in ranked if time_to_quality(t) <= top * (1 + TIE)], moves, quality),
+                        ranked, moves, need)
     runner_up = next((t for t in ranked if best and t.plan_short != best.plan_short), None)
     pareto = pareto_front(feasible)
     context = _Context(records, feasible, eligible, pickable, steady, recipe, baseline, moves, quality, rules,
-                       budget_bytes, headroom, tolerance, unit, measure_change)
+                       budget_bytes, headroom, tolerance, unit, measure_change, ranked[0] if ranked else None)
     return Selection(best, runner_up, feasible, pareto, explain(best, runner_up, context), recipe=recipe,
                      departures=list(moves.get(best.number, [])) if best else [])
+
+
+def changed_groups(moves: list[Departure]) -> frozenset[str]:
+    """The groups of levers in which a plan makes non-exact changes to the usual recipe."""
+    return frozenset(d.group for d in non_exact(moves))
+
+
+def simplest(best: TrialRecord, pool: list[TrialRecord], moves: dict, need: float) -> TrialRecord:
+    """Each non-exact change from the usual recipe must pay for itself: while some plan of ``pool`` makes a
+    strict subset of ``best``'s non-exact changes and is within ``need`` (the step-time model's error) of its
+    time to quality, that simpler plan is the answer (the fastest of them, then simplified again)."""
+    current = best
+    while True:
+        mine = changed_groups(moves.get(current.number, []))
+        simpler = [t for t in pool if changed_groups(moves.get(t.number, [])) < mine
+                   and time_to_quality(t) <= time_to_quality(current) * (1 + need)]
+        if not simpler:
+            return current
+        current = min(simpler, key=time_to_quality)
 
 
 def _offloads(t: TrialRecord) -> bool:
@@ -287,6 +307,7 @@ class _Context:
     tolerance: float
     unit: str
     measure_change: Callable[[Plan], tuple[float | None, int | None]] | None
+    fastest: TrialRecord | None = None
 
 
 def explain(best: TrialRecord | None, runner_up: TrialRecord | None, c: _Context) -> list[str]:
@@ -310,6 +331,12 @@ def explain(best: TrialRecord | None, runner_up: TrialRecord | None, c: _Context
                  f"{fmt(c.budget_bytes)}, {fmt(left)} ({left / c.budget_bytes:.0%}) left; accuracy loss "
                  f"{best.accuracy_loss:.3f} ({best.accuracy_source}, tolerance {c.tolerance}).")
     lines += recipe_lines(best, c, fmt)
+    f = c.fastest
+    if f is not None and f.number != best.number and time_to_quality(f) < time_to_quality(best):
+        extra = changed_groups(c.moves.get(f.number, [])) - changed_groups(c.moves.get(best.number, []))
+        lines.append(f"Simpler than #{f.number} {f.plan_short}: its further changes ({', '.join(sorted(extra))}) gain "
+                     f"{time_to_quality(best) / time_to_quality(f) - 1:+.0%} in time to quality, within the step-time "
+                     f"model's {c.rules.needed_gain():.0%} median error.")
     if runner_up:
         d_ttq = (time_to_quality(runner_up) / time_to_quality(best) - 1) * 100
         d_mem = runner_up.peak_bytes - best.peak_bytes

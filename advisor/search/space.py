@@ -326,6 +326,28 @@ def plan_from_params(params: dict[str, Any], space: SearchSpace, arch: dict[str,
     return plan(**values)
 
 
+def point_of(plan: Plan, space: SearchSpace, arch: dict[str, Any]) -> dict[str, Any] | None:
+    """The point of ``space`` whose plan is ``plan`` (each knob's choice that gives the plan's value: a target
+    set's name for its modules, ``auto`` for the card's precision...); None when some knob has no such choice.
+    The inverse of plan_from_params, for proposing a plan the tuner made itself (a simpler variant of an
+    answer) through the sampler's own parameters."""
+    point: dict[str, Any] = {}
+    for name, k in search_knobs(space.plan).items():
+        if name not in space.search:
+            continue
+        if not k.applies_to(point):
+            point[name] = k.inactive
+            continue
+        want = getattr(plan, name)
+        for choice in space.search[name]:
+            if getattr(plan_from_params({**point, name: choice}, space, arch), name) == want:
+                point[name] = choice
+                break
+        else:
+            return None
+    return point if plan_from_params(point, space, arch) == plan else None
+
+
 # ----------------------------------------------------------------------------- conditional knobs
 
 # Plan fields set by another knob (derived in plan_from_params): a rule reported under one is the knob's

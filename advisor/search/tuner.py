@@ -30,12 +30,12 @@ from advisor.runtime.backends import BackendFailed, BackendOptions, get_backend
 from advisor.search.description import ATTR, StudyDescription
 from advisor.search.ladder import ladder
 from advisor.search.quality import quality_of, quality_problems
-from advisor.search.departures import departures, non_exact
+from advisor.search.departures import departures, non_exact, with_change
 from advisor.search.recipe import is_recipe, usual_recipe
-from advisor.search.select import (ACCURACY_TOLERANCE, TIE, Rules, Selection, TrialRecord, host_peak, run_peak, select,
-                                   time_to_quality)
+from advisor.search.select import (ACCURACY_TOLERANCE, TIE, Rules, Selection, TrialRecord, changed_groups, host_peak,
+                                   run_peak, select, time_to_quality)
 from advisor.search.measured import apply_measured
-from advisor.search.space import Conditions, DeadEnd, SearchSpace, model_rules, plan_from_params
+from advisor.search.space import Conditions, DeadEnd, SearchSpace, model_rules, plan_from_params, point_of
 from advisor.search.storage import Heartbeat, is_sqlite, make_storage, study_lock
 from advisor.speed.throughput import predict_throughput
 from advisor.core.units import Budget
@@ -45,6 +45,8 @@ WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 PRESCREEN_MARGIN = 0.10  # an estimate this far over the budget is pruned without simulating (the ledger is within 5%)
 EXHAUSTED_AFTER = 50  # consecutive repeat proposals after which the space counts as used up
 FINISHED = ("COMPLETE", "PRUNED")
+POLISH_ROUNDS = 2
+"""Rounds of Tuner.polish after the planned trials."""
 
 
 @dataclass
@@ -313,6 +315,41 @@ class Tuner:
                 return
             self._run_trial(trial)
 
+    def polish(self) -> None:
+        """After the planned trials: the answer with each of its non-exact changes from the usual recipe undone,
+        evaluated as trials of their own, so that a change that buys no more than the step-time model's error
+        gives way to the simpler plan (advisor.search.select.simplest). ``POLISH_ROUNDS`` rounds at most; the
+        trials it adds are counted in the study (attribute "polish_trials"), so a resumed study keeps them."""
+        for _ in range(POLISH_ROUNDS):
+            if self._stop.is_set():
+                return
+            with study_lock(self.storage, self.s.storage, self.s.study_name):
+                proposed = self._propose_simpler()
+                if proposed:
+                    self.study.set_user_attr("polish_trials", self.study.user_attrs.get("polish_trials", 0) + proposed)
+            if not proposed:
+                return
+            self.run()
+
+    def _propose_simpler(self) -> int:
+        """Enqueue the answer with each non-exact change undone (one at a time); the number enqueued."""
+        sel = self.selection()
+        best, recipe = sel.best, sel.recipe
+        if best is None or recipe is None or best.number == recipe.number:
+            return 0
+        recipe_plan, plan = Plan.from_dict(recipe.plan), Plan.from_dict(best.plan)
+        seq = self.s.space.fixed["seq_len"]  # a plan sized to --data holds its longest batch: the space's point
+        n = 0
+        for d in non_exact(sel.departures):
+            variant = with_change(plan, recipe_plan, d)  # the answer with the recipe's values of this group
+            point = point_of(variant.with_(seq_len=seq), self.s.space, self.s.model.arch or {}) if variant else None
+            named = self.conditions.optuna_params(point) if point is not None else None
+            if named is not None:
+                self.study.enqueue_trial(named, user_attrs={"ladder": f"polish: {d.group} as in the usual recipe"},
+                                         skip_if_exists=True)
+                n += 1
+        return n
+
     def _ask(self):
         """A new trial, unless finished + running trials already reach the plan (checked under the study lock)."""
         from optuna.storages import fail_stale_trials
@@ -326,7 +363,7 @@ class Tuner:
             trials = self.study.get_trials(deepcopy=False)
             busy = sum(1 for t in trials if t.state == TrialState.RUNNING
                        or (t.state.name in FINISHED and "duplicate_of" not in t.user_attrs))
-            if busy >= self.s.trials or self._exhausted(trials):
+            if busy >= self.s.trials + self.study.user_attrs.get("polish_trials", 0) or self._exhausted(trials):
                 return None
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # heartbeats are recorded by advisor.search.storage.Heartbeat
@@ -467,16 +504,20 @@ class Tuner:
         """Why a plan whose predicted time to quality is ``ttq`` cannot become the answer ('' when it could):
         it is slower than the answer so far beyond a tie, or it changes non-exact levers of the usual recipe
         for a gain within the step-time model's error (advisor.search.select)."""
-        incumbent = self._incumbent()
+        incumbent, recipe = self._incumbent(), self._recipe_baseline()
+        need = self.s.rules.needed_gain()
+        changes = non_exact(departures(plan, Plan.from_dict(recipe.plan), self.s.regime,
+                                       global_batch=self.s.rules.global_batch)) if recipe is not None else []
         if incumbent is not None and ttq > time_to_quality(incumbent) * (1 + TIE):
-            return (f"its predicted time to quality is {ttq / time_to_quality(incumbent) - 1:+.0%} behind "
-                    f"#{incumbent.number}")
-        recipe = self._recipe_baseline()
+            simpler = recipe is not None and changed_groups(changes) < changed_groups(departures(
+                Plan.from_dict(incumbent.plan), Plan.from_dict(recipe.plan), self.s.regime,
+                global_batch=self.s.rules.global_batch))
+            if not (simpler and ttq <= time_to_quality(incumbent) * (1 + need)):  # a simpler plan may still win
+                return (f"its predicted time to quality is {ttq / time_to_quality(incumbent) - 1:+.0%} behind "
+                        f"#{incumbent.number}")
         if recipe is not None:
             gain = time_to_quality(recipe) / ttq - 1
-            changes = non_exact(departures(plan, Plan.from_dict(recipe.plan), self.s.regime,
-                                           global_batch=self.s.rules.global_batch))
-            if changes and gain <= self.s.rules.needed_gain():
+            if changes and gain <= need:
                 return (f"it changes {', '.join(d.group for d in changes)} of the usual recipe (#{recipe.number}) "
                         f"for a predicted {gain:+.0%} in time to quality, within the step-time model's "
                         f"{self.s.rules.needed_gain():.0%} median error")

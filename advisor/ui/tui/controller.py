@@ -56,6 +56,8 @@ class TunerController:
         error = ""
         try:
             self.tuner.run()
+            if not self.stop_requested:
+                self.tuner.polish()
             if not self.stop_requested:  # the finalists' quality runs, where they can run (advisor.search.finalists)
                 from advisor.search.finalists import run_finalists
 
