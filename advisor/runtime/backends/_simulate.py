@@ -12,7 +12,6 @@ from __future__ import annotations
 
 
 from advisor.core.catalog import GpuSpec, ModelSpec
-from advisor.core.errors import AdvisorInputError
 from advisor.memory.ledger import MemoryReport, empty
 from advisor.core.plan import DTYPE_BYTES, Plan
 from advisor.runtime.backends._base import BackendOptions, BaseBackend
@@ -38,9 +37,6 @@ def _measure(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *, layers
     from advisor.runtime.simulate.reserved import step_reserved
 
     plan.validate()
-    if model.arch is None:
-        raise AdvisorInputError("--model", f"the simulate backend needs an architecture it knows "
-                                f"(architectures.yaml); {model.model_type!r} is not one", model.model_type)
     traced = plan.with_(offload="none") if plan.offload != "none" else plan
     sim = simulate(model, traced, layers=layers)
     notes = list(sim.notes)
