@@ -8,9 +8,9 @@ another as L grows is still found. Proven against full traces in tests/test_simu
 Layers of several kinds (Gemma-3's sliding and full attention, gpt-oss's alternating window, Qwen3-Next's
 linear and full attention, DeepSeek's dense first layer; ``layer_kinds``) are each traced: memory is affine in the
 number of layers of each kind, ``m(n_1..n_K) = m(T_K) + sum_k (N_k - n_k(T_K)) * (m(T_k) - m(T_k-1))``, from
-K + 1 traces: T_0 holds one layer of each kind (the model's first layer's kind first, its last layer's kind
-last), and T_k one more layer of the k-th kind than T_k-1, put after the first layer (a middle layer, as the
-layers the extrapolation adds are). Proven against full traces in tests/test_simulate_moe.py.
+K + 1 traces: T_0 holds the model's first layers up to one of each kind, one middle layer of each kind, and the
+layer the model ends on; T_k one more middle layer of the k-th kind than T_k-1 (``kind_traces``). Proven against
+full traces in tests/test_simulate_moe.py.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ class Simulation:
     traced_events: tuple = ()
     """(layers, allocation events, the layer of each event) of each trace, for the caching-allocator
     replay (reserved.py)."""
+    layer_kinds: int = 1
+    """Kinds of decoder layers traced (more than one: ``simulate_kinds``)."""
 
 
 def simulate(spec: ModelSpec, plan: Plan, *, layers: str | int = "auto", fake: bool = True,
@@ -139,24 +141,27 @@ def kind_traces(spec: ModelSpec, kinds: list[tuple[int, ...]]) -> tuple[list[tup
     """(the layers of each trace T_0..T_m, the kind each later trace adds, where it adds it).
 
     T_0 is the model's own first layers up to the first layer of every kind (so the layers before the first
-    trainable one, which save nothing for backward, are there as in the model), then one layer of the kind the
-    model ends on (the backward starts there). Each later trace adds one layer of a kind the model has more of,
-    between those two parts: a middle layer with the gradient flowing through it, as the layers the
-    extrapolation adds are. Layers are indices of the full model."""
+    trainable one, which save nothing for backward, are there as in the model), then one middle layer of each kind
+    the model has more of, then one layer of the kind the model ends on (the backward starts there). Each later
+    trace adds one more layer of one of those kinds among the middle ones: with every kind already in the middle,
+    the layer whose backward holds the most is in every trace, and each difference is what one more layer of a kind
+    keeps (its saved activations, weights, states), as the layers the extrapolation adds. Layers are indices of the
+    full model."""
     first = [k[0] for k in kinds]
     prefix = list(range(max(first) + 1))
     last_kind = next(k for k, ix in enumerate(kinds) if spec.num_layers - 1 in ix)
-    base = prefix + [kinds[last_kind][0] if kinds[last_kind][0] not in prefix[-1:] else kinds[last_kind][-1]]
+    last = kinds[last_kind][-1]
     kind_of = {i: k for k, ix in enumerate(kinds) for i in ix}
-    counts = [sum(1 for i in base if kind_of[i] == k) for k in range(len(kinds))]
-    traces, added = [tuple(base)], []
+    ends = prefix + [last]
+    middle = [k for k, ix in enumerate(kinds) if len(ix) > sum(1 for i in ends if kind_of[i] == k)]
+    more = [k for k in middle if len(kinds[k]) > sum(1 for i in ends if kind_of[i] == k) + 1]
     at = len(prefix)
-    for k, ix in enumerate(kinds):
-        if len(ix) > counts[k]:
-            prev = list(traces[-1])
-            traces.append(tuple(prev[:at + len(added)] + [ix[0]] + prev[at + len(added):]))
-            added.append(k)
-    return traces, added, at
+    base = prefix + [kinds[k][0] for k in middle] + [last]
+    traces = [tuple(base)]
+    for k in more:
+        prev = list(traces[-1])
+        traces.append(tuple(prev[:at] + [kinds[k][0]] + prev[at:]))
+    return traces, more, at
 
 
 def simulate_kinds(spec: ModelSpec, plan: Plan, kinds: list[tuple[int, ...]], *, fake: bool, target_device: str,
@@ -198,8 +203,9 @@ def simulate_kinds(spec: ModelSpec, plan: Plan, kinds: list[tuple[int, ...]], *,
     note = (f"layers of {len(kinds)} kinds ({', '.join(names)}): traced "
             f"{', '.join(str(len(t)) for t in traces_layers)} layers (the model's first layers, then one more of "
             f"each kind), extrapolated to {spec.num_layers}")
-    # the allocator replay: the last trace, each kind's added (middle) layer repeated up to the model's count
-    extras = {at + step: len(kinds[k]) - counts[k] for step, k in enumerate(added)}
+    # the allocator replay: the last trace, one middle layer of each kind repeated up to the model's count (the
+    # layers the traces added sit at ``at`` onwards, the last added first)
+    extras = {at + len(added) - 1 - step: len(kinds[k]) - counts[k] for step, k in enumerate(added)}
     events = ((len(traces_layers[-1]), last.events, last.event_layers, extras),)
     return Simulation(top.bytes, top.phase, top.ledger, phases, tuple(len(t) for t in traces_layers), True,
-                      time.perf_counter() - start, last.notes + [note], events)
+                      time.perf_counter() - start, last.notes + [note], events, layer_kinds=len(kinds))
