@@ -115,11 +115,11 @@ def _write_cache(path: Path, desc: ArchitectureDescription) -> None:
 def derived_catalog() -> dict[str, Any]:
     """The data file's content for the current models.yaml: every catalog model derived again."""
     from advisor.core.architecture import describe_architecture
-    from advisor.core.catalog import model_catalog
+    from advisor.core.data_files import load_data_file
 
     models = {}
     version = ""
-    for key, entry in model_catalog().items():
+    for key, entry in load_data_file("models.yaml").items():
         desc = describe_architecture(entry["config"])
         version = desc.transformers_version
         models[key] = {"config_key": config_key(entry["config"]), "description": desc.to_dict()}
