@@ -15,7 +15,7 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
-from advisor.core.architecture import ArchitectureDescription, MoeFacts
+from advisor.core.architecture import ArchitectureDescription, MoeFacts, config_key
 from advisor.core.data_files import load_data_file
 from advisor.core.errors import AdvisorInputError
 
@@ -95,6 +95,9 @@ class ModelSpec:
     """Where the spec came from: catalog, local, hf-cache."""
     path: str | None = None
     """Local directory holding config.json (and maybe weights and a tokenizer)."""
+    config_key: str = ""
+    """Key of ``config`` (advisor.core.architecture.config_key): two specs that differ only in their config (a tiny
+    model's sliding window) are not equal, so caches keyed by the spec tell them apart."""
 
     @property
     def q_dim(self) -> int:
@@ -252,7 +255,7 @@ def spec_from_config(name: str, hf_id: str, config: dict, source: str, path: str
         num_kv_heads=desc.num_kv_heads, head_dim=desc.head_dim, vocab_size=desc.vocab_size,
         tie_word_embeddings=desc.tie_word_embeddings, max_position_embeddings=desc.max_position_embeddings,
         params_total=desc.params_total if params_total is None else int(params_total), config=dict(config),
-        source=source, path=path)
+        source=source, path=path, config_key=config_key(config))
     spec.__dict__["description"] = desc  # the cached_property, filled: no second lookup
     return spec
 
