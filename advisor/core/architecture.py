@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -608,6 +609,10 @@ def run_meta_forward(model) -> tuple[list[CacheLayer], list[dict[str, int]]]:
                     order[i].setdefault(path, len(order[i]))
                 handles.append(module.register_forward_pre_hook(hook))
     sizes, classes, windows = [], [], []
+    # a meta forward runs no kernel: transformers' note that flash-linear-attention is missing (hub_kernels.py) is noise
+    kernels_log = logging.getLogger("transformers.integrations.hub_kernels")
+    level = kernels_log.level
+    kernels_log.setLevel(logging.ERROR)
     try:
         for tokens in (1, 2):
             ids = torch.zeros(1, tokens, dtype=torch.long, device="meta")
@@ -622,6 +627,7 @@ def run_meta_forward(model) -> tuple[list[CacheLayer], list[dict[str, int]]]:
             classes = [type(layer).__name__ for layer in cache_layers]
             windows = [getattr(layer, "sliding_window", None) for layer in cache_layers]
     finally:
+        kernels_log.setLevel(level)
         for h in handles:
             h.remove()
     out_layers = []

@@ -346,6 +346,24 @@ def _attention(spec: ModelSpec, plan: Plan, target: str, notes: list[str]) -> st
     return impl
 
 
+def _reference_kernels(spec: ModelSpec, notes: list[str]) -> None:
+    """Linear-attention layers (Qwen3-Next's Gated DeltaNet) run flash-linear-attention and causal-conv1d where
+    installed, else transformers' PyTorch reference (integrations/hub_kernels.py, which says so once per process
+    as a warning; the note says it instead)."""
+    import importlib.util
+    import logging
+
+    if not any(layer.attention == "linear" for layer in spec.description.layers):
+        return
+    missing = [name for name, module in (("flash-linear-attention", "fla"), ("causal-conv1d", "causal_conv1d"))
+               if importlib.util.find_spec(module) is None]
+    if missing:
+        logging.getLogger("transformers.integrations.hub_kernels").setLevel(logging.ERROR)
+        notes.append(f"linear-attention layers ran transformers' PyTorch reference ({', '.join(missing)} not "
+                     "installed); the kernels a GPU run uses may save other tensors (not measured), and packed "
+                     "sequences need flash-linear-attention")
+
+
 EXPERTS_IMPLEMENTATION = "grouped_mm"
 """How a mixture of experts runs its experts: transformers 5.24's default (modeling_utils.py:1894) and what CUDA
 runs from compute capability 8.0 (integrations/moe.py:343-346); its shapes are tokens x top-k rows whatever the
@@ -360,6 +378,7 @@ def _build_model(spec: ModelSpec, plan: Plan, device: str, num_layers: int | Non
 
     attn = _attention(spec, plan, target, notes)
     cfg = hf_config(spec, plan, num_layers, attn, layers)
+    _reference_kernels(spec, notes)
     # quantized bases keep their non-quantized parts in the compute dtype (BitsAndBytesConfig + dtype=compute)
     dtype = torch_dtype(plan.compute_dtype if plan.quantized else plan.param_dtype)
     extra = {"experts_implementation": EXPERTS_IMPLEMENTATION} if spec.is_moe else {}
