@@ -28,6 +28,8 @@ def _isolated_home(tmp_path, monkeypatch):
     monkeypatch.setenv("ADVISOR_MEMORY_CALIBRATION", str(tmp_path / "memory_calibration.json"))  # never the user's GPU calibration
     # probes' throughput calibration (advisor/speed/calibration.py) in the test's own folder
     monkeypatch.setenv("ADVISOR_SPEED_CALIBRATION", str(tmp_path / "speed_calibration.json"))
+    # model descriptions derived at run time (advisor/core/architecture_store.py) in the test's own folder
+    monkeypatch.setenv("ADVISOR_ARCHITECTURE_CACHE", str(tmp_path / "architectures"))
     yield
 
 

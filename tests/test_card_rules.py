@@ -165,8 +165,9 @@ def test_attention_implementations_are_read_from_the_model_class():
 
 
 @pytest.mark.slow
-def test_the_static_read_agrees_with_the_classes_transformers_imports():
-    """The AST read (no torch import) against the real class attributes, for every catalog model type."""
+def test_the_model_facts_agree_with_the_classes_transformers_imports():
+    """The description's attention facts (read from the class by the meta-device build) against the real class
+    attributes, for every catalog model type."""
     from transformers import AutoModelForCausalLM, AutoConfig  # noqa: F401
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     import importlib

@@ -1,4 +1,5 @@
-"""Every model catalog entry loads, and its parameter count is exact (formula == meta build == catalog)."""
+"""Every model catalog entry loads, and its parameter count is exact (stored description == meta build == catalog),
+the mixtures of experts and the new attention schemes of issue 24 included."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ REQUIRED = [
     "meta-llama/Llama-3.2-1B-Instruct", "meta-llama/Llama-3.2-3B-Instruct", "meta-llama/Llama-3.1-8B-Instruct",
     "meta-llama/Llama-3.1-70B-Instruct", "mistralai/Mistral-7B-v0.3", "google/gemma-2-2b", "google/gemma-2-9b",
     "google/gemma-2-27b", "microsoft/Phi-3.5-mini-instruct",
+    # issue 24: mixtures of experts, sliding windows, MLA, linear attention
+    "Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-235B-A22B", "openai/gpt-oss-20b", "openai/gpt-oss-120b",
+    "mistralai/Mixtral-8x7B-v0.1", "allenai/OLMoE-1B-7B-0924", "deepseek-ai/DeepSeek-V2-Lite", "google/gemma-3-1b-pt",
+    "google/gemma-3-4b-pt", "google/gemma-3-12b-pt", "google/gemma-3-27b-pt", "Qwen/Qwen3-Next-80B-A3B-Instruct",
 ]
 
 
@@ -40,6 +45,13 @@ BASE_AND_INSTRUCT = [  # (base, instruct) hub ids as published
     ("meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-1B-Instruct"),
     ("mistralai/Mistral-7B-v0.3", "mistralai/Mistral-7B-Instruct-v0.3"),
     ("google/gemma-2-2b", "google/gemma-2-2b-it"), ("google/gemma-2-9b", "google/gemma-2-9b-it"),
+    ("Qwen/Qwen3-30B-A3B-Base", "Qwen/Qwen3-30B-A3B"),
+    ("mistralai/Mixtral-8x7B-v0.1", "mistralai/Mixtral-8x7B-Instruct-v0.1"),
+    ("allenai/OLMoE-1B-7B-0924", "allenai/OLMoE-1B-7B-0924-Instruct"),
+    ("deepseek-ai/DeepSeek-V2-Lite", "deepseek-ai/DeepSeek-V2-Lite-Chat"),
+    ("google/gemma-3-1b-pt", "google/gemma-3-1b-it"), ("google/gemma-3-4b-pt", "google/gemma-3-4b-it"),
+    ("google/gemma-3-12b-pt", "google/gemma-3-12b-it"), ("google/gemma-3-27b-pt", "google/gemma-3-27b-it"),
+    ("Qwen/Qwen3-Next-80B-A3B-Instruct", "Qwen/Qwen3-Next-80B-A3B-Thinking"),
 ]
 
 
@@ -56,29 +68,37 @@ def test_base_and_instruct_ids_resolve_to_one_architecture(base, instruct):
 
 
 @pytest.mark.parametrize("key", KEYS)
-def test_formula_count_matches_catalog(key):
+def test_stored_description_count_matches_catalog(key):
+    """The stored description (advisor/data/architectures_derived.json) adds up to the catalog's count, every layer
+    and category included, without importing torch."""
     spec = resolve_model(key)
-    assert spec.count_params() == spec.params_total
+    d = spec.description
+    assert spec.count_params() == d.params_total == spec.params_total == model_catalog()[key]["params_total"]
+    assert sum(d.params_by_category.values()) == spec.params_total
+    assert (d.num_layers, d.hidden_size, d.vocab_size) == (spec.num_layers, spec.hidden_size, spec.vocab_size)
 
 
+# real-size meta builds: 0.1-1 s each once transformers is imported (the first pays its lazy imports)
 @pytest.mark.slow
 @pytest.mark.parametrize("key", KEYS)
 def test_meta_device_build_matches_catalog(key):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from advisor.core.catalog import build_hf_config
+    from advisor.core.architecture import hf_config
 
     spec = resolve_model(key)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(build_hf_config(spec.config))
+        model = AutoModelForCausalLM.from_config(hf_config(spec.config))
     assert sum(p.numel() for p in model.parameters()) == spec.params_total
-    # the decoder layer's linear modules are the ones the ledger knows
-    layer = model.model.layers[0]
-    linear = {n.split(".")[-1]: m for n, m in layer.named_modules() if isinstance(m, torch.nn.Linear)}
-    assert set(linear) == set(spec.linear_shapes())
-    for name, (i, o) in spec.linear_shapes().items():
-        assert (linear[name].in_features, linear[name].out_features) == (i, o)
+    # every decoder layer's linear modules are the ones the description holds
+    for layer, described in zip(model.model.layers, spec.description.layers):
+        linear = {n: m for n, m in layer.named_modules() if isinstance(m, torch.nn.Linear)}
+        assert set(linear) == {m.name for m in described.linears}
+        for m in described.linears:
+            assert (linear[m.name].in_features, linear[m.name].out_features) == (m.in_features, m.out_features)
+        stacked = {n: tuple(p.shape) for n, p in layer.named_parameters() if p.dim() == 3 and "conv" not in n}
+        assert stacked == {e.name: e.shape for e in described.experts if len(e.shape) == 3}
 
 
 def test_qwen7b_facts():
@@ -150,3 +170,83 @@ def test_estimate_takes_a_base_model_id(capsys):
     code = main(["estimate", "--model", "Qwen/Qwen2.5-0.5B", "--gpu-budget", "8GB", "--json"])
     d = json.loads(capsys.readouterr().out)
     assert code == 0 and d["model"]["hf_id"] == "Qwen/Qwen2.5-0.5B" and d["model"]["params_total"] == 494_032_768
+
+
+# --------------------------------------------------------------------------- issue 24's entries
+
+
+@pytest.mark.parametrize("name,key", [("qwen30b-a3b", "qwen3-30b-a3b"), ("Qwen/Qwen3-30B-A3B", "qwen3-30b-a3b"),
+                                      ("gpt-oss-20b", "gpt-oss-20b"), ("openai/gpt-oss-20b", "gpt-oss-20b"),
+                                      ("OPENAI/GPT-OSS-120B", "gpt-oss-120b"), ("mixtral", "mixtral-8x7b-v0.1"),
+                                      ("olmoe", "olmoe-1b-7b-0924"), ("deepseek-v2-lite", "deepseek-v2-lite"),
+                                      ("gemma3-27b", "gemma-3-27b"), ("qwen3-next", "qwen3-next-80b-a3b-instruct")])
+def test_short_aliases_and_hub_ids_of_the_new_models(name, key):
+    spec = resolve_model(name)
+    assert spec.source == "catalog" and spec.name in (key, model_catalog()[key]["hf_id"])
+
+
+def test_qwen3_30b_a3b_is_128_experts_top_8_in_every_layer():
+    spec = resolve_model("qwen30b-a3b")
+    moe = spec.moe
+    assert spec.is_moe and (moe.num_experts, moe.experts_per_token, moe.moe_intermediate_size) == (128, 8, 768)
+    assert moe.dense_layers == () and not moe.output_router_logits
+    layer = spec.description.layers[0]
+    assert {e.name: e.shape for e in layer.experts} == {"mlp.experts.gate_up_proj": (128, 1536, 2048),
+                                                          "mlp.experts.down_proj": (128, 2048, 768)}
+    # experts are 95% of the parameters; the linears (what bitsandbytes quantizes) are attention only
+    assert spec.description.params_by_category["experts"] == 48 * 128 * 3 * 2048 * 768
+    assert list(spec.linear_shapes()) == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    assert spec.arch["lora_target_sets"] == {"attention": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+
+
+def test_gpt_oss_sinks_windows_and_no_sdpa():
+    spec = resolve_model("gpt-oss-20b")
+    d = spec.description
+    assert d.attention_kinds() == {"sliding(128)": 12, "full": 12}
+    assert not spec.supports_attention("sdpa") and spec.supports_attention("eager")
+    assert d.attn_implementation == "eager" and spec.vocab_size == 201_088
+    assert ("self_attn.sinks", (64,)) in d.layers[0].other_params
+    assert all(m.bias for m in d.layers[0].linears)
+    assert spec.moe.num_experts == 32 and spec.moe.experts_per_token == 4
+
+
+def test_gemma2_refuses_sdpa_and_gemma3_takes_it():
+    assert not resolve_model("gemma-2-9b").supports_attention("sdpa")
+    g3 = resolve_model("gemma-3-4b")
+    assert g3.supports_attention("sdpa") and g3.vocab_size == 262_208 and g3.tie_word_embeddings
+    assert g3.description.attention_kinds() == {"sliding(1024)": 29, "full": 5}
+    assert g3.arch["qk_norm"] and g3.arch["norms_per_layer"] == 4
+
+
+def test_deepseek_v2_lite_mla_dense_first_layer_and_fp32_router():
+    spec = resolve_model("deepseek-v2-lite")
+    d = spec.description
+    assert set(d.attention_kinds()) == {"mla"} and d.mla.kv_lora_rank == 512 and d.mla.qk_rope_head_dim == 64
+    assert spec.moe.dense_layers == (0,) and spec.moe.shared_expert_intermediate_size == 2 * 1408
+    assert d.layers[1].router_dtype == "float32" and d.keep_in_fp32_modules == ("gate.weight",)
+    # the cache holds the compressed latent: (512 + 64) x 2 B per token and layer
+    assert d.layers[0].cache.bytes_per_token == (512 + 64) * 2
+
+
+def test_qwen3_next_three_linear_attention_layers_then_one_full():
+    spec = resolve_model("qwen3-next")
+    d = spec.description
+    assert [layer.attention for layer in d.layers[:4]] == ["linear", "linear", "linear", "full"]
+    assert d.attention_kinds() == {"linear": 36, "full": 12}
+    assert not d.homogeneous
+    linear = d.layers[0].cache
+    assert linear.bytes_per_token == 0 and linear.fixed_bytes > 0  # a recurrent state, not a growing cache
+    assert spec.moe.num_experts == 512 and spec.moe.shared_expert_intermediate_size == 512
+
+
+def test_gemma3_multimodal_config_json_reads_its_text_decoder(tmp_path):
+    """A Gemma-3 4B config.json as published (Gemma3ForConditionalGeneration, text_config without vocab_size) reads
+    as the catalog's text decoder: the same description, answered from the stored one."""
+    text = dict(model_catalog()["gemma-3-4b"]["config"])
+    text.pop("vocab_size")
+    d = _write_config(tmp_path / "gemma-3-4b-it", {"model_type": "gemma3",
+                                                   "architectures": ["Gemma3ForConditionalGeneration"],
+                                                   "text_config": text, "vision_config": {"hidden_size": 1152}})
+    spec = resolve_model(str(d))
+    assert spec.model_type == "gemma3_text" and spec.vocab_size == 262_208
+    assert spec.params_total == model_catalog()["gemma-3-4b"]["params_total"]

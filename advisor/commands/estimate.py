@@ -29,8 +29,9 @@ def add_parser(subs) -> None:
                    help="your training documents (JSONL with \"text\", text, or one token length per line): the "
                         "peak is that of the longest batch unless --packing")
     p.add_argument("--backend", default="estimate", choices=BACKENDS,
-                   help="estimate (closed form), simulate (fake-tensor trace), or a cpu / cuda probe (real run, "
-                        "the budget enforced)")
+                   help="estimate (closed form; the simulation answers for a model it cannot describe, and the "
+                        "output says so), simulate (fake-tensor trace), or a cpu / cuda probe (real run, the budget "
+                        "enforced)")
     p.add_argument("--headroom", type=number("--headroom", low=0, low_inclusive=True, high=1), default=HEADROOM,
                    help="fraction of the budget kept free")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -88,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         result["plan"] = plan.to_dict()
         result["plan_short"] = plan.short()
     result.update(report.to_dict())
+    result.update(answered_by(model, args.task, args.backend, report))
     result["ledger"] = report.device
     if args.task == "train":
         result.update(throughput_fields(model, plan, gpu, target.gpu_assumed, args.gpus, args.sharding, report))
@@ -107,11 +109,36 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
+        from rich.console import Console
+
         from advisor.ui.render import print_estimate
 
         print_estimate(result, report, budget, args.headroom, host_budget=target.host_budget if args.task == "train"
                        else None, gpus=args.gpus)
+        Console().print(f"[dim]answered by the {result['answered_by']}: {result['answered_by_reason']}[/]")
     return 0
+
+
+def answered_by(model, task: str, backend: str, report) -> dict:
+    """Who answered (the closed form, the simulation or a probe) and why: ``answered_by`` and
+    ``answered_by_reason`` of the output (advisor.memory.closed_form has the rule)."""
+    from advisor.memory.closed_form import CLOSED_FORM, SIMULATION, closed_form_describes
+
+    if task == "inference":
+        describes, why = closed_form_describes(model)
+        return {"answered_by": CLOSED_FORM,
+                "answered_by_reason": "the serving ledger" + ("" if describes else
+                                                              f"; its KV cache per token is the dense formula, which "
+                                                              f"does not yet describe this model ({why})")}
+    handed = report.extra.get("answered_by")
+    if handed:
+        return {"answered_by": handed["by"], "answered_by_reason": handed["why"]}
+    if report.backend == "estimate":
+        return {"answered_by": CLOSED_FORM, "answered_by_reason": closed_form_describes(model)[1]}
+    if report.backend == "simulate":
+        return {"answered_by": SIMULATION, "answered_by_reason": f"--backend {backend}: the real model code on fake "
+                                                                 "tensors"}
+    return {"answered_by": f"{report.backend} probe", "answered_by_reason": f"--backend {backend}: a real run"}
 
 
 def throughput_fields(model, plan, gpu, gpu_assumed: bool, gpus: int, sharding: str, report) -> dict:
@@ -122,9 +149,16 @@ def throughput_fields(model, plan, gpu, gpu_assumed: bool, gpus: int, sharding: 
     the catalog GPU a budget matches when none is named or detected)."""
     from advisor.speed.throughput import predict_throughput
 
+    from advisor.memory.closed_form import closed_form_describes
+
     if gpu is None or not (gpu.bf16_tflops or gpu.fp16_tflops):
         return {"tokens_per_s": None, "step_seconds": None, "step_terms": {},
                 "throughput": {"source": "unknown: no GPU named (--gpu) or detected, no budget to assume one"}}
+    describes, why = closed_form_describes(model)
+    if not describes and (report.measured is None or not report.measured.tokens_per_s):
+        # the step-time model counts the FLOPs of the same dense layers as the closed form
+        return {"tokens_per_s": None, "step_seconds": None, "step_terms": {},
+                "throughput": {"source": f"not predicted: the step-time model describes dense layers only ({why})"}}
     tp = predict_throughput(model, plan, gpu, gpus, sharding)
     out = {"tokens_per_s": tp.tokens_per_s, "step_seconds": tp.step_seconds, "step_terms": tp.terms,
            "throughput": {"source": tp.source, "gpu": gpu.name, "gpu_assumed": gpu_assumed, "gpus": gpus,

@@ -46,8 +46,9 @@ def run_preflight_cmd(args: argparse.Namespace) -> int:
         config=args.config, gpu_budget=args.gpu_budget, gpu=args.gpu, data=args.data, probe=args.probe,
         max_seq_len=args.max_seq_len, headroom=args.headroom, epochs=args.epochs,
         trust_remote_code=args.trust_remote_code, backend=args.backend, host_budget=args.host_budget))
+    who = memory_answered_by(result.model, result.plan, args.backend)
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2, default=str))
+        print(json.dumps({**result.to_dict(), **who}, indent=2, default=str))
     else:
         from advisor.diagnosis.findings import print_findings
 
@@ -56,7 +57,21 @@ def run_preflight_cmd(args: argparse.Namespace) -> int:
 
         print_findings(result.findings, header=f"[bold {color}]{result.verdict}[/] {result.model.name} · "
                                                f"{escape(result.plan.short())}" + (f" · budget {result.budget}" if result.budget else ""))
+        print(f"memory check answered by the {who['answered_by']}: {who['answered_by_reason']}")
     return result.exit_code
+
+
+def memory_answered_by(model, plan, backend: str) -> dict:
+    """Who answered the memory check: the simulation (--backend simulate, or a model the closed form cannot
+    describe: advisor.memory.closed_form) or the closed form."""
+    from advisor.memory.closed_form import CLOSED_FORM, SIMULATION, closed_form_describes
+
+    if model is None or plan is None:
+        return {"answered_by": None, "answered_by_reason": "no memory check (the config did not resolve)"}
+    if backend == "simulate":
+        return {"answered_by": SIMULATION, "answered_by_reason": "--backend simulate: the real model code on fake tensors"}
+    describes, why = closed_form_describes(model, plan)
+    return {"answered_by": CLOSED_FORM if describes else SIMULATION, "answered_by_reason": why}
 
 
 def run_doctor_cmd(args: argparse.Namespace) -> int:

@@ -171,10 +171,13 @@ def run(args: argparse.Namespace) -> int:
         exports = export_best(settings, selection.best, args.export)
     result = tune_result(settings, records, selection, exports, quality,
                          tuner.study.user_attrs.get(WHY_ATTR, ""))
+    result.update(screened_by(settings, selection))
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     else:
         print_tune_result(settings, records, selection, exports)
+        if result["answered_by"] != "closed form":
+            print(f"the estimate stage was answered by the {result['answered_by']}: {result['answered_by_reason']}")
     return 0 if selection.best is not None else 1
 
 
@@ -191,6 +194,18 @@ def measure_quality(tuner, quiet: bool = False):
         why = why_not_measured(s.backend, s.weights, s.data) or "the study has no finalist"
         tuner.study.set_user_attr(WHY_ATTR, why)
     return quality
+
+
+def screened_by(settings, selection) -> dict:
+    """Who answered the estimate stage (advisor.memory.closed_form: the simulation for a model the closed form
+    cannot describe), for the output."""
+    from advisor.memory.closed_form import CLOSED_FORM, SIMULATION, closed_form_describes
+
+    best = selection.best
+    plan = getattr(best, "plan", None)
+    describes, why = closed_form_describes(settings.model, plan if plan is not None and hasattr(plan, "seq_len")
+                                           else None)
+    return {"answered_by": CLOSED_FORM if describes else SIMULATION, "answered_by_reason": why}
 
 
 def export_best(settings, best, out_dir: str) -> dict[str, str]:

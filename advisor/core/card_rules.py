@@ -13,11 +13,8 @@ search never proposes, and pre-flight never refuses, a plan the other one judges
 
 from __future__ import annotations
 
-import ast
-import importlib.util
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, Mapping
 
 from advisor.core.data_files import load_data_file
@@ -37,8 +34,6 @@ CARD_DEFAULT_MEANS = {
 """What an ``auto`` choice (a flag left out) means, in the words of --help."""
 BF16_RULE = "bf16-unsupported"
 """The rule that says which cards have bf16 tensor cores (``card_precision`` follows it)."""
-EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
-"""config.json fields that give a model routed experts (Qwen-MoE, Mixtral, DeepSeek)."""
 
 
 # --------------------------------------------------------------------------- the rules (data)
@@ -156,91 +151,15 @@ class ModelFacts:
 
 
 def model_facts(model: Any) -> ModelFacts:
-    """The facts of a ModelSpec's class (None or an unknown class: nothing known, nothing refused).
-
-    The attention implementations are read from the installed transformers' modeling source
-    (``_class_attention``) until ModelSpec carries them; this is the one place to point at that field."""
-    if model is None:
+    """The facts of a ModelSpec's class (None, or a spec without a description: nothing known, nothing refused):
+    the attention implementations its class accepts, read from the class by the meta-device build of the
+    model's description (advisor.core.architecture: ``_supports_sdpa`` / ``_supports_flash_attn``)."""
+    description = getattr(model, "description", None)
+    if description is None:
         return ModelFacts()
-    config = getattr(model, "config", None) or {}
-    experts = any(int(config.get(k) or 0) > 0 for k in EXPERT_KEYS)
-    archs = config.get("architectures") or []
-    found = _class_attention(getattr(model, "model_type", "") or "", archs[0] if archs else None)
-    version = _transformers_version()
-    if found is None:
-        return ModelFacts(experts=experts, transformers_version=version)
-    return ModelFacts(class_name=found[0], attention=found[1], experts=experts, transformers_version=version)
-
-
-_ATTENTION_ATTRS = {"sdpa": ("_supports_sdpa",), "flash_attention_2": ("_supports_flash_attn", "_supports_flash_attn_2")}
-"""transformers' class attributes that allow each implementation (modeling_utils.PreTrainedModel: both False by
-default; _sdpa_can_dispatch / _flash_attn_can_dispatch raise ValueError when the class's is False)."""
-_LIBRARY_BASES = {"PreTrainedModel", "GenerationMixin", "Module", "nn.Module"}
-
-
-@lru_cache(maxsize=None)
-def _class_attention(model_type: str, class_name: str | None) -> tuple[str, frozenset[str]] | None:
-    """(class name, the attention implementations it runs) from the installed transformers' modeling file for
-    ``model_type``, read without importing it (no torch): the class's and its in-file bases' ``_supports_*``
-    assignments, PreTrainedModel's False where none sets them. None when the file, the class or a value
-    cannot be read statically (a base from another module, a property)."""
-    spec = importlib.util.find_spec("transformers")
-    if spec is None or not spec.origin or not model_type.isidentifier():
-        return None
-    path = Path(spec.origin).parent / "models" / model_type / f"modeling_{model_type}.py"
-    if not path.is_file():
-        return None
-    classes = {n.name: n for n in ast.parse(path.read_text(encoding="utf-8")).body if isinstance(n, ast.ClassDef)}
-    name = class_name if class_name in classes else next((n for n in classes if n.endswith("ForCausalLM")), None)
-    if name is None:
-        return None
-    wanted = {a for attrs in _ATTENTION_ATTRS.values() for a in attrs}
-    values: dict[str, Any] = {}
-    unknown_base = False
-    todo, seen = [name], set()
-    while todo:  # the class, then its bases depth first (Python's MRO for these single chains)
-        node = classes[todo.pop(0)]
-        if node.name in seen:
-            continue
-        seen.add(node.name)
-        for stmt in node.body:
-            target, value = _assigned(stmt)
-            if target in wanted:
-                values.setdefault(target, value.value if isinstance(value, ast.Constant) else None)
-            elif isinstance(stmt, ast.FunctionDef) and stmt.name in wanted:
-                values.setdefault(stmt.name, None)
-        for base in node.bases:
-            base_name = ast.unparse(base)
-            if base_name in classes:
-                todo.append(base_name)
-            elif base_name not in _LIBRARY_BASES:
-                unknown_base = True
-    supported = {"eager"}
-    for impl, attrs in _ATTENTION_ATTRS.items():
-        got = [values[a] for a in attrs if a in values]
-        if any(v is None for v in got) or (not got and unknown_base):
-            return None
-        if any(got):
-            supported.add(impl)
-    return name, frozenset(supported)
-
-
-def _assigned(stmt: ast.stmt) -> tuple[str | None, ast.expr | None]:
-    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-        return stmt.targets[0].id, stmt.value
-    if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-        return stmt.target.id, stmt.value
-    return None, None
-
-
-@lru_cache(maxsize=None)
-def _transformers_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("transformers")
-    except PackageNotFoundError:
-        return ""
+    attention = frozenset(i for i in ("eager", "sdpa", "flash_attention_2") if description.supports_attention(i))
+    return ModelFacts(class_name=description.model_class, attention=attention, experts=description.moe is not None,
+                      transformers_version=description.transformers_version)
 
 
 def default_attention(facts: ModelFacts) -> str:
@@ -337,7 +256,7 @@ class Card:
         if facts.attention is None or impl in facts.attention:
             return []
         runs = sorted(facts.attention, key=["sdpa", "flash_attention_2", "eager"].index)
-        attrs = " / ".join(_ATTENTION_ATTRS.get(impl, ("?",)))
+        attrs = {"sdpa": "_supports_sdpa", "flash_attention_2": "_supports_flash_attn"}.get(impl, "?")
         where = f"transformers {facts.transformers_version}".strip()
         rule = (f"{facts.class_name} does not run {impl} in {where} ({attrs} is False); use "
                 f"{' or '.join(runs)}")

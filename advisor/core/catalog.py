@@ -1,8 +1,8 @@
 """Model and GPU catalogs: resolve what the user names into exact specs.
 
-The catalogs are data (``advisor/data/*.yaml``). Resolving a model never imports torch for a
-catalog entry or a known architecture; only a local model of an architecture the ledger does not
-know is counted by building it on the meta device.
+The catalogs are data (``advisor/data/*.yaml``). A model's structure is derived from transformers
+(advisor.core.architecture); resolving a catalog model reads its stored description and imports no torch, and
+any other config is built once on the meta device and kept in the user cache (advisor.core.architecture_store).
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import difflib
 import json
 import os
 from dataclasses import asdict, dataclass, field, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
+from advisor.core.architecture import ArchitectureDescription, MoeFacts, config_key
 from advisor.core.data_files import load_data_file
 from advisor.core.errors import AdvisorInputError
 
@@ -32,8 +33,21 @@ def gpu_catalog() -> dict[str, dict[str, Any]]:
 
 
 @lru_cache(maxsize=None)
-def architectures() -> dict[str, dict[str, Any]]:
+def architecture_facts() -> dict[str, dict[str, Any]]:
+    """What a meta-device build cannot say (architectures.yaml), each entry with its source."""
     return load_data_file("architectures.yaml")
+
+
+@lru_cache(maxsize=None)
+def architectures() -> dict[str, dict[str, Any]]:
+    """``ModelSpec.arch`` of each catalog ``model_type`` (its first catalog model's), derived: the norms, q/k norms,
+    activation, soft-capping and LoRA target sets the ledger and the search read by architecture."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, entry in model_catalog().items():
+        model_type = entry["config"]["model_type"]
+        if model_type not in out:
+            out[model_type] = _catalog_spec(key).arch
+    return out
 
 
 # --------------------------------------------------------------------------- models
@@ -41,18 +55,24 @@ def architectures() -> dict[str, dict[str, Any]]:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A decoder-only language model, as much as memory planning needs to know of it."""
+    """A decoder-only language model, as much as memory planning needs to know of it.
+
+    The fields are the config's, as transformers builds the model (its config class's defaults filled in). What a
+    decoder layer holds (linear modules, norms, experts, attention kind, cache) is ``description``: derived from a
+    meta-device build of ``config`` (advisor.core.architecture), read from the stored catalog descriptions or the
+    user cache (advisor.core.architecture_store) without importing torch where it was derived before.
+    """
 
     name: str
     """Canonical name (catalog key, or the hub id of a catalogued variant, or the directory / hub id it was read from)."""
     hf_id: str
     """Hugging Face hub id, or the local path."""
     model_type: str
-    """transformers `model_type` (llama, qwen2, qwen3, mistral, gemma2, phi3, ...)."""
+    """transformers `model_type` (llama, qwen2, qwen3, qwen3_moe, gpt_oss, gemma3_text, ...)."""
     hidden_size: int
     """Width of the residual stream."""
     intermediate_size: int
-    """Width of the MLP."""
+    """Width of the dense MLP (the config's ``intermediate_size``; an expert's width is in ``moe``)."""
     num_layers: int
     """Number of decoder layers."""
     num_heads: int
@@ -75,6 +95,9 @@ class ModelSpec:
     """Where the spec came from: catalog, local, hf-cache."""
     path: str | None = None
     """Local directory holding config.json (and maybe weights and a tokenizer)."""
+    config_key: str = ""
+    """Key of ``config`` (advisor.core.architecture.config_key): two specs that differ only in their config (a tiny
+    model's sliding window) are not equal, so caches keyed by the spec tell them apart."""
 
     @property
     def q_dim(self) -> int:
@@ -84,133 +107,157 @@ class ModelSpec:
     def kv_dim(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    # ------------------------------------------------------------------ derived from the meta-device build
+
+    @cached_property
+    def description(self) -> ArchitectureDescription:
+        """The model's structure, derived from transformers (stored for the catalog, cached for the rest)."""
+        from advisor.core.architecture_store import description_for
+
+        return description_for(self.config)[0]
+
+    @cached_property
+    def _shapes(self) -> dict[str, tuple[int, int]]:
+        out: dict[str, tuple[int, int]] = {}
+        for layer, _ in self.description.layer_kinds():
+            for m in layer.linears:
+                out.setdefault(m.short, (m.in_features, m.out_features))
+        return out
+
+    @cached_property
+    def _biases(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for layer, _ in self.description.layer_kinds():
+            for m in layer.linears:
+                if m.bias:
+                    out.setdefault(m.short, m.out_features)
+        return out
+
+    @cached_property
+    def _arch(self) -> dict[str, Any]:
+        d = self.description
+        first = d.layers[0]
+        sets: dict[str, list[str]] = {"attention": [], "mlp": []}
+        for layer, _ in d.layer_kinds():
+            for m in layer.linears:
+                role = {"attention": "attention", "mlp": "mlp", "shared_experts": "mlp"}.get(m.role)
+                if role and m.short not in sets[role]:
+                    sets[role].append(m.short)
+        return {
+            "norms_per_layer": sum(1 for n in first.norms if not n.is_qk_norm),
+            "qk_norm": any(n.is_qk_norm for n in first.norms),
+            "mlp_activation": d.hidden_act,
+            "logit_softcap": bool(d.final_logit_softcapping),
+            "lora_target_sets": {k: v for k, v in sets.items() if v},
+        }
+
     @property
-    def arch(self) -> dict[str, Any] | None:
-        """The ledger's knowledge of this architecture (architectures.yaml), if any."""
-        return architectures().get(self.model_type)
+    def arch(self) -> dict[str, Any]:
+        """The facts the ledger and the search read by architecture, derived from ``description``:
+        ``norms_per_layer`` (norms over the hidden width in one decoder layer), ``qk_norm`` (norms over the queries
+        and keys), ``mlp_activation``, ``logit_softcap``, ``lora_target_sets`` (attention / mlp module names by the
+        role of each linear)."""
+        return self._arch
+
+    @property
+    def is_moe(self) -> bool:
+        """Some decoder layers route tokens to stacked experts."""
+        return self.description.is_moe
+
+    @property
+    def moe(self) -> MoeFacts | None:
+        """Experts, top-k, expert width, shared experts and dense layers of a mixture of experts (None: dense)."""
+        return self.description.moe
+
+    def supports_attention(self, impl: str) -> bool:
+        """Whether transformers accepts ``attn_implementation=impl`` for this model class (the class's
+        ``_supports_sdpa`` / ``_supports_flash_attn`` / ``_supports_flex_attn``; eager always)."""
+        return self.description.supports_attention(impl)
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
-        """(in_features, out_features) of each linear module in one decoder layer."""
-        arch = self.arch
-        if arch is None:
-            raise AdvisorInputError(
-                "--model", f"architecture {self.model_type!r} is not described in architectures.yaml", self.name
-            )
-        dims = {
-            "hidden": self.hidden_size,
-            "intermediate": self.intermediate_size,
-            "q_dim": self.q_dim,
-            "kv_dim": self.kv_dim,
-            "qkv_dim": self.q_dim + 2 * self.kv_dim,
-            "gate_up": 2 * self.intermediate_size,
-        }
-        return {name: (dims[i], dims[o]) for name, (i, o) in arch["linear_modules"].items()}
+        """(in_features, out_features) of each linear module of a decoder layer, by short name, in the order the
+        forward calls them (every layer's, the first layer's shape where layers of two kinds share a name)."""
+        return dict(self._shapes)
 
     @property
     def qkv_bias(self) -> bool:
-        return bool(self.config.get("attention_bias", (self.arch or {}).get("attention_bias", False)))
+        return any(self._biases.get(n) for n in ("q_proj", "k_proj", "v_proj", "qkv_proj"))
 
     @property
     def o_bias(self) -> bool:
-        rule = (self.arch or {}).get("o_bias", False)
-        return self.qkv_bias if rule == "from_attention_bias" else bool(rule)
+        return bool(self._biases.get("o_proj"))
 
     def layer_bias_params(self) -> dict[str, int]:
         """Bias parameters of each linear module in one decoder layer."""
-        shapes = self.linear_shapes()
-        out: dict[str, int] = {}
-        for name, (_, o) in shapes.items():
-            if name in ("q_proj", "k_proj", "v_proj", "qkv_proj") and self.qkv_bias:
-                out[name] = o
-            elif name == "o_proj" and self.o_bias:
-                out[name] = o
-        return out
+        return dict(self._biases)
 
     def layer_norm_params(self) -> int:
-        """Parameters of the norms of one decoder layer (qk-norms included)."""
-        arch = self.arch or {}
-        n = arch.get("norms_per_layer", 2) * self.hidden_size
-        if arch.get("qk_norm"):
-            n += 2 * self.head_dim
-        return n
+        """Parameters of the norms of one decoder layer (qk-norms included; the first layer's)."""
+        return self.description.layers[0].norm_params
 
     def layer_linear_params(self) -> int:
         return sum(i * o for i, o in self.linear_shapes().values())
 
     def layer_params(self) -> int:
-        return self.layer_linear_params() + sum(self.layer_bias_params().values()) + self.layer_norm_params()
+        """Parameters of one decoder layer (the first layer's)."""
+        return self.description.layers[0].params
 
     @property
     def embedding_params(self) -> int:
-        return self.vocab_size * self.hidden_size
+        return self.description.embedding_params
 
     @property
     def lm_head_params(self) -> int:
         """Parameters of the output projection that are not shared with the embedding."""
-        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+        return self.description.lm_head_params
 
     def count_params(self) -> int:
-        """Exact parameter count from the architecture fields (tests compare it with transformers)."""
-        return (
-            self.embedding_params
-            + self.num_layers * self.layer_params()
-            + self.hidden_size  # final norm
-            + self.lm_head_params
-        )
+        """Exact parameter count from the description (every layer, the embedding, the final norm, the head)."""
+        d = self.description
+        return d.embedding_params + sum(layer.params for layer in d.layers) + d.final_norm_params + d.lm_head_params
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
+REQUIRED_FIELDS = ("model_type", "hidden_size", "num_hidden_layers")
+"""config.json fields without which a config describes no model (the rest fall back to transformers' defaults of the
+config class, as transformers itself builds the model)."""
+INT_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "head_dim", "vocab_size", "max_position_embeddings")
+
+
 def spec_from_config(name: str, hf_id: str, config: dict, source: str, path: str | None,
                       params_total: int | None, trust_remote_code: bool = False) -> ModelSpec:
-    """The ModelSpec of a config.json's fields (parameters counted when ``params_total`` is None)."""
+    """The ModelSpec of a config.json's fields, from its derived description (``params_total``, when given, is
+    the catalog's figure: tests/test_catalog_models.py checks it against the description)."""
     where = "--model"
-    try:
-        model_type = config["model_type"]
-        hidden = int(config["hidden_size"])
-        heads = int(config["num_attention_heads"])
-        spec = ModelSpec(
-            name=name,
-            hf_id=hf_id,
-            model_type=model_type,
-            hidden_size=hidden,
-            intermediate_size=int(config["intermediate_size"]),
-            num_layers=int(config["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
-            vocab_size=int(config["vocab_size"]),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            max_position_embeddings=int(config.get("max_position_embeddings") or 0),
-            params_total=0,
-            config=dict(config),
-            source=source,
-            path=path,
-        )
-    except KeyError as e:
-        raise AdvisorInputError(where, f"config.json of {name} lacks the field {e.args[0]!r}", name,
-                                show_value=False) from None
-    except (TypeError, ValueError) as e:
-        raise AdvisorInputError(where, f"config.json of {name} has a field of the wrong type ({e})", name,
-                                show_value=False) from None
-    if params_total is None:
-        params_total = spec.count_params() if spec.arch else _count_params_meta(config, name, trust_remote_code)
-    return replace(spec, params_total=params_total)
-
-
-def _count_params_meta(config: dict, name: str, trust_remote_code: bool) -> int:
-    """Count parameters of an architecture the ledger does not know by building it on the meta device."""
-    import torch  # late: only for unknown architectures
-    from transformers import AutoModelForCausalLM
+    for key in REQUIRED_FIELDS:
+        if key not in config:
+            raise AdvisorInputError(where, f"config.json of {name} lacks the field {key!r}", name, show_value=False)
+    for key in INT_FIELDS:
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise AdvisorInputError(where, f"config.json of {name} has a field of the wrong type ({key} must be a "
+                                    f"whole number, got {value!r})", name, show_value=False)
+    from advisor.core.architecture_store import description_for
 
     try:
-        cfg = build_hf_config(config, trust_remote_code=trust_remote_code)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust_remote_code)
-    except Exception as e:  # noqa: BLE001 - transformers raises many kinds
-        raise AdvisorInputError("--model", f"transformers cannot build {name} ({e})", name, show_value=False) from e
-    return sum(p.numel() for p in model.parameters())
+        desc, _ = description_for(config, trust_remote_code=trust_remote_code)
+    except AdvisorInputError:
+        raise
+    except Exception as e:  # noqa: BLE001 - transformers raises many kinds for a config it cannot build
+        raise AdvisorInputError(where, f"transformers cannot build {name} ({type(e).__name__}: {e})", name,
+                                show_value=False) from e
+    spec = ModelSpec(
+        name=name, hf_id=hf_id, model_type=desc.model_type, hidden_size=desc.hidden_size,
+        intermediate_size=desc.intermediate_size, num_layers=desc.num_layers, num_heads=desc.num_heads,
+        num_kv_heads=desc.num_kv_heads, head_dim=desc.head_dim, vocab_size=desc.vocab_size,
+        tie_word_embeddings=desc.tie_word_embeddings, max_position_embeddings=desc.max_position_embeddings,
+        params_total=desc.params_total if params_total is None else int(params_total), config=dict(config),
+        source=source, path=path, config_key=config_key(config))
+    spec.__dict__["description"] = desc  # the cached_property, filled: no second lookup
+    return spec
 
 
 def build_hf_config(config: dict, trust_remote_code: bool = False):
@@ -239,6 +286,13 @@ def _read_config_json(path: Path, name: str) -> dict:
     if "text_config" in config and "hidden_size" not in config:
         config = {**config["text_config"], "model_type": config["text_config"].get("model_type", config.get("model_type"))}
     return config
+
+
+def _transformers_knows(model_type: str | None) -> bool:
+    """transformers has a config class for ``model_type`` (its own code, no remote code needed)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return model_type in CONFIG_MAPPING_NAMES
 
 
 def _hf_cache_dirs() -> list[Path]:
@@ -291,7 +345,7 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSpec:
         if not cfg_path.is_file():
             raise AdvisorInputError("--model", f"directory {path} has no config.json", wanted, show_value=False)
         config = _read_config_json(cfg_path, wanted)
-        if config.get("auto_map") and not trust_remote_code and config.get("model_type") not in architectures():
+        if config.get("auto_map") and not trust_remote_code and not _transformers_knows(config.get("model_type")):
             raise AdvisorInputError(
                 "--model", f"{path} ships its own model code; pass --trust-remote-code to run it", wanted,
                 show_value=False)
@@ -485,3 +539,13 @@ def gpu_for_budget(budget_bytes: int) -> GpuSpec:
     fitting = [g for g in gpus if g.memory_bytes >= budget_bytes * BUDGET_MATCH]
     pool = fitting or gpus
     return min(pool, key=lambda g: (abs(g.memory_bytes - budget_bytes), -(g.bf16_tflops or 0)))
+
+
+def peft_moved_lora_names(model_type: str) -> frozenset[str]:
+    """LoRA target names that peft moves from target_modules to the stacked experts and the router of
+    ``model_type`` (architectures.yaml ``peft_moe_target_rewrite``; empty where peft rewrites nothing)."""
+    rule = architecture_facts().get("peft_moe_target_rewrite") or {}
+    for pattern, types in (rule.get("model_types") or {}).items():
+        if model_type in types:
+            return frozenset(rule["moved_names"][pattern])
+    return frozenset()

@@ -11,10 +11,13 @@ from typing import Any
 
 
 def load_data_file(name: str) -> Any:
-    """``advisor/data/<name>`` parsed as YAML (``yaml.safe_load``)."""
+    """``advisor/data/<name>`` parsed as YAML (``yaml.safe_load``; with libyaml's parser where PyYAML has it: the
+    same objects, several times faster, which the CLI's start-up feels on models.yaml)."""
     import yaml
 
-    return yaml.safe_load(resources.files("advisor").joinpath("data", name).read_text(encoding="utf-8"))
+    text = resources.files("advisor").joinpath("data", name).read_text(encoding="utf-8")
+    loader = getattr(yaml, "CSafeLoader", None)
+    return yaml.load(text, Loader=loader) if loader is not None else yaml.safe_load(text)
 
 
 __all__ = ["load_data_file"]

@@ -215,7 +215,8 @@ def fused_linear_loss(model, input_ids, labels, device: str, target: str, positi
 def build_training_setup(spec: ModelSpec, plan: Plan, *, device: str = "cpu", num_layers: int | None = None,
                          quant_impl: str = "auto", weights_dir: str | None = None, seed: int = 0,
                          target_device: str | None = None, checkpoint_set: tuple[int, ...] | None = None,
-                         on_grad=None, proj_gap: int | None = None) -> TrainingSetup:
+                         on_grad=None, proj_gap: int | None = None, layers: tuple[int, ...] | None = None
+                         ) -> TrainingSetup:
     """The model of ``spec`` with ``plan`` applied, and its optimizer, on ``device``.
 
     Under an active ``FakeTensorMode`` every tensor is fake (shapes and dtypes only) and
@@ -223,7 +224,8 @@ def build_training_setup(spec: ModelSpec, plan: Plan, *, device: str = "cpu", nu
     ``num_layers`` builds fewer decoder layers (layer extrapolation). ``target_device`` is the
     device whose behaviour to reproduce (default: ``device``). ``checkpoint_set`` overrides which decoder
     layers are checkpointed (layer extrapolation of partial checkpointing); ``on_grad`` is called with
-    each parameter once its gradient is accumulated (the tracker's gradient marks).
+    each parameter once its gradient is accumulated (the tracker's gradient marks). ``layers`` builds the decoder
+    layers of the full model at these indices instead (layers of several kinds: ``select_layers``).
     """
     import torch
 
@@ -235,7 +237,7 @@ def build_training_setup(spec: ModelSpec, plan: Plan, *, device: str = "cpu", nu
     target = target_device or device
     notes: list[str] = []
     torch.manual_seed(seed)
-    model = _build_model(spec, plan, device, num_layers, weights_dir, target, notes)
+    model = _build_model(spec, plan, device, num_layers, weights_dir, target, notes, layers)
     fake = is_fake(next(iter(model.parameters())))
     impl = quant_impl if quant_impl != "auto" else ("standin" if fake else "bnb")
     if fake and impl == "bnb":
@@ -258,7 +260,7 @@ def build_training_setup(spec: ModelSpec, plan: Plan, *, device: str = "cpu", nu
     if plan.activation_offload and not plan.gradient_checkpointing:
         offload_decoder_activations(model)
     if plan.peft:
-        model = _apply_lora(model, spec, plan, fake)
+        model = _apply_lora(model, spec, plan, fake, notes)
     model.train()
     if on_grad is not None:
         # registered before the optimizer's own hooks, so it sees each gradient before an in-backward step frees it
@@ -275,9 +277,16 @@ def build_training_setup(spec: ModelSpec, plan: Plan, *, device: str = "cpu", nu
                          target_device=target, scaler=scaler, notes=notes)
 
 
-def hf_config(spec: ModelSpec, plan: Plan, num_layers: int | None, attn: str):
-    cfg = build_hf_config(spec.config)
-    if num_layers is not None:
+def hf_config(spec: ModelSpec, plan: Plan, num_layers: int | None, attn: str, layers: tuple[int, ...] | None = None):
+    """The transformers config of ``spec`` for training: ``num_layers`` decoder layers (the first ones), or the
+    layers of ``spec`` at the indices ``layers`` in that order (a partial model whose layers are of the kinds
+    chosen: advisor.runtime.simulate.extrapolate)."""
+    from advisor.core.architecture import hf_config as text_config
+
+    cfg = text_config(build_hf_config(spec.config))
+    if layers is not None:
+        select_layers(cfg, spec, layers)
+    elif num_layers is not None:
         cfg.num_hidden_layers = num_layers
         for key in ("layer_types",):
             if getattr(cfg, key, None):
@@ -287,32 +296,98 @@ def hf_config(spec: ModelSpec, plan: Plan, num_layers: int | None, attn: str):
     return cfg
 
 
-def _attention(plan: Plan, target: str, notes: list[str]) -> str:
-    if plan.attn_impl != "flash_attention_2":
-        return plan.attn_impl
-    import importlib.util
+def select_layers(cfg, spec: ModelSpec, layers: tuple[int, ...]) -> None:
+    """Make ``cfg`` build the decoder layers of ``spec`` at ``layers`` (indices of the full model), in that order.
 
-    if target.startswith("cuda") and importlib.util.find_spec("flash_attn") is not None:
-        return "flash_attention_2"
-    notes.append("flash_attention_2 run as sdpa (flash_attn absent or not on CUDA): the same saved tensors "
-                 "(q, k, v, output, logsumexp)")
-    return "sdpa"
+    A layer's kind comes from the config: its ``layer_types`` entry (sliding / full / linear attention), and
+    whether its MLP is dense, from ``mlp_only_layers`` (Qwen MoE), ``first_k_dense_replace`` (DeepSeek: dense
+    layers first) or ``decoder_sparse_step`` / ``moe_layer_freq``. The chosen layers must be buildable from those
+    fields (DeepSeek's dense layers come first), which ``SelectedLayers`` checks on the built model."""
+    n = len(layers)
+    dense = set(spec.moe.dense_layers) if spec.moe else set()
+    cfg.num_hidden_layers = n
+    if getattr(cfg, "layer_types", None):
+        full = list(cfg.layer_types)
+        cfg.layer_types = [full[i] for i in layers]
+    if hasattr(cfg, "mlp_only_layers"):
+        cfg.mlp_only_layers = [k for k, i in enumerate(layers) if i in dense]
+        if hasattr(cfg, "decoder_sparse_step"):
+            cfg.decoder_sparse_step = 1
+    if hasattr(cfg, "first_k_dense_replace"):
+        k = sum(1 for i in layers if i in dense)
+        if any(i in dense for i in layers[k:]):
+            raise ValueError(f"dense layers must come first in {layers} for {spec.model_type}")
+        cfg.first_k_dense_replace = k
+        if hasattr(cfg, "moe_layer_freq"):
+            cfg.moe_layer_freq = 1
+
+
+def _attention(spec: ModelSpec, plan: Plan, target: str, notes: list[str]) -> str:
+    """The attention the traced (or probed) model runs: the plan's, where the model class accepts it."""
+    impl = plan.attn_impl
+    if impl == "flash_attention_2":
+        import importlib.util
+
+        if not (target.startswith("cuda") and importlib.util.find_spec("flash_attn") is not None):
+            notes.append("flash_attention_2 run as sdpa (flash_attn absent or not on CUDA): the same saved tensors "
+                         "(q, k, v, output, logsumexp)")
+            impl = "sdpa"
+    if not spec.supports_attention(impl):
+        # the class refuses it at load (PreTrainedModel._sdpa_can_dispatch raises ValueError); run what
+        # transformers picks when none is asked for (get_correct_attn_implementation: sdpa if supported, else eager)
+        d = spec.description
+        fallback = d.attn_implementation if d.attn_implementation and spec.supports_attention(
+            d.attn_implementation) else "eager"
+        notes.append(f"{d.model_class} does not accept attn_implementation={impl!r} (transformers "
+                     f"{d.transformers_version}: _supports_sdpa={d.supports_sdpa}, _supports_flash_attn="
+                     f"{d.supports_flash_attn}); traced with {fallback}, what transformers picks when none is asked "
+                     f"for. A run that asks for {impl} fails when the model loads.")
+        impl = fallback
+    return impl
+
+
+def _reference_kernels(spec: ModelSpec, notes: list[str]) -> None:
+    """Linear-attention layers (Qwen3-Next's Gated DeltaNet) run flash-linear-attention and causal-conv1d where
+    installed, else transformers' PyTorch reference (integrations/hub_kernels.py, which says so once per process
+    as a warning; the note says it instead)."""
+    import importlib.util
+    import logging
+
+    if not any(layer.attention == "linear" for layer in spec.description.layers):
+        return
+    missing = [name for name, module in (("flash-linear-attention", "fla"), ("causal-conv1d", "causal_conv1d"))
+               if importlib.util.find_spec(module) is None]
+    if missing:
+        logging.getLogger("transformers.integrations.hub_kernels").setLevel(logging.ERROR)
+        notes.append(f"linear-attention layers ran transformers' PyTorch reference ({', '.join(missing)} not "
+                     "installed); the kernels a GPU run uses may save other tensors (not measured), and packed "
+                     "sequences need flash-linear-attention")
+
+
+EXPERTS_IMPLEMENTATION = "grouped_mm"
+"""How a mixture of experts runs its experts: transformers 5.24's default (modeling_utils.py:1894) and what CUDA
+runs from compute capability 8.0 (integrations/moe.py:343-346); its shapes are tokens x top-k rows whatever the
+routing, so a fake-tensor trace equals real execution (reports/moe_findings.md section 4). The ``eager`` loop
+cannot run under fake tensors (``nonzero``)."""
 
 
 def _build_model(spec: ModelSpec, plan: Plan, device: str, num_layers: int | None, weights_dir: str | None,
-                 target: str, notes: list[str]):
+                 target: str, notes: list[str], layers: tuple[int, ...] | None = None):
     import torch
     from transformers import AutoModelForCausalLM
 
-    attn = _attention(plan, target, notes)
-    cfg = hf_config(spec, plan, num_layers, attn)
+    attn = _attention(spec, plan, target, notes)
+    cfg = hf_config(spec, plan, num_layers, attn, layers)
+    _reference_kernels(spec, notes)
     # quantized bases keep their non-quantized parts in the compute dtype (BitsAndBytesConfig + dtype=compute)
     dtype = torch_dtype(plan.compute_dtype if plan.quantized else plan.param_dtype)
+    extra = {"experts_implementation": EXPERTS_IMPLEMENTATION} if spec.is_moe else {}
     if weights_dir is not None:
-        model = AutoModelForCausalLM.from_pretrained(weights_dir, config=cfg, dtype=dtype, attn_implementation=attn)
+        model = AutoModelForCausalLM.from_pretrained(weights_dir, config=cfg, dtype=dtype, attn_implementation=attn,
+                                                     **extra)
         return model.to(device)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn, **extra)
     return model
 
 
@@ -329,10 +404,47 @@ def _module_to_is_noop():
         torch.nn.Module.to = original
 
 
-def _apply_lora(model, spec: ModelSpec, plan: Plan, fake: bool):
+def lora_targets(spec: ModelSpec, plan: Plan) -> tuple[list[str], list[str]]:
+    """(the LoRA target_modules the run passes to peft, notes) for ``plan`` on ``spec``.
+
+    A dense model: the plan's targets (all-linear: every decoder linear). A mixture of experts: the stacked experts
+    are not ``nn.Linear`` and get no adapters; and for the model types whose v4 expert names peft rewrites
+    (architectures.yaml ``peft_moe_target_rewrite``: Qwen-MoE, Qwen3-Next, OLMoE, DeepSeek, Mixtral), the names peft
+    would move to the experts and the router are left out, since peft's ``ParamWrapper`` then refuses the plan's
+    ``lora_dropout`` > 0 (``LoraConfig("all-linear", lora_dropout=0.05)`` raises on Qwen3-MoE). LoRA on the experts
+    (``target_parameters``) is not a knob yet.
+    """
+    from advisor.core.catalog import peft_moved_lora_names
+
+    names = list(spec.linear_shapes())
+    targets = lora_target_modules(plan, names)
+    if not plan.peft or not spec.is_moe:
+        return targets, []
+    moved = peft_moved_lora_names(spec.model_type)
+    kept = [t for t in targets if t not in moved]
+    moe = spec.moe
+    share = spec.description.params_by_category.get("experts", 0) / max(spec.params_total, 1)
+    notes = [f"mixture of experts ({moe.num_experts} experts, top-{moe.experts_per_token}): LoRA on "
+             f"{', '.join(kept) or 'nothing'}; the stacked experts ({share:.0%} of the parameters) and the router get "
+             "no adapters (LoRA on the experts, peft target_parameters, is not a knob yet)"]
+    dropped = [t for t in targets if t in moved]
+    if dropped:
+        notes.append(f"left out {', '.join(dropped)}: peft rewrites these names on {spec.model_type} into LoRA on "
+                     "the stacked experts and the router (target_parameters), whose ParamWrapper refuses "
+                     "lora_dropout > 0 and DoRA (peft/tuners/lora/layer.py)")
+    if not kept:
+        raise AdvisorInputError("--lora-targets", f"no module left to adapt on {spec.name}: its linears "
+                                f"{', '.join(names)} are either not targeted or rewritten by peft into expert "
+                                "parameters; target the attention", ",".join(targets), show_value=False)
+    return kept, notes
+
+
+def _apply_lora(model, spec: ModelSpec, plan: Plan, fake: bool, notes: list[str] | None = None):
     from peft import LoraConfig, get_peft_model
 
-    targets = lora_target_modules(plan, list(spec.linear_shapes()))
+    targets, more = lora_targets(spec, plan)
+    if notes is not None:
+        notes += more
     config = LoraConfig(r=plan.lora_r, lora_alpha=plan.lora_alpha, lora_dropout=plan.lora_dropout,
                         target_modules=targets, bias="none", task_type="CAUSAL_LM", use_dora=plan.dora)
     with _module_to_is_noop() if fake else contextlib.nullcontext():

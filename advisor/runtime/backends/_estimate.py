@@ -1,16 +1,24 @@
-"""The estimate backend: the closed-form ledger, in microseconds."""
+"""The estimate backend: the closed-form ledger, in microseconds; the simulation for a model it cannot describe."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.plan import Plan
+from advisor.memory.closed_form import SIMULATION, closed_form_describes
 from advisor.memory.ledger import MemoryReport
 from advisor.memory.training import estimate_training
 from advisor.runtime.backends._base import BackendOptions, BaseBackend
 
 
 class EstimateBackend(BaseBackend):
-    """The training ledger in closed form (advisor.memory.training): no torch, no GPU."""
+    """The training ledger in closed form (advisor.memory.training): no torch, no GPU.
+
+    Where the closed form does not describe the model (advisor.memory.closed_form: mixtures of experts, linear or
+    latent attention, layers of several kinds, a sliding window shorter than the sequence), the simulate backend
+    answers instead (the real model code on fake tensors: seconds, not microseconds), and the report says so: its
+    ``backend`` is ``simulate`` and ``extra["answered_by"]`` holds who answered and why."""
 
     name = "estimate"
     source = "estimated"
@@ -19,4 +27,11 @@ class EstimateBackend(BaseBackend):
     def measure(self, model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None,
                 options: BackendOptions | None = None) -> MemoryReport:
         self.check(options)
-        return estimate_training(model, plan, gpu)
+        describes, why = closed_form_describes(model, plan)
+        if describes:
+            return estimate_training(model, plan, gpu)
+        from advisor.runtime.backends._simulate import SimulateBackend
+
+        report = SimulateBackend().measure(model, plan, gpu)
+        return replace(report, notes=(f"answered by the simulation, not the closed form: {why}",) + report.notes,
+                       extra={**report.extra, "answered_by": {"by": SIMULATION, "why": why}})

@@ -11,8 +11,9 @@ DeepSpeed documents it (see ``_offload``); their fragmentation stays estimated.
 from __future__ import annotations
 
 
+from functools import lru_cache
+
 from advisor.core.catalog import GpuSpec, ModelSpec
-from advisor.core.errors import AdvisorInputError
 from advisor.memory.ledger import MemoryReport, empty
 from advisor.core.plan import DTYPE_BYTES, Plan
 from advisor.runtime.backends._base import BackendOptions, BaseBackend
@@ -34,17 +35,13 @@ class SimulateBackend(BaseBackend):
 def _measure(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *, layers: str | int = "auto") -> MemoryReport:
     from advisor.memory.allocator import AllocatorConfig
     from advisor.memory.overhead import overhead_of
-    from advisor.runtime.simulate.extrapolate import simulate
     from advisor.runtime.simulate.reserved import step_reserved
 
     plan.validate()
-    if model.arch is None:
-        raise AdvisorInputError("--model", f"the simulate backend needs an architecture it knows "
-                                f"(architectures.yaml); {model.model_type!r} is not one", model.model_type)
     traced = plan.with_(offload="none") if plan.offload != "none" else plan
-    sim = simulate(model, traced, layers=layers)
+    sim = _simulation(model, traced, layers)
     notes = list(sim.notes)
-    if sim.extrapolated and len(sim.layers_traced) == 2:
+    if sim.extrapolated and len(sim.layers_traced) == 2 and sim.layer_kinds == 1:
         notes.append(f"traced {sim.layers_traced[0]} and {sim.layers_traced[1]} decoder layers, "
                      f"extrapolated to {model.num_layers}")
     device, phase = dict(sim.ledger), sim.peak_phase
@@ -95,6 +92,15 @@ def _measure(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *, layers
         peak_bytes=int(tensor_peak + over.total), peak_phase=phase, notes=tuple(notes), extra=extra,
         reserved_peak_bytes=int(tensor_peak + over.parts["fragmentation"]),
     )
+
+
+@lru_cache(maxsize=16)
+def _simulation(model: ModelSpec, plan: Plan, layers: str | int):
+    """The traced step of ``plan`` (kept for the next caller: the tuner's estimate stage answers a model the
+    closed form cannot describe by this same simulation, and its simulate stage asks again)."""
+    from advisor.runtime.simulate.extrapolate import simulate
+
+    return simulate(model, plan, layers=layers)
 
 
 def _offload(model: ModelSpec, plan: Plan, sim):

@@ -1,9 +1,16 @@
 """Layer extrapolation: trace a few decoder layers, extend linearly to the full depth.
 
-Decoder layers are identical, so every phase's peak (and every category of its ledger) is an
+Decoder layers of one kind are identical, so every phase's peak (and every category of its ledger) is an
 affine function of the number of layers L: ``m(L) = m(n2) + (L - n2) * (m(n2) - m(n1))``. Each
 phase is extrapolated on its own and the largest taken, so a peak that moves from one phase to
 another as L grows is still found. Proven against full traces in tests/test_simulate_extrapolate.py.
+
+Layers of several kinds (Gemma-3's sliding and full attention, gpt-oss's alternating window, Qwen3-Next's
+linear and full attention, DeepSeek's dense first layer; ``layer_kinds``) are each traced: memory is affine in the
+number of layers of each kind, ``m(n_1..n_K) = m(T_K) + sum_k (N_k - n_k(T_K)) * (m(T_k) - m(T_k-1))``, from
+K + 1 traces: T_0 holds the model's first layers up to one of each kind, one middle layer of each kind, and the
+layer the model ends on; T_k one more middle layer of the k-th kind than T_k-1 (``kind_traces``). Proven against
+full traces in tests/test_simulate_moe.py.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 from advisor.core.catalog import ModelSpec
+from advisor.core.errors import AdvisorInputError
 from advisor.core.plan import Plan, checkpointed_layers
 from advisor.runtime.simulate.runner import PhasePeak, StepTrace, trace_step
 
@@ -34,6 +42,8 @@ class Simulation:
     traced_events: tuple = ()
     """(layers, allocation events, the layer of each event) of each trace, for the caching-allocator
     replay (reserved.py)."""
+    layer_kinds: int = 1
+    """Kinds of decoder layers traced (more than one: ``simulate_kinds``)."""
 
 
 def simulate(spec: ModelSpec, plan: Plan, *, layers: str | int = "auto", fake: bool = True,
@@ -47,7 +57,17 @@ def simulate(spec: ModelSpec, plan: Plan, *, layers: str | int = "auto", fake: b
         t = trace_step(spec, plan, fake=fake, num_layers=n, target_device=target_device)
         return Simulation(t.peak_bytes, t.peak_phase, t.ledger, t.phases, (n,), False,
                           time.perf_counter() - start, t.notes, ((n, t.events, t.event_layers),))
-    if plan.gradient_checkpointing and 0 < len(checkpointed_layers(plan, L)) < L:
+    kinds = trace_kinds(spec, plan)
+    partial = plan.gradient_checkpointing and 0 < len(checkpointed_layers(plan, L)) < L
+    if len(kinds) > 1:
+        if partial:
+            t = trace_step(spec, plan, fake=fake, num_layers=L, target_device=target_device)
+            return Simulation(t.peak_bytes, t.peak_phase, t.ledger, t.phases, (L,), False,
+                              time.perf_counter() - start,
+                              t.notes + [f"traced all {L} layers: layers of several kinds with some of them "
+                                         "checkpointed are not extrapolated"], ((L, t.events, t.event_layers),))
+        return simulate_kinds(spec, plan, kinds, fake=fake, target_device=target_device, start=start)
+    if partial:
         return simulate_partial_checkpointing(spec, plan, fake=fake, target_device=target_device, start=start)
     n1, n2 = TRACE_LAYERS
     a = trace_step(spec, plan, fake=fake, num_layers=n1, target_device=target_device)
@@ -99,3 +119,93 @@ def simulate_partial_checkpointing(spec: ModelSpec, plan: Plan, *, fake: bool, t
     return Simulation(top.bytes, top.phase, top.ledger, phases, (2, 3, 3), True, time.perf_counter() - start,
                       base.notes + [f"checkpointed {c} of {L} layers: traced 1+1, 2+1 and 1+2 (checkpointed + "
                                     "other) layers, extended affinely"])
+
+
+def trace_kinds(spec: ModelSpec, plan: Plan) -> list[tuple[int, ...]]:
+    """The decoder layers of ``spec`` grouped by what their memory depends on under ``plan``: their modules and
+    shapes, and their attention (a sliding window at least as long as the sequence attends as full attention
+    does: transformers then skips the mask, masking_utils ``_ignore_causal_mask_sdpa``). Each group is the
+    indices of its layers, in order of first appearance."""
+    groups: dict[tuple, list[int]] = {}
+    for layer in spec.description.layers:
+        attention, window = layer.attention, layer.sliding_window
+        if attention == "sliding" and window and plan.seq_len < window:
+            attention, window = "full", None
+        key = (attention, window, layer.linears, layer.experts, layer.num_experts, layer.router_params,
+               layer.norms, layer.other_params)
+        groups.setdefault(key, []).append(layer.index)
+    return [tuple(ix) for ix in groups.values()]
+
+
+def kind_traces(spec: ModelSpec, kinds: list[tuple[int, ...]]) -> tuple[list[tuple[int, ...]], list[int], int]:
+    """(the layers of each trace T_0..T_m, the kind each later trace adds, where it adds it).
+
+    T_0 is the model's own first layers up to the first layer of every kind (so the layers before the first
+    trainable one, which save nothing for backward, are there as in the model), then one middle layer of each kind
+    the model has more of, then one layer of the kind the model ends on (the backward starts there). Each later
+    trace adds one more layer of one of those kinds among the middle ones: with every kind already in the middle,
+    the layer whose backward holds the most is in every trace, and each difference is what one more layer of a kind
+    keeps (its saved activations, weights, states), as the layers the extrapolation adds. Layers are indices of the
+    full model."""
+    first = [k[0] for k in kinds]
+    prefix = list(range(max(first) + 1))
+    last_kind = next(k for k, ix in enumerate(kinds) if spec.num_layers - 1 in ix)
+    last = kinds[last_kind][-1]
+    kind_of = {i: k for k, ix in enumerate(kinds) for i in ix}
+    ends = prefix + [last]
+    middle = [k for k, ix in enumerate(kinds) if len(ix) > sum(1 for i in ends if kind_of[i] == k)]
+    more = [k for k in middle if len(kinds[k]) > sum(1 for i in ends if kind_of[i] == k) + 1]
+    at = len(prefix)
+    base = prefix + [kinds[k][0] for k in middle] + [last]
+    traces = [tuple(base)]
+    for k in more:
+        prev = list(traces[-1])
+        traces.append(tuple(prev[:at] + [kinds[k][0]] + prev[at:]))
+    return traces, more, at
+
+
+def simulate_kinds(spec: ModelSpec, plan: Plan, kinds: list[tuple[int, ...]], *, fake: bool, target_device: str,
+                   start: float) -> Simulation:
+    """Layers of several kinds: K + 1 traces, extended affinely in the number of layers of each kind."""
+    traces_layers, added, at = kind_traces(spec, kinds)
+    kind_of = {i: k for k, ix in enumerate(kinds) for i in ix}
+    try:
+        traces = [trace_step(spec, plan, fake=fake, layers=t, target_device=target_device) for t in traces_layers]
+    except ValueError as e:
+        raise AdvisorInputError("--model", f"cannot build the layers of {spec.name} chosen for the extrapolation ({e})",
+                                spec.name, show_value=False) from e
+    last = traces[-1]
+    counts = [sum(1 for i in traces_layers[-1] if kind_of[i] == k) for k in range(len(kinds))]
+    phases = {}
+    for name in last.phases:
+        if any(name not in t.phases for t in traces):
+            continue
+        ledger = {}
+        for c in last.phases[name].ledger:
+            value = last.phases[name].ledger[c]
+            for step, k in enumerate(added):
+                delta = traces[step + 1].phases[name].ledger[c] - traces[step].phases[name].ledger[c]
+                value += (len(kinds[k]) - counts[k]) * delta
+            ledger[c] = max(0, round(value))
+        host = last.phases[name].host_bytes
+        for step, k in enumerate(added):
+            host += (len(kinds[k]) - counts[k]) * (traces[step + 1].phases[name].host_bytes
+                                                    - traces[step].phases[name].host_bytes)
+        phases[name] = PhasePeak(name, sum(ledger.values()), ledger, host_bytes=max(0, round(host)))
+    top = max(phases.values(), key=lambda p: p.bytes)
+    d = spec.description
+    names = []
+    for ix in kinds:
+        layer = d.layers[ix[0]]
+        what = layer.attention + (f"({layer.sliding_window})" if layer.sliding_window and plan.seq_len >= (
+            layer.sliding_window or 0) else "") + (" moe" if layer.num_experts else (" dense" if d.is_moe else ""))
+        names.append(f"{what} x{len(ix)}")
+    note = (f"layers of {len(kinds)} kinds ({', '.join(names)}): traced "
+            f"{', '.join(str(len(t)) for t in traces_layers)} layers (the model's first layers, then one more of "
+            f"each kind), extrapolated to {spec.num_layers}")
+    # the allocator replay: the last trace, one middle layer of each kind repeated up to the model's count (the
+    # layers the traces added sit at ``at`` onwards, the last added first)
+    extras = {at + len(added) - 1 - step: len(kinds[k]) - counts[k] for step, k in enumerate(added)}
+    events = ((len(traces_layers[-1]), last.events, last.event_layers, extras),)
+    return Simulation(top.bytes, top.phase, top.ledger, phases, tuple(len(t) for t in traces_layers), True,
+                      time.perf_counter() - start, last.notes + [note], events, layer_kinds=len(kinds))

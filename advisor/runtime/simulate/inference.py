@@ -67,7 +67,10 @@ def serving_model(spec: ModelSpec, num_layers: int | None):
         cfg.num_hidden_layers = num_layers
         if getattr(cfg, "layer_types", None):
             cfg.layer_types = cfg.layer_types[:num_layers]
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
+    # sdpa where the class accepts it, else what transformers picks (gpt-oss, Gemma-2: eager); experts by grouped_mm
+    attn = "sdpa" if spec.supports_attention("sdpa") else (spec.description.attn_implementation or "eager")
+    extra = {"experts_implementation": "grouped_mm"} if spec.is_moe else {}
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation=attn, **extra)
     return model.eval(), cfg
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from advisor.core.catalog import ModelSpec
-from advisor.core.plan import Plan, lora_target_modules
+from advisor.core.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,9 @@ class LoadTrace:
 
 
 def _key(spec: ModelSpec, plan: Plan) -> tuple:
-    targets = tuple(lora_target_modules(plan, list(spec.linear_shapes()))) if plan.peft else ()
+    from advisor.runtime.build import lora_targets
+
+    targets = tuple(lora_targets(spec, plan)[0]) if plan.peft else ()
     return (spec, plan.quantization, plan.double_quant, plan.compute_dtype if plan.quantized else plan.param_dtype,
             targets, plan.lora_r if plan.peft else 0)
 
@@ -85,7 +87,7 @@ def _simulate(spec: ModelSpec, quantization: str, double_quant: bool, dtype_name
     plan = Plan(quantization=quantization, double_quant=double_quant,
                 method="qlora" if quantization in ("nf4", "fp4") else "lora")
     dtype = torch_dtype(dtype_name)
-    cfg = hf_config(spec, plan, None, "sdpa")
+    cfg = hf_config(spec, plan, None, "eager")  # the attention kernel holds no weights
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     quantized = {n + ".weight" for n in quantized_linear_names(model, spec)} if quantization != "none" else set()
@@ -129,12 +131,11 @@ def _simulate(spec: ModelSpec, quantization: str, double_quant: bool, dtype_name
             del value
         # peft get_peft_model: fp32 LoRA A (r x in) and B (out x r) on each targeted linear's device
         # (peft/tuners/lora/layer.py update_layer, autocast_adapter_dtype upcasts 16-bit adapters to fp32)
-        linear = spec.linear_shapes() if targets else {}
-        for _ in range(spec.num_layers):
-            for m in targets:
-                fan_in, fan_out = linear[m]
-                kept.append(torch.empty(lora_r, fan_in, dtype=torch.float32))
-                kept.append(torch.empty(fan_out, lora_r, dtype=torch.float32))
+        for layer in spec.description.layers if targets else ():
+            for m in layer.linears:
+                if m.short in targets:
+                    kept.append(torch.empty(lora_r, m.in_features, dtype=torch.float32))
+                    kept.append(torch.empty(m.out_features, lora_r, dtype=torch.float32))
         if tracker.peak.bytes > peak:
             peak, at_peak = tracker.peak.bytes, "LoRA adapters (get_peft_model)"
         final = tracker.live_bytes

@@ -121,8 +121,17 @@ def deepen_by_layer(events: Sequence[tuple], layers: Sequence[int | None], layer
     """The event sequence of a model ``extra`` layers deeper, from one trace whose events carry the
     decoder layer they happened in (``runner.tag_layers``): each run of ``layer``'s events (its
     weights, forward, recomputation, backward) is followed by ``extra`` copies of itself, fresh ids.
+    ``deepen_by_layers`` with one layer."""
+    return deepen_by_layers(events, layers, {layer: extra})
 
-    ``layer`` must have a neighbour on each side (a middle layer), so that what it hands on is what
+
+def deepen_by_layers(events: Sequence[tuple], layers: Sequence[int | None], extras: dict[int, int]) -> list[tuple]:
+    """The event sequence of a deeper model, from one trace whose events carry the decoder layer they happened in
+    (``runner.tag_layers``): each run of the events of a layer in ``extras`` (its weights, forward, recomputation,
+    backward) is followed by ``extras[layer]`` copies of itself, fresh ids. Several layers are repeated at once
+    for a model whose layers are of several kinds (one traced layer of each kind).
+
+    Each repeated layer must have a neighbour on each side (a middle layer), so that what it hands on is what
     every copy hands on. In copy k a storage that the run makes and frees is copy k's own. A storage
     the layer hands to a neighbour (its output, its input's gradient) joins a first-in-first-out pool
     of its size; each free of a neighbour's storage in a copy, and the traced free of the handed
@@ -131,7 +140,8 @@ def deepen_by_layer(events: Sequence[tuple], layers: Sequence[int | None], layer
     the original is; storages made elsewhere (the loss, the optimizer) are freed once, as traced.
     Linear in the events.
     """
-    if extra <= 0:
+    extras = {layer: n for layer, n in extras.items() if n > 0}
+    if not extras:
         return list(events)
     made_in: dict = {}
     freed_in: dict = {}
@@ -141,8 +151,11 @@ def deepen_by_layer(events: Sequence[tuple], layers: Sequence[int | None], layer
             made_in[uid], size_of[uid] = tag, size
         else:
             freed_in[uid] = tag
-    neighbours = {layer - 1, layer + 1}
-    handed = {uid for uid, tag in made_in.items() if tag == layer and freed_in.get(uid) in neighbours}
+
+    def neighbours(layer) -> set:
+        return {layer - 1, layer + 1} if isinstance(layer, int) else set()
+
+    handed = {uid for uid, tag in made_in.items() if tag in extras and freed_in.get(uid) in neighbours(tag)}
     out: list[tuple] = []
     pool: dict[int, deque] = defaultdict(deque)   # size -> handed storages (originals and copies), oldest first
     copies: dict = defaultdict(list)              # original uid -> its copies that outlive their run
@@ -160,8 +173,8 @@ def deepen_by_layer(events: Sequence[tuple], layers: Sequence[int | None], layer
                 free(cid)
                 return
 
-    def emit(kind, uid, size, cid) -> None:
-        """The event of ``uid`` in the original run (``cid`` = uid) or in a copy."""
+    def emit(kind, uid, size, cid, layer) -> None:
+        """The event of ``uid`` in the original run of ``layer`` (``cid`` = uid) or in a copy."""
         if kind == "alloc":
             out.append(("alloc", cid, size))
             alive.add(cid)
@@ -172,7 +185,7 @@ def deepen_by_layer(events: Sequence[tuple], layers: Sequence[int | None], layer
         elif made_in.get(uid) == layer:
             if cid == uid or cid in alive:
                 free(cid)
-        elif made_in.get(uid) in neighbours and cid != uid:
+        elif made_in.get(uid) in neighbours(layer) and cid != uid:
             free_oldest_handed(size_of.get(uid, 0))
         elif cid == uid:
             out.append(("free", uid, 0))
@@ -180,7 +193,8 @@ def deepen_by_layer(events: Sequence[tuple], layers: Sequence[int | None], layer
     n, i = len(events), 0
     while i < n:
         kind, uid, size = events[i]
-        if layers[i] != layer:
+        layer = layers[i]
+        if layer not in extras:
             if kind == "free" and uid in handed:
                 free_oldest_handed(size_of[uid])
             else:
@@ -196,10 +210,10 @@ def deepen_by_layer(events: Sequence[tuple], layers: Sequence[int | None], layer
             j += 1
         run = events[i:j]
         for kind, uid, size in run:
-            emit(kind, uid, size, uid)
-        for k in range(1, extra + 1):
+            emit(kind, uid, size, uid, layer)
+        for k in range(1, extras[layer] + 1):
             for kind, uid, size in run:
-                emit(kind, uid, size, (uid, k))
+                emit(kind, uid, size, (uid, k), layer)
         i = j
     return out
 
@@ -210,7 +224,9 @@ def step_reserved(traced: Sequence[tuple], num_layers: int,
     traced at that depth, or two pairs one layer apart to rebuild the full depth from. When the
     deeper pair carries the layer of each event (depth, events, layers) and has a middle layer, the
     full depth is rebuilt from it alone by repeating that layer (``deepen_by_layer``); else the two
-    traces are aligned (``deepen_events``).
+    traces are aligned (``deepen_events``). A model whose layers are of several kinds passes one
+    (depth, events, layers, {middle layer: copies}) quadruple: each kind's middle layer is repeated
+    (``deepen_by_layers``).
 
     ``tensor_peak_bytes``: the simulation's own (extrapolated) tensor peak. When the rebuilt
     sequence's live peak is more than ``REBUILD_TOLERANCE`` away from it, the rebuild missed part of
@@ -223,7 +239,9 @@ def step_reserved(traced: Sequence[tuple], num_layers: int,
     depth, last_events = traced[-1][0], traced[-1][1]
     tags = traced[-1][2] if len(traced[-1]) > 2 else None
     depths: tuple[int, ...] = (depth,)
-    if depth == num_layers:
+    if len(traced[-1]) > 3:
+        events = deepen_by_layers(last_events, tags, traced[-1][3])
+    elif depth == num_layers:
         events = list(last_events)
     elif tags and depth >= 3 and MIDDLE_LAYER in tags:
         events = deepen_by_layer(last_events, tags, MIDDLE_LAYER, num_layers - depth)

@@ -130,10 +130,11 @@ traced step of 2 to one of the whole accumulation)."""
 
 def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: int | None = None,
                target_device: str = "cuda", quant_impl: str = "auto", seed: int = 0,
-               checkpoint_set: tuple[int, ...] | None = None,
+               checkpoint_set: tuple[int, ...] | None = None, layers: tuple[int, ...] | None = None,
                micro_steps: int | None = TRACED_MICRO_STEPS) -> StepTrace:
-    """Trace warm-up + one measured step of ``plan`` on ``spec`` (``num_layers`` decoder layers), each of
-    ``micro_steps`` micro-batches (None: all ``grad_accum`` of them).
+    """Trace warm-up + one measured step of ``plan`` on ``spec`` (``num_layers`` decoder layers, or the layers of
+    the full model at the indices ``layers``: advisor.runtime.build.select_layers), each of ``micro_steps``
+    micro-batches (None: all ``grad_accum`` of them).
 
     GaLore / APOLLO: the measured step updates the projection (``update_proj_gap`` 1 in the trace), the
     step every ``optim_proj_gap`` steps whose SVD / random projection is the optimizer's memory spike.
@@ -217,7 +218,7 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
         # init, never backpropagated) would stay alive through the hook's reference to its own output
         setup = build_training_setup(spec, plan, device="cpu", num_layers=num_layers, quant_impl=quant_impl,
                                      seed=seed, target_device=target_device, checkpoint_set=checkpoint_set,
-                                     on_grad=on_grad, proj_gap=gap)
+                                     on_grad=on_grad, proj_gap=gap, layers=layers)
         layer_hooks = tag_layers(_decoder_layers(setup.model), tracker)
         tag_layer_storages(_decoder_layers(setup.model), tracker, None)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

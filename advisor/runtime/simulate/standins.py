@@ -131,13 +131,14 @@ def fake_dynamic_map():
 
 
 def quantized_linear_names(model, spec: ModelSpec) -> list[str]:
-    """Qualified names of the decoder-layer linears bitsandbytes quantizes (lm_head is kept, as
-    transformers' get_keys_to_not_convert does)."""
-    import torch
+    """Qualified names of the linears bitsandbytes quantizes when transformers loads ``model`` with a
+    BitsAndBytesConfig: every module that is exactly ``nn.Linear`` and not in ``get_keys_to_not_convert`` (the
+    output embedding, tied weights; transformers/integrations/bitsandbytes.py ``replace_with_bnb_linear``). Stacked
+    experts and routers are not ``nn.Linear``: they stay in the compute dtype, as bitsandbytes leaves them
+    (reports/moe_findings.md section 2)."""
+    from advisor.core.architecture import bnb_linear_names
 
-    wanted = set(spec.linear_shapes())
-    return [n for n, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] in wanted and ".layers." in f".{n}"]
+    return bnb_linear_names(model)
 
 
 def quantize_model(model, spec: ModelSpec, plan: Plan, *, device: str, impl: str, target_device: str) -> None:

@@ -1,0 +1,129 @@
+"""`advisor estimate` on any architecture transformers knows: a local config.json of a model type the catalog has
+never held answers, and the output says whether the closed form or the simulation answered (and why)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from advisor.cli import main
+from advisor.core.catalog import resolve_model
+from advisor.core.plan import Plan
+from advisor.memory.closed_form import closed_form_describes
+
+GRANITEMOE = {"model_type": "granitemoe", "hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 3,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 8, "num_experts_per_tok": 2,
+              "vocab_size": 512, "max_position_embeddings": 2048, "tie_word_embeddings": True}
+SMOLLM3 = {"model_type": "smollm3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 2048,
+           "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+GEMMA3 = {"model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 6,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512, "sliding_window": 64,
+          "max_position_embeddings": 2048}
+
+
+def _local(tmp_path, name, config):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(config))
+    return str(d)
+
+
+def _estimate(capsys, *args) -> dict:
+    code = main(["estimate", *args, "--json"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    return json.loads(out)
+
+
+def test_a_mixture_of_experts_never_in_the_catalog_is_answered_by_the_simulation(tmp_path, capsys):
+    pytest.importorskip("torch")
+    d = _estimate(capsys, "--model", _local(tmp_path, "tiny-granitemoe", GRANITEMOE), "--seq-len", "64",
+                  "--gpu-budget", "8GB")
+    assert d["answered_by"] == "simulation" and "mixture of experts" in d["answered_by_reason"]
+    assert d["backend"] == "simulate" and d["model"]["source"] == "local" and d["peak_bytes"] > 0
+    assert d["fits"] is True and d["ledger"]["weights"] > 0
+    assert d["tokens_per_s"] is None and d["throughput"]["source"].startswith("not predicted")
+
+
+def test_a_dense_architecture_never_in_the_catalog_is_answered_by_the_closed_form(tmp_path, capsys):
+    pytest.importorskip("torch")
+    d = _estimate(capsys, "--model", _local(tmp_path, "tiny-smollm3", SMOLLM3), "--seq-len", "64")
+    assert d["answered_by"] == "closed form" and d["backend"] == "estimate"
+
+
+def test_a_sliding_window_decides_with_the_sequence(tmp_path, capsys):
+    pytest.importorskip("torch")
+    model = _local(tmp_path, "tiny-gemma3", GEMMA3)
+    short = _estimate(capsys, "--model", model, "--seq-len", "32")
+    long = _estimate(capsys, "--model", model, "--seq-len", "128")
+    assert short["answered_by"] == "closed form"
+    assert long["answered_by"] == "simulation" and "sliding-window" in long["answered_by_reason"]
+
+
+def test_a_catalog_moe_and_the_human_output_say_who_answered(capsys):
+    pytest.importorskip("torch")
+    assert main(["estimate", "--model", "olmoe", "--seq-len", "128", "--gradient-checkpointing"]) == 0
+    out = capsys.readouterr().out
+    assert "answered by the simulation" in out and "mixture of experts" in out
+
+
+def test_the_closed_form_still_answers_the_dense_catalog(capsys):
+    d = _estimate(capsys, "--model", "qwen7b")
+    assert d["answered_by"] == "closed form" and d["backend"] == "estimate"
+    simulated = _estimate(capsys, "--model", "qwen0.5b", "--backend", "simulate", "--seq-len", "64") \
+        if _has_torch() else None
+    if simulated is not None:
+        assert simulated["answered_by"] == "simulation"
+
+
+def _has_torch() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("key", ["qwen30b-a3b", "gpt-oss-20b", "deepseek-v2-lite", "qwen3-next", "mixtral"])
+def test_the_rule_sends_every_new_moe_to_the_simulation(key):
+    describes, why = closed_form_describes(resolve_model(key), Plan())
+    assert not describes and why
+
+
+@pytest.mark.parametrize("key,seq,describes", [("gemma-3-4b", 512, True), ("gemma-3-4b", 1024, False),
+                                               ("gemma-2-9b", 2048, True), ("gemma-2-9b", 4096, False),
+                                               ("llama-3.1-8b-instruct", 8192, True)])
+def test_the_rule_on_dense_models(key, seq, describes):
+    assert closed_form_describes(resolve_model(key), Plan(seq_len=seq))[0] is describes
+
+
+def test_the_rule_imports_no_torch():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys; from advisor.core.catalog import resolve_model; from advisor.memory.closed_form import "
+            "closed_form_describes; print(closed_form_describes(resolve_model('qwen30b-a3b'))[0], 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=str(Path(__file__).resolve().parents[1]))
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_preflight_says_who_answered_its_memory_check(tmp_path):
+    """`advisor preflight --backend estimate` on a config of a mixture of experts: the simulation answered."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    from advisor.configs.export import export_plan
+
+    spec = resolve_model(_local(tmp_path, "tiny-granitemoe", GRANITEMOE))
+    path = export_plan(spec, Plan(method="lora", seq_len=64, lora_dropout=0.0), tmp_path / "out",
+                       formats=["advisor"])["advisor"]
+    proc = subprocess.run([sys.executable, "-m", "advisor", "preflight", str(path), "--backend", "estimate",
+                           "--gpu-budget", "8GB", "--json"], capture_output=True, text=True, timeout=600)
+    d = json.loads(proc.stdout)
+    assert d["verdict"] == "GO" and d["answered_by"] == "simulation", proc.stderr[-2000:]
+    assert "mixture of experts" in d["answered_by_reason"]
