@@ -324,6 +324,24 @@ def layers_saved(model: ModelSpec, plan: Plan, modules: list[str]) -> tuple[int,
     return total, biggest, temp
 
 
+def mlp_forward_bytes(model: ModelSpec, plan: Plan, T: int) -> int:
+    """The largest MLP temporaries of a no-grad forward of T tokens (evaluation, prefill): routed experts hold the
+    gathered input, the gate_up output and the activation's output, S = T x top-k rows each
+    (grouped_mm_experts_forward, integrations/moe.py:424-537); a dense or shared MLP its gate, act(gate) and up."""
+    p = DTYPE_BYTES[plan.activation_dtype]
+    h = model.hidden_size
+    out = 0
+    for layer, _ in model.description.layer_kinds():
+        dense = [m.out_features for m in layer.linears if m.role in ("mlp", "shared_experts")
+                 and m.short in ("gate_proj", "up_proj")]
+        held = 3 * p * T * max(dense, default=0)
+        if layer.num_experts:
+            S = T * layer.experts_per_token
+            held = max(held, p * S * (h + 3 * moe_intermediate(layer)))
+        out = max(out, held)
+    return out
+
+
 def router_note(model: ModelSpec) -> str:
     """One line on what the router adds and leaves out."""
     moe = model.moe

@@ -14,7 +14,7 @@ from advisor.memory.ledger import MemoryReport, empty
 from advisor.memory.overhead import overhead_of as framework_overhead_of
 from advisor.core.plan import (DTYPE_BYTES, Plan, checkpointed_layers,
                                lora_target_modules)
-from advisor.core.adapters import adapted_modules
+from advisor.core.adapters import adapted_modules, attention_linears
 from advisor.memory import experts, loss_dora_packing
 from advisor.memory.host import OFFLOAD_MIN_BYTES, host_memory, pinned_block_bytes, pinned_bytes_of
 
@@ -48,7 +48,7 @@ def param_breakdown(model: ModelSpec, plan: Plan) -> ParamBreakdown:
         return moe_param_breakdown(model, plan)
     shapes = model.linear_shapes()
     linear = model.num_layers * model.layer_linear_params()
-    targets = lora_target_modules(plan, list(shapes))
+    targets = lora_target_modules(plan, list(shapes), attention_linears(model))
     # LoRA adds A (r x in) and B (out x r) to each targeted module (Hu et al. 2021, eq. 3)
     adapter = model.num_layers * sum(plan.lora_r * (shapes[m][0] + shapes[m][1]) for m in targets)
     adapter += loss_dora_packing.dora_magnitude_params(model, plan, tuple(targets))

@@ -26,7 +26,7 @@ import yaml
 from advisor.core.card_rules import AUTO, CARD_DECIDED, Card
 from advisor.core.errors import AdvisorInputError, ConfigErrors
 from advisor.core.knobs import Knob, knob_of, knobs, searched
-from advisor.core.plan import Plan, checkpoint_depth_problems, compute_dtype_for, lora_target_modules
+from advisor.core.plan import Plan, checkpoint_depth_problems, compute_dtype_for
 
 SPACES_DIR = Path(__file__).resolve().parents[1] / "data" / "spaces"
 """The shipped search spaces (package data: they travel in the wheel)."""
@@ -360,18 +360,22 @@ Ask = Callable[[str, str, list], Any]
 
 
 def model_rules(model, gpu=None) -> Check:
-    """The plan rules for one model on one card: Plan.problems, the adapter targets its layers really have,
-    and what runs on ``gpu`` for the model's class (advisor.core.card_rules; None: no card known)."""
-    linears = list(model.linear_shapes())
+    """The plan rules for one model on one card: Plan.problems, the adapter targets its layers really have (and,
+    for LoRA on stacked experts, that it has some: advisor.core.adapters), and what runs on ``gpu`` for the model's
+    class (advisor.core.card_rules; None: no card known)."""
+    from advisor.core.adapters import expert_problems, lora_targets
+
     card = Card.of(gpu, model)
 
     def check(plan: Plan) -> list[AdvisorInputError]:
         errs = plan.problems() + checkpoint_depth_problems(plan, model.num_layers)
         if not errs and plan.peft:
-            try:
-                lora_target_modules(plan, linears)
-            except AdvisorInputError as e:
-                errs = [e]
+            errs = expert_problems(model, plan)
+            if not errs:
+                try:
+                    lora_targets(model, plan)
+                except AdvisorInputError as e:
+                    errs = [e]
         return errs + card.problems(plan)
 
     return check
