@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from advisor.core.catalog import ModelSpec, peft_moved_lora_names
 from advisor.core.errors import AdvisorInputError
-from advisor.core.plan import Plan, flag_of, lora_target_modules
+from advisor.core.plan import ALL_LINEAR, Plan, flag_of, lora_target_modules
 
 
 def attention_linears(spec: ModelSpec) -> list[str]:
@@ -75,6 +75,27 @@ def target_parameters(spec: ModelSpec) -> list[str]:
     return [".".join(e.name.split(".")[-2:]) for e in expert_weights(spec)]
 
 
+def export_targets(spec: ModelSpec | None, plan: Plan) -> list[str] | str:
+    """The ``target_modules`` an exported config writes: the plan's own where they mean what they say, else the
+    modules the run adapts (``lora_targets``): on a mixture of experts whose names peft would rewrite onto the
+    experts ("all-linear" on Qwen3-MoE raises with lora_dropout > 0, and with 0 adapts the experts and the router at
+    2r), and where the default q/k/v/o stand for the model's own attention."""
+    targets = plan.lora_targets
+    if spec is None or not plan.peft:
+        return targets if isinstance(targets, str) else list(targets)
+    names = spec.linear_shapes()
+    if not spec.is_moe and (targets == ALL_LINEAR or all(t in names for t in targets)):
+        return targets if isinstance(targets, str) else list(targets)
+    return lora_targets(spec, plan)[0]
+
+
+def export_parameters(spec: ModelSpec | None, plan: Plan) -> list[str] | None:
+    """The ``target_parameters`` an exported config writes (None: LoRA on no stacked expert)."""
+    if spec is None or not plan.peft or not plan.lora_experts:
+        return None
+    return target_parameters(spec)
+
+
 def expert_problems(spec: ModelSpec, plan: Plan) -> list[AdvisorInputError]:
     """The model-dependent rule of ``lora_experts``: the model must have stacked experts."""
     if plan.peft and plan.lora_experts and not spec.is_moe:
@@ -83,5 +104,5 @@ def expert_problems(spec: ModelSpec, plan: Plan) -> list[AdvisorInputError]:
     return []
 
 
-__all__ = ["adapted_modules", "attention_linears", "expert_problems", "expert_weights", "lora_targets",
-           "target_parameters"]
+__all__ = ["adapted_modules", "attention_linears", "expert_problems", "expert_weights", "export_parameters",
+           "export_targets", "lora_targets", "target_parameters"]

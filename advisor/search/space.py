@@ -317,7 +317,9 @@ def plan_from_params(params: dict[str, Any], space: SearchSpace, arch: dict[str,
     r = values.get("lora_r", plan.lora_r)
     values.update(
         compute_dtype=compute_dtype_for(values.get("precision", plan.precision)),
-        lora_r=r, lora_alpha=float(fixed["lora_alpha_ratio"] * r), lora_dropout=float(fixed["lora_dropout"]),
+        # LoRA on stacked experts takes no dropout (peft's ParamWrapper refuses it): the space's dropout applies elsewhere
+        lora_r=r, lora_alpha=float(fixed["lora_alpha_ratio"] * r),
+        lora_dropout=0.0 if values.get("lora_experts") and method != "full" else float(fixed["lora_dropout"]),
         lora_targets=(resolve_targets(params.get("lora_targets") or "attention", arch) if method != "full"
                       else ("q_proj",)),
         grad_accum=max(1, math.ceil(fixed["global_batch"] / mb)), seq_len=fixed["seq_len"],
