@@ -104,7 +104,7 @@ def test_what_runs_by_a_slower_path_is_a_note_never_a_refusal():
 
 
 def test_a_mixture_of_experts_before_ampere_gets_the_grouped_mm_note():
-    moe = replace(resolve_model("qwen7b"), config={**resolve_model("qwen7b").config, "num_experts": 64})
+    moe = resolve_model("qwen30b-a3b")  # the description is derived from the config: a real mixture of experts
     assert [n.id for n in Card.of(V100, moe).notes(Plan(precision="fp16"))] == ["experts-grouped-mm-fallback"]
     assert Card.of(A100, moe).notes(Plan()) == []
 

@@ -131,3 +131,34 @@ def test_an_attention_the_class_refuses_is_traced_with_its_default():
     spec = tiny_spec("gpt_oss", num_layers=2)
     t = trace_step(spec, Plan(method="lora", seq_len=32, attn_impl="sdpa"))
     assert any("does not accept attn_implementation='sdpa'" in n and "eager" in n for n in t.notes)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss", "deepseek_v2"])
+def test_lora_on_the_experts_simulates_as_it_runs(arch):
+    """Plan.lora_experts: peft target_parameters on both expert stacks (a ParamWrapper each, adapters r x experts);
+    the traced step under fake tensors equals the real CPU step, checkpointed or not."""
+    from advisor.runtime.build import build_training_setup
+
+    spec = tiny_spec(arch, num_layers=DEPTH[arch])
+    for ckpt in (False, True):
+        _equal(spec, Plan(method="lora", lora_experts=True, lora_dropout=0.0, seq_len=48, gradient_checkpointing=ckpt))
+    setup = build_training_setup(spec, Plan(method="lora", lora_experts=True, lora_dropout=0.0, seq_len=16))
+    wrappers = [m for m in setup.model.modules() if type(m).__name__ == "ParamWrapper"]
+    moe_layers = sum(1 for layer in spec.description.layers if layer.num_experts)
+    assert len(wrappers) == 2 * moe_layers
+    from advisor.memory.experts import adapter_params
+
+    trainable = sum(p.numel() for p in setup.model.parameters() if p.requires_grad)
+    from advisor.core.adapters import adapted_modules
+
+    assert trainable == sum(adapter_params(spec, setup.plan, adapted_modules(spec, setup.plan)))
+
+
+def test_lora_on_the_experts_refuses_dropout_and_dense_models():
+    from advisor.core.errors import AdvisorInputError
+    from advisor.runtime.build import build_training_setup
+
+    errs = Plan(method="lora", lora_experts=True).problems()
+    assert errs and errs[0].where == "--lora-experts" and "--lora-dropout 0" in errs[0].rule
+    with pytest.raises(AdvisorInputError, match="no stacked experts"):
+        build_training_setup(tiny_spec("qwen3", num_layers=2), Plan(method="lora", lora_experts=True, lora_dropout=0.0))

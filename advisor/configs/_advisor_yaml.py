@@ -52,13 +52,19 @@ FORMAT_VERSION = 1
 
 def model_section(ctx: ExportContext) -> dict[str, Any]:
     torch_dtype, _, _ = PRECISION_FLAGS[ctx.plan.precision]
-    return {
+    section = {
         "name_or_path": ctx.model_id,
         "catalog_name": ctx.spec.name,
         "torch_dtype": torch_dtype,
         "attn_implementation": DECLARED,
         "trust_remote_code": False,
     }
+    from advisor.core.card_rules import ships_mxfp4
+
+    if ships_mxfp4(ctx.spec) and not ctx.plan.quantized:
+        # transformers cannot train MXFP4 (card_rules.yaml mxfp4): train.py loads with Mxfp4Config(dequantize=True)
+        section["dequantize_mxfp4"] = True
+    return section
 
 
 def quantization_section(plan) -> dict[str, Any] | None:
@@ -74,19 +80,26 @@ def quantization_section(plan) -> dict[str, Any] | None:
     }
 
 
-def lora_section(plan) -> dict[str, Any] | None:
+def lora_section(plan, spec=None) -> dict[str, Any] | None:
+    """peft.LoraConfig's fields; ``target_modules`` as the run adapts them on ``spec`` (advisor.core.adapters:
+    a mixture of experts' names peft would rewrite left out), ``target_parameters`` for LoRA on stacked experts."""
     if not plan.peft:
         return None
-    targets = plan.lora_targets if isinstance(plan.lora_targets, str) else list(plan.lora_targets)
-    return {
+    from advisor.core.adapters import export_parameters, export_targets
+
+    section = {
         "r": DECLARED,
         "lora_alpha": lora_alpha_value(plan.lora_alpha),
         "lora_dropout": DECLARED,
-        "target_modules": targets,
+        "target_modules": export_targets(spec, plan),
         "bias": "none",
         "task_type": "CAUSAL_LM",
         "use_dora": DECLARED,
     }
+    parameters = export_parameters(spec, plan)
+    if parameters:
+        section["target_parameters"] = parameters  # peft lora.ParamWrapper on each stacked expert weight
+    return section
 
 
 def training_section(plan, output_dir: str = "outputs") -> dict[str, Any]:
@@ -146,7 +159,7 @@ def sections(ctx: ExportContext) -> dict[str, Any]:
     doc = {
         "model": model_section(ctx),
         "quantization": quantization_section(plan),
-        "lora": lora_section(plan),
+        "lora": lora_section(plan, ctx.spec),
         "training": {**training_section(plan), **training_arguments_fields(plan, ctx.spec)},
         "deepspeed": deepspeed_config(plan) if plan.offload != "none" else None,
         "advisor": advisor,
@@ -253,6 +266,10 @@ def read(data: dict, c: Collect, plan_type: type, fmt: str = "advisor") -> tuple
             c.bad("lora.target_modules", f"is required: list the module names or {ALL_LINEAR} (peft's per-model "
                   "default is not guessed)", None)
         f["lora_targets"] = t
+        params = lora.get("target_parameters")
+        if params is not None and not (isinstance(params, list) and all(isinstance(x, str) for x in params)):
+            c.bad("lora.target_parameters", "must be a list of parameter names (experts.gate_up_proj, ...)", params)
+        f["lora_experts"] = bool(params)
     else:
         f["method"] = "full"
     advisor = c.section(data, "advisor") or {}

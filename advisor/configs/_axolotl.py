@@ -64,10 +64,16 @@ def axolotl_config(ctx: ExportContext) -> dict[str, Any]:
         cfg["lora_r"] = DECLARED
         cfg["lora_alpha"] = alpha
         cfg["lora_dropout"] = DECLARED
-        if plan.lora_targets == "all-linear":
+        from advisor.core.adapters import export_parameters, export_targets
+
+        targets = export_targets(ctx.spec, plan)
+        if targets == "all-linear":
             cfg["lora_target_linear"] = True
         else:
-            cfg["lora_target_modules"] = list(plan.lora_targets)
+            cfg["lora_target_modules"] = list(targets)
+        parameters = export_parameters(ctx.spec, plan)
+        if parameters:
+            cfg["lora_target_parameters"] = parameters  # axolotl: needs lora_dropout 0 (peft ParamWrapper)
     cfg.update({
         "datasets": [{"path": "data.jsonl", "ds_type": "json", "type": "completion", "field": "text"}],
         "val_set_size": 0.0,
@@ -202,6 +208,10 @@ def read(data: dict, c: Collect, plan_type: type) -> tuple[str | None, dict, dic
             f["lora_targets"] = c.targets(data.get("lora_target_modules"), "lora_target_modules")
             if data.get("lora_target_modules") is None:
                 c.bad("lora_target_modules", "is required unless lora_target_linear: true", None)
+        params = data.get("lora_target_parameters")
+        if params is not None and not (isinstance(params, list) and all(isinstance(x, str) for x in params)):
+            c.bad("lora_target_parameters", "must be a list of parameter names (mlp.experts.gate_up_proj, ...)", params)
+        f["lora_experts"] = bool(params)
     gc = data.get("gradient_checkpointing", False)
     if gc not in (True, False, None):
         c.bad("gradient_checkpointing", "only true/false are planned (offloaded checkpoints are not)", gc)

@@ -38,6 +38,7 @@ from advisor.configs._deepspeed import check_batch, read_offload
 from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_unexpressible
 from advisor.configs._training_args import (checkpoint_layers_of, every_n, read_checkpointing, read_optimizer,
                                             read_precision, training_arguments_fields)
+from advisor.core.adapters import export_parameters, export_targets
 from advisor.core.plan import ALL_LINEAR, checkpointed_layers, knob_of
 
 FILENAME = "trl.yaml"
@@ -84,8 +85,8 @@ ROWS: list[tuple[str, Callable[[ExportContext], Any]]] = [
     ("lora_r", _declared),
     ("lora_alpha", lambda ctx: require_int_alpha(FORMAT, ctx.plan) if ctx.plan.peft else SKIP),
     ("lora_dropout", _declared),
-    ("lora_target_modules", _peft(lambda plan: plan.lora_targets if isinstance(plan.lora_targets, str)
-                                  else list(plan.lora_targets))),
+    ("lora_target_modules", lambda ctx: export_targets(ctx.spec, ctx.plan) if ctx.plan.peft else SKIP),
+    ("lora_target_parameters", lambda ctx: export_parameters(ctx.spec, ctx.plan) or SKIP),
     ("use_dora", _declared),
     # SFTConfig: the data, the step, the loss
     ("dataset_text_field", lambda ctx: "text"),
@@ -211,6 +212,10 @@ def read(data: dict, c: Collect, plan_type: type) -> tuple[str | None, dict, dic
         if data.get("lora_target_modules") is None:
             c.bad("lora_target_modules", f"is required: list the module names or {ALL_LINEAR} (peft's per-model "
                   "default is not guessed)", None)
+        params = data.get("lora_target_parameters")
+        if params is not None and not (isinstance(params, list) and all(isinstance(x, str) for x in params)):
+            c.bad("lora_target_parameters", "must be a list of parameter names (experts.gate_up_proj, ...)", params)
+        f["lora_experts"] = bool(params)
     else:
         f["method"] = "full"
     read_declared(c, plan_type, FORMAT, flat(data), f)

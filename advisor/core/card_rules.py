@@ -281,6 +281,45 @@ def card_problems(plan: Any, gpu: Any, model: Any = None) -> list[AdvisorInputEr
     return Card.of(gpu, model).problems(plan)
 
 
+# --------------------------------------------------------------------------- gpt-oss's MXFP4 experts
+
+
+@lru_cache(maxsize=None)
+def mxfp4_rule() -> dict:
+    """card_rules.yaml ``mxfp4``: which checkpoints ship MXFP4 experts and where transformers keeps them."""
+    return dict(load_data_file("card_rules.yaml")["mxfp4"])
+
+
+def ships_mxfp4(model: Any) -> bool:
+    """The model's checkpoint holds its experts in MXFP4 (its type, or its config's quantization_config)."""
+    config = getattr(model, "config", None) or {}
+    quant = (config.get("quantization_config") or {}) if isinstance(config, dict) else {}
+    return getattr(model, "model_type", None) in mxfp4_rule()["model_types"] or quant.get("quant_method") == "mxfp4"
+
+
+def mxfp4_kept(model: Any, gpu: Any, *, training: bool, kernels: bool = True) -> bool:
+    """Whether transformers keeps the MXFP4 experts of ``model`` in MXFP4 in memory: never for training
+    (is_trainable is False); for inference on a card of compute capability >= ``sm_from`` with Triton and
+    ``kernels`` installed (``kernels``: whether the serving machine has them; unknown card: not kept)."""
+    if not ships_mxfp4(model) or training or not kernels:
+        return False
+    sm = card_sm(gpu)
+    return sm is not None and sm >= int(mxfp4_rule()["sm_from"])
+
+
+def mxfp4_training_note(model: Any, plan: Any) -> str | None:
+    """The ledger's note for a training plan of a model whose checkpoint ships MXFP4 experts (None: not one)."""
+    if not ships_mxfp4(model):
+        return None
+    rule = mxfp4_rule()
+    what = ("the experts are bf16 stacks, the attention 4/8-bit, loaded from a bf16 copy of the checkpoint (a "
+            "BitsAndBytesConfig on the MXFP4 checkpoint raises ValueError)" if getattr(plan, "quantized", False)
+            else "weights in bf16")
+    return (f"{rule['name']}: the checkpoint's MXFP4 experts are dequantized to bf16 at load, because transformers "
+            f"cannot train MXFP4 (Mxfp4HfQuantizer.is_trainable is False; MXFP4 is kept only for inference on "
+            f"sm{rule['sm_from']}+ with {rule['needs']}): {what}")
+
+
 __all__ = ["AUTO", "CARD_DECIDED", "CARD_DEFAULT_MEANS", "Card", "CardFinding", "CardRule", "ModelFacts", "bf16_runs", "card_label",
            "card_precision", "card_problems", "card_rules", "card_sm", "default_attention", "model_facts",
-           "not_card_rules"]
+           "mxfp4_kept", "mxfp4_rule", "mxfp4_training_note", "not_card_rules", "ships_mxfp4"]

@@ -35,6 +35,10 @@ LOSSES = ("plain", "chunked", "fused-linear")
 tokens, each recomputed in backward; fused-linear: the projection fused with cross-entropy, gradients
 computed in the forward (Liger's fused linear cross-entropy, Apple's cut cross-entropy)."""
 ALL_LINEAR = "all-linear"
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+"""The Plan's default LoRA targets: the attention projections. On a model whose attention has other linears
+(DeepSeek's multi-head latent attention: q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj) they mean its own
+attention linears (``lora_target_modules``' ``attention``)."""
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 LOSS_SCALED = ("fp16", "mixed_fp16")
@@ -159,7 +163,7 @@ class Plan:
               "llamafactory": Key("lora_dropout", default=0.0, listed=False), "trl": Key("lora_dropout")})
     """Dropout on the adapter input (0 saves the dropout mask and copy)."""
     lora_targets: tuple[str, ...] | str = knob(
-        ("q_proj", "k_proj", "v_proj", "o_proj"), help=f"comma-separated module names, or {ALL_LINEAR}",
+        DEFAULT_TARGETS, help=f"comma-separated module names, or {ALL_LINEAR}",
         applies=_with_adapters, cli=Cli(parse=lambda text: normalize_targets(text)),
         search=Search(order=50, required=True, inactive=None, ladder=prefer("attention"), frugal=first,
                       choice=lambda v: isinstance(v, str) and bool(v),
@@ -175,6 +179,18 @@ class Plan:
               "llamafactory": Key("use_dora", omit_default=True), "trl": Key("use_dora", omit_default=True)})
     """DoRA (peft use_dora): a trained magnitude vector per adapted module; its forward re-runs the base
     matmul on the dropped-out input and keeps an fp32 copy of the weight for backward."""
+    lora_experts: bool = knob(
+        False, help="LoRA on the stacked experts of a mixture of experts too (peft target_parameters: a rank-r pair "
+                    "per expert; needs --lora-dropout 0)", applies=_with_adapters,
+        tag=Tag("+experts", after="lora_r", joined=True),
+        search=Search(order=55, ladder=prefer(False), frugal=prefer(False)),
+        keys={"advisor": Custom("lora.target_parameters"), "axolotl": Custom("lora_target_parameters"),
+              "llamafactory": Refused("it has no key for LoRA on expert parameters (peft target_parameters)"),
+              "trl": Custom("lora_target_parameters")})
+    """LoRA on the stacked expert parameters of a mixture of experts (peft ``target_parameters`` on
+    ``experts.gate_up_proj`` and ``experts.down_proj``: a ``lora.ParamWrapper`` whose adapters are rank r x experts,
+    peft/tuners/lora/layer.py). Its forward folds W + s*A@B into one bf16 stack per wrapped parameter, which the
+    grouped expert matmul saves for backward; peft refuses it with lora_dropout != 0 or DoRA."""
     gradient_checkpointing: bool = knob(
         False, help="recompute each layer in backward", tag=Tag("ckpt"),
         search=Search(order=70, required=True, frugal=prefer(True)),
@@ -366,6 +382,13 @@ class Plan:
         elif self.dora is True and self.quantized:
             bad("dora", "DoRA over a quantized base is not planned here (peft dequantizes the base weight in each "
                 "forward): use quantization none", self.quantization)
+        if self.lora_experts is True and self.peft:
+            if self.lora_dropout != 0:
+                bad("lora_experts", f"peft's lora.ParamWrapper on the stacked experts refuses dropout (peft/tuners/lora/"
+                    f"layer.py): set {flag_of('lora_dropout', type(self))} 0", self.lora_dropout)
+            if self.dora is True:
+                bad("dora", "peft's lora.ParamWrapper on the stacked experts refuses DoRA: use "
+                    f"{flag_of('lora_experts', type(self))} off with DoRA", self.dora)
         if self.attn_impl == "flash_attention_2" and self.activation_dtype == "fp32":
             bad("attn_impl", "flash_attention_2 computes in fp16/bf16 only; use sdpa or eager with fp32",
                 self.attn_impl)
@@ -475,18 +498,24 @@ def normalize_targets(value: Any) -> tuple[str, ...] | str:
     return value
 
 
-def lora_target_modules(plan: Plan, layer_linears: list[str]) -> list[str]:
-    """The decoder-layer linear modules that get adapters under ``plan`` (all-linear → every one)."""
+def lora_target_modules(plan: Plan, layer_linears: list[str], attention: list[str] | tuple[str, ...] | None = None
+                        ) -> list[str]:
+    """The decoder-layer linear modules that get adapters under ``plan`` (all-linear → every one). ``attention``:
+    the model's attention linears, which the default targets (DEFAULT_TARGETS) stand for where the model lacks
+    some of q/k/v/o."""
     if not plan.peft:
         return []
     if plan.lora_targets == ALL_LINEAR:
         return list(layer_linears)
-    missing = [t for t in plan.lora_targets if t not in layer_linears]
+    targets = plan.lora_targets
+    if attention and tuple(targets) == DEFAULT_TARGETS and any(t not in layer_linears for t in targets):
+        targets = tuple(attention)
+    missing = [t for t in targets if t not in layer_linears]
     if missing:
         raise AdvisorInputError(
             "--lora-targets", f"module(s) {', '.join(missing)} not in this model's layers "
             f"(it has {', '.join(layer_linears)})", ",".join(plan.lora_targets), show_value=False)
-    return [t for t in layer_linears if t in plan.lora_targets]
+    return [t for t in layer_linears if t in targets]
 
 
 def optimizer_problems(plan: Plan, bad) -> None:

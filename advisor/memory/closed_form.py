@@ -1,9 +1,12 @@
 """Which models the closed-form ledger (advisor.memory.training) describes, and who answers for the others.
 
 The closed form was written for dense decoder layers: attention q/k/v/o (or a fused qkv), a gated MLP
-(gate/up/down or a fused gate_up), norms, optional q/k norms, a final soft-capping. A model it cannot describe
-(stacked experts, linear attention, multi-head latent attention, layers of different kinds, modules it has no term
-for, a sliding window shorter than the sequence) is answered by the simulation instead: the real model code on
+(gate/up/down or a fused gate_up), norms, optional q/k norms, a final soft-capping; and for the mixtures of experts
+of advisor.memory.experts.COVERED (Qwen3-MoE, OLMoE, Mixtral, gpt-oss, DeepSeek-V2-Lite: stacked experts, the
+router, latent attention, gpt-oss's sinks and windows, dense and shared-expert MLPs), with the levers
+``moe_described`` lists. A model it cannot describe (another family of experts, linear attention, layers of
+different kinds, modules it has no term for, a sliding window shorter than the sequence) is answered by the
+simulation instead: the real model code on
 fake tensors (advisor.runtime.simulate), never by a wrong formula and never refused. ``closed_form_describes``
 is the one rule ``advisor estimate``, ``tune`` and ``preflight`` follow (through the estimate backend); the
 output says which of the two answered (``answered_by``).
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 from advisor.core.catalog import ModelSpec
 from advisor.core.plan import Plan
+from advisor.memory.experts import COVERED, ROUTERS
 
 CLOSED_FORM = "closed form"
 SIMULATION = "simulation"
@@ -31,11 +35,7 @@ def closed_form_describes(model: ModelSpec, plan: Plan | None = None) -> tuple[b
     """(whether the closed-form ledger describes ``model`` under ``plan``, why or why not), in one line."""
     d = model.description
     if d.is_moe:
-        moe = d.moe
-        share = d.params_by_category.get("experts", 0) / max(d.params_total, 1)
-        return False, (f"a mixture of experts ({moe.num_experts} experts, top-{moe.experts_per_token}, {share:.0%} "
-                       "of the parameters in stacked experts): the closed form has no terms yet for expert weights, "
-                       "routed activations and the router")
+        return moe_described(model, plan)
     kinds = d.attention_kinds()
     linear = sum(1 for layer in d.layers if layer.attention == "linear")
     if linear:
@@ -62,3 +62,48 @@ def closed_form_describes(model: ModelSpec, plan: Plan | None = None) -> tuple[b
             return False, (f"sliding-window layers (a {short[0]:,}-token window) at a {plan.seq_len:,}-token sequence: "
                            "their attention mask is not causal, which the closed form does not count")
     return True, "dense decoder layers (attention, gated MLP, norms) the closed form describes"
+
+
+MOE_LEVERS_OUT = {
+    "offload": "DeepSpeed offload", "activation_offload": "activation offload", "checkpoint_layers": "partial checkpointing",
+    "dora": "DoRA", "packing": "packing", "optimizer_in_backward": "an optimizer step inside backward",
+}
+"""Levers the mixture-of-experts closed form has no terms for (the simulation answers a plan that sets one)."""
+
+
+def moe_described(model: ModelSpec, plan: Plan | None) -> tuple[bool, str]:
+    """The rule for a mixture of experts: the families of advisor.memory.experts.COVERED, with their routers,
+    attention (q/k/v/o with sdpa or eager, gpt-oss's eager with sinks, DeepSeek's latent attention with sdpa) and
+    the levers of advisor.memory.training.estimate_moe_training."""
+    from advisor.memory.training import MOE_OPTIMIZERS
+
+    d = model.description
+    moe = d.moe
+    share = d.params_by_category.get("experts", 0) / max(d.params_total, 1)
+    what = f"a mixture of experts ({moe.num_experts} experts, top-{moe.experts_per_token}, {share:.0%} of the " \
+           "parameters in stacked experts)"
+    if model.model_type not in COVERED or model.model_type not in ROUTERS:
+        return False, (f"{what} of a family ({model.model_type}) whose router and experts the closed form has no terms "
+                       f"for (it covers {', '.join(COVERED)})")
+    if any(layer.attention == "linear" for layer in d.layers):
+        return False, f"{what} with linear-attention layers: the closed form has terms for softmax attention only"
+    if moe.output_router_logits:
+        return False, f"{what} with the load-balancing loss on (output_router_logits): its router logits are not counted"
+    if d.mla is not None and d.mla.q_lora_rank:
+        return False, f"{what} with a compressed query (q_lora_rank): the closed form has terms for DeepSeek-V2-Lite's MLA"
+    if (model.config or {}).get("topk_method", "greedy") != "greedy":
+        return False, f"{what} with group-limited routing: the closed form has terms for greedy top-k routing"
+    if plan is not None:
+        out = [name for knob, name in MOE_LEVERS_OUT.items() if getattr(plan, knob) not in (None, False, "none")]
+        if plan.optimizer not in MOE_OPTIMIZERS:
+            out.append(f"the {plan.optimizer} optimizer")
+        if plan.quantization == "int8":
+            out.append("LLM.int8 weights")
+        if plan.loss == "fused-linear":
+            out.append("the fused linear loss")
+        if d.mla is not None and plan.attn_impl == "eager":
+            out.append("eager latent attention")
+        if out:
+            return False, f"{what} with {', '.join(out)}: the mixture-of-experts closed form has no terms for it"
+    return True, (f"{what}: expert weights as transformers stores them, routed activations of tokens x "
+                  f"top-{moe.experts_per_token} rows, the router (advisor.memory.experts)")

@@ -29,6 +29,7 @@ from functools import lru_cache
 from typing import Iterable
 
 from advisor.core.catalog import ModelSpec
+from advisor.core.adapters import attention_linears
 from advisor.core.plan import DTYPE_BYTES, Plan, lora_target_modules
 from advisor.memory.ledger import HostMemory
 
@@ -73,6 +74,11 @@ def process_baseline_bytes() -> int:
 def param_tensors(model: ModelSpec) -> Counter:
     """Elements of every parameter tensor of the model: numel -> how many (linears, biases, norms, embedding,
     an untied output head, the final norm)."""
+    if model.is_moe:
+        # every layer's own tensors: linears, expert stacks, routers, norms (advisor.memory.experts)
+        from advisor.memory.experts import trainable_tensor_sizes
+
+        return Counter(trainable_tensor_sizes(model, Plan(method="full"), []))
     arch = model.arch or {}
     c: Counter = Counter()
     L = model.num_layers
@@ -96,7 +102,7 @@ def trainable_tensors(model: ModelSpec, plan: Plan) -> Counter:
         return param_tensors(model)
     shapes = model.linear_shapes()
     c: Counter = Counter()
-    for m in lora_target_modules(plan, list(shapes)):
+    for m in lora_target_modules(plan, list(shapes), attention_linears(model)):
         i, o = shapes[m]
         c[plan.lora_r * i] += model.num_layers
         c[plan.lora_r * o] += model.num_layers

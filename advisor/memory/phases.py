@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from advisor.core.catalog import GpuSpec, ModelSpec
+from advisor.core.adapters import attention_linears
 from advisor.core.plan import DTYPE_BYTES, Plan, lora_target_modules
 from advisor.memory.ledger import MemoryReport, PhaseMemory, RunPhases
 
@@ -93,9 +94,18 @@ def forward_transient(model: ModelSpec, plan: Plan, batch: int, seq: int, *, ful
     h, i = model.hidden_size, model.intermediate_size
     shapes = model.linear_shapes()
     dequant = max(a * b for a, b in shapes.values()) * p if plan.quantized else 0
-    targets = lora_target_modules(plan, list(shapes)) if plan.peft else []
+    targets = lora_target_modules(plan, list(shapes), attention_linears(model)) if plan.peft and not model.is_moe else []
     lora_cast = 4 * T * max((shapes[m][0] for m in targets), default=0)
-    mlp = p * (4 * T * h + 3 * T * i + 2 * seq * model.head_dim) + max(dequant, lora_cast)
+    if model.is_moe:
+        # routed experts: tokens x top-k rows (advisor.memory.experts); LoRA on the attention and what peft leaves
+        from advisor.core.adapters import adapted_modules
+        from advisor.memory.experts import mlp_forward_bytes
+
+        targets = adapted_modules(model, plan) if plan.peft else []
+        lora_cast = 4 * T * max((shapes[m][0] for m in targets), default=0)
+        mlp = p * (4 * T * h + 2 * seq * model.head_dim) + mlp_forward_bytes(model, plan, T) + max(dequant, lora_cast)
+    else:
+        mlp = p * (4 * T * h + 3 * T * i + 2 * seq * model.head_dim) + max(dequant, lora_cast)
     up = 4 if p < 4 else 0  # .float() of fp32 logits returns them as they are
     if full_logits:
         head = p * T * h + (p + up + 4) * T * model.vocab_size

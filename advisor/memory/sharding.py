@@ -14,6 +14,10 @@ Communication per optimizer step, bytes each GPU sends (ring collectives move (N
 buffer per reduce-scatter or all-gather; ZeRO §7.2): ddp and zero2 2Ψ(N-1)/N (reduce-scatter +
 all-gather of gradients/parameters), zero3/fsdp 3Ψ(N-1)/N (parameters gathered in forward and
 again in backward), Ψ = bytes of the trainable parameters (all parameters for zero3's gathers).
+
+A mixture of experts is sharded as any other model: its stacked experts are parameters like the others (ZeRO-3 /
+FSDP gather a whole layer, every expert, at a time). Expert parallelism (experts placed on different GPUs, tokens
+exchanged by all-to-all) is not planned; the per-GPU ledger says so (``expert_parallel_note``).
 """
 
 from __future__ import annotations
@@ -52,9 +56,11 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
                  gpu: GpuSpec | None = None) -> MemoryReport:
     """The per-GPU ledger of ``report`` (one GPU's step) when N GPUs shard the model state."""
     _check(gpus, strategy)
+    moe_note = (expert_parallel_note(model, gpus, strategy),) if model.is_moe and gpus > 1 else ()
     if gpus == 1 or strategy == "ddp":
-        return replace(report, extra={**report.extra, "gpus": gpus, "sharding": strategy,
-                                      "comm_bytes_per_step": comm_bytes_per_step(model, plan, gpus, strategy)})
+        return replace(report, notes=(*report.notes, *moe_note),
+                       extra={**report.extra, "gpus": gpus, "sharding": strategy,
+                              "comm_bytes_per_step": comm_bytes_per_step(model, plan, gpus, strategy)})
     d = dict(report.device)
     d.pop("overhead", None)
     for cat in ("gradients", "optimizer_states", "master_weights"):
@@ -63,7 +69,9 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
         p = DTYPE_BYTES[plan.param_dtype]
         # one decoder layer gathered at a time plus the next one prefetched (FSDP forward_prefetch,
         # DeepSpeed stage3_prefetch_bucket_size), and the embedding when it is gathered
-        gathered = max(2 * model.layer_params(), model.embedding_params) * p
+        # DeepSeek's dense first layer is smaller than its routed ones: the largest layer
+        layer = max(layer.params for layer in model.description.layers) if model.is_moe else model.layer_params()
+        gathered = max(2 * layer, model.embedding_params) * p
         d["weights"] = d.get("weights", 0) // gpus + gathered
         d["quant_constants"] = d.get("quant_constants", 0) // gpus
     tensor_peak = sum(d.values())
@@ -73,12 +81,25 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
     # ZeRO partitions the offloaded state across ranks; each rank's offloaded activations stay its own
     hm = report.host_memory.scaled(gpus, SHARDED) if report.host_memory is not None else None
     host = {**report.host, **hm.by_category()} if hm is not None else {k: v // gpus for k, v in report.host.items()}
-    notes = (*report.notes, f"{strategy} over {gpus} GPUs: per-GPU ledger; collectives are modelled, not traced")
+    notes = (*report.notes, f"{strategy} over {gpus} GPUs: per-GPU ledger; collectives are modelled, not traced",
+             *moe_note)
     return replace(report, device=d, host=host, host_memory=hm, tensor_peak_bytes=int(tensor_peak),
                    peak_bytes=int(tensor_peak + overhead), notes=notes,
                    reserved_peak_bytes=int(tensor_peak + parts["fragmentation"]),
                    extra={**report.extra, "gpus": gpus, "sharding": strategy,
                           "comm_bytes_per_step": comm_bytes_per_step(model, plan, gpus, strategy)})
+
+
+def expert_parallel_note(model: ModelSpec, gpus: int, strategy: str) -> str:
+    """A mixture of experts over several GPUs: sharded as any model, no expert parallelism (said plainly)."""
+    how = {"ddp": "replicates every expert on each GPU", "zero2": "replicates the weights (every expert) and "
+           "divides gradients and optimizer states", "zero3": "divides every expert stack like any other parameter "
+           "and gathers a whole layer's stacks (all its experts) for forward and backward",
+           "fsdp": "divides every expert stack like any other parameter and gathers a whole layer's stacks (all its "
+           "experts) for forward and backward"}[strategy]
+    return (f"mixture of experts over {gpus} GPUs: expert parallelism (each GPU holding some experts, tokens sent "
+            f"to them by all-to-all: Megatron EP, DeepSpeed-MoE) is not planned; {strategy} {how}, and each GPU "
+            "routes its own micro-batch (docs/multi-gpu.md)")
 
 
 def comm_bytes_per_step(model: ModelSpec, plan: Plan, gpus: int, strategy: str) -> int:

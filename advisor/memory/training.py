@@ -14,7 +14,8 @@ from advisor.memory.ledger import MemoryReport, empty
 from advisor.memory.overhead import overhead_of as framework_overhead_of
 from advisor.core.plan import (DTYPE_BYTES, Plan, checkpointed_layers,
                                lora_target_modules)
-from advisor.memory import loss_dora_packing
+from advisor.core.adapters import adapted_modules, attention_linears
+from advisor.memory import experts, loss_dora_packing
 from advisor.memory.host import OFFLOAD_MIN_BYTES, host_memory, pinned_block_bytes, pinned_bytes_of
 
 NF4_BLOCK = 64
@@ -43,9 +44,11 @@ class ParamBreakdown:
 
 
 def param_breakdown(model: ModelSpec, plan: Plan) -> ParamBreakdown:
+    if model.is_moe:
+        return moe_param_breakdown(model, plan)
     shapes = model.linear_shapes()
     linear = model.num_layers * model.layer_linear_params()
-    targets = lora_target_modules(plan, list(shapes))
+    targets = lora_target_modules(plan, list(shapes), attention_linears(model))
     # LoRA adds A (r x in) and B (out x r) to each targeted module (Hu et al. 2021, eq. 3)
     adapter = model.num_layers * sum(plan.lora_r * (shapes[m][0] + shapes[m][1]) for m in targets)
     adapter += loss_dora_packing.dora_magnitude_params(model, plan, tuple(targets))
@@ -64,12 +67,27 @@ def weight_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> tuple[int,
             consts = blocks * 1 + blocks / DQ_BLOCK * 4
         else:
             consts = blocks * 4
-        return int(pb.linear * 0.5 + pb.other * other_b), int(consts)
+        return int(pb.linear * 0.5 + pb.other * other_b + experts.fp32_router_params(model) * (4 - other_b)), int(consts)
     if plan.quantization == "int8":
         # LLM.int8: int8 weight + one fp32 scale per output row (Dettmers et al. 2022, bitsandbytes Int8Params.SCB)
         rows = model.num_layers * sum(o for _, o in model.linear_shapes().values())
         return int(pb.linear * 1 + pb.other * other_b), int(rows * 4)
-    return int(model.params_total * other_b), 0
+    # a router the class keeps in fp32 whatever the dtype (DeepSeek's gate.weight, _keep_in_fp32_modules_strict)
+    return int(model.params_total * other_b + experts.fp32_router_params(model) * (4 - other_b)), 0
+
+
+def moe_param_breakdown(model: ModelSpec, plan: Plan) -> ParamBreakdown:
+    """A mixture of experts: the linears bitsandbytes converts (attention, shared experts, dense MLPs: every layer's
+    ``quantized_by_bnb`` linears); the stacked experts, routers, norms, embeddings and biases stay in the compute
+    dtype (``other``; transformers/integrations/bitsandbytes.py:189 converts ``type(module) is nn.Linear`` only).
+    Adapters: LoRA on the adapted linears of each layer, and with ``lora_experts`` a rank-r pair per expert on each
+    stacked weight (advisor.memory.experts.adapter_params)."""
+    modules = adapted_modules(model, plan) if plan.peft else []
+    linear = experts.quantized_linear_params(model)
+    on_linears, on_experts = experts.adapter_params(model, plan, modules)
+    adapter = on_linears + on_experts
+    trainable = adapter if plan.peft else model.params_total
+    return ParamBreakdown(linear, model.params_total - linear, adapter, tuple(modules), trainable)
 
 
 def trainable_dtype_bytes(plan: Plan) -> int:
@@ -261,6 +279,8 @@ def _add_lever_phases(phases: dict, model: ModelSpec, plan: Plan, pb: ParamBreak
 def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) -> MemoryReport:
     """The analytic ledger of one measured step (after warm-up: optimizer states exist)."""
     plan.validate()
+    if model.is_moe:
+        return estimate_moe_training(model, plan, gpu)
     pb = param_breakdown(model, plan)
     weights, consts = weight_bytes(model, plan, pb)
     tb = trainable_dtype_bytes(plan)
@@ -377,6 +397,129 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
                "activations_per_layer_bytes": layer_acts, "saved_activations_bytes": int(acts),
                "loss_transient_bytes": int(loss_transient)},
     )
+
+
+MOE_OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit", "sgd")
+"""Optimizers whose states the mixture-of-experts closed form counts (the rest: the simulation answers)."""
+
+
+def moe_optimizer_state_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
+    """Optimizer states of a mixture of experts, tensor by tensor (experts.trainable_tensor_sizes)."""
+    tb = trainable_dtype_bytes(plan)
+    opt = plan.optimizer
+    if opt in ("adamw_torch", "adamw_torch_fused"):
+        # exp_avg and exp_avg_sq, zeros_like(param) (torch/optim/adamw.py _init_group); an fp32 router's in fp32
+        return 2 * pb.trainable * tb + (0 if plan.peft else 2 * experts.fp32_router_params(model) * (4 - tb))
+    if opt == "paged_adamw_32bit":
+        return 2 * pb.trainable * 4  # bitsandbytes 32-bit states are fp32 (Optimizer2State.init_state)
+    if opt in ("adamw_8bit", "paged_adamw_8bit"):
+        # 8-bit blockwise, 1 B per value + fp32 absmax per 256; tensors under min_8bit_size keep fp32 states
+        # (Dettmers et al. 2022); Trainer keeps nn.Embedding in 32-bit (GlobalOptimManager override)
+        sizes = experts.trainable_tensor_sizes(model, plan, list(pb.lora_modules))
+        small = sum(n for n in sizes if n < OPT8_MIN_SIZE) + (0 if plan.peft else model.embedding_params)
+        return int(2 * (pb.trainable - small) * (1 + 4 / OPT8_BLOCK) + 2 * small * 4)
+    return 0  # SGD without momentum keeps no state
+
+
+def estimate_moe_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) -> MemoryReport:
+    """The closed-form ledger of one step of a mixture of experts (advisor.memory.experts has the terms).
+
+    The same phases as a dense step (``estimate_training``): the loss (every layer's saved tensors and the logits),
+    backward, the last layer's backward (or, with checkpointing, its recomputation with every layer's input held),
+    the end of backward and the optimizer step. What advisor.memory.closed_form sends here is what these terms
+    cover: the families of ``experts.COVERED``, the optimizers of MOE_OPTIMIZERS, no offload, no int8."""
+    pb = param_breakdown(model, plan)
+    modules = list(pb.lora_modules)
+    weights, consts = weight_bytes(model, plan, pb)
+    tb = trainable_dtype_bytes(plan)
+    adapters = pb.adapter * 4 if plan.peft else 0
+    # an fp32 router's gradient stays fp32 in a full fine-tune (its parameter's dtype)
+    grads = pb.trainable * tb + (0 if plan.peft else experts.fp32_router_params(model) * (4 - tb))
+    states = moe_optimizer_state_bytes(model, plan, pb)
+    p = DTYPE_BYTES[plan.activation_dtype]
+    L = model.num_layers
+    T = plan.micro_batch * plan.seq_len
+    h = model.hidden_size
+    x = p * T * h
+    full = plan.method == "full"
+    notes = [experts.router_note(model)]
+    if plan.peft:
+        from advisor.core.adapters import lora_targets
+
+        notes += lora_targets(model, plan)[1]
+    notes += gpt_oss_weight_notes(model, plan)
+
+    all_layers, biggest, layer_bwd = experts.layers_saved(model, plan, modules)
+    # final norm: fp32 input and rsqrt; its normalized input too when the norm weight trains; the head's input
+    final_norm = 4 * T * h + 4 * T + (x if full else 0)
+    head_input = x if full else 0
+    if plan.gradient_checkpointing:
+        # each layer keeps its input (transformers GradientCheckpointingLayer); one layer is recomputed at a time
+        acts = L * x + final_norm + head_input
+    else:
+        acts = all_layers + final_norm + head_input
+    logits_fwd, logits_bwd = logits_bytes(model, plan)
+    dequant = 0
+    if plan.quantized:
+        # the largest dequantized linear of a 4-bit layer during its matmul (bitsandbytes dequantize_4bit)
+        dequant = max(m.in_features * m.out_features for layer in model.description.layers for m in layer.linears
+                      if m.quantized_by_bnb) * p
+    layer_temp = layer_bwd + dequant
+    grads_held = grads if plan.grad_accum > 1 else 0
+    # a full fine-tune's gradients while the last layer's backward runs: the output head's (untied) and final
+    # norm's, and the last layer's own (traced); at the end of backward all but the embedding's, which comes after
+    # the first layer's backward (aten embedding_dense_backward)
+    last_grads = grads_held or ((model.lm_head_params + model.description.final_norm_params
+                                 + model.description.layers[-1].params) * tb if full else 0)
+    end_grads = grads - (model.embedding_params * tb if full and plan.grad_accum == 1 else 0)
+    opt_temp = pb.trainable * tb if plan.optimizer == "adamw_torch" else 0  # foreach sqrt (torch adamw.py)
+    emb_bwd_temp = model.embedding_params * DTYPE_BYTES[plan.param_dtype] \
+        if full and (model.tie_word_embeddings or plan.grad_accum > 1) else 0
+    phases = {
+        "loss": dict(gradients=grads_held, activations=acts, transient=logits_fwd),
+        "backward": dict(gradients=grads_held, activations=acts, transient=logits_bwd),
+        "backward-end": dict(gradients=end_grads, activations=(x + biggest) if plan.gradient_checkpointing
+                             else biggest, transient=layer_temp),
+        "backward-embedding": dict(gradients=grads, activations=0, transient=emb_bwd_temp),
+        "optimizer": dict(gradients=grads, activations=0, transient=opt_temp),
+    }
+    if plan.gradient_checkpointing:
+        phases["backward-recompute"] = dict(gradients=last_grads, activations=L * x + biggest, transient=layer_temp)
+    else:
+        phases["backward-layers"] = dict(gradients=last_grads, activations=acts, transient=layer_temp)
+    peak_phase, at_peak = max(phases.items(), key=lambda kv: sum(kv[1].values()))
+    device = empty()
+    device.update(weights=weights, quant_constants=consts, adapter_weights=adapters, optimizer_states=states,
+                  master_weights=0, **at_peak)
+    spilled: dict[str, int] = {}
+    notes += paged_spill(device, spilled, plan, gpu)
+    hm = host_memory(model, plan, spill_bytes=spilled.get("optimizer_states", 0))
+    host = empty()
+    host.update(hm.by_category())
+    notes += hm.notes
+    tensor_peak = sum(device.values())
+    loss_transient = max(logits_fwd, logits_bwd)
+    over = framework_overhead_of(tensor_peak, gpu, expandable_segments=plan.expandable_segments,
+                                 loss_transient_bytes=loss_transient)
+    device["overhead"] = over.total
+    notes += over.notes()
+    return MemoryReport(
+        source="estimated", backend="estimate", device=device, host=host, host_memory=hm,
+        tensor_peak_bytes=int(tensor_peak), peak_bytes=int(tensor_peak + over.total), peak_phase=peak_phase,
+        notes=tuple(notes), reserved_peak_bytes=int(tensor_peak + over.parts["fragmentation"]),
+        extra={"params_trainable": pb.trainable, "lora_modules": modules, "lora_experts": bool(plan.peft and
+               plan.lora_experts), "overhead_parts": over.parts, "overhead_source": over.source,
+               "fragmentation_source": over.fragmentation_source, "activations_per_layer_bytes": biggest,
+               "saved_activations_bytes": int(acts), "loss_transient_bytes": int(loss_transient)},
+    )
+
+
+def gpt_oss_weight_notes(model: ModelSpec, plan: Plan) -> list[str]:
+    """gpt-oss ships its experts in MXFP4; training holds them in bf16 (advisor.core.card_rules.mxfp4_kept)."""
+    from advisor.core.card_rules import mxfp4_training_note
+
+    note = mxfp4_training_note(model, plan)
+    return [note] if note else []
 
 
 # --------------------------------------------------------------------------- optimizer implementations (fused, torchao low-bit, low-rank, LOMO)

@@ -30,7 +30,7 @@ from typing import Any, Iterable
 
 from advisor.core.catalog import ModelSpec, build_hf_config
 from advisor.core.errors import AdvisorInputError
-from advisor.core.plan import Plan, lora_target_modules
+from advisor.core.plan import Plan
 from advisor.memory.training import CE_CHUNK_TOKENS
 from advisor.runtime.tensors import IGNORE_INDEX, TORCH_DTYPES, is_fake, torch_dtype  # noqa: F401 (re-exported)
 
@@ -405,48 +405,29 @@ def _module_to_is_noop():
 
 
 def lora_targets(spec: ModelSpec, plan: Plan) -> tuple[list[str], list[str]]:
-    """(the LoRA target_modules the run passes to peft, notes) for ``plan`` on ``spec``.
+    """(the LoRA target_modules the run passes to peft, notes) for ``plan`` on ``spec``: advisor.core.adapters,
+    the one rule the ledger and the exports follow too."""
+    from advisor.core.adapters import lora_targets as resolved
 
-    A dense model: the plan's targets (all-linear: every decoder linear). A mixture of experts: the stacked experts
-    are not ``nn.Linear`` and get no adapters; and for the model types whose v4 expert names peft rewrites
-    (architectures.yaml ``peft_moe_target_rewrite``: Qwen-MoE, Qwen3-Next, OLMoE, DeepSeek, Mixtral), the names peft
-    would move to the experts and the router are left out, since peft's ``ParamWrapper`` then refuses the plan's
-    ``lora_dropout`` > 0 (``LoraConfig("all-linear", lora_dropout=0.05)`` raises on Qwen3-MoE). LoRA on the experts
-    (``target_parameters``) is not a knob yet.
-    """
-    from advisor.core.catalog import peft_moved_lora_names
-
-    names = list(spec.linear_shapes())
-    targets = lora_target_modules(plan, names)
-    if not plan.peft or not spec.is_moe:
-        return targets, []
-    moved = peft_moved_lora_names(spec.model_type)
-    kept = [t for t in targets if t not in moved]
-    moe = spec.moe
-    share = spec.description.params_by_category.get("experts", 0) / max(spec.params_total, 1)
-    notes = [f"mixture of experts ({moe.num_experts} experts, top-{moe.experts_per_token}): LoRA on "
-             f"{', '.join(kept) or 'nothing'}; the stacked experts ({share:.0%} of the parameters) and the router get "
-             "no adapters (LoRA on the experts, peft target_parameters, is not a knob yet)"]
-    dropped = [t for t in targets if t in moved]
-    if dropped:
-        notes.append(f"left out {', '.join(dropped)}: peft rewrites these names on {spec.model_type} into LoRA on "
-                     "the stacked experts and the router (target_parameters), whose ParamWrapper refuses "
-                     "lora_dropout > 0 and DoRA (peft/tuners/lora/layer.py)")
-    if not kept:
-        raise AdvisorInputError("--lora-targets", f"no module left to adapt on {spec.name}: its linears "
-                                f"{', '.join(names)} are either not targeted or rewritten by peft into expert "
-                                "parameters; target the attention", ",".join(targets), show_value=False)
-    return kept, notes
+    return resolved(spec, plan)
 
 
 def _apply_lora(model, spec: ModelSpec, plan: Plan, fake: bool, notes: list[str] | None = None):
     from peft import LoraConfig, get_peft_model
 
+    from advisor.core.adapters import expert_problems, target_parameters
+
+    problems = expert_problems(spec, plan)
+    if problems:
+        raise problems[0]
     targets, more = lora_targets(spec, plan)
     if notes is not None:
         notes += more
+    # LoRA on the stacked experts: peft target_parameters, one lora.ParamWrapper per stack (peft/tuners/lora/layer.py)
+    parameters = target_parameters(spec) if plan.lora_experts else None
     config = LoraConfig(r=plan.lora_r, lora_alpha=plan.lora_alpha, lora_dropout=plan.lora_dropout,
-                        target_modules=targets, bias="none", task_type="CAUSAL_LM", use_dora=plan.dora)
+                        target_modules=targets or None, target_parameters=parameters, bias="none",
+                        task_type="CAUSAL_LM", use_dora=plan.dora)
     with _module_to_is_noop() if fake else contextlib.nullcontext():
         peft_model = get_peft_model(model, config)
     if fake:

@@ -48,7 +48,7 @@ TARGET_CLASSES = ("all-linear", "mlp", "attention", "other")
 LEVER_VALUES: dict[str, tuple[str, ...]] = {
     "method": METHODS, "quantization": QUANTIZATIONS, "double_quant": BOOL, "compute_dtype": DTYPES,
     "precision": PRECISIONS, "lora_r": ANY, "lora_targets": TARGET_CLASSES, "lora_alpha": ("2r", "other"),
-    "lora_dropout": ("0-0.1", "other"), "dora": BOOL, "gradient_checkpointing": BOOL,
+    "lora_dropout": ("0-0.1", "other"), "dora": BOOL, "lora_experts": BOOL, "gradient_checkpointing": BOOL,
     "checkpoint_layers": ("all", "some"), "activation_offload": BOOL, "offload": OFFLOADS, "loss": LOSSES,
     "packing": BOOL, "attn_impl": ATTENTION, "expandable_segments": BOOL, "micro_batch": ANY, "grad_accum": ANY,
     "global_batch": ("as-asked", "changed"), "eval_batch": ANY, "max_new_tokens": ANY, "optimizer": OPTIMIZERS,
@@ -62,7 +62,7 @@ NOT_LEVERS = {"seq_len": "the length of the user's sequences: the task, not a wa
 """Plan fields that are not levers. Any other Plan field the quality model does not know (a lever added later)
 counts as uncovered whenever it differs from its default."""
 
-_PEFT_ONLY = ("lora_r", "lora_targets", "lora_alpha", "lora_dropout", "dora")
+_PEFT_ONLY = ("lora_r", "lora_targets", "lora_alpha", "lora_dropout", "dora", "lora_experts")
 _APPLIES: dict[str, Callable[[Plan], bool]] = {
     **{lever: (lambda p: p.peft) for lever in _PEFT_ONLY},
     "double_quant": lambda p: p.four_bit,
@@ -452,7 +452,9 @@ def target_class(targets: tuple[str, ...] | str) -> str:
 def value_key(plan: Plan, lever: str) -> str:
     """The key in quality.yaml of ``plan``'s value of ``lever``."""
     if lever == "lora_targets":
-        return target_class(plan.lora_targets)
+        cls = target_class(plan.lora_targets)
+        # LoRA on the stacked experts adapts a mixture of experts' MLP: with the attention, every layer's matrices
+        return "all-linear" if cls == "attention" and plan.peft and plan.lora_experts else cls
     if lever == "checkpoint_layers":
         return "all" if plan.checkpoint_layers is None else "some"
     if lever == "lora_alpha":

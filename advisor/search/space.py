@@ -26,7 +26,7 @@ import yaml
 from advisor.core.card_rules import AUTO, CARD_DECIDED, Card
 from advisor.core.errors import AdvisorInputError, ConfigErrors
 from advisor.core.knobs import Knob, knob_of, knobs, searched
-from advisor.core.plan import Plan, checkpoint_depth_problems, compute_dtype_for, lora_target_modules
+from advisor.core.plan import Plan, checkpoint_depth_problems, compute_dtype_for
 
 SPACES_DIR = Path(__file__).resolve().parents[1] / "data" / "spaces"
 """The shipped search spaces (package data: they travel in the wheel)."""
@@ -317,7 +317,9 @@ def plan_from_params(params: dict[str, Any], space: SearchSpace, arch: dict[str,
     r = values.get("lora_r", plan.lora_r)
     values.update(
         compute_dtype=compute_dtype_for(values.get("precision", plan.precision)),
-        lora_r=r, lora_alpha=float(fixed["lora_alpha_ratio"] * r), lora_dropout=float(fixed["lora_dropout"]),
+        # LoRA on stacked experts takes no dropout (peft's ParamWrapper refuses it): the space's dropout applies elsewhere
+        lora_r=r, lora_alpha=float(fixed["lora_alpha_ratio"] * r),
+        lora_dropout=0.0 if values.get("lora_experts") and method != "full" else float(fixed["lora_dropout"]),
         lora_targets=(resolve_targets(params.get("lora_targets") or "attention", arch) if method != "full"
                       else ("q_proj",)),
         grad_accum=max(1, math.ceil(fixed["global_batch"] / mb)), seq_len=fixed["seq_len"],
@@ -360,18 +362,22 @@ Ask = Callable[[str, str, list], Any]
 
 
 def model_rules(model, gpu=None) -> Check:
-    """The plan rules for one model on one card: Plan.problems, the adapter targets its layers really have,
-    and what runs on ``gpu`` for the model's class (advisor.core.card_rules; None: no card known)."""
-    linears = list(model.linear_shapes())
+    """The plan rules for one model on one card: Plan.problems, the adapter targets its layers really have (and,
+    for LoRA on stacked experts, that it has some: advisor.core.adapters), and what runs on ``gpu`` for the model's
+    class (advisor.core.card_rules; None: no card known)."""
+    from advisor.core.adapters import expert_problems, lora_targets
+
     card = Card.of(gpu, model)
 
     def check(plan: Plan) -> list[AdvisorInputError]:
         errs = plan.problems() + checkpoint_depth_problems(plan, model.num_layers)
         if not errs and plan.peft:
-            try:
-                lora_target_modules(plan, linears)
-            except AdvisorInputError as e:
-                errs = [e]
+            errs = expert_problems(model, plan)
+            if not errs:
+                try:
+                    lora_targets(model, plan)
+                except AdvisorInputError as e:
+                    errs = [e]
         return errs + card.problems(plan)
 
     return check

@@ -22,6 +22,7 @@ from advisor.core.card_rules import Card, card_precision
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.errors import AdvisorInputError
 from advisor.core.fit import HEADROOM, fits, host_fits, host_overshoot, host_usable_bytes, overshoot, usable_bytes
+from advisor.core.adapters import attention_linears
 from advisor.core.plan import Plan, checkpoint_depth_problems, lora_target_modules
 from advisor.core.target import Target
 from advisor.memory.phases import run_peak_bytes
@@ -574,7 +575,7 @@ class Tuner:
         if problems:
             return {**rec, "reason": f"invalid: {problems[0].rule}", "invalid": True}
         try:
-            lora_target_modules(plan, list(s.model.linear_shapes()))
+            lora_target_modules(plan, list(s.model.linear_shapes()), attention_linears(s.model))
         except AdvisorInputError as e:
             return {**rec, "reason": f"invalid: {e.rule}", "invalid": True}
         for e in checkpoint_depth_problems(plan, s.model.num_layers):

@@ -68,6 +68,11 @@ def export_plan(spec, plan, out_dir, formats: Iterable[str] | None = None, *, gp
     Files another needs come along: train → advisor.yaml; an offload plan → deepspeed.json.
     """
     plan = plan.validate()
+    from advisor.core.adapters import expert_problems
+
+    problems = expert_problems(spec, plan)  # LoRA on stacked experts of a model that has none
+    if problems:
+        raise problems[0]
     explicit = formats is not None
     wanted = list(EXPORTERS) if formats is None else list(dict.fromkeys(formats))
     unknown = [f for f in wanted if f not in EXPORTERS]

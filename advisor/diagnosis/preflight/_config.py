@@ -9,6 +9,7 @@ from typing import Any
 from advisor.core.catalog import ModelSpec
 from advisor.core.errors import AdvisorInputError
 from advisor.diagnosis.findings import Finding
+from advisor.core.adapters import attention_linears
 from advisor.core.plan import Plan, lora_target_modules
 
 # usual learning rates (AdamW): LoRA/QLoRA 1e-4..3e-4 (QLoRA paper §4, seeds: 1e-4 to 2e-4);
@@ -25,7 +26,7 @@ def check_targets(model: ModelSpec, plan: Plan) -> list[Finding]:
     if not plan.peft:
         return []
     try:
-        lora_target_modules(plan, list(model.linear_shapes()))
+        lora_target_modules(plan, list(model.linear_shapes()), attention_linears(model))
     except AdvisorInputError as e:
         return [Finding("config.lora-targets", "error", "LoRA target modules not in this model", e.rule,
                         (f"use target_modules: {list(model.linear_shapes())} (or all-linear)",), "config")]

@@ -309,6 +309,11 @@ def main(argv=None) -> dict:
         load["quantization_config"] = BitsAndBytesConfig(**quant)
         if cuda and not targs.deepspeed:
             load["device_map"] = {"": targs.local_process_index}
+    elif model_s.get("dequantize_mxfp4"):
+        # gpt-oss's MXFP4 experts cannot be trained: load them dequantized to bf16 (the OpenAI cookbook's recipe)
+        from transformers import Mxfp4Config
+
+        load["quantization_config"] = Mxfp4Config(dequantize=True)
     say(f"loading {source}")
     model = AutoModelForCausalLM.from_pretrained(source, **load)
     model.config.use_cache = False  # the KV cache is useless in training and clashes with checkpointing

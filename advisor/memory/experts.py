@@ -1,0 +1,353 @@
+"""The closed-form ledger of a mixture of experts (issue 24): one training step, bytes per category.
+
+A mixture of experts differs from a dense model in what memory sees (reports/moe_findings.md, measured on the CPU
+where the simulation equals real execution byte for byte):
+
+- **Weights**: the routed experts are two stacked 3-D parameters per layer, not ``nn.Linear``: transformers +
+  bitsandbytes leave them (and the router) in the compute dtype under 4- and 8-bit loading
+  (transformers/integrations/bitsandbytes.py:189 converts ``type(module) is nn.Linear`` only); DeepSeek keeps
+  its router in fp32 (``_keep_in_fp32_modules_strict``, deepseek_v2/modeling_deepseek_v2.py:483).
+- **Routed activations**: ``grouped_mm_experts_forward`` (transformers/integrations/moe.py:424-537) works on the
+  S = tokens x top-k (token, expert) pairs whatever the routing: every tensor it saves is S rows wide.
+- **The router**: its softmax over the experts, the top-k indices and weights (the load-balancing loss is off by
+  default: ``output_router_logits`` False in every MoE config of transformers 5.24).
+- **LoRA on the experts** (``Plan.lora_experts``, peft ``target_parameters``): adapters rank r x experts per stack,
+  and peft's ``_LoraFactorsProxy`` folds W + s*A@B into one bf16 stack per wrapped parameter
+  (``torch.baddbmm``, peft/tuners/lora/layer.py:2323), which ``grouped_mm`` saves for backward.
+
+The saved-tensor lists below were itemized from the simulation tracker's records of a traced step at real size
+(the op that made each saved storage, its shape and dtype: ``python benchmarks/moe_saved_tensors.py``); each entry
+cites the source line that saves it. The model families covered are ``COVERED``; others are answered by the
+simulation (advisor.memory.closed_form).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from advisor.core.architecture import LayerDescription
+from advisor.core.catalog import ModelSpec
+from advisor.core.plan import DTYPE_BYTES, Plan
+
+COVERED = ("qwen3_moe", "olmoe", "mixtral", "gpt_oss", "deepseek_v2")
+"""Model types whose routers, experts and attention the closed form has terms for (each checked against the
+simulation at real size in tests/test_analytic_vs_simulate.py)."""
+
+
+
+@dataclass(frozen=True)
+class Router:
+    """What one model family's router and expert activation save (transformers 5.24)."""
+
+    softmax_over_experts: bool
+    """An fp32 softmax over every expert, saved (T x E); else top-k over the logits, then a softmax over the k."""
+    renormalized: bool | None
+    """The top-k weights are divided by their sum (an in-place division: a clone of the values and the sum saved);
+    None: as the config's ``norm_topk_prob``."""
+    weights_fp32: bool
+    """The routing weights stay fp32 (not cast back to the logits' dtype)."""
+    input_fp32: bool
+    """The router casts its input to fp32 (its weight is fp32)."""
+    gate_tensors: int
+    """S x moe_intermediate tensors the experts' gated activation saves (besides the gate_up output)."""
+    source: str
+
+
+ROUTERS = {
+    "qwen3_moe": Router(True, None, False, False, 1, "qwen3_moe/modeling_qwen3_moe.py:259-268 (router); "
+                        "integrations/moe.py _apply_gate: act(gate) * up saves act's output and the gate_up output"),
+    "olmoe": Router(True, None, False, False, 1, "olmoe/modeling_olmoe.py:327-336"),
+    "mixtral": Router(True, True, True, False, 1, "mixtral/modeling_mixtral.py:104-111 (softmax of logits.float(), "
+                      "divided by the sum, never cast back)"),
+    "deepseek_v2": Router(True, False, True, True, 1, "deepseek_v2/modeling_deepseek_v2.py:98-117 (greedy top-k of "
+                          "an fp32 softmax, scaled, fp32)"),
+    "gpt_oss": Router(False, False, False, False, 4, "gpt_oss/modeling_gpt_oss.py:126-130 (top-k of the logits, "
+                      "softmax over k in their dtype); :82-88 _apply_gate saves the clamped gate, sigmoid, glu and up+1"),
+}
+
+
+def tokens(plan: Plan) -> int:
+    return plan.micro_batch * plan.seq_len
+
+
+def moe_intermediate(layer: LayerDescription) -> int:
+    """One expert's MLP width: the down projection's input."""
+    down = next(e for e in layer.experts if e.in_features and "down" in e.name)
+    return down.in_features
+
+
+def effective_attention(model: ModelSpec, plan: Plan) -> str:
+    """The attention the step runs: the plan's where the class accepts it, else what transformers picks
+    (advisor.runtime.build._attention; flash_attention_2 saves what sdpa saves)."""
+    impl = "sdpa" if plan.attn_impl == "flash_attention_2" else plan.attn_impl
+    if model.supports_attention(impl):
+        return impl
+    d = model.description
+    return d.attn_implementation if d.attn_implementation and model.supports_attention(d.attn_implementation) \
+        else "eager"
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def quantized_linear_params(model: ModelSpec) -> int:
+    """Weights of the linears bitsandbytes replaces, every layer (``LinearModule.quantized_by_bnb``)."""
+    return sum(m.in_features * m.out_features for layer in model.description.layers for m in layer.linears
+               if m.quantized_by_bnb)
+
+
+def fp32_router_params(model: ModelSpec) -> int:
+    """Router parameters the class keeps in fp32 whatever the dtype (DeepSeek's ``gate.weight``)."""
+    return sum(layer.router_params for layer in model.description.layers if layer.router_dtype == "float32")
+
+
+def adapter_params(model: ModelSpec, plan: Plan, modules: list[str]) -> tuple[int, int]:
+    """(LoRA parameters on the linears, on the stacked experts), every layer. A linear's A is r x in and B out x r
+    (Hu et al. 2021); an expert stack's ParamWrapper has A r*E x in and B out x r*E
+    (peft/tuners/lora/layer.py:2455-2456)."""
+    if not plan.peft:
+        return 0, 0
+    r = plan.lora_r
+    linear = sum(r * (m.in_features + m.out_features) for layer in model.description.layers
+                 for m in layer.linears if m.short in modules)
+    experts = 0
+    if plan.lora_experts:
+        for layer in model.description.layers:
+            experts += sum(r * layer.num_experts * (e.in_features + e.out_features)
+                           for e in layer.experts if e.in_features)
+    return linear, experts
+
+
+def trainable_tensor_sizes(model: ModelSpec, plan: Plan, modules: list[str]) -> list[int]:
+    """Elements of each trainable tensor (what per-tensor optimizer states are allocated for)."""
+    d = model.description
+    r = plan.lora_r
+    out: list[int] = []
+    if plan.peft:
+        for layer in d.layers:
+            for m in layer.linears:
+                if m.short in modules:
+                    out += [r * m.in_features, r * m.out_features]
+            if plan.lora_experts:
+                for e in layer.experts:
+                    if e.in_features:
+                        out += [r * layer.num_experts * e.in_features, r * layer.num_experts * e.out_features]
+        return out
+    for layer in d.layers:
+        for m in layer.linears:
+            out.append(m.in_features * m.out_features)
+            if m.bias:
+                out.append(m.out_features)
+        out += [e.numel for e in layer.experts]
+        if layer.router_params:
+            out.append(layer.router_params)
+        out += [n.params for n in layer.norms]
+        for _, shape in layer.other_params:
+            n = 1
+            for x in shape:
+                n *= x
+            out.append(n)
+    out += [d.embedding_params, d.final_norm_params] + ([d.lm_head_params] if d.lm_head_params else [])
+    return out
+
+
+# --------------------------------------------------------------------------- saved activations
+
+
+def norm_saved(model: ModelSpec, plan: Plan, layer: LayerDescription) -> list[int]:
+    """Each RMSNorm: an fp32 copy of its input and the rsqrt, one per token (or per head for Qwen3's per-head q/k
+    norms), saved by pow / mul; the normalized input in the compute dtype too when its weight trains
+    (transformers ``*RMSNorm.forward``: ``hidden_states.to(float32)``, ``torch.rsqrt``, ``self.weight * ...``)."""
+    T, p = tokens(plan), DTYPE_BYTES[plan.activation_dtype]
+    out = []
+    for n in layer.norms:
+        short = n.name.rsplit(".", 1)[-1]
+        width = n.params
+        if n.is_qk_norm:
+            width = model.q_dim if short.startswith(("q", "query")) else model.kv_dim
+        groups = width // n.params
+        out += [4 * T * width, 4 * T * groups] + ([p * T * width] if plan.method == "full" else [])
+    return out
+
+
+def attention_saved(model: ModelSpec, plan: Plan, layer: LayerDescription) -> list[int]:
+    """What one layer's attention saves, by kind (the LoRA adapters' own tensors are ``lora_saved``)."""
+    b, s, T = plan.micro_batch, plan.seq_len, tokens(plan)
+    p = DTYPE_BYTES[plan.activation_dtype]
+    H, qd, kvd = model.num_heads, model.q_dim, model.kv_dim
+    full = plan.method == "full"
+    out: list[int] = []
+    if layer.attention == "mla":
+        mla = model.description.mla
+        dqk, dv, rank = mla.qk_nope_head_dim + mla.qk_rope_head_dim, mla.v_head_dim, mla.kv_lora_rank
+        if full:
+            # the inputs of q_proj / kv_a_proj_with_mqa (the normed hidden state), of kv_b_proj (the normed latent)
+            # and of o_proj (the output made contiguous), whose weights train (aten linear backward)
+            out += [p * T * model.hidden_size, p * T * rank, p * T * H * dv]
+        # q and k differ in width from v (192 vs 128): sdpa runs its math path, which upcasts to fp32 and saves the
+        # scaled q, k, the fp32 softmax and v (aten _scaled_dot_product_attention_math; traced)
+        return out + [4 * T * H * dqk, 4 * T * H * dqk, 4 * b * H * s * s, 4 * T * H * dv]
+    if full:
+        out.append(p * T * model.hidden_size)  # q/k/v's input, their weights train
+    impl = effective_attention(model, plan)
+    sinks = any(name.endswith("sinks") for name, _ in layer.other_params)
+    if impl == "eager" and sinks:
+        # gpt-oss eager_attention_forward (gpt_oss/modeling_gpt_oss.py:226-256): q after RoPE, k and v expanded to
+        # every head (repeat_kv), the bf16 probabilities over s + 1 columns (the sink concatenated), the max's indices
+        out += [p * T * qd, p * T * qd, p * T * qd, p * b * H * s * (s + 1), 8 * b * H * s]
+        if full:
+            out.append(p * T * qd)  # the output made contiguous for o_proj (reshape(...).contiguous())
+        return out
+    # q and k after RoPE, v, the output and the fp32 logsumexp (FlashAttention-2, Dao 2023 §3.1; sdpa)
+    out += [p * T * qd, p * T * kvd, p * T * kvd, p * T * qd, 4 * b * H * s]
+    if impl == "eager":
+        # fp32 softmax and its bf16 copy, b x heads x s x s, and repeat_kv's k and v (eager_attention_forward)
+        out += [4 * b * H * s * s, p * b * H * s * s, p * T * (qd - kvd), p * T * (qd - kvd)]
+    return out
+
+
+def lora_saved(plan: Plan, layer: LayerDescription, modules: list[str]) -> list[int]:
+    """peft casts each adapted linear's input to the fp32 adapter dtype (one copy per module), lora_A saves it and
+    lora_B saves A's output; a dropout mask of 1 byte per element (peft/tuners/lora/layer.py Linear.forward)."""
+    T = tokens(plan)
+    out = []
+    for m in layer.linears:
+        if m.short in modules:
+            out += [4 * T * m.in_features, 4 * T * plan.lora_r] + ([T * m.in_features] if plan.lora_dropout > 0 else [])
+    return out
+
+
+def dense_mlp_saved(plan: Plan, width: int, trains: bool) -> list[int]:
+    """A gated MLP of nn.Linears (DeepSeek's dense first layer and shared experts): the gate and up outputs and
+    act(gate) (``down_proj(act_fn(gate_proj(x)) * up_proj(x))``); down_proj's input when its weight trains."""
+    T, p = tokens(plan), DTYPE_BYTES[plan.activation_dtype]
+    return [p * T * width] * 3 + ([p * T * width] if trains else [])
+
+
+def routed_saved(model: ModelSpec, plan: Plan, layer: LayerDescription) -> list[int]:
+    """The router and the routed experts of one layer, grouped_mm_experts_forward (integrations/moe.py:424-537)."""
+    T, p = tokens(plan), DTYPE_BYTES[plan.activation_dtype]
+    E, k, h = layer.num_experts, layer.experts_per_token, model.hidden_size
+    S = T * k
+    width = moe_intermediate(layer)
+    router = ROUTERS[model.model_type]
+    moe = model.moe
+    full = plan.method == "full"
+    trains = full or (plan.peft and plan.lora_experts)
+    out: list[int] = []
+    if full and router.input_fp32:
+        out.append(4 * T * h)  # the router's fp32 input (F.linear(hidden.float(), weight))
+    if router.softmax_over_experts:
+        out += [4 * T * E, 8 * T * k]  # softmax over the experts (fp32), the top-k indices (int64)
+    else:
+        out += [p * T * k, 8 * T * k]  # softmax over the top-k logits, the indices
+    renorm = router.renormalized if router.renormalized is not None else bool(moe and moe.norm_topk_prob)
+    if renorm:
+        out += [4 * T * k, 4 * T]  # the in-place division's clone of the top-k values and their sum
+    # perm // top_k (the gather's index), the sort's permutation, its inverse; the gathered routing weights; the
+    # group offsets (int32 cumsum)
+    out += [8 * S, 8 * S, 8 * S, (4 if router.weights_fp32 else p) * S, 4 * E]
+    # the gate_up grouped_mm's output (the gated activation's input), the activation's saved outputs, and the
+    # down grouped_mm's output (saved by the multiply by the routing weights)
+    out += [p * S * 2 * width] + [p * S * width] * router.gate_tensors + [p * S * h]
+    if trains:
+        # grouped_mm saves its input when its weight trains: the gathered hidden states, the down projection's input
+        out += [p * S * h, p * S * width]
+    if plan.peft and plan.lora_experts:
+        r = plan.lora_r
+        for e in layer.experts:
+            if e.in_features:
+                # the folded stack W + s * A @ B (torch.baddbmm, peft layer.py:2323), saved by grouped_mm, and the
+                # compute-dtype copies of A and B it was made from (get_delta_factors' .to(param.dtype))
+                out += [p * e.numel, p * r * E * e.in_features, p * r * E * e.out_features]
+    return out
+
+
+def layer_saved_tensors(model: ModelSpec, plan: Plan, layer: LayerDescription, modules: list[str]) -> list[int]:
+    """Every tensor one decoder layer saves for backward (no checkpointing), one entry per tensor."""
+    T, p = tokens(plan), DTYPE_BYTES[plan.activation_dtype]
+    full = plan.method == "full"
+    out = norm_saved(model, plan, layer) + attention_saved(model, plan, layer) + lora_saved(plan, layer, modules)
+    mlp = [m for m in layer.linears if m.role in ("mlp", "shared_experts")]
+    router = ROUTERS.get(model.model_type)
+    if full and (mlp or (layer.num_experts and not router.input_fp32)):
+        out.append(p * T * model.hidden_size)  # the MLP's input (the normed hidden state): its weights train
+    if mlp:
+        width = next(m.out_features for m in mlp if m.short in ("gate_proj", "up_proj", "w1", "w3"))
+        out += dense_mlp_saved(plan, width, full)
+    if layer.num_experts:
+        out += routed_saved(model, plan, layer)
+    return [x for x in out if x]
+
+
+def layer_backward_transient(model: ModelSpec, plan: Plan, layer: LayerDescription, modules: list[str]) -> int:
+    """The most one layer's backward holds beyond the tensors it saved: the larger of two moments (traced).
+
+    - The MLP's backward, with everything the layer saved alive. Routed experts: the gradients of the gate_up output
+      and of the gated activation (S x 2I and S x I) with the input gradient of the down grouped_mm (S x I) (aten
+      grouped_mm backward). With LoRA on the experts, grouped_mm's weight backward makes the gradient of a folded
+      stack (its size, in the compute dtype) for baddbmm's backward (peft layer.py:2323): first the down stack's,
+      with everything saved alive, then gate_up's once the down stack and its tensors are freed.
+    - The attention's backward, once the MLP's saved tensors are freed: gpt-oss's eager attention makes softmax's
+      backward output, the zeros the max's backward scatters into and the scatter's output, each
+      b x heads x s x (s + 1) (aten _softmax_backward_data, max.dim backward); the same three sizes are alive in
+      its forward (the concatenated logits, minus their max, plus the mask)."""
+    T, p = tokens(plan), DTYPE_BYTES[plan.activation_dtype]
+    h = model.hidden_size
+    acts = sum(layer_saved_tensors(model, plan, layer, modules))
+    attention_part = sum(norm_saved(model, plan, layer)) + sum(attention_saved(model, plan, layer)) + sum(
+        lora_saved(plan, layer, [m.short for m in layer.linears if m.role == "attention" and m.short in modules]))
+    attention_temp = 0
+    if effective_attention(model, plan) == "eager" and any(n.endswith("sinks") for n, _ in layer.other_params):
+        attention_temp = 3 * p * plan.micro_batch * model.num_heads * plan.seq_len * (plan.seq_len + 1)
+    if not layer.num_experts:
+        width = next((m.out_features for m in layer.linears if m.short in ("gate_proj", "up_proj")), h)
+        mlp_temp = 2 * p * T * width
+    else:
+        S = T * layer.experts_per_token
+        width = moe_intermediate(layer)
+        mlp_temp = p * S * 2 * width + 2 * p * S * width
+        if plan.peft and plan.lora_experts:
+            stacks = {("down" if "down" in e.name else "gate_up"): p * e.numel for e in layer.experts if e.in_features}
+            mlp_temp += max(stacks["down"], stacks["gate_up"] - stacks["down"])
+    return max(mlp_temp, attention_part + attention_temp - acts)
+
+
+def layers_saved(model: ModelSpec, plan: Plan, modules: list[str]) -> tuple[int, int, int]:
+    """(every layer's saved bytes, the largest layer's, the largest layer backward transient)."""
+    total = biggest = temp = 0
+    for layer, indices in model.description.layer_kinds():
+        acts = sum(layer_saved_tensors(model, plan, layer, modules))
+        total += acts * len(indices)
+        biggest = max(biggest, acts)
+        temp = max(temp, layer_backward_transient(model, plan, layer, modules))
+    return total, biggest, temp
+
+
+def mlp_forward_bytes(model: ModelSpec, plan: Plan, T: int) -> int:
+    """The largest MLP temporaries of a no-grad forward of T tokens (evaluation, prefill): routed experts hold the
+    gathered input, the gate_up output and the activation's output, S = T x top-k rows each
+    (grouped_mm_experts_forward, integrations/moe.py:424-537); a dense or shared MLP its gate, act(gate) and up."""
+    p = DTYPE_BYTES[plan.activation_dtype]
+    h = model.hidden_size
+    out = 0
+    for layer, _ in model.description.layer_kinds():
+        dense = [m.out_features for m in layer.linears if m.role in ("mlp", "shared_experts")
+                 and m.short in ("gate_proj", "up_proj")]
+        held = 3 * p * T * max(dense, default=0)
+        if layer.num_experts:
+            S = T * layer.experts_per_token
+            held = max(held, p * S * (h + 3 * moe_intermediate(layer)))
+        out = max(out, held)
+    return out
+
+
+def router_note(model: ModelSpec) -> str:
+    """One line on what the router adds and leaves out."""
+    moe = model.moe
+    aux = ("the load-balancing loss is on (output_router_logits): every layer's router logits are kept, T x E"
+           if moe.output_router_logits else
+           "the load-balancing auxiliary loss is off (output_router_logits False, the config default), so no "
+           "router logits are kept past their layer")
+    return (f"mixture of experts: {moe.num_experts} experts, top-{moe.experts_per_token}; the routed activations are "
+            f"tokens x {moe.experts_per_token} rows (grouped_mm, whatever the routing); {aux}")
