@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         report = estimate_inference(model, splan, gpu)
         result["plan"] = splan.to_dict()
         result["kv_cache_bytes_per_token"] = report.extra["kv_cache_bytes_per_token"]
+        result["kv_cache_bytes_per_sequence"] = report.extra["kv_cache_bytes_per_sequence"]
     else:
         from advisor.runtime.backends import PROBES, BackendFailed, BackendOptions, get_backend
 
@@ -125,11 +126,11 @@ def answered_by(model, task: str, backend: str, report) -> dict:
     from advisor.memory.closed_form import CLOSED_FORM, SIMULATION, closed_form_describes
 
     if task == "inference":
-        describes, why = closed_form_describes(model)
+        kinds = model.description.attention_kinds()
         return {"answered_by": CLOSED_FORM,
-                "answered_by_reason": "the serving ledger" + ("" if describes else
-                                                              f"; its KV cache per token is the dense formula, which "
-                                                              f"does not yet describe this model ({why})")}
+                "answered_by_reason": "the serving ledger: weights and each layer's cache from the model's description"
+                                      " (" + ", ".join(f"{k} x{n}" for k, n in kinds.items())
+                                      + (", every expert resident" if model.is_moe else "") + ")"}
     handed = report.extra.get("answered_by")
     if handed:
         return {"answered_by": handed["by"], "answered_by_reason": handed["why"]}

@@ -74,6 +74,21 @@ def serving_model(spec: ModelSpec, num_layers: int | None):
     return model.eval(), cfg
 
 
+def cache_tensors(cache) -> list:
+    """Every tensor a transformers cache holds: keys and values of attention layers (full, sliding window, latent),
+    and the conv and recurrent states of linear-attention layers (``LinearAttentionLayer``: ``conv_states``,
+    ``recurrent_states``), found by walking each cache layer's attributes."""
+    import torch
+
+    found = []
+    for layer in cache.layers:
+        for value in vars(layer).values():
+            values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+            # the states, not the bookkeeping (``cumulative_length``, initialization flags: scalars)
+            found += [v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() >= 2]
+    return found
+
+
 def trace_serving(spec: ModelSpec, plan: ServePlan, *, fake: bool = True, num_layers: int | None = None,
                   seed: int = 0) -> ServeTrace:
     """Trace the prefill of ``plan.concurrency x plan.prompt_len`` tokens and one decode step."""
@@ -115,11 +130,10 @@ def trace_serving(spec: ModelSpec, plan: ServePlan, *, fake: bool = True, num_la
             rec = tracker.record_of(t)
             if rec is not None:
                 groups[rec.uid] = "weights"
-        for layer in cache.layers:
-            for t in (layer.keys, layer.values):
-                rec = tracker.record_of(t)
-                if rec is not None:
-                    groups[rec.uid] = "kv_cache"
+        for t in cache_tensors(cache):  # keys and values, latents, conv and recurrent states
+            rec = tracker.record_of(t)
+            if rec is not None:
+                groups[rec.uid] = "kv_cache"
         phases = {}
         for phase, (nbytes, clock) in peaks.items():
             ledger = {"weights": 0, "kv_cache": 0, "transient": 0}
