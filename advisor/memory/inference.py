@@ -378,9 +378,10 @@ def estimate_inference(model: ModelSpec, plan: ServePlan, gpu: GpuSpec | None = 
                              "tokens_in_flight": tokens, "engine": engine}
     kinds = model.description.attention_kinds()
     if set(kinds) != {"full"}:
+        dense = int(2 * model.num_layers * model.num_kv_heads * model.head_dim * BYTES[plan.kv_dtype])
         notes.append("cache by layer kind (" + ", ".join(f"{k} x{n}" for k, n in kinds.items()) + f"): "
-                     f"{per_sequence:,} B per sequence of {plan.context_len:,} tokens, against "
-                     f"{per_token * plan.context_len:,} B for every layer caching every token")
+                     f"{per_sequence:,} B per sequence of {plan.context_len:,} tokens, where the dense formula "
+                     f"2 L n_kv d p would say {dense * plan.context_len:,} B")
     if model.is_moe:
         moe = model.moe
         notes.append(f"all {moe.num_experts} experts of every routed layer are resident (top-{moe.experts_per_token} "
