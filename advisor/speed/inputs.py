@@ -56,8 +56,9 @@ class StepInputs:
         """Differences of another software stack than the one the advisor exports (used by the
         published-runs benchmark only, each stated there): ``adapter_bytes`` (2023 peft kept
         LoRA weights in the base dtype, no input cast), ``loss_bytes_per_vocab`` (older
-        transformers copied the shifted fp32 logits); and ``attention_scale`` (packed documents'
-        attention against one full-length sequence, set from a data profile)."""
+        transformers copied the shifted fp32 logits), ``lora_experts`` (Megatron's all-linear LoRA adapts the
+        expert GEMMs too); and ``attention_scale`` (packed documents' attention against one full-length
+        sequence, set from a data profile)."""
 
     # ------------------------------------------------------------------ shapes
     @cached_property
@@ -96,7 +97,7 @@ class StepInputs:
     @cached_property
     def expert_lora(self) -> bool:
         """LoRA on the stacked experts (peft target_parameters): each forward folds W + s B A into one stack."""
-        return self.model.is_moe and plan_adapts_experts(self.plan)
+        return self.model.is_moe and (plan_adapts_experts(self.plan) or bool(self.stack.get("lora_experts")))
 
     @cached_property
     def experts_train(self) -> bool:
