@@ -231,3 +231,22 @@ def test_estimate_predicts_an_moe_and_keeps_what_it_cannot_time_unpredicted(tmp_
     d = json.loads(capsys.readouterr().out)
     assert d["tokens_per_s"] is None and d["throughput"]["source"].startswith("not predicted")
     assert "Gated DeltaNet" in d["throughput"]["source"]
+
+
+def test_published_moe_speeds_are_shown_beside_the_nearest_plan_not_scored():
+    from benchmark_modules import load_benchmark  # tests/benchmark_modules.py
+
+    bench = load_benchmark("throughput_vs_published")
+    rows, not_expressed = bench.moe_rows()
+    by_id = {r["id"]: r for r in rows}
+    # the same counting: tokens of one iteration over its GPUs and seconds
+    assert by_id["swift-megatron-lora-moe-ep2"]["published"] == pytest.approx(16 * 2048 / 5.10 / 2)
+    assert by_id["swift-zero3-full-moe"]["published"] == pytest.approx(16 * 8192 / 91.2 / 16)
+    for r in rows:
+        assert all(p["per_gpu"] > 0 for p in r["preds"].values())
+        assert r["busiest_expert"] > 1.0  # the expected maximum of a multinomial load exceeds the mean
+    lines = "\n".join(bench.moe_section(rows, not_expressed))
+    assert "not scored" in lines and "expert parallelism" in lines and "axolotl-llama4-scout-qlora" in lines
+    # the dense points keep their score (the goal: the median stays)
+    dense = bench.summary(bench.evaluate(bench.load_points()))
+    assert dense["n"] == 9 and dense["median"] == pytest.approx(0.144, abs=0.0005)
