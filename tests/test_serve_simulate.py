@@ -56,3 +56,17 @@ def test_fake_equals_real_cpu_tiny_new_families(arch, layers):
     assert real.decode.ledger["kv_cache"] == est.device["kv_cache"]
     # parameters as the tracker counts them: each storage in whole 512-byte blocks (tiny norms round up)
     assert real.decode.ledger["weights"] == pytest.approx(est.device["weights"], rel=0.05)
+
+
+@pytest.mark.parametrize("name", ["gemma-3-1b", "gpt-oss-20b", "deepseek-v2-lite"])
+def test_extrapolation_over_periods_of_layer_kinds_equals_full_depth(name):
+    """Sliding/full alternation (Gemma-3's 5 + 1 with a remainder, gpt-oss's 1 + 1) and a dense first layer
+    (DeepSeek-V2): two depths a period apart, both keeping the remainder, extend exactly."""
+    from advisor.core.catalog import resolve_model
+    from advisor.runtime.simulate.inference import trace_serving, trace_serving_extrapolated
+
+    m = resolve_model(name)
+    plan = ServePlan(concurrency=2, context_len=512, max_new_tokens=128)
+    full = trace_serving(m, plan)
+    ext = trace_serving_extrapolated(m, plan)
+    assert ext.prefill.ledger == full.prefill.ledger and ext.decode.ledger == full.decode.ledger
