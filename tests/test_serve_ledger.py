@@ -94,3 +94,124 @@ def test_serving_uses_the_calibrated_cuda_context_as_training_does(tmp_path, mon
     assert outside_after - outside_before == 900 * mib - 550 * mib  # overheads.yaml h100-sxm: 550 MiB
     assert after.device["overhead"] - before.device["overhead"] == outside_after - outside_before
     assert after.peak_bytes - before.peak_bytes == outside_after - outside_before
+
+
+# The new families against the simulated serving step (transformers' own model code and StaticCache on fake
+# tensors): weights and the cache exactly, the prefill transient where the CPU runs the kernels a GPU runs.
+# (model, batch, context, new tokens, transient tolerance or None where the CPU trace runs other kernels)
+FAMILIES = [
+    ("qwen3-30b-a3b", 2, 2048, 512, 0.01),  # routed experts (grouped_mm rows)
+    ("mixtral-8x7b-v0.1", 2, 2048, 512, 0.01),
+    ("olmoe-1b-7b-0924", 1, 4096, 512, 0.01),
+    ("gpt-oss-20b", 2, 2048, 512, 0.02),  # sliding window + sinks under eager attention, routed experts with biases
+    ("gemma-3-4b", 1, 8192, 1024, 0.02),  # sliding window (1,024) and full layers, two rotary embeddings
+    # MLA: with d_qk != d_v the CPU's SDPA falls back to its math kernel, which materializes fp32 scores a GPU kernel
+    # does not; the ledger models the GPU (its transient is below the trace's)
+    ("deepseek-v2-lite", 2, 2048, 512, None),
+]
+
+
+def _sim(model, plan):
+    from advisor.runtime.simulate.inference import trace_serving_extrapolated
+
+    return trace_serving_extrapolated(model, plan)  # two depths a period of layer kinds apart, extended
+
+
+@pytest.mark.parametrize("name,B,C,new,tol", FAMILIES)
+def test_serving_ledger_of_each_family_matches_the_simulated_step(name, B, C, new, tol):
+    m = resolve_model(name)
+    plan = ServePlan(concurrency=B, context_len=C, max_new_tokens=new)
+    est = estimate_inference(m, plan, engine="hf")
+    sim = _sim(m, plan)
+    # every expert resident, each layer's cache as transformers' StaticCache holds it: exact
+    assert est.device["weights"] == pytest.approx(sim.decode.ledger["weights"], rel=1e-5)
+    assert est.device["kv_cache"] == sim.decode.ledger["kv_cache"]
+    transient = sim.prefill.ledger["transient"]
+    err = (est.device["transient"] - transient) / transient
+    print(f"{name}: weights {est.device['weights']:,} kv {est.device['kv_cache']:,} prefill transient "
+          f"{est.device['transient']:,} vs {transient:,} ({err:+.2%}), in {est.extra['prefill_peak_in']}")
+    if tol is None:
+        assert est.device["transient"] < transient
+        assert abs(est.tensor_peak_bytes - sim.peak_bytes) / sim.peak_bytes < 0.02
+    else:
+        assert abs(err) < tol
+        assert abs(est.tensor_peak_bytes - sim.peak_bytes) / sim.peak_bytes < 0.005
+
+
+def test_linear_attention_states_are_the_cache_of_qwen3_next():
+    """Qwen3-Next (36 Gated DeltaNet layers, 12 full; 4 and 8 layers simulated and extended). Its recurrent states count once per
+    sequence whatever the context; the prefill transient of the CPU trace is transformers' PyTorch reference of the
+    chunked scan (fp32 chunk tensors), which flash-linear-attention's kernels do not allocate."""
+    m = resolve_model("qwen3-next")
+    plan = ServePlan(concurrency=2, context_len=2048, max_new_tokens=512)
+    est = estimate_inference(m, plan, engine="hf")
+    sim = _sim(m, plan)
+    assert est.device["weights"] == pytest.approx(sim.decode.ledger["weights"], rel=1e-5)
+    assert est.device["kv_cache"] == sim.decode.ledger["kv_cache"]
+    assert est.device["transient"] < sim.prefill.ledger["transient"]
+    assert abs(est.tensor_peak_bytes - sim.peak_bytes) / sim.peak_bytes < 0.005
+
+
+def test_cache_by_layer_kind():
+    from advisor.memory.inference import kv_cache_bytes_per_sequence
+
+    short, long_ = ServePlan(context_len=4096), ServePlan(context_len=32768)
+    # gpt-oss: 12 sliding layers keep a 128-token window (vLLM: window - 1 + one chunked-prefill step + a block),
+    # 12 full layers grow with the context
+    oss = resolve_model("gpt-oss-20b")
+    per_layer = 2 * 8 * 64 * 2
+    sliding = (-(-(127 + 2048) // 16) + 1) * 16 * per_layer
+    assert kv_cache_bytes_per_sequence(oss, long_) == 12 * 32768 * per_layer + 12 * sliding
+    assert kv_cache_bytes_per_sequence(oss, long_) < 0.6 * kv_cache_bytes_per_token(oss) * 32768
+    # transformers' static cache holds the whole window
+    assert kv_cache_bytes_per_sequence(oss, long_, "hf") == 12 * 32768 * per_layer + 12 * 128 * per_layer
+    # Qwen3-Next: 36 recurrent states whatever the context, 12 full layers that grow
+    nxt = resolve_model("qwen3-next")
+    fixed = 36 * 2_162_688
+    assert kv_cache_bytes_per_sequence(nxt, short) == fixed + 12 * 4096 * 2048
+    assert kv_cache_bytes_per_sequence(nxt, long_) - kv_cache_bytes_per_sequence(nxt, short) == 12 * 28672 * 2048
+    # an fp8 cache halves what grows, not the recurrent states (kept in their own dtype)
+    fp8 = ServePlan(context_len=4096, kv_dtype="fp8")
+    assert kv_cache_bytes_per_sequence(nxt, fp8) == fixed + 12 * 4096 * 1024
+    # DeepSeek-V2-Lite caches the compressed latent: (512 + 64) x 2 B per layer and token, not 16 heads x (192 + 128)
+    ds = resolve_model("deepseek-v2-lite")
+    assert kv_cache_bytes_per_token(ds) == 27 * 576 * 2
+    assert kv_cache_bytes_per_sequence(ds, short) == 27 * 4096 * 1152
+
+
+def test_every_expert_is_resident_and_quantized_with_the_linears():
+    moe = resolve_model("qwen3-30b-a3b")
+    bf16, _ = serve_weight_bytes(moe, "bf16")
+    i4, c4 = serve_weight_bytes(moe, "int4", 128)
+    assert bf16 == 2 * moe.params_total  # 30.5B parameters resident, not the 3.3B active
+    experts = moe.description.params_by_category["experts"]
+    assert i4 < bf16 / 3 and i4 > experts * 0.5  # experts and attention at 4 bits, embeddings and head at 16
+    # gpt-oss as its checkpoint ships: MXFP4 experts (4 bits + one 8-bit scale per 32), the rest bf16
+    oss = resolve_model("gpt-oss-20b")
+    w, c = serve_weight_bytes(oss, "mxfp4")
+    assert (w + c) / 2**30 == pytest.approx(12.81, abs=0.02)  # reports/moe_findings.md: the checkpoint's 12.81 GiB
+    with pytest.raises(AdvisorInputError, match="--weight-format"):
+        serve_weight_bytes(moe, "mxfp4")
+
+
+def test_mxfp4_is_offered_where_vllm_runs_it():
+    from advisor.core.catalog import resolve_gpu
+    from advisor.search.serve_grid import weight_formats
+    from advisor.search.serve_space import load_serve_space
+
+    space, oss = load_serve_space("inference"), resolve_model("gpt-oss-20b")
+    assert weight_formats(oss, space, resolve_gpu("a100-80gb"))[0] == "mxfp4"  # Marlin MXFP4 MoE from sm80
+    assert "mxfp4" not in weight_formats(oss, space, resolve_gpu("t4"))
+    assert "mxfp4" not in weight_formats(resolve_model("qwen3-30b-a3b"), space, resolve_gpu("h100-sxm"))
+
+
+def test_decode_reads_only_the_experts_a_step_picks():
+    from advisor.core.catalog import resolve_gpu
+    from advisor.search.serve_grid import decode_throughput
+
+    moe, gpu = resolve_model("qwen3-30b-a3b"), resolve_gpu("h100-sxm")
+    one = decode_throughput(moe, ServePlan(concurrency=1, context_len=2048), gpu)
+    many = decode_throughput(moe, ServePlan(concurrency=64, context_len=2048), gpu)
+    # one sequence reads 8 of 128 experts per layer: far less than the 61 GB of weights
+    assert one.bytes_per_step < 0.2 * serve_weight_bytes(moe, "bf16")[0]
+    assert many.bytes_per_step > 4 * one.bytes_per_step  # 64 sequences touch almost every expert

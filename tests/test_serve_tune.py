@@ -186,3 +186,35 @@ def test_priors_cover_every_choice_of_the_space():
             for kv in s.search["kv_dtype"]:
                 assert 0.9 < quality_prior(wf, g, kv) <= 1.0
     assert quality_prior("int4", 32, "bf16") > quality_prior("int4", 128, "bf16")
+
+
+@pytest.mark.parametrize("model,gpu,budget,overrides", [
+    ("gpt-oss-20b", "a100-80gb", "80GB", ["weight_format=mxfp4"]),
+    ("qwen3-30b-a3b", "h100-sxm", "80GB", []),
+    ("gemma-3-4b", "rtx-4090", "24GB", []),
+])
+def test_moe_and_new_attention_export_to_vllm(tmp_path, capsys, model, gpu, budget, overrides):
+    code, out, err = run_cli(capsys, "tune", "--task", "inference", "--gpu-budget", budget, "--gpu", gpu, "--model",
+                             model, "--backend", "estimate", "--json", "--export", str(tmp_path), *overrides)
+    assert code == 0, err
+    d = json.loads(out)
+    plan, led = d["best"]["plan"], d["best"]["ledger"]
+    script = (tmp_path / "serve_vllm.sh").read_text()
+    args = _script_args(tmp_path / "serve_vllm.sh")
+    for flag, value in args.items():
+        assert flag in FLAGS, flag
+        _check_flag(flag, value)
+    # one GPU: vLLM's expert parallelism (EP size = TP x DP) has nothing to spread
+    assert "--enable-expert-parallel" not in args
+    assert led["kv_cache"] == plan["concurrency"] * d["kv_cache_bytes_per_sequence"]
+    tf = json.loads((tmp_path / "transformers_serving.json").read_text())
+    if model == "gpt-oss-20b":
+        assert plan["weight_format"] == "mxfp4" and "--quantization" not in args  # vLLM reads the checkpoint's
+        assert "MXFP4" in script and "all 32 experts" in script
+        assert tf["attn_implementation"] == "eager"  # the class refuses sdpa (attention sinks)
+        assert led["weights"] + led["quant_constants"] < 14 * 2**30
+    if model == "qwen3-30b-a3b":
+        assert "all 128 experts" in script
+    if model == "gemma-3-4b":  # sliding-window layers: the cache per sequence is far below every layer x every token
+        assert d["kv_cache_bytes_per_sequence"] < 0.5 * d["kv_cache_bytes_per_token"] * plan["context_len"]
+        assert "by layer kind" in script

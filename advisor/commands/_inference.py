@@ -101,6 +101,7 @@ def run_inference(args: argparse.Namespace) -> int:
         "gpu_memory_utilization": util, "limit_bytes": limit, "space": space.to_dict(),
         "best": best.to_dict() if best else None,
         "kv_cache_bytes_per_token": best.report.extra["kv_cache_bytes_per_token"] if best else None,
+        "kv_cache_bytes_per_sequence": best.report.extra["kv_cache_bytes_per_sequence"] if best else None,
         "tokens_in_flight": best.report.extra["tokens_in_flight"] if best else None,
         "explanation": selection.explanation, "rejected": selection.rejected,
         "pareto": [c.to_dict() for c in selection.pareto[:12]],
@@ -127,8 +128,10 @@ def _print(result: dict, budget) -> None:
     print("ledger (estimated, vLLM):")
     for k, v in best["ledger"].items():
         print(f"  {k:<16} {v / gib:8.2f} GiB")
+    plan = best["plan"]
     print(f"  {'total':<16} {best['peak_bytes'] / gib:8.2f} GiB  "
-          f"(KV {result['tokens_in_flight']:,} tokens x {result['kv_cache_bytes_per_token']:,} B)")
+          f"(KV {plan['concurrency']} x {result['kv_cache_bytes_per_sequence']:,} B per {plan['context_len']:,}-token "
+          "sequence)")
     print("pareto front (served tokens, tokens/s predicted, quality prior):")
     for c in result["pareto"][:8]:
         print(f"  {c['plan_short']:<48} {c['served_tokens']:>9,}  {c['tokens_per_s']:>8,.0f}  {c['quality']:.3f}")

@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         report = estimate_inference(model, splan, gpu)
         result["plan"] = splan.to_dict()
         result["kv_cache_bytes_per_token"] = report.extra["kv_cache_bytes_per_token"]
+        result["kv_cache_bytes_per_sequence"] = report.extra["kv_cache_bytes_per_sequence"]
     else:
         from advisor.runtime.backends import PROBES, BackendFailed, BackendOptions, get_backend
 
@@ -125,11 +126,11 @@ def answered_by(model, task: str, backend: str, report) -> dict:
     from advisor.memory.closed_form import CLOSED_FORM, SIMULATION, closed_form_describes
 
     if task == "inference":
-        describes, why = closed_form_describes(model)
+        kinds = model.description.attention_kinds()
         return {"answered_by": CLOSED_FORM,
-                "answered_by_reason": "the serving ledger" + ("" if describes else
-                                                              f"; its KV cache per token is the dense formula, which "
-                                                              f"does not yet describe this model ({why})")}
+                "answered_by_reason": "the serving ledger: weights and each layer's cache from the model's description"
+                                      " (" + ", ".join(f"{k} x{n}" for k, n in kinds.items())
+                                      + (", every expert resident" if model.is_moe else "") + ")"}
     handed = report.extra.get("answered_by")
     if handed:
         return {"answered_by": handed["by"], "answered_by_reason": handed["why"]}
@@ -147,18 +148,18 @@ def throughput_fields(model, plan, gpu, gpu_assumed: bool, gpus: int, sharding: 
 
     ``gpu`` and ``gpu_assumed`` are the command's Target's (advisor.core.target: the one rule that assumes
     the catalog GPU a budget matches when none is named or detected)."""
+    from advisor.speed.layers import describes as speed_describes
     from advisor.speed.throughput import predict_throughput
-
-    from advisor.memory.closed_form import closed_form_describes
 
     if gpu is None or not (gpu.bf16_tflops or gpu.fp16_tflops):
         return {"tokens_per_s": None, "step_seconds": None, "step_terms": {},
                 "throughput": {"source": "unknown: no GPU named (--gpu) or detected, no budget to assume one"}}
-    describes, why = closed_form_describes(model)
+    describes, why = speed_describes(model)
     if not describes and (report.measured is None or not report.measured.tokens_per_s):
-        # the step-time model counts the FLOPs of the same dense layers as the closed form
+        # the step-time model has terms for dense and routed layers, softmax (full, sliding, latent) and Gated
+        # DeltaNet attention (advisor/speed/layers.py); another layer it cannot time
         return {"tokens_per_s": None, "step_seconds": None, "step_terms": {},
-                "throughput": {"source": f"not predicted: the step-time model describes dense layers only ({why})"}}
+                "throughput": {"source": f"not predicted: the step-time model has no term for this model ({why})"}}
     tp = predict_throughput(model, plan, gpu, gpus, sharding)
     out = {"tokens_per_s": tp.tokens_per_s, "step_seconds": tp.step_seconds, "step_terms": tp.terms,
            "throughput": {"source": tp.source, "gpu": gpu.name, "gpu_assumed": gpu_assumed, "gpus": gpus,

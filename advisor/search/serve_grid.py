@@ -17,7 +17,7 @@ from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.memory.ledger import MemoryReport
 from advisor.core.serve_priors import load_priors, quality_prior
 from advisor.search.serve_space import ServeSpace
-from advisor.memory.inference import ServePlan, estimate_inference, kv_cache_bytes_per_token, serve_weight_bytes
+from advisor.memory.inference import ServePlan, estimate_inference, serve_weight_bytes
 
 
 @dataclass(frozen=True)
@@ -38,23 +38,43 @@ class DecodeThroughput:
 def decode_throughput(model: ModelSpec, plan: ServePlan, gpu: GpuSpec) -> DecodeThroughput:
     """tokens/s = B / max(bytes read per step / bandwidth, FLOPs per step / FLOP/s).
 
-    A decode step reads every weight byte once and each sequence's KV cache up to its position (on average
-    ``mean_context_fraction`` of the context): Pope et al. 2022 §2 (memory time = bytes / HBM bandwidth);
-    FLOPs 2 per matmul parameter per token plus attention 4 x L x position x q_dim (Kaplan et al. 2020 §2.1).
+    A decode step reads every weight byte it uses once and each sequence's cache up to its position (on average
+    ``mean_context_fraction`` of the context; a sliding-window layer at most its window, a recurrent layer its
+    state): Pope et al. 2022 §2 (memory time = bytes / HBM bandwidth); FLOPs 2 per matmul parameter used per token
+    plus attention 4 x L x position x q_dim (Kaplan et al. 2020 §2.1). A routed layer's step reads only the experts
+    its B tokens pick: E (1 - (1 - k/E)^B) of them on average under a uniform router, and each token computes with
+    its top-k only.
     """
     d = load_priors()["decode"]
     weights, consts = serve_weight_bytes(model, plan.weight_format, plan.group_size)
     embed_rows_only = model.embedding_params  # the input embedding is a lookup, not a read of the whole table
-    weight_read = weights + consts - embed_rows_only * 2 + model.hidden_size * plan.concurrency * 2
+    expert_bytes, active_experts, expert_flops = _expert_decode(model, plan, weights + consts)
+    weight_read = weights + consts - expert_bytes * (1 - active_experts) - embed_rows_only * 2 + \
+        model.hidden_size * plan.concurrency * 2
     pos = plan.context_len * d["mean_context_fraction"]
-    kv_read = plan.concurrency * pos * kv_cache_bytes_per_token(model, plan.kv_dtype)
+    scale = {"bf16": 2, "fp16": 2, "fp8": 1}[plan.kv_dtype] / model.description.dtype_bytes
+    kv_read = plan.concurrency * model.description.kv_cache_bytes(int(pos)) * scale
     bw = gpu.mem_bw_gbs * 1e9 * d["bandwidth_efficiency"]
     memory = (weight_read + kv_read) / bw
-    matmul_params = model.num_layers * model.layer_linear_params() + model.vocab_size * model.hidden_size
-    flops = plan.concurrency * (2 * matmul_params + 4 * model.num_layers * pos * model.q_dim)
+    linear = sum(m.in_features * m.out_features for layer in model.description.layers for m in layer.linears)
+    attn_layers = sum(1 for layer in model.description.layers if layer.attention != "linear")
+    matmul_params = linear + expert_flops + model.vocab_size * model.hidden_size
+    flops = plan.concurrency * (2 * matmul_params + 4 * attn_layers * pos * model.q_dim)
     compute = flops / ((gpu.bf16_tflops or gpu.fp16_tflops) * 1e12 * d["matmul_efficiency"])
     step = max(memory, compute)
     return DecodeThroughput(plan.concurrency / step, step, memory, compute, weight_read + kv_read)
+
+
+def _expert_decode(model: ModelSpec, plan: ServePlan, weight_bytes: float) -> tuple[float, float, int]:
+    """(bytes of the stacked experts, share of them one decode step reads, expert parameters one token computes
+    with) for a routed model; (0, 1, 0) for a dense one."""
+    if not model.is_moe:
+        return 0.0, 1.0, 0
+    experts = model.description.params_by_category.get("experts", 0)
+    fmt_bytes = 0.5 if plan.weight_format in ("int4", "mxfp4") else 1 if plan.weight_format in ("fp8", "int8") else 2
+    E, k = model.moe.num_experts, model.moe.experts_per_token
+    active = 1 - (1 - k / E) ** plan.concurrency
+    return experts * fmt_bytes, active, int(experts * k / E)
 
 
 @dataclass(frozen=True)
@@ -93,12 +113,26 @@ def score(model: ModelSpec, plan: ServePlan, gpu: GpuSpec, limit_bytes: int, uti
                      throughput=decode_throughput(model, plan, gpu))
 
 
-def base_plans(model: ModelSpec, space: ServeSpace, context_len: int | None) -> Iterator[ServePlan]:
+def weight_formats(model: ModelSpec, space: ServeSpace, gpu: GpuSpec | None = None) -> list[str]:
+    """The space's weight formats for this model on this card: a checkpoint that ships its experts in MXFP4
+    (gpt-oss) adds ``mxfp4`` where vLLM has an MXFP4 MoE kernel (serve_priors.yaml ``mxfp4.min_sm``: Marlin from
+    sm80); ``mxfp4`` in the space is dropped for a model without such experts."""
+    from advisor.memory.inference import ships_mxfp4_experts
+
+    formats = [f for f in space.search["weight_format"] if f != "mxfp4"]
+    min_sm = load_priors()["mxfp4"]["min_sm"]
+    if ships_mxfp4_experts(model) and (gpu is None or gpu.sm is None or gpu.sm >= min_sm):
+        formats.insert(0, "mxfp4")
+    return formats
+
+
+def base_plans(model: ModelSpec, space: ServeSpace, context_len: int | None,
+               gpu: GpuSpec | None = None) -> Iterator[ServePlan]:
     """Every discrete combination (group size and method only vary for int4)."""
     s = space.search
     limit = model.max_position_embeddings or max(s["context_len"])
     contexts = [context_len] if context_len else sorted(c for c in set(s["context_len"]) if c <= limit) or [limit]
-    for wf, kv, block, ctx in product(s["weight_format"], s["kv_dtype"], s["block_size"], contexts):
+    for wf, kv, block, ctx in product(weight_formats(model, space, gpu), s["kv_dtype"], s["block_size"], contexts):
         quant = product(s["group_size"], s["quant_method"]) if wf == "int4" else [(128, "awq")]
         for group, method in quant:
             yield ServePlan(weight_format=wf, group_size=group, quant_method=method, kv_dtype=kv, block_size=block,
@@ -129,7 +163,7 @@ def search(model: ModelSpec, space: ServeSpace, gpu: GpuSpec, limit_bytes: int, 
            context_len: int | None = None, concurrency: int | None = None) -> list[Candidate]:
     """Score every point of the space; with ``concurrency`` given it is pinned, else maximised."""
     out = []
-    for plan in base_plans(model, space, context_len):
+    for plan in base_plans(model, space, context_len, gpu):
         if concurrency:
             out.append(score(model, replace(plan, concurrency=concurrency), gpu, limit_bytes, util))
         else:

@@ -15,6 +15,7 @@ from advisor.core.data_files import load_data_file
 from advisor.core.plan import DTYPE_BYTES, Plan
 from advisor.memory.sharding import DEFAULT_SHARDING
 from advisor.memory.training import ParamBreakdown, param_breakdown, trainable_dtype_bytes
+from advisor.speed.layers import LayerKind, adapted_linears, layer_kinds, plan_adapts_experts
 
 
 @lru_cache(maxsize=1)
@@ -55,8 +56,9 @@ class StepInputs:
         """Differences of another software stack than the one the advisor exports (used by the
         published-runs benchmark only, each stated there): ``adapter_bytes`` (2023 peft kept
         LoRA weights in the base dtype, no input cast), ``loss_bytes_per_vocab`` (older
-        transformers copied the shifted fp32 logits); and ``attention_scale`` (packed documents'
-        attention against one full-length sequence, set from a data profile)."""
+        transformers copied the shifted fp32 logits), ``lora_experts`` (Megatron's all-linear LoRA adapts the
+        expert GEMMs too); and ``attention_scale`` (packed documents' attention against one full-length
+        sequence, set from a data profile)."""
 
     # ------------------------------------------------------------------ shapes
     @cached_property
@@ -79,6 +81,66 @@ class StepInputs:
             return _shapes(self.model)
         except TypeError:
             return self.model.linear_shapes()
+
+    @cached_property
+    def kinds(self) -> tuple[LayerKind, ...]:
+        """The decoder layers by kind (advisor/speed/layers.py): one for a dense model, more where attention
+        kinds alternate or dense and routed layers mix."""
+        return layer_kinds(self.model)
+
+    @cached_property
+    def lora_linears(self) -> tuple[str, ...]:
+        """Short names of the linears that get LoRA adapters (on a mixture of experts, without the names peft
+        would move to the stacked experts)."""
+        return adapted_linears(self.model, tuple(self.pb.lora_modules))
+
+    @cached_property
+    def expert_lora(self) -> bool:
+        """LoRA on the stacked experts (peft target_parameters): each forward folds W + s B A into one stack."""
+        return self.model.is_moe and (plan_adapts_experts(self.plan) or bool(self.stack.get("lora_experts")))
+
+    @cached_property
+    def experts_train(self) -> bool:
+        """The expert stacks need their weight gradient: a full fine-tune, or LoRA on the experts (the folded
+        stack's gradient flows back to A and B)."""
+        return self.full or self.expert_lora
+
+    @cached_property
+    def experts_path(self) -> str:
+        """How this card runs transformers' grouped_mm experts (``grouped_mm_experts_forward``):
+
+        - ``grouped``: one CUTLASS grouped GEMM over every expert, bf16 on compute capability 9.x and 10.x
+          (pytorch aten/src/ATen/native/cuda/GroupedBlas.cpp ``_grouped_mm_cuda``: the fast path needs
+          ``_scaled_mm_allowed_device(sm90_only, sm100_only)``);
+        - ``loop``: torch's fallback, the expert offsets copied to the host (one synchronization) and one
+          ``mm_out`` per expert (aten/src/ATen/native/GroupedMMUtils.h ``_grouped_mm_fallback``): sm80 to sm89 and
+          sm120, fp16 and fp32 anywhere;
+        - ``transformers_loop``: below sm80 transformers does not call torch's grouped_mm and loops itself, its
+          backward computing the weight gradient even of frozen experts (transformers integrations/moe.py
+          ``_can_use_grouped_mm``, ``_grouped_mm_fallback_bwd``).
+        An unknown compute capability is taken as the grouped kernel's."""
+        sm = self.gpu.sm
+        if sm is not None and sm < 80:
+            return "transformers_loop"
+        if self.expert_dtype != "bf16" or (sm is not None and not 90 <= sm < 110):
+            return "loop"
+        return "grouped"
+
+    @cached_property
+    def expert_dtype(self) -> str:
+        """dtype of the stacked experts: the compute dtype on a quantized base (bitsandbytes leaves them alone), else
+        the parameters' (fp32 under mixed precision: grouped_mm is not autocast, transformers casts the input to
+        the weight's dtype, integrations/moe.py ``_grouped_mm``)."""
+        p = self.plan
+        return p.compute_dtype if p.quantized else p.param_dtype
+
+    @cached_property
+    def expert_rate_scale(self) -> float:
+        """The expert matmuls' rate against the activation dtype's: fp32 experts run without tensor cores
+        (PyTorch keeps ``allow_tf32`` off for matmuls by default: fp32_simt_ratio)."""
+        if self.expert_dtype == "fp32" and self.plan.activation_dtype != "fp32":
+            return self.k["fp32_simt_ratio"]
+        return 1.0
 
     @cached_property
     def act_bytes(self) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from advisor.core.plan import LOW_RANK_OPTIMIZERS, PAGED_OPTIMIZERS
 from advisor.speed.inputs import StepInputs
 from advisor.speed.kernels import gemm_seconds
-from advisor.speed.terms import layer_forward_seconds, layer_gemm_seconds, term
+from advisor.speed.terms import all_layers, layer_forward_seconds, layer_gemm_seconds, term
 
 SVD_EFFICIENCY = 0.05  # a GPU SVD (cuSOLVER gesvd) reaches a few % of the fp32 rate (GaLore's projector)
 
@@ -60,8 +60,8 @@ def activation_offload(s: StepInputs) -> float:
     offloaded = estimate_training(s.model, plan).host.get("activations", 0)
     if plan.gradient_checkpointing:
         return 2 * offloaded / s.host_link
-    L = s.model.num_layers
-    window = L * (layer_forward_seconds(s) + layer_gemm_seconds(s, "dx") + layer_gemm_seconds(s, "dw"))
+    window = all_layers(s, lambda s, kind: layer_forward_seconds(s, kind) + layer_gemm_seconds(s, "dx", kind)
+                        + layer_gemm_seconds(s, "dw", kind))
     return max(0.0, 2 * offloaded / s.host_link - window)
 
 

@@ -19,8 +19,11 @@ from typing import Callable
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.plan import DTYPE_BYTES, Plan
 from advisor.memory.sharding import DEFAULT_SHARDING, SHARDS_PARAMETERS, SHARDS_STATES
+from advisor.speed.experts import (expert_lora_seconds, expert_loop_exposed_seconds, experts_elementwise_bytes,
+                                   experts_gemm_seconds, experts_launches)
 from advisor.speed.inputs import StepInputs
 from advisor.speed.kernels import attention_seconds, gemm_seconds, stream_seconds
+from advisor.speed.layers import LayerKind
 
 
 @dataclass(frozen=True)
@@ -70,65 +73,114 @@ def _cached(s: StepInputs, key: str, compute: Callable[[], float]) -> float:
     return cache[key]
 
 
-def layer_gemm_seconds(s: StepInputs, which: str) -> float:
-    """One decoder layer's base-linear GEMMs: ``fwd``, ``dx`` (input gradients) or ``dw``
-    (weight gradients, full fine-tuning only). Forward y = x W^T is M x K x N; backward
-    dX = dY W is M x N x K and dW = dY^T X is N x M x K (2 FLOPs per multiply-add each)."""
+def all_layers(s: StepInputs, per_layer: Callable[[StepInputs, LayerKind], float]) -> float:
+    """Sum of a per-layer quantity over every decoder layer: each kind's value times its number of layers."""
+    return sum(kind.count * per_layer(s, kind) for kind in s.kinds)
+
+
+def _kind_key(kind: LayerKind) -> int:
+    return id(kind)
+
+
+def layer_gemm_seconds(s: StepInputs, which: str, kind: LayerKind) -> float:
+    """One decoder layer's GEMMs: ``fwd``, ``dx`` (input gradients) or ``dw`` (weight gradients, full fine-tuning
+    only for the linears). Forward y = x W^T is M x K x N; backward dX = dY W is M x N x K and dW = dY^T X is
+    N x M x K (2 FLOPs per multiply-add each). A layer with routed experts adds its grouped expert matmuls and
+    router (advisor/speed/experts.py)."""
     def compute() -> float:
         M = s.tokens
         total = 0.0
-        for k_in, n_out in s.shapes.values():
+        for _, k_in, n_out in kind.linears:
             if which == "fwd":
                 total += gemm_seconds(s, M, n_out, k_in)
             elif which == "dx":
                 total += gemm_seconds(s, M, k_in, n_out)
             elif s.full:
                 total += gemm_seconds(s, n_out, k_in, M)
-        return total
-    return _cached(s, "gemm_" + which, compute)
+        return total + experts_gemm_seconds(s, kind, which)
+    return _cached(s, f"gemm_{which}_{_kind_key(kind)}", compute)
 
 
-def layer_lora_gemm_seconds(s: StepInputs, which: str) -> float:
+def kind_lora_modules(s: StepInputs, kind: LayerKind) -> list[str]:
+    """The adapted linears present in this kind of layer."""
+    names = kind.names()
+    return [m for m in s.lora_linears if m in names]
+
+
+def layer_lora_gemm_seconds(s: StepInputs, which: str, kind: LayerKind) -> float:
     """One layer's LoRA GEMMs (A: K -> r, B: r -> N; Hu et al. 2021 eq. 3): narrow, so bound by
-    reading their M x K / M x N operands rather than by the tensor cores."""
+    reading their M x K / M x N operands rather than by the tensor cores; LoRA on the stacked experts folds
+    each stack instead (experts.expert_lora_seconds)."""
     def compute() -> float:
         M, r = s.tokens, s.plan.lora_r
         total = 0.0
-        for mod in s.pb.lora_modules:
-            k_in, n_out = s.shapes[mod]
+        for mod in kind_lora_modules(s, kind):
+            k_in, n_out = kind.shape(mod)
             if which == "fwd":
                 total += gemm_seconds(s, M, r, k_in) + gemm_seconds(s, M, n_out, r)
             else:  # dX and dW of both A and B (all adapters train)
                 total += (gemm_seconds(s, M, r, n_out) + gemm_seconds(s, r, n_out, M)
                           + gemm_seconds(s, M, k_in, r) + gemm_seconds(s, k_in, r, M))
-        return total
-    return _cached(s, "lora_gemm_" + which, compute)
+        return total + expert_lora_seconds(s, kind, which)
+    return _cached(s, f"lora_gemm_{which}_{_kind_key(kind)}", compute)
 
 
-def layer_elementwise_bytes(s: StepInputs) -> float:
+def attention_elementwise_per_token(s: StepInputs, kind: LayerKind) -> float:
+    """Bytes per token the attention's memory-bound ops move in forward, by attention kind.
+
+    Softmax attention (transformers LlamaAttention / rotary): rotary on q and k (q*cos + rotate_half(q)*sin,
+    slicing and cat) 8p (d_q + d_kv); the output's transpose-contiguous 2p d_q; q/k norms (4p + 28) each; repeat_kv's
+    expanded k and v 4p d_q under GQA outside FlashAttention-2 (which reads the grouped heads directly); a sigmoid
+    output gate from a doubled q_proj 5p d_q (Qwen3-Next). Multi-head latent attention (modeling_deepseek_v2.py):
+    the latent's RMSNorm, rotary on the rope dims of q and of the one shared k, the keys assembled from k_nope and
+    the broadcast k_rot (written, both read) and the queries concatenated, the output transposed. Gated DeltaNet
+    (modeling_qwen3_next.py): q, k, v, z rearranged out of in_proj_qkvz, the causal conv1d and its SiLU over
+    q, k and v, q and k repeated to the value heads, the gated RMSNorm (norm, SiLU(z), product)."""
+    m, p = s.model, s.act_bytes
+    d = m.description
+    if kind.attention == "mla" and d.mla is not None:
+        mla, H = d.mla, m.num_heads
+        dqk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+        out = (4 * p + 28) * (mla.kv_lora_rank + (mla.q_lora_rank or 0))
+        out += 8 * p * (H * mla.qk_rope_head_dim + mla.qk_rope_head_dim)
+        return out + 4 * p * H * dqk + 2 * p * H * dqk + 2 * p * H * mla.v_head_dim
+    if kind.attention == "linear" and d.linear_attention is not None:
+        la = d.linear_attention
+        key_dim, value_dim = la.num_key_heads * la.key_head_dim, la.num_value_heads * la.value_head_dim
+        out = 2 * p * (2 * key_dim + 2 * value_dim) + 4 * p * (2 * key_dim + value_dim)
+        if la.num_value_heads > la.num_key_heads:
+            out += 4 * p * la.num_value_heads * la.key_head_dim
+        return out + (4 * p + 28) * value_dim + 5 * p * value_dim + 20 * la.num_value_heads
+    qd, kvd = m.q_dim, m.kv_dim
+    out = 8 * p * (qd + kvd) + 2 * p * qd
+    if kind.qk_norm:
+        out += (4 * p + 28) * (qd + kvd)
+    if m.num_kv_heads < m.num_heads and s.plan.attn_impl != "flash_attention_2":
+        out += 4 * p * qd
+    if kind.attention_gated:
+        out += 5 * p * qd
+    return out
+
+
+def layer_elementwise_bytes(s: StepInputs, kind: LayerKind) -> float:
     """Bytes one decoder layer's forward moves in memory-bound ops, per micro-batch.
 
-    Per token, p = activation bytes (transformers LlamaDecoderLayer / LlamaRMSNorm / rotary):
-    RMSNorm upcasts to fp32, squares, averages, scales, casts back, multiplies the weight:
-    (4p + 28) h each; two residual adds 3p h each; SiLU(gate) * up 5p i; rotary on q and k
-    (q*cos + rotate_half(q)*sin, slicing and cat) 8p (d_q + d_kv); the attention output's
-    transpose-contiguous 2p d_q, and repeat_kv's expanded k and v 4p d_q under GQA outside
-    FlashAttention-2 (which reads the grouped heads directly)."""
+    Per token, p = activation bytes (transformers LlamaDecoderLayer / LlamaRMSNorm): RMSNorm upcasts to fp32,
+    squares, averages, scales, casts back, multiplies the weight: (4p + 28) h each; two residual adds 3p h each;
+    SiLU(gate) * up 5p i over a dense MLP's and a shared expert's width (a shared expert's sigmoid gate scales and
+    adds its output: 5p h); the attention's by kind (attention_elementwise_per_token). Routed experts add the
+    router's and the permutation's traffic (experts.experts_elementwise_bytes)."""
     def compute() -> float:
-        m, p = s.model, s.act_bytes
-        arch = m.arch or {}
-        h, i, qd, kvd = m.hidden_size, m.intermediate_size, m.q_dim, m.kv_dim
-        norms = arch.get("norms_per_layer", 2)
-        per_token = norms * (4 * p + 28) * h + 2 * 3 * p * h + 5 * p * i + 8 * p * (qd + kvd) + 2 * p * qd
-        if arch.get("qk_norm"):
-            per_token += (4 * p + 28) * (qd + kvd)
-        if m.num_kv_heads < m.num_heads and s.plan.attn_impl != "flash_attention_2":
-            per_token += 4 * p * qd
-        return per_token * s.tokens
-    return _cached(s, "elementwise_bytes", compute)
+        p, h = s.act_bytes, s.model.hidden_size
+        per_token = kind.norms * (4 * p + 28) * h + 2 * 3 * p * h + 5 * p * kind.mlp_width
+        per_token += attention_elementwise_per_token(s, kind)
+        if kind.shared_width:
+            per_token += 5 * p * kind.shared_width + (5 * p * h if kind.shared_gate else 3 * p * h)
+        return per_token * s.tokens + experts_elementwise_bytes(s, kind)
+    return _cached(s, f"elementwise_bytes_{_kind_key(kind)}", compute)
 
 
-def layer_lora_path_bytes(s: StepInputs) -> float:
+def layer_lora_path_bytes(s: StepInputs, kind: LayerKind) -> float:
     """Bytes one layer's LoRA side paths move in forward, per micro-batch (peft lora.Linear.forward):
     the input cast to the fp32 adapter dtype and back for the autocast matmul ((p+4) twice),
     dropout on it (read, write, 1-byte mask) when lora_dropout > 0, then scale and add the
@@ -139,11 +191,11 @@ def layer_lora_path_bytes(s: StepInputs) -> float:
         cast = 2 * (p + x) if x != p else 0
         drop = 2 * x + 1 if plan.lora_dropout > 0 else 0
         total = 0.0
-        for mod in s.pb.lora_modules:
-            k_in, n_out = s.shapes[mod]
+        for mod in kind_lora_modules(s, kind):
+            k_in, n_out = kind.shape(mod)
             total += k_in * (cast + drop) + n_out * 5 * p
         return total * s.tokens
-    return _cached(s, "lora_path_bytes", compute)
+    return _cached(s, f"lora_path_bytes_{_kind_key(kind)}", compute)
 
 
 def dequant_4bit_bytes_per_param(s: StepInputs) -> float:
@@ -158,8 +210,14 @@ def dequant_4bit_bytes_per_param(s: StepInputs) -> float:
     return k["dequant_nf4_bytes_per_param"] + extra + out
 
 
-def layer_dequant_bytes(s: StepInputs) -> float:
-    """Bytes to dequantize one layer's frozen weights for one pass (forward, or backward's dX).
+def _quantized_shapes(kind: LayerKind) -> list[tuple[int, int]]:
+    """(in, out) of the layer's linears bitsandbytes quantizes (stacked experts and routers stay 16-bit)."""
+    q = set(kind.quantized)
+    return [(i, o) for n, i, o in kind.linears if n in q]
+
+
+def layer_dequant_bytes(s: StepInputs, kind: LayerKind) -> float:
+    """Bytes to dequantize one layer's frozen quantized weights for one pass (forward, or backward's dX).
 
     4-bit: every pass dequantizes each whole weight once, whatever the micro-batch's size
     (bitsandbytes autograd MatMul4Bit: forward through gemm_4bit, backward
@@ -169,49 +227,49 @@ def layer_dequant_bytes(s: StepInputs) -> float:
     (Dettmers et al. 2022 §3); the backward's dX dequantizes the weight (CB * SCB / 127)."""
     def compute() -> float:
         plan, p = s.plan, s.act_bytes
+        shapes = _quantized_shapes(kind)
         if plan.four_bit:
-            return s.pb.linear / s.model.num_layers * dequant_4bit_bytes_per_param(s)
+            return sum(i * o for i, o in shapes) * dequant_4bit_bytes_per_param(s)
         if plan.quantization == "int8":
             M = s.tokens
-            fwd = sum(M * k_in * (2 * p + 1) + M * n_out * (4 + p) for k_in, n_out in s.shapes.values())
-            return fwd
+            return sum(M * k_in * (2 * p + 1) + M * n_out * (4 + p) for k_in, n_out in shapes)
         return 0.0
-    return _cached(s, "dequant_bytes", compute)
+    return _cached(s, f"dequant_bytes_{_kind_key(kind)}", compute)
 
 
-def layer_dequant_seconds(s: StepInputs) -> float:
+def layer_dequant_seconds(s: StepInputs, kind: LayerKind) -> float:
     """One layer's dequantization for one pass. 4-bit runs at the rate bitsandbytes' dequantization
     reaches inside a training step (dequant_4bit_bandwidth_efficiency of the datasheet bandwidth,
     fitted on ms-swift's LoRA vs QLoRA ablations); int8's traffic streams like any elementwise op."""
     if s.plan.four_bit:
-        return layer_dequant_bytes(s) / s.dequant_4bit_bw
-    return stream_seconds(s, layer_dequant_bytes(s))
+        return layer_dequant_bytes(s, kind) / s.dequant_4bit_bw
+    return stream_seconds(s, layer_dequant_bytes(s, kind))
 
 
-def int8_backward_bytes(s: StepInputs) -> float:
+def int8_backward_bytes(s: StepInputs, kind: LayerKind) -> float:
     """LLM.int8 backward: the weight dequantized to the compute dtype and scaled (read 1 B, write
     and rescale p) before the dX matmul (bitsandbytes MatMul8bitLt.backward)."""
     if s.plan.quantization != "int8":
         return 0.0
-    return sum(k_in * n_out * (1 + 3 * s.act_bytes) for k_in, n_out in s.shapes.values())
+    return sum(k_in * n_out * (1 + 3 * s.act_bytes) for k_in, n_out in _quantized_shapes(kind))
 
 
-def layer_forward_seconds(s: StepInputs) -> float:
+def layer_forward_seconds(s: StepInputs, kind: LayerKind) -> float:
     """One decoder layer's forward, all of it: what checkpointing recomputes (Chen et al. 2016)."""
-    return (layer_gemm_seconds(s, "fwd") + attention_seconds(s)[0]
-            + stream_seconds(s, layer_elementwise_bytes(s) + layer_lora_path_bytes(s)) + layer_dequant_seconds(s)
-            + layer_lora_gemm_seconds(s, "fwd") + dora_layer_seconds(s))
+    return (layer_gemm_seconds(s, "fwd", kind) + attention_seconds(s, kind)[0]
+            + stream_seconds(s, layer_elementwise_bytes(s, kind) + layer_lora_path_bytes(s, kind))
+            + layer_dequant_seconds(s, kind) + layer_lora_gemm_seconds(s, "fwd", kind) + dora_layer_seconds(s, kind))
 
 
-def dora_layer_seconds(s: StepInputs) -> float:
+def dora_layer_seconds(s: StepInputs, kind: LayerKind) -> float:
     """DoRA (peft use_dora) recomputes each adapted weight's column norm every forward:
     W + scale B A materialized (a K x r x N GEMM) and read again for the norm (Liu et al. 2024 §4;
     peft DoraLinearLayer.get_weight_norm), plus rescaling the base output."""
     if not s.plan.dora:
         return 0.0
     p, total = s.act_bytes, 0.0
-    for mod in s.pb.lora_modules:
-        k_in, n_out = s.shapes[mod]
+    for mod in kind_lora_modules(s, kind):
+        k_in, n_out = kind.shape(mod)
         total += gemm_seconds(s, n_out, k_in, s.plan.lora_r) + stream_seconds(
             s, 3 * p * k_in * n_out + 6 * p * s.tokens * n_out)
         if s.plan.lora_dropout > 0:
@@ -225,9 +283,11 @@ def dora_layer_seconds(s: StepInputs) -> float:
 @term("matmul", label="matmuls")
 def matmul(s: StepInputs) -> float:
     """Forward, input-gradient and (full fine-tuning) weight-gradient GEMMs of every decoder layer,
-    plus the lm_head: 2 FLOPs per weight per token each (Kaplan et al. 2020 §2.1)."""
-    m, M, L = s.model, s.tokens, s.model.num_layers
-    layers = L * (layer_gemm_seconds(s, "fwd") + layer_gemm_seconds(s, "dx") + layer_gemm_seconds(s, "dw"))
+    plus the lm_head: 2 FLOPs per weight per token each (Kaplan et al. 2020 §2.1); routed experts at their
+    per-expert row count (experts.grouped_gemm_seconds)."""
+    m, M = s.model, s.tokens
+    layers = all_layers(s, lambda s, kind: layer_gemm_seconds(s, "fwd", kind) + layer_gemm_seconds(s, "dx", kind)
+                        + layer_gemm_seconds(s, "dw", kind))
     h, V = m.hidden_size, m.vocab_size
     head = gemm_seconds(s, M, V, h) + gemm_seconds(s, M, h, V)
     if s.full:
@@ -237,9 +297,9 @@ def matmul(s: StepInputs) -> float:
 
 @term("attention", label="attention")
 def attention(s: StepInputs) -> float:
-    """Attention core by implementation and sequence length (kernels.attention_seconds)."""
-    fwd, bwd = attention_seconds(s)
-    return s.model.num_layers * (fwd + bwd)
+    """Attention core by implementation, sequence length and layer kind (kernels.attention_seconds: a sliding
+    window, latent attention's widths, Gated DeltaNet's chunked scan)."""
+    return all_layers(s, lambda s, kind: sum(attention_seconds(s, kind)))
 
 
 BACKWARD_TRAFFIC = 1.5  # an elementwise op's backward reads its saved input and the incoming gradient and
@@ -253,18 +313,19 @@ def elementwise(s: StepInputs) -> float:
     if s.full:
         # the embedding's dense gradient is written every micro-batch (embedding_dense_backward)
         extra = s.model.vocab_size * s.model.hidden_size * s.trainable_bytes
-    return stream_seconds(s, (1 + BACKWARD_TRAFFIC) * s.model.num_layers * layer_elementwise_bytes(s) + extra)
+    return stream_seconds(s, (1 + BACKWARD_TRAFFIC) * all_layers(s, layer_elementwise_bytes) + extra)
 
 
 @term("lora", label="LoRA adapters")
 def lora(s: StepInputs) -> float:
-    """LoRA GEMMs (forward, dX, dW of A and B) and the side-path traffic, forward + 1.5x backward."""
-    if not s.pb.lora_modules:
+    """LoRA GEMMs (forward, dX, dW of A and B) and the side-path traffic, forward + 1.5x backward; LoRA on the
+    stacked experts folds and differentiates each stack (experts.expert_lora_seconds)."""
+    if not s.lora_linears and not s.expert_lora:
         return 0.0
-    L = s.model.num_layers
-    return L * (layer_lora_gemm_seconds(s, "fwd") + layer_lora_gemm_seconds(s, "bwd")
-                + stream_seconds(s, (1 + BACKWARD_TRAFFIC) * layer_lora_path_bytes(s))
-                + (1 + BACKWARD_TRAFFIC) * dora_layer_seconds(s))
+    return all_layers(s, lambda s, kind: layer_lora_gemm_seconds(s, "fwd", kind)
+                      + layer_lora_gemm_seconds(s, "bwd", kind)
+                      + stream_seconds(s, (1 + BACKWARD_TRAFFIC) * layer_lora_path_bytes(s, kind))
+                      + (1 + BACKWARD_TRAFFIC) * dora_layer_seconds(s, kind))
 
 
 def _fused_loss(s: StepInputs) -> bool:
@@ -286,7 +347,7 @@ def loss(s: StepInputs) -> float:
 @term("recompute", label="recomputation")
 def recompute(s: StepInputs) -> float:
     """Checkpointed layers run their forward again in backward (Chen et al. 2016, §3)."""
-    return s.checkpointed_fraction * s.model.num_layers * layer_forward_seconds(s)
+    return s.checkpointed_fraction * all_layers(s, layer_forward_seconds)
 
 
 @term("dequant", label="dequantization")
@@ -295,25 +356,37 @@ def dequant(s: StepInputs) -> float:
     once in backward (layer_dequant_bytes; the recomputation of checkpointed layers dequantizes again,
     in the recompute term), whatever the micro-batch's tokens; int8 per token in forward plus the
     weight in backward."""
-    L = s.model.num_layers
     if s.plan.four_bit:
-        return 2 * L * layer_dequant_seconds(s)
+        return 2 * all_layers(s, layer_dequant_seconds)
     if s.plan.quantization == "int8":
-        return stream_seconds(s, L * (layer_dequant_bytes(s) + int8_backward_bytes(s)))
+        return stream_seconds(s, all_layers(s, lambda s, kind: layer_dequant_bytes(s, kind)
+                                            + int8_backward_bytes(s, kind)))
     return 0.0
 
 
 @term("launch_overhead", kind="cpu", label="launch overhead")
 def launch_overhead(s: StepInputs) -> float:
     """Host time of the eager ops of one micro-batch (cpu_seconds_per_op each), paid where kernels
-    are too short to hide it: forward, backward (~1.5 launches per forward op), recomputation."""
+    are too short to hide it: forward, backward (~1.5 launches per forward op), recomputation. Routed experts add
+    the routing's ops and, on a card without the grouped GEMM, one matmul per expert (experts.experts_launches);
+    latent and linear attention their extra ops."""
     ops = s.k["ops_per_layer"]
-    per_layer = ops["base"] + ops["lora_module"] * len(s.pb.lora_modules)
-    if s.plan.quantized:
-        per_layer += ops["quantized_linear"] * len(s.shapes)
+
+    def per_layer(s: StepInputs, kind: LayerKind) -> float:
+        n = ops["base"] + ops["lora_module"] * len(kind_lora_modules(s, kind))
+        if s.plan.quantized:
+            n += ops["quantized_linear"] * len(kind.quantized)
+        if kind.attention in ("mla", "linear"):
+            n += ops[kind.attention]
+        return n + experts_launches(s, kind)
+
     passes = 1 + ops["backward_ratio"] + s.checkpointed_fraction
-    n = s.model.num_layers * per_layer * passes + ops["loss"] * (1 + ops["backward_ratio"])
-    return n * s.k["cpu_seconds_per_op"]
+    n = all_layers(s, per_layer) * passes + ops["loss"] * (1 + ops["backward_ratio"])
+    loop = 0.0
+    if s.model.is_moe:  # the per-expert loop of cards without the grouped GEMM, where its launches show
+        loop = all_layers(s, lambda s, kind: (1 + s.checkpointed_fraction) * expert_loop_exposed_seconds(s, kind, "fwd")
+                          + expert_loop_exposed_seconds(s, kind, "dx") + expert_loop_exposed_seconds(s, kind, "dw"))
+    return n * s.k["cpu_seconds_per_op"] + loop
 
 
 def _optimizer_spec(s: StepInputs) -> dict:
@@ -325,9 +398,15 @@ def trainable_tensors(s: StepInputs) -> int:
     """Number of trainable tensors (what per-tensor and foreach launches scale with)."""
     m = s.model
     if s.plan.method != "full":
-        return 2 * m.num_layers * len(s.pb.lora_modules)
-    per_layer = len(s.shapes) + (m.arch or {}).get("norms_per_layer", 2) + len(m.layer_bias_params())
-    return m.num_layers * per_layer + 2 + (0 if m.tie_word_embeddings else 1)
+        stacks = (lambda kind: 2 * len(kind.experts.gemms) if s.expert_lora and kind.experts else 0)
+        return int(all_layers(s, lambda s, kind: 2 * len(kind_lora_modules(s, kind)) + stacks(kind)))
+
+    def per_layer(s: StepInputs, kind: LayerKind) -> int:
+        n = len(kind.linears) + kind.norms + kind.biased
+        if kind.experts is not None:  # the stacks, their biases and the router
+            n += sum(1 + g.bias for g in kind.experts.gemms) + 1
+        return n
+    return int(all_layers(s, per_layer)) + 2 + (0 if m.tie_word_embeddings else 1)
 
 
 def _state_shards(s: StepInputs) -> int:

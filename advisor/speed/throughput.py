@@ -50,7 +50,7 @@ from advisor.speed.inputs import StepInputs
 from advisor.speed import low_rank_and_offload_terms  # noqa: F401 - registers low_rank_projection, activation_offload, paged_spill
 from advisor.speed import chunked_loss_terms  # noqa: F401 - registers the chunked loss's recompute term
 from advisor.speed.calibration import for_gpu
-from advisor.speed.terms import TERMS, evaluate_terms
+from advisor.speed.terms import TERMS, evaluate_terms, kind_lora_modules
 
 COMPUTE = ("matmul", "attention", "recompute", "chunked_loss_recompute")
 MEMORY = ("elementwise", "lora", "loss")
@@ -100,21 +100,46 @@ def term_labels() -> dict[str, str]:
 def step_flops(model: ModelSpec, plan: Plan, s: StepInputs | None = None) -> float:
     """Matmul FLOPs of one step (all micro-batches): 2 per weight per token forward, as much for
     input gradients, again for weight gradients where weights train (Kaplan et al. 2020 §2.1), the
-    forward again under checkpointing (Chen et al. 2016), causal attention 2 s d_q per token per
-    layer forward (half of 4 s d_q) and 2.5x that backward (Dao 2023 §3.1)."""
+    forward again under checkpointing (Chen et al. 2016), causal attention 2 s (d_qk + d_v) / 2 per head per token
+    forward (over the window where the kernel skips the rest) and 2.5x that backward (Dao 2023 §3.1). A routed
+    layer counts its expert matmuls for tokens x top-k (every expert resident, each token visiting top-k) and its
+    router for every token; a Gated DeltaNet layer its chunked scan (kernels.linear_attention_seconds)."""
+    from advisor.speed.kernels import attended_keys, attention_dims
+
     s = s or StepInputs(model, plan, _NO_GPU)
-    M, L = s.tokens, model.num_layers
-    lin = sum(i * o for i, o in s.shapes.values())
+    M = s.tokens
     head = model.hidden_size * model.vocab_size
-    lora = sum(plan.lora_r * (s.shapes[m][0] + s.shapes[m][1]) for m in s.pb.lora_modules)
-    attn = 2 * plan.seq_len * model.q_dim
-    fwd_layer = 2 * M * (lin + lora) + M * attn
-    fwd = L * fwd_layer + 2 * M * head
-    bwd = L * (2 * M * lin + 4 * M * lora + 2.5 * M * attn) + 2 * M * head
-    if plan.method == "full":
-        bwd += L * 2 * M * lin + 2 * M * head
-    recompute = s.checkpointed_fraction * L * fwd_layer
-    return float(plan.grad_accum * (fwd + bwd + recompute))
+    fwd = bwd = recompute = 0.0
+    for kind in s.kinds:
+        lin = sum(i * o for _, i, o in kind.linears)
+        lora = sum(plan.lora_r * sum(kind.shape(m)) for m in kind_lora_modules(s, kind))
+        if kind.attention == "linear":
+            la = model.description.linear_attention
+            C, heads = s.k["gated_delta_rule_chunk"], max(la.num_value_heads, la.num_key_heads)
+            attn = heads * (C * (6 * la.key_head_dim + 4 * la.value_head_dim) + 6 * la.key_head_dim * la.value_head_dim)
+            attn_bwd = attn * s.k["gated_delta_rule_backward_ratio"]
+        else:
+            heads, d_qk, d_v = attention_dims(s, kind)
+            share = 2 * attended_keys(s, kind, "flash_attention_2")  # useful pairs: causal, within the window
+            attn = plan.seq_len * heads * (d_qk + d_v) * share
+            attn_bwd = 2.5 * attn
+        experts = routed = 0.0
+        if kind.experts is not None:
+            ex = kind.experts
+            experts = ex.top_k * sum(g.in_features * g.out_features for g in ex.gemms)
+            routed = ex.num_experts * model.hidden_size  # the router's logits
+        fwd_layer = 2 * M * (lin + lora + experts + routed) + M * attn
+        fwd += kind.count * fwd_layer
+        bwd_layer = 2 * M * (lin + experts + routed) + 4 * M * lora + M * attn_bwd
+        if plan.method == "full":
+            bwd_layer += 2 * M * (lin + experts + routed)
+        elif s.expert_lora:
+            bwd_layer += 2 * M * experts  # the folded stacks' weight gradient
+        bwd += kind.count * bwd_layer
+        recompute += kind.count * fwd_layer
+    fwd += 2 * M * head
+    bwd += 2 * M * head + (2 * M * head if plan.method == "full" else 0)
+    return float(plan.grad_accum * (fwd + bwd + s.checkpointed_fraction * recompute))
 
 
 _NO_GPU = GpuSpec(key="none", name="none", memory_bytes=0, bf16=True, bf16_tflops=1.0, fp16_tflops=1.0,

@@ -26,9 +26,34 @@ def quantization_flag(plan: ServePlan) -> str | None:
     """--quantization for the plan's weight format (vllm QUANTIZATION_METHODS).
 
     fp8: dynamic per-channel FP8 from a 16-bit checkpoint (``fp8``); int8: a W8A16 checkpoint in the
-    compressed-tensors format (llm-compressor); int4: an AWQ or GPTQ checkpoint served by the Marlin kernels."""
-    return {"bf16": None, "fp16": None, "fp8": "fp8", "int8": "compressed-tensors",
+    compressed-tensors format (llm-compressor); int4: an AWQ or GPTQ checkpoint served by the Marlin kernels;
+    mxfp4: none, vLLM reads the checkpoint's own ``quantization_config`` (gpt-oss's config.json: quant_method
+    mxfp4) and picks its MXFP4 MoE kernel by card (vllm-project/recipes OpenAI/GPT-OSS.md)."""
+    return {"bf16": None, "fp16": None, "fp8": "fp8", "int8": "compressed-tensors", "mxfp4": None,
             "int4": f"{plan.quant_method}_marlin"}[plan.weight_format]
+
+
+def moe_notes(model: ModelSpec, plan: ServePlan) -> list[str]:
+    """What serving a mixture of experts on one GPU means for the `vllm serve` line (comments of the script)."""
+    if not model.is_moe:
+        return []
+    moe = model.moe
+    lines = [f"# a mixture of experts: all {moe.num_experts} experts of every routed layer are resident (top-"
+             f"{moe.experts_per_token} run per token); the ledger counts them all",
+             "# --enable-expert-parallel is not set: vLLM's expert parallelism spreads the experts over the GPUs of "
+             "tensor/data parallelism (EP size = TP x DP, docs.vllm.ai serving/expert_parallel_deployment); on one "
+             "GPU there is nothing to spread"]
+    if plan.weight_format == "mxfp4":
+        lines.append("# experts stay MXFP4 as the checkpoint ships them (no --quantization: vLLM reads its "
+                     "quantization_config; Marlin MXFP4 MoE on Ampere, Triton on Hopper, FlashInfer on Blackwell: "
+                     "vllm-project/recipes OpenAI/GPT-OSS.md)")
+    elif plan.weight_format in ("bf16", "fp16"):
+        from advisor.memory.inference import ships_mxfp4_experts
+
+        if ships_mxfp4_experts(model):
+            lines.append("# bf16 experts: the published checkpoint ships MXFP4 experts, which vLLM would serve as "
+                         "MXFP4; set MODEL to a bf16 copy of the weights")
+    return lines
 
 
 def vllm_args(model: ModelSpec, cand: Candidate) -> dict[str, Any]:
@@ -52,16 +77,21 @@ def vllm_args(model: ModelSpec, cand: Candidate) -> dict[str, Any]:
 def vllm_script(model: ModelSpec, cand: Candidate) -> str:
     plan, rep = cand.plan, cand.report
     gib = 2**30
+    per_seq = rep.extra.get("kv_cache_bytes_per_sequence")
+    kv_how = (f"{plan.concurrency} x {per_seq:,} B per {plan.context_len:,}-token sequence, by layer kind"
+              if per_seq is not None and set(model.description.attention_kinds()) != {"full"} else
+              f"{rep.extra['tokens_in_flight']:,} tokens x {rep.extra['kv_cache_bytes_per_token']:,} B")
     lines = [
         "#!/usr/bin/env bash",
         f"# Serve {model.name} with vLLM: {plan.short()}  (advisor tune --task inference)",
         f"# ledger (estimated): weights {rep.device['weights'] / gib:.2f} GiB"
         f" + constants {rep.device['quant_constants'] / gib:.2f} + KV cache {rep.device['kv_cache'] / gib:.2f}"
-        f" ({rep.extra['tokens_in_flight']:,} tokens x {rep.extra['kv_cache_bytes_per_token']:,} B)"
+        f" ({kv_how})"
         f" + activations {rep.device['transient'] / gib:.2f} + CUDA graphs {rep.device['cuda_graphs'] / gib:.2f}"
         f" + overhead {rep.device['overhead'] / gib:.2f} = {rep.peak_bytes / gib:.2f} GiB",
         f"# vLLM may use gpu_memory_utilization x total = {cand.limit_bytes / gib:.2f} GiB; it gives the KV cache "
         "all of it that weights and activations leave, so capacity is at least the plan's.",
+        *moe_notes(model, plan),
         "set -euo pipefail",
     ]
     if plan.weight_format in ("int4", "int8"):
@@ -90,7 +120,12 @@ def transformers_settings(model: ModelSpec, cand: Candidate) -> dict[str, Any]:
                      "so with transformers halve batch_size or max_cache_len")
     if plan.weight_format in ("int4", "int8", "fp8"):
         notes.append(f"load a {plan.weight_format} checkpoint (its quantization_config is read from config.json)")
-    return {"model": model.hf_id, "dtype": "bfloat16", "attn_implementation": "sdpa",
+    if plan.weight_format == "mxfp4":
+        notes.append("transformers keeps MXFP4 experts only with triton and the kernels package on a capable GPU; "
+                     "otherwise it dequantizes them to bf16 at load (quantizers/quantizer_mxfp4.py): the weights "
+                     "then take the bf16 ledger's size")
+    attn = "sdpa" if model.supports_attention("sdpa") else (model.description.attn_implementation or "eager")
+    return {"model": model.hf_id, "dtype": "bfloat16", "attn_implementation": attn,
             "batch_size": plan.concurrency, "max_cache_len": plan.context_len,
             "max_prompt_tokens": plan.prompt_len, "generation_config": generation_settings(model, cand),
             "notes": notes}

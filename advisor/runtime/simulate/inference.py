@@ -12,7 +12,8 @@ Measurement protocol (as nanoGPT's bench.py writes its own down):
    cache, everything else is transient.
 
 With ``fake=False`` the same code runs real CPU tensors (the proof that the fake run equals execution).
-Decoder layers are identical, so ``trace_serving_extrapolated`` traces two depths and extends linearly.
+Decoder layers repeat by kind, so ``trace_serving_extrapolated`` traces two depths a period of layer kinds apart
+and extends linearly (a dense model: 2 and 3 layers).
 """
 
 from __future__ import annotations
@@ -74,6 +75,21 @@ def serving_model(spec: ModelSpec, num_layers: int | None):
     return model.eval(), cfg
 
 
+def cache_tensors(cache) -> list:
+    """Every tensor a transformers cache holds: keys and values of attention layers (full, sliding window, latent),
+    and the conv and recurrent states of linear-attention layers (``LinearAttentionLayer``: ``conv_states``,
+    ``recurrent_states``), found by walking each cache layer's attributes."""
+    import torch
+
+    found = []
+    for layer in cache.layers:
+        for value in vars(layer).values():
+            values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+            # the states, not the bookkeeping (``cumulative_length``, initialization flags: scalars)
+            found += [v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() >= 2]
+    return found
+
+
 def trace_serving(spec: ModelSpec, plan: ServePlan, *, fake: bool = True, num_layers: int | None = None,
                   seed: int = 0) -> ServeTrace:
     """Trace the prefill of ``plan.concurrency x plan.prompt_len`` tokens and one decode step."""
@@ -115,11 +131,10 @@ def trace_serving(spec: ModelSpec, plan: ServePlan, *, fake: bool = True, num_la
             rec = tracker.record_of(t)
             if rec is not None:
                 groups[rec.uid] = "weights"
-        for layer in cache.layers:
-            for t in (layer.keys, layer.values):
-                rec = tracker.record_of(t)
-                if rec is not None:
-                    groups[rec.uid] = "kv_cache"
+        for t in cache_tensors(cache):  # keys and values, latents, conv and recurrent states
+            rec = tracker.record_of(t)
+            if rec is not None:
+                groups[rec.uid] = "kv_cache"
         phases = {}
         for phase, (nbytes, clock) in peaks.items():
             ledger = {"weights": 0, "kv_cache": 0, "transient": 0}
@@ -132,20 +147,53 @@ def trace_serving(spec: ModelSpec, plan: ServePlan, *, fake: bool = True, num_la
                       seconds=time.perf_counter() - start, fake=fake, notes=notes)
 
 
-def trace_serving_extrapolated(spec: ModelSpec, plan: ServePlan, *, depths: tuple[int, int] = (2, 3),
+def layer_period(spec: ModelSpec) -> tuple[int, int]:
+    """(prefix, period) of the model's layer kinds: after ``prefix`` layers (DeepSeek's dense first layer) the kinds
+    repeat every ``period`` layers (gpt-oss's sliding/full pair: 2; Gemma-3's five sliding then one full: 6;
+    Qwen3-Next's three Gated DeltaNet then one full: 4). A dense model is (0, 1)."""
+    kinds = spec.description.layer_kinds()
+    pattern = [0] * spec.num_layers
+    for k, (_, indices) in enumerate(kinds):
+        for i in indices:
+            pattern[i] = k
+    L = len(pattern)
+    for prefix in range(L):
+        rest = pattern[prefix:]
+        for period in range(1, len(rest) + 1):
+            if all(rest[i] == rest[i % period] for i in range(len(rest))):
+                if period < len(rest):
+                    return prefix, period
+                break
+    return 0, L
+
+
+def trace_serving_extrapolated(spec: ModelSpec, plan: ServePlan, *, depths: tuple[int, int] | None = None,
                                fake: bool = True) -> ServeTrace:
-    """Trace ``depths`` layers and extend linearly to the model's depth: weights and KV grow by one layer's
-    share per layer; the transient peak (one layer's working set, the logits) does not depend on depth."""
-    a, b = depths
+    """Trace two depths one period of layer kinds apart and extend linearly to the model's depth: weights and the
+    cache grow by one period's share per period; the transient peak (one layer's working set, the logits) does not
+    depend on depth. Both depths keep the model's remainder layers (L - prefix mod period), so the extension adds
+    whole periods only (``layer_period``); a model too shallow for two periods is traced at full depth."""
+    L = spec.num_layers
+    if depths is None:
+        prefix, period = layer_period(spec)
+        rem = (L - prefix) % period
+        a, b = prefix + period + rem, prefix + 2 * period + rem
+        if period == 1:
+            a, b = max(a, 2), max(b, 3)
+    else:
+        a, b = depths
+        period = b - a
+    if b >= L:
+        full = trace_serving(spec, plan, fake=fake)
+        return full
     ta = trace_serving(spec, plan, fake=fake, num_layers=a)
     tb = trace_serving(spec, plan, fake=fake, num_layers=b)
-    L = spec.num_layers
+    periods = (L - b) / (b - a)
 
     def extend(pa: PhasePeak, pb: PhasePeak) -> PhasePeak:
         ledger = {}
         for k in pb.ledger:
-            per_layer = (pb.ledger[k] - pa.ledger[k]) / (b - a)
-            ledger[k] = int(round(pb.ledger[k] + per_layer * (L - b)))
+            ledger[k] = int(round(pb.ledger[k] + (pb.ledger[k] - pa.ledger[k]) * periods))
         return PhasePeak(pb.phase, sum(ledger.values()), ledger)
 
     return ServeTrace(num_layers=L, prefill=extend(ta.prefill, tb.prefill), decode=extend(ta.decode, tb.decode),
