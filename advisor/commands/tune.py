@@ -216,11 +216,11 @@ def export_best(settings, best, out_dir: str) -> dict[str, str]:
 
 
 def tune_result(settings, records, selection, exports, quality=None, why_not: str = "") -> dict:
-    from advisor.search.storage import redact
-
     from dataclasses import asdict
 
     from advisor.search.select import time_to_quality
+    from advisor.search.storage import redact
+    from advisor.search.tuner import is_polish
 
     def summary(t, *, full: bool):
         if t is None:
@@ -250,7 +250,9 @@ def tune_result(settings, records, selection, exports, quality=None, why_not: st
         "recipe": summary(selection.recipe, full=False),
         "departures": [asdict(d) for d in selection.departures],
         "explanation": selection.explanation,
-        "n_trials": sum(1 for r in records if r.state in ("complete", "pruned") and not r.duplicate_of),
+        "n_trials": sum(1 for r in records if r.state in ("complete", "pruned") and not r.duplicate_of
+                        and not is_polish(r)),  # the planned --trials
+        "n_polish": sum(1 for r in records if r.state in ("complete", "pruned") and is_polish(r)),
         "n_pruned": sum(1 for r in records if r.state == "pruned" and not r.duplicate_of),
         "n_repeats": sum(1 for r in records if r.duplicate_of is not None),
         "pareto": [{"number": t.number, "plan_short": t.plan_short, "peak_bytes": t.peak_bytes,

@@ -33,6 +33,7 @@ file and any other in the user cache. Importing this module imports neither torc
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -418,7 +419,9 @@ def hf_config(config: Any, *, trust_remote_code: bool = False):
     elif isinstance(config, dict):
         if "model_type" not in config:
             raise AdvisorInputError("--model", "config.json has no model_type", "", show_value=False)
-        fields_ = {k: v for k, v in config.items() if k not in ("model_type", "torch_dtype", "dtype")}
+        # a deep copy: transformers edits nested fields in place (gpt-oss's rope_scaling), which would change
+        # the caller's config and so its config_key
+        fields_ = copy.deepcopy({k: v for k, v in config.items() if k not in ("model_type", "torch_dtype", "dtype")})
         try:
             cfg = AutoConfig.for_model(config["model_type"], **fields_)
         except (KeyError, ValueError) as e:

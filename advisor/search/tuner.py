@@ -48,6 +48,13 @@ EXHAUSTED_AFTER = 50  # consecutive repeat proposals after which the space count
 FINISHED = ("COMPLETE", "PRUNED")
 POLISH_ROUNDS = 2
 """Rounds of Tuner.polish after the planned trials."""
+POLISH_MARK = "polish:"
+"""The ladder label of a trial Tuner.polish added (not one of the planned --trials)."""
+
+
+def is_polish(record) -> bool:
+    """A trial Tuner.polish added after the planned ones."""
+    return (record.ladder or "").startswith(POLISH_MARK)
 
 
 @dataclass
@@ -340,14 +347,15 @@ class Tuner:
             return 0
         recipe_plan, plan = Plan.from_dict(recipe.plan), Plan.from_dict(best.plan)
         seq = self.s.space.fixed["seq_len"]  # a plan sized to --data holds its longest batch: the space's point
+        tried = [t.system_attrs.get("fixed_params", t.params) for t in self.study.get_trials(deepcopy=False)]
         n = 0
         for d in non_exact(sel.departures):
             variant = with_change(plan, recipe_plan, d)  # the answer with the recipe's values of this group
             point = point_of(variant.with_(seq_len=seq), self.s.space, self.s.model.arch or {}) if variant else None
             named = self.conditions.optuna_params(point) if point is not None else None
-            if named is not None:
-                self.study.enqueue_trial(named, user_attrs={"ladder": f"polish: {d.group} as in the usual recipe"},
-                                         skip_if_exists=True)
+            if named is not None and named not in tried:  # a rerun of a finished study proposes nothing new
+                self.study.enqueue_trial(named, user_attrs={"ladder": f"{POLISH_MARK} {d.group} as in the usual recipe"})
+                tried.append(named)
                 n += 1
         return n
 
