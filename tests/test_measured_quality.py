@@ -130,12 +130,15 @@ def test_finalists_follow_the_selection_and_add_the_usual_recipe():
                record(6, Plan(method="qlora", quantization="nf4"), tps=2000, state="pruned")]
     best_of = lambda rs: select(rs, 24 * 2**30, 0.05, 0.05).best  # noqa: E731
     chosen, recipe = choose_finalists(records, best_of, lambda r: True)
-    assert [r.number for r in chosen[:3]] == [2, 3, 1]  # the selection's answer, then its ranking
+    # the selection's answer (#2 and #3 keep alpha 32 at r1 and r32, a scale that changes the dynamics
+    # (quality.yaml lora_alpha), so #1 while it fits), then the answer of the same selection over what is left
+    assert chosen[0].number == best_of(records).number == 1
+    assert chosen[1].number == best_of([r for r in records if r.number != 1]).number
     assert recipe.number == 4 and chosen[-1].number == 4 and len(chosen) == 4
     # a recipe proposed again points to the trial that evaluated it; one that does not fit is not trained
     records[4] = record(4, lora, tps=900, ladder="usual recipe", duplicate_of=1)
     chosen, recipe = choose_finalists(records, best_of, lambda r: True)
-    assert recipe.number == 1 and [r.number for r in chosen] == [2, 3, 1]
+    assert recipe.number == 1 and len(chosen) == 3 and chosen[0].number == 1  # the recipe is already a finalist
     chosen, recipe = choose_finalists(records, best_of, lambda r: r.number != 1)
     assert recipe is None
 

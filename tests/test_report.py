@@ -10,6 +10,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+from html import escape as html_escape
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -106,14 +107,14 @@ def test_report_shows_the_question_the_winner_and_every_trial(study):
     assert f"Winner <b>#{best['number']}</b>" in html
     assert best["plan_short"] in html
     for line in tuned["explanation"]:
-        assert line.replace("'", "&#x27;") in html
+        assert html_escape(line) in html
     ledger = {r[0]: r[1] for r in cells.rows["answer"] if len(r) == 3}
     assert ledger["Peak on the GPU"].startswith(f"{best['peak_bytes'] / 2**30:.2f} GB")
     assert ledger["Peak on the GPU"].endswith("[estimated]")
     # every trial, once, in number order, the winner marked
     trial_rows = [r for r in cells.rows["trials"][1:]]
     numbers = [int(re.match(r"#(\d+)", r[0]).group(1)) for r in trial_rows]
-    assert numbers == [t["number"] for t in tuned["trials"]] == list(range(12))
+    assert numbers == [t["number"] for t in tuned["trials"]] == list(range(12 + tuned["n_polish"]))
     assert "★" in trial_rows[best["number"]][0]
     # every number carries its source
     by_number = {t["number"]: t for t in tuned["trials"]}
@@ -204,7 +205,7 @@ def test_trials_csv_has_one_row_per_trial(study):
         rows = list(csv.DictReader(f))
     storage = f"sqlite:///{study['folder'] / 'study.db'}"
     trials = optuna.load_study(study_name=tuned["study"], storage=storage).get_trials(deepcopy=False)
-    assert len(rows) == len(trials) == 12
+    assert len(rows) == len(trials) == 12 + tuned["n_polish"]
     assert [int(r["number"]) for r in rows] == [t.number for t in trials]
     assert [r["state"] for r in rows] == [t.state.name.lower() for t in trials]
     winners = [r for r in rows if r["winner"] == "True"]

@@ -243,13 +243,23 @@ class Tuner:
                 if named is not None:
                     study.enqueue_trial(named, user_attrs={"ladder": recipe[0]}, skip_if_exists=True)
                 study.set_user_attr("recipe_enqueued", True)
-            if not study.user_attrs.get("ladder_enqueued"):
-                for rung, params in ladder(self.s.space, self._fits_by_estimate):
-                    named = self.conditions.optuna_params(params)
-                    if named is not None:  # a rung the rules (or this model's modules) do not allow is left out
-                        study.enqueue_trial(named, user_attrs={"ladder": rung}, skip_if_exists=True)
-                study.set_user_attr("ladder_enqueued", True)
+            self._enqueue_ladder(study)
         return study
+
+    def _enqueue_ladder(self, study) -> None:
+        """The ladder's rungs, as many as the planned --trials leave after the recipe: a rung left waiting would
+        run before the polish trials; a rerun with more --trials enqueues the next rungs."""
+        done = study.user_attrs.get("ladder_rungs_enqueued", 0)
+        room = self.s.trials - 1  # the usual recipe is the first planned trial
+        if study.user_attrs.get("ladder_enqueued") or done >= room:
+            return
+        rungs = ladder(self.s.space, self._fits_by_estimate)
+        for rung, params in rungs[done:room]:
+            named = self.conditions.optuna_params(params)
+            if named is not None:  # a rung the rules (or this model's modules) do not allow is left out
+                study.enqueue_trial(named, user_attrs={"ladder": rung}, skip_if_exists=True)
+        study.set_user_attr("ladder_rungs_enqueued", min(room, len(rungs)))
+        study.set_user_attr("ladder_enqueued", room >= len(rungs))
 
     def _adopt_host_budget(self, stored: dict[str, Any]) -> None:
         """A study goes on with the host budget it was made for: a detected one yields to it (the study may be
@@ -419,14 +429,7 @@ class Tuner:
                       self.s.tolerance, self.s.budget.unit, self.s.rules, measure_change=self._measure_change)
 
     def _measure_change(self, plan: Plan) -> tuple[float | None, int | None]:
-        """A variant of the usual recipe (one change applied), predicted as a trial is: the step-time model's
-        tokens/s and the estimated run peak (for the explanation's per-change gains)."""
-        try:
-            rep = self._per_gpu(get_backend("estimate").measure(self.s.model, plan, self.s.gpu), plan)
-        except AdvisorInputError:
-            return None, None
-        tps = predict_throughput(self.s.model, plan, self.s.gpu, self.s.gpus, self.s.sharding, data=self.s.data)
-        return tps.tokens_per_s * 1.0, run_peak_bytes(rep)
+        return predict_change(self.s.model, self.s.gpu, self.s.gpus, self.s.sharding, plan, data=self.s.data)
 
 
     # -- one trial -----------------------------------------------------------
@@ -677,11 +680,30 @@ def _calibrate_speed(settings: TuneSettings, plan: Plan, tokens_per_s: float) ->
 
 
 def _shard(settings: TuneSettings, report, plan: Plan):
-    if settings.gpus == 1:
+    return _shard_to(report, settings.model, plan, settings.gpus, settings.sharding, settings.gpu)
+
+
+def _shard_to(report, model: ModelSpec, plan: Plan, gpus: int, sharding: str, gpu: GpuSpec):
+    if gpus == 1:
         return report
     from advisor.memory.sharding import shard_report
 
-    return shard_report(report, settings.model, plan, settings.gpus, settings.sharding, settings.gpu)
+    return shard_report(report, model, plan, gpus, sharding, gpu)
+
+
+def predict_change(model: ModelSpec, gpu: GpuSpec, gpus: int, sharding: str, plan: Plan,
+                   data=None) -> tuple[float | None, int | None]:
+    """A variant of the usual recipe (one change applied), predicted as a trial is: the step-time model's
+    tokens/s and the estimated run peak of one GPU (for the explanation's per-change gains)."""
+    from advisor.runtime.phases import with_phases
+
+    try:
+        rep = get_backend("estimate").measure(model, plan, gpu)
+        rep = with_phases(model, plan, gpu, _shard_to(rep, model, plan, gpus, sharding, gpu))
+    except AdvisorInputError:
+        return None, None
+    tps = predict_throughput(model, plan, gpu, gpus, sharding, data=data)
+    return tps.tokens_per_s * 1.0, run_peak_bytes(rep)
 
 
 def _during(report) -> str:

@@ -9,12 +9,14 @@ import platform
 import shlex
 import sys
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from advisor.core.units import format_bytes
 from advisor.search.description import StudyDescription
 from advisor.search.measured import study_quality_lines
 from advisor.search.select import Selection, TrialRecord, select
+from advisor.search.tuner import predict_change
 from advisor.ui.report._format import is_built_in_space
 from advisor.ui.report._load import StudySnapshot
 
@@ -94,8 +96,9 @@ class ReportData:
 
 def gather(snap: StudySnapshot) -> ReportData:
     d = snap.description
-    selection = study_quality_lines(select(snap.records, d.budget.bytes, d.headroom, d.tolerance, d.budget.unit, d.rules),
-                                    snap.quality)  # measured over N tokens, or priors: the lines tune printed
+    measure_change = partial(predict_change, d.model, d.gpu, d.gpus, d.sharding)  # the per-change gains tune printed
+    selection = study_quality_lines(select(snap.records, d.budget.bytes, d.headroom, d.tolerance, d.budget.unit, d.rules,
+                                           measure_change=measure_change), snap.quality)  # measured over N tokens, or priors: the lines tune printed
     notes = []
     if d.gpu_assumed:
         notes.append(f"No GPU was detected or named when the study ran: throughput is predicted for a "

@@ -6,12 +6,14 @@ No Textual here: the widgets render a ``Board`` and the tests can check it direc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Iterable
 
 from advisor.core.fit import fit_verdict
 from advisor.core.units import Budget
 from advisor.search.description import StudyDescription
 from advisor.search.select import Selection, TrialRecord, run_peak, select
+from advisor.search.tuner import predict_change
 
 # (key, label shown in the status line); `s` cycles through them
 SORTS = (
@@ -105,8 +107,9 @@ class Board:
     def selection(self) -> Selection:
         if self._selection is None:
             i = self.info
-            self._selection = select(self.ordered(), i.budget.bytes, i.headroom, i.tolerance, i.budget.unit,
-                                     i.description.rules)
+            d = i.description
+            self._selection = select(self.ordered(), i.budget.bytes, i.headroom, i.tolerance, i.budget.unit, d.rules,
+                                     measure_change=partial(predict_change, d.model, d.gpu, d.gpus, d.sharding))
         return self._selection
 
     @property
