@@ -112,6 +112,7 @@ def build_settings(args: argparse.Namespace):
 
 def check_budget_reachable(settings) -> None:
     from advisor.core.errors import AdvisorInputError
+    from advisor.memory.ledger import LABELS
     from advisor.search.tuner import smallest_plan_report
 
     smallest = smallest_plan_report(settings)
@@ -119,9 +120,12 @@ def check_budget_reachable(settings) -> None:
         raise AdvisorInputError("--space", "no valid plan in this space for this model", settings.space.name)
     plan, rep = smallest
     if rep.peak_bytes > settings.budget.bytes:
+        fmt = settings.budget.format
+        largest = max(rep.device, key=rep.device.get)
         raise AdvisorInputError(
             "--gpu-budget", f"below the smallest plan of space {settings.space.name!r}: {plan.short()} needs "
-            f"{settings.budget.format(rep.peak_bytes)} (estimated)", settings.budget.text)
+            f"{fmt(rep.peak_bytes)} (estimated), {fmt(rep.peak_bytes - settings.budget.bytes)} over; its largest "
+            f"part, {LABELS[largest].lower()}, is {fmt(rep.device[largest])} alone", settings.budget.text)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -107,3 +107,24 @@ def moe_described(model: ModelSpec, plan: Plan | None) -> tuple[bool, str]:
             return False, f"{what} with {', '.join(out)}: the mixture-of-experts closed form has no terms for it"
     return True, (f"{what}: expert weights as transformers stores them, routed activations of tokens x "
                   f"top-{moe.experts_per_token} rows, the router (advisor.memory.experts)")
+
+
+RESIDENT_RESET = dict(loss="plain", optimizer="adamw_torch", offload="none", activation_offload=False,
+                      checkpoint_layers=None, optimizer_in_backward=False, packing=False, dora=False)
+"""Levers that move no weight on or off the GPU (DeepSpeed offload here is ZeRO-2's, of optimizer states)."""
+
+
+def resident_weights_floor(model: ModelSpec, plan: Plan) -> int | None:
+    """Bytes every plan like ``plan`` keeps on the GPU whatever its loss, optimizer and activation levers: the
+    weights and their quantization constants of the closed form, for a plan the closed form itself cannot answer
+    (a lower bound that spares a simulation when the weights alone are over a budget). None: no floor known
+    (ZeRO-3 offload moves the weights; a model or quantization the closed form does not describe)."""
+    from advisor.memory.training import estimate_training
+
+    if plan.offload == "zero3_cpu":
+        return None
+    reset = plan.with_(**RESIDENT_RESET)
+    if not closed_form_describes(model, reset)[0]:
+        return None
+    device = estimate_training(model, reset).device
+    return device["weights"] + device["quant_constants"]

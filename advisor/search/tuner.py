@@ -25,6 +25,7 @@ from advisor.core.fit import HEADROOM, fits, host_fits, host_overshoot, host_usa
 from advisor.core.adapters import attention_linears
 from advisor.core.plan import Plan, checkpoint_depth_problems, lora_target_modules
 from advisor.core.target import Target
+from advisor.memory.closed_form import closed_form_describes, resident_weights_floor
 from advisor.memory.phases import run_peak_bytes
 from advisor.memory.sharding import DEFAULT_SHARDING
 from advisor.runtime.backends import BackendFailed, BackendOptions, get_backend
@@ -602,6 +603,9 @@ class Tuner:
                         "invalid": True}
 
         rec["stage"] = "estimate"
+        floor = _weights_over_budget(s, plan)
+        if floor:  # the estimate would run a simulation to find what the weights already decide
+            return {**rec, "reason": floor}
         report = self._per_gpu(get_backend("estimate").measure(s.model, plan, s.gpu), plan)
         rec.update(_memory_fields(report, s.gpus))
         limit = usable_bytes(s.budget.bytes, s.headroom)
@@ -759,13 +763,27 @@ def _sized(settings: TuneSettings, plan: Plan) -> Plan:
     return settings.data.sized(plan) if settings.data is not None else plan
 
 
+def _weights_over_budget(settings: TuneSettings, plan: Plan) -> str:
+    """Why ``plan`` cannot fit when its resident weights alone exceed the budget ("" otherwise), decided without
+    the simulation the estimate runs for a plan the closed form cannot answer (advisor.memory.closed_form)."""
+    if settings.gpus > 1 or closed_form_describes(settings.model, plan)[0]:
+        return ""
+    floor = resident_weights_floor(settings.model, plan)
+    if floor is None or floor <= settings.budget.bytes:
+        return ""
+    fmt = settings.budget.format
+    return f"weights alone {fmt(floor)} (estimated) over the budget {fmt(settings.budget.bytes)}"
+
+
 def smallest_plan_report(settings: TuneSettings):
-    """The most frugal plan of the space and its estimated peak (to fail fast under tiny budgets)."""
+    """The most frugal plan of the space and its estimated peak (to fail fast under tiny budgets). Plans whose
+    weights alone are over the budget are not simulated (advisor.memory.closed_form.resident_weights_floor)."""
     space = settings.space
+    plans = [plan_from_params(params, space, settings.model.arch or {}) for params in _frugal_candidates(space)]
+    plans.sort(key=lambda p: not closed_form_describes(settings.model, p)[0])  # the closed form's answers first
     best = None
-    for params in _frugal_candidates(space):
-        plan = plan_from_params(params, space, settings.model.arch or {})
-        if plan.problems():
+    for plan in plans:
+        if plan.problems() or (best is not None and _weights_over_budget(settings, plan)):
             continue
         try:
             rep = _shard(settings, get_backend("estimate").measure(settings.model, plan, settings.gpu), plan)
