@@ -35,7 +35,7 @@ def test_every_point_is_predicted_or_has_a_reason(bench):
 
 def test_the_report_lists_every_row_and_reason(bench, tmp_path):
     out = tmp_path / "r.md"
-    assert bench.main(["--backend", "estimate", "--out", str(out)]) == 0
+    assert bench.main(["--backend", "estimate", "--no-moe", "--out", str(out)]) == 0  # MoE: the tests below
     text = out.read_text()
     rows, skipped, _ = bench.run(bench.DEFAULT_DATA, "estimate")
     assert all(f"| {r.id} |" in text for r in rows) and all(f"| {pid} |" in text for pid, _ in skipped)
@@ -150,3 +150,65 @@ def test_preflights_simulated_error_band_is_the_reports_auto_section():
     assert band["points"] == len(rows) and band["worst_under_point"] == worst[0]
     assert band["most_under"] == pytest.approx(worst[1], abs=0.0005)
     assert band["most_over"] == pytest.approx(max(e for _, e in rows), abs=0.0005)
+
+
+@pytest.fixture(scope="module")
+def moe_bench():
+    return load_benchmark("memory_vs_published")  # the MoE rows need no memory.json
+
+
+def test_every_moe_row_names_a_catalog_model_a_plan_and_a_source(moe_bench):
+    """benchmarks/published_moe_memory.yaml: each comparable row names a catalog model, a plan the advisor accepts,
+    its counter, kind and source and what its stack does differently; each other figure says why it is not expressed."""
+    from advisor.core.catalog import model_catalog
+    from advisor.core.plan import Plan
+    from advisor.memory.sharding import STRATEGIES
+
+    data = moe_bench.load_moe()
+    catalog = set(model_catalog())
+    assert len(data["rows"]) >= 8 and data["not_expressible"]
+    for rid, e in data["rows"].items():
+        assert e["model"] in catalog, rid
+        assert e["kind"] in ("claim", "measured") and e["counter"] in moe_bench.MOE_COUNTER, rid
+        assert e["unit"] in ("GB", "GiB") and e["published"] > 0 and e.get("bound") in (None, "lower"), rid
+        assert str(e["source"]).strip() and str(e["differs"]).strip(), rid
+        Plan(**moe_bench._moe_plan_fields(e)).validate()
+        assert e.get("gpus", 1) == 1 or e["sharding"] in STRATEGIES, rid
+    assert all(str(n["source"]).strip() and str(n["why"]).strip() for n in data["not_expressible"].values())
+    # Megatron's expert-parallel runs are listed with the reason
+    assert any("expert parallelism" in n["why"] for k, n in data["not_expressible"].items() if k.startswith("swift-"))
+
+
+def test_the_moe_section_renders_from_its_rows(moe_bench):
+    """The section is generated from the rows: error, the 4-bit-experts arithmetic, a lower bound, the reasons."""
+    GiB = 2**30
+    row = moe_bench.MoeRow("u-q", "qwen3-30b-a3b", "unsloth", "claim", "unknown", "a100-80gb", 17.5e9, "17.5 GB",
+                           None, 62.5 * GiB, "train", "closed form", "qlora nf4", 23.7 * GiB, ("batch 1",),
+                           "experts 4-bit", "qwen docs")
+    bound = moe_bench.MoeRow("lf", "gpt-oss-20b", "llamafactory", "claim", "unknown", "a100-80gb", 44e9, "> 44 GB",
+                             "lower", 46.56 * GiB, "train", "closed form", "lora", None, (), "same stack", "PR")
+    text = moe_bench.render_moe([row, bound], {"swift-x": {"published": "2 x 62 GiB", "source": "moe.sh",
+                                                           "why": "expert parallelism"}})
+    assert text.startswith("\n## Mixtures of experts\n")
+    assert ("| u-q | qwen3-30b-a3b | Unsloth | claim | unknown | a100-80gb | 17.5 GB (16.30 GiB) | 62.50 GiB | +283.5% "
+            "| train | closed form | 23.70 GiB (+45%) |") in text
+    assert "| > 44 GB (40.98 GiB) | 46.56 GiB | +13.6% (above the bound) |" in text
+    assert "| u-q | qlora nf4 | batch 1 | experts 4-bit | qwen docs |" in text
+    assert "| swift-x: 2 x 62 GiB | moe.sh | expert parallelism |" in text
+
+
+def test_a_moe_row_is_predicted_by_the_estimate_backend(moe_bench):
+    """One closed-form row end to end: transformers 5 + bitsandbytes keep Qwen3-30B-A3B's stacked experts in bf16,
+    so its 'QLoRA' is far above Unsloth's 17.5 GB, and the 4-bit-experts arithmetic takes most of that back."""
+    entry = moe_bench.load_moe()["rows"]["unsloth-qwen3-30b-a3b-qlora"]
+    pred, at, answered, what_if = moe_bench.predict_moe(moe_bench.Models(), entry)
+    assert answered == "closed form" and at == "train"
+    assert pred > 3 * 17.5e9 and 17.5e9 < what_if < pred / 2
+
+
+def test_the_committed_report_has_every_moe_row(moe_bench):
+    text = (ROOT / "reports" / "memory_vs_published.md").read_text()
+    section = text[text.index("## Mixtures of experts"):]
+    data = moe_bench.load_moe()
+    assert all(f"| {rid} |" in section for rid in data["rows"])
+    assert all(f"| {nid}: " in section for nid in data["not_expressible"])
