@@ -100,3 +100,12 @@ def test_peft_rewrite_table_is_the_installed_peft_and_transformers():
     assert {p: sorted(t) for p, t in rule["model_types"].items()} == installed
     assert peft_moved_lora_names("qwen3_moe") == {"gate", "gate_proj", "up_proj", "down_proj"}
     assert peft_moved_lora_names("gpt_oss") == frozenset() == peft_moved_lora_names("llama")
+
+
+def test_building_a_config_leaves_the_catalog_config_and_its_key_as_they_were():
+    from advisor.core.catalog import build_hf_config
+
+    config = model_catalog()["gpt-oss-20b"]["config"]  # transformers edits its rope_scaling in place
+    key = config_key(config)
+    build_hf_config(config)
+    assert config_key(config) == key == config_key(model_catalog()["gpt-oss-20b"]["config"])

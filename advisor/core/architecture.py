@@ -409,24 +409,31 @@ def config_key(config: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- building
 
 
+def config_object(config: dict[str, Any]):
+    """A transformers config object from config.json fields (no files read, nothing downloaded). The fields are
+    deep-copied: transformers edits nested ones in place (gpt-oss's rope_scaling), which would change the
+    caller's config and so its config_key."""
+    from transformers import AutoConfig
+
+    if "model_type" not in config:
+        raise AdvisorInputError("--model", "config.json has no model_type", "", show_value=False)
+    fields_ = copy.deepcopy({k: v for k, v in config.items() if k not in ("model_type", "torch_dtype", "dtype")})
+    try:
+        return AutoConfig.for_model(config["model_type"], **fields_)
+    except (KeyError, ValueError) as e:
+        raise AdvisorInputError("--model", f"transformers does not know model_type {config['model_type']!r} ({e})",
+                                config["model_type"]) from None
+
+
 def hf_config(config: Any, *, trust_remote_code: bool = False):
     """A transformers config from config.json fields (a dict) or a config object; the text model's config
     for a multimodal one (Gemma-3 4B-27B's ``text_config``)."""
-    from transformers import AutoConfig, PretrainedConfig
+    from transformers import PretrainedConfig
 
     if isinstance(config, PretrainedConfig):
         cfg = config
     elif isinstance(config, dict):
-        if "model_type" not in config:
-            raise AdvisorInputError("--model", "config.json has no model_type", "", show_value=False)
-        # a deep copy: transformers edits nested fields in place (gpt-oss's rope_scaling), which would change
-        # the caller's config and so its config_key
-        fields_ = copy.deepcopy({k: v for k, v in config.items() if k not in ("model_type", "torch_dtype", "dtype")})
-        try:
-            cfg = AutoConfig.for_model(config["model_type"], **fields_)
-        except (KeyError, ValueError) as e:
-            raise AdvisorInputError("--model", f"transformers does not know model_type {config['model_type']!r} ({e})",
-                                    config["model_type"]) from None
+        cfg = config_object(config)
     else:
         raise AdvisorInputError("--model", "a config must be a dict of config.json fields or a transformers config",
                                 type(config).__name__)
@@ -436,8 +443,6 @@ def hf_config(config: Any, *, trust_remote_code: bool = False):
 def build_meta_model(config: Any, *, dtype: str = "bfloat16", num_layers: int | None = None,
                      trust_remote_code: bool = False):
     """The causal-LM model of ``config`` on the meta device (shapes and dtypes only, no memory)."""
-    import copy
-
     import torch
     from transformers import AutoModelForCausalLM
 

@@ -15,7 +15,7 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
-from advisor.core.architecture import ArchitectureDescription, MoeFacts, config_key
+from advisor.core.architecture import ArchitectureDescription, MoeFacts, config_key, config_object
 from advisor.core.data_files import load_data_file
 from advisor.core.errors import AdvisorInputError
 
@@ -262,10 +262,7 @@ def spec_from_config(name: str, hf_id: str, config: dict, source: str, path: str
 
 def build_hf_config(config: dict, trust_remote_code: bool = False):
     """A transformers config object from config.json fields (no files read, nothing downloaded)."""
-    from transformers import AutoConfig
-
-    fields = {k: v for k, v in config.items() if k not in ("model_type", "torch_dtype", "dtype")}
-    return AutoConfig.for_model(config["model_type"], **fields)
+    return config_object(config)
 
 
 def _catalog_spec(key: str) -> ModelSpec:
