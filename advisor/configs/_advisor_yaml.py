@@ -266,10 +266,7 @@ def read(data: dict, c: Collect, plan_type: type, fmt: str = "advisor") -> tuple
             c.bad("lora.target_modules", f"is required: list the module names or {ALL_LINEAR} (peft's per-model "
                   "default is not guessed)", None)
         f["lora_targets"] = t
-        params = lora.get("target_parameters")
-        if params is not None and not (isinstance(params, list) and all(isinstance(x, str) for x in params)):
-            c.bad("lora.target_parameters", "must be a list of parameter names (experts.gate_up_proj, ...)", params)
-        f["lora_experts"] = bool(params)
+        f["lora_experts"] = c.expert_parameters(lora.get("target_parameters"), "lora.target_parameters")
     else:
         f["method"] = "full"
     advisor = c.section(data, "advisor") or {}

@@ -208,10 +208,8 @@ def read(data: dict, c: Collect, plan_type: type) -> tuple[str | None, dict, dic
             f["lora_targets"] = c.targets(data.get("lora_target_modules"), "lora_target_modules")
             if data.get("lora_target_modules") is None:
                 c.bad("lora_target_modules", "is required unless lora_target_linear: true", None)
-        params = data.get("lora_target_parameters")
-        if params is not None and not (isinstance(params, list) and all(isinstance(x, str) for x in params)):
-            c.bad("lora_target_parameters", "must be a list of parameter names (mlp.experts.gate_up_proj, ...)", params)
-        f["lora_experts"] = bool(params)
+        f["lora_experts"] = c.expert_parameters(data.get("lora_target_parameters"), "lora_target_parameters",
+                                                "mlp.experts.gate_up_proj")
     gc = data.get("gradient_checkpointing", False)
     if gc not in (True, False, None):
         c.bad("gradient_checkpointing", "only true/false are planned (offloaded checkpoints are not)", gc)

@@ -311,6 +311,12 @@ class Collect:
             return value
         return value
 
+    def expert_parameters(self, value: Any, where: str, example: str = "experts.gate_up_proj") -> bool:
+        """Whether a config's peft ``target_parameters`` list puts LoRA on stacked experts (lora_experts)."""
+        if value is not None and not (isinstance(value, list) and all(isinstance(x, str) for x in value)):
+            self.bad(where, f"must be a list of parameter names ({example}, ...)", value)
+        return bool(value)
+
     def choice(self, value: Any, table: dict[str, str], where: str) -> str | None:
         if value is None:
             return None

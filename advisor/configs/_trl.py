@@ -212,10 +212,7 @@ def read(data: dict, c: Collect, plan_type: type) -> tuple[str | None, dict, dic
         if data.get("lora_target_modules") is None:
             c.bad("lora_target_modules", f"is required: list the module names or {ALL_LINEAR} (peft's per-model "
                   "default is not guessed)", None)
-        params = data.get("lora_target_parameters")
-        if params is not None and not (isinstance(params, list) and all(isinstance(x, str) for x in params)):
-            c.bad("lora_target_parameters", "must be a list of parameter names (experts.gate_up_proj, ...)", params)
-        f["lora_experts"] = bool(params)
+        f["lora_experts"] = c.expert_parameters(data.get("lora_target_parameters"), "lora_target_parameters")
     else:
         f["method"] = "full"
     read_declared(c, plan_type, FORMAT, flat(data), f)

@@ -382,8 +382,15 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
         model, plan, pb), spill_bytes=spilled.get("optimizer_states", 0))
     host.update(hm.by_category())
     notes += hm.notes
+    return _report(device, host, hm, notes, plan, gpu, peak_phase, max(logits_fwd, logits_bwd),
+                   {"params_trainable": pb.trainable, "lora_modules": list(pb.lora_modules),
+                    "activations_per_layer_bytes": layer_acts, "saved_activations_bytes": int(acts)})
+
+
+def _report(device: dict[str, int], host: dict[str, int], hm, notes: list[str], plan: Plan, gpu: GpuSpec | None,
+            peak_phase: str, loss_transient: int, extra: dict) -> MemoryReport:
+    """The estimated report of a step's device ledger: the framework overhead over its tensor peak added."""
     tensor_peak = sum(device.values())
-    loss_transient = max(logits_fwd, logits_bwd)
     over = framework_overhead_of(tensor_peak, gpu, expandable_segments=plan.expandable_segments,
                                  loss_transient_bytes=loss_transient)
     device["overhead"] = over.total
@@ -392,10 +399,8 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
         source="estimated", backend="estimate", device=device, host=host, host_memory=hm,
         tensor_peak_bytes=int(tensor_peak), peak_bytes=int(tensor_peak + over.total), peak_phase=peak_phase,
         notes=tuple(notes), reserved_peak_bytes=int(tensor_peak + over.parts["fragmentation"]),
-        extra={"params_trainable": pb.trainable, "lora_modules": list(pb.lora_modules), "overhead_parts": over.parts,
-               "overhead_source": over.source, "fragmentation_source": over.fragmentation_source,
-               "activations_per_layer_bytes": layer_acts, "saved_activations_bytes": int(acts),
-               "loss_transient_bytes": int(loss_transient)},
+        extra={**extra, "overhead_parts": over.parts, "overhead_source": over.source,
+               "fragmentation_source": over.fragmentation_source, "loss_transient_bytes": int(loss_transient)},
     )
 
 
@@ -497,21 +502,10 @@ def estimate_moe_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = No
     host = empty()
     host.update(hm.by_category())
     notes += hm.notes
-    tensor_peak = sum(device.values())
-    loss_transient = max(logits_fwd, logits_bwd)
-    over = framework_overhead_of(tensor_peak, gpu, expandable_segments=plan.expandable_segments,
-                                 loss_transient_bytes=loss_transient)
-    device["overhead"] = over.total
-    notes += over.notes()
-    return MemoryReport(
-        source="estimated", backend="estimate", device=device, host=host, host_memory=hm,
-        tensor_peak_bytes=int(tensor_peak), peak_bytes=int(tensor_peak + over.total), peak_phase=peak_phase,
-        notes=tuple(notes), reserved_peak_bytes=int(tensor_peak + over.parts["fragmentation"]),
-        extra={"params_trainable": pb.trainable, "lora_modules": modules, "lora_experts": bool(plan.peft and
-               plan.lora_experts), "overhead_parts": over.parts, "overhead_source": over.source,
-               "fragmentation_source": over.fragmentation_source, "activations_per_layer_bytes": biggest,
-               "saved_activations_bytes": int(acts), "loss_transient_bytes": int(loss_transient)},
-    )
+    return _report(device, host, hm, notes, plan, gpu, peak_phase, max(logits_fwd, logits_bwd),
+                   {"params_trainable": pb.trainable, "lora_modules": modules,
+                    "lora_experts": bool(plan.peft and plan.lora_experts), "activations_per_layer_bytes": biggest,
+                    "saved_activations_bytes": int(acts)})
 
 
 def gpt_oss_weight_notes(model: ModelSpec, plan: Plan) -> list[str]:
