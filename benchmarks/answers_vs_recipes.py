@@ -284,6 +284,13 @@ def render(rows: list[dict], summ: dict, recipes_path: str, preflight_backend: s
          + (f" ({', '.join(summ['rejected'])}; numbers in their rows)" if summ["rejected"] else "")
          + (f"; into the headroom but within the card: {', '.join(summ['tight'])}" if summ["tight"] else "") + ".",
          f"- Answers that pass pre-flight (GO): **{summ['go']} of {summ['answers']}**.", ""]
+    not_go = [r for r in rows if r.get("preflight", {}).get("verdict", "GO") != "GO"]
+    if not_go:
+        L += ["Answers pre-flight does not pass, with its reason (the tune asked the estimate backend; pre-flight "
+              f"checks with {preflight_backend}):", ""]
+        L += [f"- {r['ex'].rid}: {r['preflight']['verdict']}: " + "; ".join(r["preflight"]["findings"][:1]) + "."
+              for r in not_go]
+        L.append("")
     rejected = [r for r in rows if r["ex"].rid in summ["rejected"]]
     if rejected:
         L += ["Measured recipes the advisor rejects, with the numbers:", ""]
