@@ -69,7 +69,8 @@ def test_cards_and_models_the_catalogs_lack_are_named():
 @pytest.mark.slow
 def test_harness_writes_the_report(tmp_path):
     out = tmp_path / "answers_vs_recipes.md"
-    rows, summ = BENCH.run(["32", "14"], out, SAMPLE, "estimate", workdir=tmp_path / "work", progress=False, trials=6)
+    rows, summ = BENCH.run(["32", "14"], out, SAMPLE, "estimate", workdir=tmp_path / "work", progress=False, trials=6,
+                           tune_backend="estimate")
     text = out.read_text(encoding="utf-8")
     for heading in ("# The advisor's answer beside the experts' recipes", "## Summary", "## Recipes",
                     "## Notes per recipe"):
