@@ -54,3 +54,18 @@ def test_cli_estimate_and_tune_with_gpus(capsys, tmp_path):
     # the full fine-tune that one 80 GB GPU cannot hold fits when 8 GPUs shard it
     full = [x for x in t["trials"] if x["plan"].get("method") == "full" and x["ladder"].startswith("0")]
     assert full and full[0]["state"] == "complete"
+
+
+def test_zero3_and_fsdp_load_a_shard_of_the_weights_and_one_module_at_a_time():
+    from advisor.memory.phases import load_estimate, run_phases
+
+    spec = resolve_model("qwen7b")
+    one = estimate_training(spec, FULL)
+    whole = load_estimate(spec, FULL)[0]
+    embedding = spec.embedding_params * 2  # bf16: the largest module, gathered whole while it loads
+    for strategy in ("zero3", "fsdp"):
+        load = run_phases(spec, FULL, None, shard_report(one, spec, FULL, 8, strategy)).phases["load"]
+        assert load.live_bytes == pytest.approx(whole / 8 + embedding, rel=1e-6)
+    # ZeRO-2 and DDP move the whole model to every GPU
+    for strategy in ("ddp", "zero2"):
+        assert run_phases(spec, FULL, None, shard_report(one, spec, FULL, 8, strategy)).phases["load"].live_bytes == whole

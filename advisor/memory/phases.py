@@ -28,6 +28,7 @@ from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.adapters import attention_linears
 from advisor.core.plan import DTYPE_BYTES, Plan, lora_target_modules
 from advisor.memory.ledger import MemoryReport, PhaseMemory, RunPhases
+from advisor.memory.sharding import SHARDS_PARAMETERS
 
 PHASES = ("load", "train", "eval", "generate", "save")
 RESIDENT = ("weights", "quant_constants", "adapter_weights", "optimizer_states", "master_weights")
@@ -168,6 +169,20 @@ def load_offload(model: ModelSpec, plan: Plan) -> tuple[int, int, str]:
     return int(weights + consts + flat), int(weights + consts + flat), "weights + the flat ZeRO-2 buffer"
 
 
+def load_partitioned(model: ModelSpec, plan: Plan, gpus: int) -> tuple[int, int, str]:
+    """Loading under ZeRO-3 or FSDP on ``gpus`` GPUs: each holds its 1/N of the weights, and one module is
+    gathered whole at a time as its tensors are loaded (transformers integrations/deepspeed.py
+    ``_load_state_dict_into_zero3_model``: ``zero.Init`` then ``GatheredParameters`` per module; FSDP wraps
+    and shards unit by unit), the largest being the embedding or the largest linear."""
+    from advisor.memory.training import param_breakdown, weight_bytes
+
+    weights, consts = weight_bytes(model, plan, param_breakdown(model, plan))
+    p = DTYPE_BYTES[plan.param_dtype]
+    biggest = max(model.embedding_params, max(a * b for a, b in model.linear_shapes().values())) * p
+    shard = (weights + consts) / gpus
+    return int(shard + biggest), int(shard), f"1/{gpus} of the weights + one gathered module"
+
+
 def run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: MemoryReport, *,
                load: tuple[int, int, str, Sequence[tuple[int, int]] | None] | None = None,
                source: str | None = None, evaluates: bool | None = None) -> RunPhases:
@@ -200,7 +215,11 @@ def run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: MemoryRe
                                    included, tuple(extra_notes))
 
     # load
-    if load is not None and plan.offload == "none":
+    gpus, sharding = int(step.extra.get("gpus", 1)), step.extra.get("sharding")
+    if gpus > 1 and sharding in SHARDS_PARAMETERS and plan.offload == "none":
+        live, _, what = load_partitioned(model, plan, gpus)
+        phase("load", live, f"loading: {what}", source="estimated")
+    elif load is not None and plan.offload == "none":
         live, _, what, events = load
         phase("load", live, f"loading: {what}", source="simulated", events=events)
     else:
