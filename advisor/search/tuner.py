@@ -698,16 +698,20 @@ def _shard_to(report, model: ModelSpec, plan: Plan, gpus: int, sharding: str, gp
 def predict_change(model: ModelSpec, gpu: GpuSpec, gpus: int, sharding: str, plan: Plan,
                    data=None) -> tuple[float | None, int | None]:
     """A variant of the usual recipe (one change applied), predicted as a trial is: the step-time model's
-    tokens/s and the estimated run peak of one GPU (for the explanation's per-change gains)."""
+    tokens/s and the estimated run peak of one GPU (for the explanation's per-change gains). The peak comes
+    from the closed form only: a variant it cannot describe gets none (a simulation per change would cost
+    seconds each time the TUI or the report redraws the explanation)."""
     from advisor.runtime.phases import with_phases
 
+    peak = None
     try:
-        rep = get_backend("estimate").measure(model, plan, gpu)
-        rep = with_phases(model, plan, gpu, _shard_to(rep, model, plan, gpus, sharding, gpu))
+        if closed_form_describes(model, plan)[0]:
+            rep = get_backend("estimate").measure(model, plan, gpu)
+            peak = run_peak_bytes(with_phases(model, plan, gpu, _shard_to(rep, model, plan, gpus, sharding, gpu)))
+        tps = predict_throughput(model, plan, gpu, gpus, sharding, data=data)
     except AdvisorInputError:
         return None, None
-    tps = predict_throughput(model, plan, gpu, gpus, sharding, data=data)
-    return tps.tokens_per_s * 1.0, run_peak_bytes(rep)
+    return tps.tokens_per_s * 1.0, peak
 
 
 def _during(report) -> str:
