@@ -219,6 +219,9 @@ class MemoryReport:
     host_memory: HostMemory | None = None
     """Host memory split by how it is allocated (pinned / pageable), with the load phase and the process
     baseline; None where the backend does not model host memory (a probe)."""
+    sharded: tuple[int, str] | None = None
+    """(GPUs, strategy) when advisor.memory.sharding.shard_report made this the per-GPU ledger of a
+    data-parallel run (the run's load phase follows the strategy); None for one GPU's own step."""
 
     @property
     def host_bytes(self) -> int:
@@ -260,6 +263,7 @@ class MemoryReport:
         d["host_bytes"] = self.host_bytes
         d.pop("run_phases")
         d.pop("measured")
+        d.pop("sharded")  # extra shows gpus and sharding
         d["host_memory"] = self.host_memory.to_dict() if self.host_memory is not None else None
         d.update(host_peak_bytes=self.host_peak_bytes, host_pinned_bytes=self.host_pinned_bytes,
                  host_pageable_bytes=self.host_pageable_bytes)

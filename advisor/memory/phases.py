@@ -162,8 +162,7 @@ def load_offload(model: ModelSpec, plan: Plan) -> tuple[int, int, str]:
     pb = param_breakdown(model, plan)
     p = DTYPE_BYTES[plan.param_dtype]
     if plan.offload == "zero3_cpu":
-        biggest = max(model.embedding_params, max(a * b for a, b in model.linear_shapes().values())) * p
-        return int(biggest), 0, "one gathered module (ZeRO-3)"
+        return largest_gathered_module(model, plan), 0, "one gathered module (ZeRO-3)"
     weights, consts = weight_bytes(model, plan, pb)
     flat = pb.trainable * (4 if plan.peft else p)
     return int(weights + consts + flat), int(weights + consts + flat), "weights + the flat ZeRO-2 buffer"
@@ -177,10 +176,15 @@ def load_partitioned(model: ModelSpec, plan: Plan, gpus: int) -> tuple[int, int,
     from advisor.memory.training import param_breakdown, weight_bytes
 
     weights, consts = weight_bytes(model, plan, param_breakdown(model, plan))
-    p = DTYPE_BYTES[plan.param_dtype]
-    biggest = max(model.embedding_params, max(a * b for a, b in model.linear_shapes().values())) * p
     shard = (weights + consts) / gpus
-    return int(shard + biggest), int(shard), f"1/{gpus} of the weights + one gathered module"
+    what = f"1/{gpus} of the weights + one gathered module"
+    return int(shard + largest_gathered_module(model, plan)), int(shard), what
+
+
+def largest_gathered_module(model: ModelSpec, plan: Plan) -> int:
+    """Bytes of the largest module ZeRO-3 gathers whole while loading: the embedding or the largest linear."""
+    return int(max(model.embedding_params, max(a * b for a, b in model.linear_shapes().values()))
+               * DTYPE_BYTES[plan.param_dtype])
 
 
 def run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: MemoryReport, *,
@@ -215,7 +219,7 @@ def run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: MemoryRe
                                    included, tuple(extra_notes))
 
     # load
-    gpus, sharding = int(step.extra.get("gpus", 1)), step.extra.get("sharding")
+    gpus, sharding = step.sharded or (1, "ddp")
     if gpus > 1 and sharding in SHARDS_PARAMETERS and plan.offload == "none":
         live, _, what = load_partitioned(model, plan, gpus)
         phase("load", live, f"loading: {what}", source="estimated")

@@ -58,7 +58,7 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
     _check(gpus, strategy)
     moe_note = (expert_parallel_note(model, gpus, strategy),) if model.is_moe and gpus > 1 else ()
     if gpus == 1 or strategy == "ddp":
-        return replace(report, notes=(*report.notes, *moe_note),
+        return replace(report, notes=(*report.notes, *moe_note), sharded=(gpus, strategy),
                        extra={**report.extra, "gpus": gpus, "sharding": strategy,
                               "comm_bytes_per_step": comm_bytes_per_step(model, plan, gpus, strategy)})
     d = dict(report.device)
@@ -85,7 +85,7 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
              *moe_note)
     return replace(report, device=d, host=host, host_memory=hm, tensor_peak_bytes=int(tensor_peak),
                    peak_bytes=int(tensor_peak + overhead), notes=notes,
-                   reserved_peak_bytes=int(tensor_peak + parts["fragmentation"]),
+                   reserved_peak_bytes=int(tensor_peak + parts["fragmentation"]), sharded=(gpus, strategy),
                    extra={**report.extra, "gpus": gpus, "sharding": strategy,
                           "comm_bytes_per_step": comm_bytes_per_step(model, plan, gpus, strategy)})
 

@@ -16,13 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from advisor.core.architecture import DTYPE_BYTES
 from advisor.core.catalog import ModelSpec, peft_moved_lora_names
 
 ATTENTION_KINDS = ("full", "sliding", "mla", "linear")
 """Attention kinds with terms: softmax over every earlier token, over a window, multi-head latent attention
 (DeepSeek-V2/V3), and Gated DeltaNet's chunked linear attention (Qwen3-Next)."""
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(frozen=True)
