@@ -28,10 +28,20 @@ fragmentation.  See documentation for Memory Management  (https://pytorch.org/do
 def test_every_entry_is_complete():
     import re
 
+    from dataclasses import fields
+
+    declared = {f.name: f for f in fields(Plan)}
     for e in knowledge():
         assert e["id"] and e["symptom"] and e["cause"] and e["fixes"] and e["patterns"] and e["source"]
         for p in e["patterns"]:
             re.compile(p)
+        for fix in e["fixes"]:
+            if isinstance(fix, dict):  # a fix the run's plan may already apply: real Plan fields and values
+                assert set(fix) <= {"fix", "done_when"} and fix["fix"], fix
+                for field, values in fix["done_when"].items():
+                    assert field in declared, field
+                    for value in values:
+                        Plan(**{field: value, **({"method": "full"} if field == "optimizer" else {})})
 
 
 def test_parse_oom_numbers():
@@ -48,6 +58,34 @@ def test_real_oom_names_cause_fix_and_ledger():
     assert "optimizer states" in oom[0].evidence and "exceeds the card" in oom[0].evidence
     # 305 MiB reserved-unallocated could not have served a 1.16 GiB request: not a fragmentation problem
     assert not [f for f in findings if f.check == "log.fragmentation"]
+
+
+def test_oom_fixes_leave_out_what_the_config_already_does():
+    """A config that is already LoRA at micro-batch 1 is not told to train LoRA or lower the batch."""
+    lora_b1 = Plan(method="lora", micro_batch=1, grad_accum=8)
+    fixes = " | ".join(next(f for f in diagnose(REAL_OOM, plan=lora_b1) if f.check == "log.cuda-oom").fixes)
+    assert "LoRA adapters" not in fixes and "per_device_train_batch_size" not in fixes
+    assert "gradient checkpointing" in fixes and "4-bit" in fixes
+    finding = next(f for f in diagnose(REAL_OOM, plan=lora_b1) if f.check == "log.cuda-oom")
+    assert "already does it" in finding.evidence
+    assert any("LoRA adapters" in fix for fix in finding.data["already_applied"])
+    full = " | ".join(next(f for f in diagnose(REAL_OOM, plan=Plan(method="full", micro_batch=4))
+                           if f.check == "log.cuda-oom").fixes)
+    assert "LoRA adapters" in full and "per_device_train_batch_size" in full
+
+
+def test_cli_doctor_reads_the_config(tmp_path):
+    from advisor.configs.export import export_plan
+
+    export_plan(resolve_model("qwen0.5b"), Plan(method="lora", micro_batch=1, grad_accum=4), tmp_path / "out",
+                formats=("advisor",))
+    log = tmp_path / "train.log"
+    log.write_text(REAL_OOM)
+    proc = subprocess.run([sys.executable, "-m", "advisor", "doctor", str(log), "--config",
+                           str(tmp_path / "out" / "advisor.yaml"), "--json"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    oom = json.loads(proc.stdout)["findings"][0]
+    assert not any("LoRA adapters" in fix or "per_device_train_batch_size" in fix for fix in oom["fixes"])
 
 
 @pytest.mark.parametrize("log,check", [

@@ -88,7 +88,7 @@ def run_doctor_cmd(args: argparse.Namespace) -> int:
         if not p.is_file():
             raise AdvisorInputError("logfile", "no such file", args.logfile)
         text = p.read_text(encoding="utf-8", errors="replace")
-    report = None
+    report = plan = None
     if args.config:
         from advisor.runtime.backends import get_backend
         from advisor.core.catalog import resolve_model
@@ -96,7 +96,7 @@ def run_doctor_cmd(args: argparse.Namespace) -> int:
 
         name, plan, _ = read_config(args.config)
         report = get_backend("estimate").measure(resolve_model(name), plan, None)
-    findings = diagnose(text, report)
+    findings = diagnose(text, report, plan)
     if args.json:
         print(json.dumps({"findings": [f.to_dict() for f in findings]}, indent=2))
     else:

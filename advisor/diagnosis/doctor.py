@@ -38,9 +38,20 @@ def parse_oom(text: str) -> dict[str, int]:
     return out
 
 
-def diagnose(text: str, report=None) -> list[Finding]:
+def fix_line(fix: str | dict) -> str:
+    return fix if isinstance(fix, str) else fix["fix"]
+
+
+def already_done(fix: str | dict, plan) -> bool:
+    """Whether ``plan`` already applies ``fix`` (its ``done_when``: plan field -> the values that apply it)."""
+    if plan is None or isinstance(fix, str):
+        return False
+    return any(getattr(plan, field) in values for field, values in fix.get("done_when", {}).items())
+
+
+def diagnose(text: str, report=None, plan=None) -> list[Finding]:
     """Findings for every known symptom the log shows; ``report`` (a MemoryReport of the run's plan)
-    adds the ledger's view of an OOM."""
+    adds the ledger's view of an OOM, and ``plan`` (the run's Plan) leaves out the fixes it already applies."""
     findings = []
     for entry in knowledge():
         hits = [m for p in entry["patterns"] for m in [re.search(p, text, re.IGNORECASE)] if m]
@@ -49,7 +60,11 @@ def diagnose(text: str, report=None) -> list[Finding]:
         line = _line_of(text, hits[0].start())
         evidence = f"log: {line.strip()[:200]}"
         data: dict[str, Any] = {"matched": hits[0].group(0)}
-        fixes = list(entry["fixes"])
+        fixes = [fix_line(f) for f in entry["fixes"] if not already_done(f, plan)]
+        done = [fix_line(f) for f in entry["fixes"] if already_done(f, plan)]
+        if done:
+            data["already_applied"] = done
+            evidence += f"; left out, the config already does it: {'; '.join(done)}"
         if entry["id"] in ("cuda-oom", "fragmentation"):
             numbers = parse_oom(text)
             data["oom"] = numbers
