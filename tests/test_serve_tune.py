@@ -113,7 +113,7 @@ def test_generation_settings_load_in_transformers(plan_7b_24gb):
     cfg.validate(strict=True)
     assert cfg.cache_implementation == "static"
     tf = json.loads((out / "transformers_serving.json").read_text())
-    assert tf["batch_size"] == d["best"]["plan"]["concurrency"]
+    assert 1 <= tf["batch_size"] <= d["best"]["plan"]["concurrency"]  # the static cache holds fewer (not paged)
     assert tf["max_cache_len"] == d["best"]["plan"]["context_len"] == tf["max_prompt_tokens"] + gen["max_new_tokens"]
 
 
@@ -143,7 +143,7 @@ def test_bf16_kv_halves_capacity_against_fp8(capsys):
     for kv in ("bf16", "fp8"):
         code, out, _ = run_cli(capsys, "tune", "--task", "inference", "--gpu-budget", "24GB", "--model", "qwen7b",
                                "--context-len", "4096", "--backend", "estimate", "--json", "weight_format=int4",
-                               "group_size=128", f"kv_dtype={kv}", "max_concurrency=4096")
+                               f"kv_dtype={kv}", "max_concurrency=4096")
         got[kv] = json.loads(out)["best"]["plan"]["concurrency"]
     assert 1.9 <= got["fp8"] / got["bf16"] <= 2.1
 
@@ -182,7 +182,7 @@ def test_priors_cover_every_choice_of_the_space():
 
     s = load_serve_space("inference")
     for wf in s.search["weight_format"]:
-        for g in s.search["group_size"]:
+        for g in (128, 64, 32):  # published checkpoints' group sizes (advisor/data/serving_checkpoints.yaml)
             for kv in s.search["kv_dtype"]:
                 assert 0.9 < quality_prior(wf, g, kv) <= 1.0
     assert quality_prior("int4", 32, "bf16") > quality_prior("int4", 128, "bf16")
@@ -218,3 +218,64 @@ def test_moe_and_new_attention_export_to_vllm(tmp_path, capsys, model, gpu, budg
     if model == "gemma-3-4b":  # sliding-window layers: the cache per sequence is far below every layer x every token
         assert d["kv_cache_bytes_per_sequence"] < 0.5 * d["kv_cache_bytes_per_token"] * plan["context_len"]
         assert "by layer kind" in script
+
+
+def _model_line(path: Path) -> str:
+    line = next(ln for ln in path.read_text().splitlines() if ln.startswith("MODEL="))
+    return line.split(":-", 1)[1].rstrip('}"')
+
+
+def test_a_quantized_plan_serves_a_checkpoint_in_its_format(tmp_path, capsys):
+    """An AWQ plan points MODEL at the published AWQ checkpoint and takes its group size (Qwen's: 128)."""
+    code, out, err = run_cli(capsys, "tune", "--task", "inference", "--gpu-budget", "24GB", "--model", "qwen7b",
+                             "--backend", "estimate", "--json", "--export", str(tmp_path), "weight_format=int4")
+    assert code == 0, err
+    plan = json.loads(out)["best"]["plan"]
+    assert plan["group_size"] == 128 and plan["quant_method"] == "awq"
+    assert _model_line(tmp_path / "serve_vllm.sh") == "Qwen/Qwen2.5-7B-Instruct-AWQ"
+    assert _script_args(tmp_path / "serve_vllm.sh")["--quantization"] == "awq_marlin"
+    assert json.loads((tmp_path / "vllm_args.json").read_text())["model"] == "Qwen/Qwen2.5-7B-Instruct-AWQ"
+    assert json.loads((tmp_path / "transformers_serving.json").read_text())["model"] == "Qwen/Qwen2.5-7B-Instruct-AWQ"
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+def test_a_quantized_plan_without_a_published_checkpoint_says_how_to_make_it(tmp_path, capsys, fmt):
+    code, out, err = run_cli(capsys, "tune", "--task", "inference", "--gpu-budget", "24GB", "--model",
+                             "mistral-7b-v0.3", "--backend", "estimate", "--json", "--export", str(tmp_path),
+                             f"weight_format={fmt}")
+    assert code == 0, err
+    script = (tmp_path / "serve_vllm.sh").read_text()
+    scheme = {"int4": "W4A16", "int8": "W8A16"}[fmt]
+    assert _model_line(tmp_path / "serve_vllm.sh") == f"./Mistral-7B-v0.3-{scheme}"
+    assert "from llmcompressor import oneshot" in script and f'scheme="{scheme}"' in script
+    assert f'output_dir="{_model_line(tmp_path / "serve_vllm.sh")}"' in script
+    # a compressed-tensors checkpoint: vLLM's flag for it (never awq_marlin on a checkpoint that is not AWQ)
+    assert _script_args(tmp_path / "serve_vllm.sh")["--quantization"] == "compressed-tensors"
+
+
+def test_the_group_size_is_not_searched(capsys):
+    code, _, err = run_cli(capsys, "tune", "--task", "inference", "--gpu-budget", "24GB", "--model", "qwen7b",
+                           "--backend", "estimate", "group_size=32")
+    assert code == 2 and "group_size" in err and "checkpoint" in err
+
+
+def test_the_transformers_batch_fits_the_memory(tmp_path, capsys):
+    """transformers' static cache is not paged: its batch is the largest that fits, not vLLM's concurrency."""
+    from dataclasses import replace
+
+    from advisor.core.catalog import resolve_gpu, resolve_model
+    from advisor.memory.inference import ServePlan, estimate_inference
+
+    code, out, err = run_cli(capsys, "tune", "--task", "inference", "--gpu-budget", "24GB", "--gpu", "rtx-4090",
+                             "--model", "qwen7b", "--backend", "estimate", "--json", "--export", str(tmp_path))
+    assert code == 0, err
+    d = json.loads(out)
+    hf = json.loads((tmp_path / "transformers_serving.json").read_text())
+    plan = ServePlan(**d["best"]["plan"])
+    plan = replace(plan, kv_dtype="bf16")
+    model, gpu = resolve_model("qwen7b"), resolve_gpu("rtx-4090")
+    batch = hf["batch_size"]
+    assert 1 <= batch < d["best"]["plan"]["concurrency"]
+    fits = estimate_inference(model, replace(plan, concurrency=batch), gpu, engine="hf").peak_bytes
+    over = estimate_inference(model, replace(plan, concurrency=batch + 1), gpu, engine="hf").peak_bytes
+    assert fits <= d["limit_bytes"] < over

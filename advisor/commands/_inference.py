@@ -35,16 +35,23 @@ def refuse_study_flags(args: argparse.Namespace) -> None:
                                 "and checked by simulation (auto, simulate or estimate)", args.backend)
 
 
-def _simulate_check(model, cand) -> dict:
-    """Cross-check the transformers (static cache) ledger of the chosen plan against a fake-tensor trace."""
+def _simulate_check(model, cand, gpu) -> dict:
+    """Cross-check the transformers (static cache) ledger against a fake-tensor trace of the same generation step,
+    at the batch the transformers export asks for (bf16 weights: the trace runs the 16-bit model code). It checks
+    the ledger's terms, not the budget; vLLM's own pool is not simulated (vLLM does not run here)."""
     from advisor.runtime.simulate.inference import trace_serving_extrapolated
     from advisor.memory.inference import estimate_inference
+    from advisor.search.serve_grid import largest_static_batch
 
-    plan = replace(cand.plan, weight_format="bf16", kv_dtype="bf16")
+    batch = largest_static_batch(model, cand.plan, gpu, cand.limit_bytes)
+    plan = replace(cand.plan, weight_format="bf16", kv_dtype="bf16", concurrency=max(batch, 1))
     est = estimate_inference(model, plan, None, engine="hf")
     sim = trace_serving_extrapolated(model, plan)
     est_peak = est.tensor_peak_bytes
     return {"engine": "hf (transformers generate, static cache, bf16)", "plan": plan.short(),
+            "batch": plan.concurrency, "context_len": plan.context_len,
+            "what": "the transformers ledger's terms against a fake-tensor trace of the same step (bf16 weights); "
+                    "not a check of vLLM's pool, which is not simulated",
             "estimated_tensor_peak_bytes": est_peak, "simulated_peak_bytes": sim.peak_bytes,
             "simulated_ledger": sim.prefill.ledger, "relative_error": (est_peak - sim.peak_bytes) / sim.peak_bytes,
             "seconds": round(sim.seconds, 2)}
@@ -85,14 +92,14 @@ def run_inference(args: argparse.Namespace) -> int:
     best = selection.best
     check = None
     if best is not None and getattr(args, "backend", "auto") in ("auto", "simulate"):
-        check = _simulate_check(model, best)
+        check = _simulate_check(model, best, gpu)
     exports = {}
     if best is not None and getattr(args, "export", None):
         from advisor.configs.export._vllm import export_serving
 
         paths = export_serving(model, best, args.export,
                                extra={"model": model.name, "gpu": gpu.name, "budget": budget.text,
-                                      "simulation_check": check})
+                                      "simulation_check": check}, gpu=gpu)
         exports = {k: str(v) for k, v in paths.items()}
     result = {
         "task": "inference", "model": {"name": model.name, "hf_id": model.hf_id, "params_total": model.params_total},
@@ -137,7 +144,8 @@ def _print(result: dict, budget) -> None:
         print(f"  {c['plan_short']:<48} {c['served_tokens']:>9,}  {c['tokens_per_s']:>8,.0f}  {c['quality']:.3f}")
     if result["simulation_check"]:
         s = result["simulation_check"]
-        print(f"simulated check ({s['engine']}): estimate {s['estimated_tensor_peak_bytes'] / gib:.2f} GiB vs "
-              f"simulation {s['simulated_peak_bytes'] / gib:.2f} GiB ({s['relative_error']:+.2%})")
+        print(f"ledger check, transformers generate() at the exported batch {s['batch']} x {s['context_len']:,} tokens "
+              f"(bf16 weights): estimate {s['estimated_tensor_peak_bytes'] / gib:.2f} GiB vs fake-tensor trace "
+              f"{s['simulated_peak_bytes'] / gib:.2f} GiB ({s['relative_error']:+.2%}); vLLM's pool is not simulated")
     for k, v in result["exports"].items():
         print(f"  wrote {k}: {v}")

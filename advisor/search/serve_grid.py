@@ -16,6 +16,7 @@ from typing import Any, Iterator
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.memory.ledger import MemoryReport
 from advisor.core.serve_priors import load_priors, quality_prior
+from advisor.core.serving_checkpoints import checkpoint_group_size
 from advisor.search.serve_space import ServeSpace
 from advisor.memory.inference import ServePlan, estimate_inference, serve_weight_bytes
 
@@ -128,12 +129,15 @@ def weight_formats(model: ModelSpec, space: ServeSpace, gpu: GpuSpec | None = No
 
 def base_plans(model: ModelSpec, space: ServeSpace, context_len: int | None,
                gpu: GpuSpec | None = None) -> Iterator[ServePlan]:
-    """Every discrete combination (group size and method only vary for int4)."""
+    """Every discrete combination (the checkpoint style, and with it the group size, only varies for int4)."""
     s = space.search
     limit = model.max_position_embeddings or max(s["context_len"])
     contexts = [context_len] if context_len else sorted(c for c in set(s["context_len"]) if c <= limit) or [limit]
     for wf, kv, block, ctx in product(weight_formats(model, space, gpu), s["kv_dtype"], s["block_size"], contexts):
-        quant = product(s["group_size"], s["quant_method"]) if wf == "int4" else [(128, "awq")]
+        # an int4 plan is served from a checkpoint in that format: its group size is the checkpoint's
+        # (advisor.core.serving_checkpoints), whatever group sizes the space lists
+        quant = sorted({(checkpoint_group_size(model.hf_id, m), m) for m in s["quant_method"]}) if wf == "int4" \
+            else [(128, "awq")]
         for group, method in quant:
             yield ServePlan(weight_format=wf, group_size=group, quant_method=method, kv_dtype=kv, block_size=block,
                             context_len=ctx, concurrency=1,
@@ -157,6 +161,25 @@ def largest_concurrency(model: ModelSpec, plan: ServePlan, gpu: GpuSpec, limit_b
         else:
             hi = mid - 1
     return best
+
+
+def largest_static_batch(model: ModelSpec, plan: ServePlan, gpu: GpuSpec | None, limit_bytes: int,
+                         cap: int | None = None) -> int:
+    """The most sequences transformers' static cache holds within ``limit_bytes``: it preallocates batch x context
+    tokens of K and V in the model dtype (no paging, no fp8 cache), so it holds fewer than vLLM's pool; 0 when even
+    one does not fit (bisection: the hf ledger grows with the batch)."""
+    hf = replace(plan, kv_dtype="bf16" if plan.kv_dtype == "fp8" else plan.kv_dtype)
+
+    def fits(batch: int) -> bool:
+        return estimate_inference(model, replace(hf, concurrency=batch), gpu, engine="hf").peak_bytes <= limit_bytes
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, cap or max(plan.concurrency, 1)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
 
 
 def search(model: ModelSpec, space: ServeSpace, gpu: GpuSpec, limit_bytes: int, util: float,

@@ -15,9 +15,11 @@ __all__ = ["SPACES_DIR", "ServeSpace", "load_serve_space"]
 
 # key -> allowed values (None: positive whole numbers)
 SEARCH_KEYS: dict[str, tuple | None] = {
-    "weight_format": WEIGHT_FORMATS, "group_size": None, "quant_method": QUANT_METHODS, "kv_dtype": KV_DTYPES,
+    "weight_format": WEIGHT_FORMATS, "quant_method": QUANT_METHODS, "kv_dtype": KV_DTYPES,
     "block_size": None, "context_len": None,
 }
+NOT_SEARCHED = {"group_size": "not searched: an int4 plan takes the group size of the checkpoint it serves "
+                             "(advisor/data/serving_checkpoints.yaml; 128 for one made with llm-compressor's W4A16)"}
 FIXED_KEYS = {"quality_floor": "fraction", "max_num_batched_tokens": "int", "max_concurrency": "int",
               "tie_tolerance": "fraction"}
 
@@ -53,6 +55,8 @@ def load_serve_space(ref: str = "inference", overrides: list[str] | tuple[str, .
             fixed[key] = value
         elif key in SEARCH_KEYS:
             search[key] = list(value) if isinstance(value, list) else [value]
+        elif key in NOT_SEARCHED:
+            errors.append(AdvisorInputError(key, NOT_SEARCHED[key], text))
         else:
             errors.append(AdvisorInputError(key, f"not a key of the serving space (keys: "
                                                   f"{', '.join([*FIXED_KEYS, *SEARCH_KEYS])})", text))
@@ -75,7 +79,7 @@ def load_serve_space(ref: str = "inference", overrides: list[str] | tuple[str, .
             elif allowed is not None and v not in allowed:
                 errors.append(AdvisorInputError(f"search.{key}", f"choices must be among {', '.join(allowed)}", v))
     for key in set(search) - set(SEARCH_KEYS):
-        errors.append(AdvisorInputError(f"search.{key}", "not a knob of the serving space", key))
+        errors.append(AdvisorInputError(f"search.{key}", NOT_SEARCHED.get(key, "not a knob of the serving space"), key))
     if errors:
         raise errors[0] if len(errors) == 1 else ConfigErrors(errors)
     return ServeSpace(name=str(data.get("name", path.stem)), fixed=fixed, search=search, source=str(path))

@@ -22,15 +22,67 @@ KV_FLAG = {"bf16": "auto", "fp16": "auto", "fp8": "fp8"}
 DTYPE_FLAG = {"bf16": "bfloat16", "fp16": "float16"}
 
 
-def quantization_flag(plan: ServePlan) -> str | None:
+def served_checkpoint(model: ModelSpec, plan: ServePlan):
+    """The published pre-quantized checkpoint the plan serves (advisor/data/serving_checkpoints.yaml), or None: a
+    16-bit checkpoint (bf16, fp16, fp8, gpt-oss's MXFP4 as shipped) or one the user makes (make_checkpoint_lines)."""
+    from advisor.core.serving_checkpoints import CHECKPOINT_FORMATS, published_checkpoint
+
+    if plan.weight_format not in CHECKPOINT_FORMATS:
+        return None
+    return published_checkpoint(model.hf_id, plan.weight_format, plan.quant_method)
+
+
+def needs_made_checkpoint(model: ModelSpec, plan: ServePlan) -> bool:
+    from advisor.core.serving_checkpoints import CHECKPOINT_FORMATS
+
+    return plan.weight_format in CHECKPOINT_FORMATS and served_checkpoint(model, plan) is None
+
+
+def served_model_id(model: ModelSpec, plan: ServePlan) -> str:
+    """What MODEL points at: the published checkpoint, the folder make_checkpoint_lines writes, or the model."""
+    found = served_checkpoint(model, plan)
+    if found:
+        return found.hf_id
+    if needs_made_checkpoint(model, plan):
+        return f"./{model.hf_id.split('/')[-1]}-{SCHEME[plan.weight_format]}"
+    return model.hf_id
+
+
+SCHEME = {"int4": "W4A16", "int8": "W8A16"}
+"""llm-compressor's weight-only presets (compressed_tensors QuantizationScheme presets; W4A16: int4, group 128)."""
+
+
+def quantization_flag(model: ModelSpec, plan: ServePlan) -> str | None:
     """--quantization for the plan's weight format (vllm QUANTIZATION_METHODS).
 
-    fp8: dynamic per-channel FP8 from a 16-bit checkpoint (``fp8``); int8: a W8A16 checkpoint in the
-    compressed-tensors format (llm-compressor); int4: an AWQ or GPTQ checkpoint served by the Marlin kernels;
-    mxfp4: none, vLLM reads the checkpoint's own ``quantization_config`` (gpt-oss's config.json: quant_method
-    mxfp4) and picks its MXFP4 MoE kernel by card (vllm-project/recipes OpenAI/GPT-OSS.md)."""
+    fp8: dynamic per-channel FP8 from a 16-bit checkpoint (``fp8``); int4 from a published AWQ or GPTQ checkpoint:
+    the Marlin kernels (``awq_marlin`` / ``gptq_marlin``); int4 or int8 from a checkpoint made with llm-compressor:
+    its compressed-tensors format (``compressed-tensors``); mxfp4: none, vLLM reads the checkpoint's own
+    ``quantization_config`` (gpt-oss's config.json: quant_method mxfp4) and picks its MXFP4 MoE kernel by card
+    (vllm-project/recipes OpenAI/GPT-OSS.md)."""
+    if plan.weight_format == "int4" and served_checkpoint(model, plan) is not None:
+        return f"{plan.quant_method}_marlin"
     return {"bf16": None, "fp16": None, "fp8": "fp8", "int8": "compressed-tensors", "mxfp4": None,
-            "int4": f"{plan.quant_method}_marlin"}[plan.weight_format]
+            "int4": "compressed-tensors"}[plan.weight_format]
+
+
+def checkpoint_lines(model: ModelSpec, plan: ServePlan) -> list[str]:
+    """The script's comments on the checkpoint MODEL must be: the published one, or the commands that make it
+    (llm-compressor's one-shot GPTQ at the W4A16 / W8A16 preset, as vLLM's docs "Quantization: INT4 W4A16" show)."""
+    found = served_checkpoint(model, plan)
+    if found:
+        return [f"# {plan.weight_format} weights: the published {plan.quant_method.upper() if plan.weight_format == 'int4' else ''}"
+                f" checkpoint {found.hf_id} (group size {found.group_size}, from its config.json)".replace("  ", " ")]
+    if not needs_made_checkpoint(model, plan):
+        return []
+    scheme, out = SCHEME[plan.weight_format], served_model_id(model, plan)
+    return [f"# {plan.weight_format} weights need a checkpoint in that format, and none of {model.hf_id} is listed "
+            "(advisor/data/serving_checkpoints.yaml). Make one once with llm-compressor (pip install llmcompressor;",
+            "# calibration on 512 samples, a GPU with room for the 16-bit model), then this script serves it:",
+            f"#   python -c 'from llmcompressor import oneshot; from llmcompressor.modifiers.quantization import "
+            f"GPTQModifier; oneshot(model=\"{model.hf_id}\", dataset=\"open_platypus\", recipe=GPTQModifier("
+            f"targets=\"Linear\", scheme=\"{scheme}\", ignore=[\"lm_head\"]), output_dir=\"{out}\", "
+            "max_seq_length=2048, num_calibration_samples=512)'"]
 
 
 def moe_notes(model: ModelSpec, plan: ServePlan) -> list[str]:
@@ -68,7 +120,7 @@ def vllm_args(model: ModelSpec, cand: Candidate) -> dict[str, Any]:
         "--kv-cache-dtype": KV_FLAG[plan.kv_dtype],
         "--block-size": plan.block_size,
     }
-    q = quantization_flag(plan)
+    q = quantization_flag(model, plan)
     if q:
         args["--quantization"] = q
     return args
@@ -94,11 +146,8 @@ def vllm_script(model: ModelSpec, cand: Candidate) -> str:
         *moe_notes(model, plan),
         "set -euo pipefail",
     ]
-    if plan.weight_format in ("int4", "int8"):
-        kind = {"int4": f"{plan.quant_method.upper()} 4-bit (group {plan.group_size})",
-                "int8": "compressed-tensors W8A16"}[plan.weight_format]
-        lines.append(f"# needs a checkpoint in {kind} format of this model: set MODEL to it")
-    lines.append(f'MODEL="${{MODEL:-{model.hf_id}}}"')
+    lines += checkpoint_lines(model, plan)
+    lines.append(f'MODEL="${{MODEL:-{served_model_id(model, plan)}}}"')
     parts = ['exec vllm serve "$MODEL"'] + [f"  {k} {shlex.quote(str(v))}" for k, v in vllm_args(model, cand).items()]
     parts.append('  "$@"')
     lines.append(" \\\n".join(parts))
@@ -112,12 +161,23 @@ def generation_settings(model: ModelSpec, cand: Candidate) -> dict[str, Any]:
             "use_cache": True}
 
 
-def transformers_settings(model: ModelSpec, cand: Candidate) -> dict[str, Any]:
+def transformers_settings(model: ModelSpec, cand: Candidate, gpu=None) -> dict[str, Any]:
+    """The same plan with transformers' generate(): its static cache is not paged and holds K/V in the model
+    dtype, so the batch is the largest that fits the same memory (search.serve_grid.largest_static_batch), not
+    vLLM's concurrency."""
+    from advisor.search.serve_grid import largest_static_batch
+
     plan = cand.plan
-    notes = ["StaticCache preallocates batch_size x max_cache_len tokens of K and V in every layer"]
+    batch = largest_static_batch(model, plan, gpu, cand.limit_bytes)
+    notes = [f"StaticCache preallocates batch_size x max_cache_len tokens of K and V in every layer: {batch} x "
+             f"{plan.context_len:,} fits the {cand.limit_bytes / 2**30:.2f} GiB vLLM may use, against vLLM's "
+             f"{plan.concurrency} paged sequences"]
+    if batch == 0:
+        notes[0] = (f"one {plan.context_len:,}-token static cache does not fit {cand.limit_bytes / 2**30:.2f} GiB "
+                    "with transformers: serve with vLLM, or shorten max_cache_len")
     if plan.kv_dtype == "fp8":
-        notes.append("transformers' static cache stores K/V in the model dtype: the fp8 KV cache is vLLM-only, "
-                     "so with transformers halve batch_size or max_cache_len")
+        notes.append("transformers' static cache stores K/V in the model dtype: the fp8 KV cache is vLLM-only "
+                     "(batch_size above is sized for the model dtype)")
     if plan.weight_format in ("int4", "int8", "fp8"):
         notes.append(f"load a {plan.weight_format} checkpoint (its quantization_config is read from config.json)")
     if plan.weight_format == "mxfp4":
@@ -125,13 +185,14 @@ def transformers_settings(model: ModelSpec, cand: Candidate) -> dict[str, Any]:
                      "otherwise it dequantizes them to bf16 at load (quantizers/quantizer_mxfp4.py): the weights "
                      "then take the bf16 ledger's size")
     attn = "sdpa" if model.supports_attention("sdpa") else (model.description.attn_implementation or "eager")
-    return {"model": model.hf_id, "dtype": "bfloat16", "attn_implementation": attn,
-            "batch_size": plan.concurrency, "max_cache_len": plan.context_len,
+    return {"model": served_model_id(model, plan), "dtype": "bfloat16", "attn_implementation": attn,
+            "batch_size": batch, "max_cache_len": plan.context_len,
             "max_prompt_tokens": plan.prompt_len, "generation_config": generation_settings(model, cand),
             "notes": notes}
 
 
-def export_serving(model: ModelSpec, cand: Candidate, out_dir: str | Path, extra: dict | None = None) -> dict[str, Path]:
+def export_serving(model: ModelSpec, cand: Candidate, out_dir: str | Path, extra: dict | None = None,
+                   gpu=None) -> dict[str, Path]:
     """Write serve_vllm.sh, vllm_args.json, generation_config.json, transformers_serving.json, plan.json."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -140,8 +201,9 @@ def export_serving(model: ModelSpec, cand: Candidate, out_dir: str | Path, extra
                                      ("transformers", "transformers_serving.json"), ("plan", "plan.json"))}
     paths["vllm_script"].write_text(vllm_script(model, cand), encoding="utf-8")
     paths["vllm_script"].chmod(0o755)
-    paths["vllm_args"].write_text(json.dumps({"model": model.hf_id, "args": vllm_args(model, cand)}, indent=2) + "\n")
+    paths["vllm_args"].write_text(json.dumps({"model": served_model_id(model, cand.plan), "args": vllm_args(model, cand)},
+                                             indent=2) + "\n")
     paths["generation_config"].write_text(json.dumps(generation_settings(model, cand), indent=2) + "\n")
-    paths["transformers"].write_text(json.dumps(transformers_settings(model, cand), indent=2) + "\n")
+    paths["transformers"].write_text(json.dumps(transformers_settings(model, cand, gpu), indent=2) + "\n")
     paths["plan"].write_text(json.dumps({**cand.to_dict(), **(extra or {})}, indent=2, default=str) + "\n")
     return paths
