@@ -28,9 +28,12 @@ def run(capsys, *argv):
 
 def test_models_show_every_name_and_hub_id_whole(capsys):
     out = run(capsys, "models")
+    words = set(out.split())
     for key, entry in model_catalog().items():
         for name in [key, entry["hf_id"], *entry.get("hf_variants", [])]:
             assert name in out, name
+        for alias in entry.get("aliases", []):  # whole, never broken mid-word ("qwen3-0 / 6b")
+            assert alias in words, alias
 
 
 def test_gpus_show_every_key_and_name_whole(capsys):

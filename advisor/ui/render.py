@@ -384,19 +384,18 @@ def winner_host_line(best, budget: Budget, host_budget: Budget | None) -> str:
 
 
 def models_table(rows: list[dict[str, Any]]):
-    """The model catalog: names and hub ids whole (never cut, even at 80 columns), aliases wrapped."""
+    """The model catalog: names, hub ids and aliases whole (never cut, even at 80 columns): one alias a line."""
     from rich import box
     from rich.table import Table
 
     t = Table(title="Model catalog", box=box.SIMPLE_HEAD, pad_edge=False)
     t.add_column("name / hub ids", no_wrap=True)
-    t.add_column("aliases", overflow="fold")
-    t.add_column("parameters", justify="right", no_wrap=True)
-    t.add_column("type", no_wrap=True)
+    t.add_column("aliases", no_wrap=True)
+    t.add_column("parameters\n/ type", justify="right", no_wrap=True)  # billions; the exact count in --json
     for r in rows:
         ids = "\n".join(f"[dim]{escape(i)}[/]" for i in [r["hf_id"], *r.get("hf_variants", [])])
-        t.add_row(f"[bold]{escape(r['name'])}[/]\n{ids}", escape(", ".join(r["aliases"])), f"{r['params_total']:,}",
-                  r["model_type"])
+        t.add_row(f"[bold]{escape(r['name'])}[/]\n{ids}", escape("\n".join(r["aliases"])),
+                  f"{r['params_total'] / 1e9:,.2f}B\n[dim]{escape(r['model_type'])}[/]")
     return t
 
 
