@@ -7,6 +7,7 @@ Nothing heavy is imported here: `advisor estimate --help` answers without import
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import re
 import sys
@@ -98,6 +99,26 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"advisor {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        if debug or e.errno not in UNWRITABLE:
+            raise
+        print(f"advisor {args.command}: error: {unwritable_message(e, args.command)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"advisor {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+UNWRITABLE = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT}
+"""Errors of a folder the command cannot write (a read-only mount, no permission, a full disk): one line naming
+the path, never a traceback; the command stops before it writes anything more."""
+
+
+WRITES_WITH = {"tune": "--reports-dir (the study) or --export", "export": "--out", "report": "--out",
+               "calibrate": "ADVISOR_MEMORY_CALIBRATION"}
+"""The flag that moves what each command writes."""
+
+
+def unwritable_message(e: OSError, command: str) -> str:
+    where = e.filename or "a file"
+    return f"cannot write {where}: {e.strerror or e}; name a writable place with {WRITES_WITH.get(command, '--help')}"
