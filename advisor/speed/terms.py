@@ -205,7 +205,7 @@ def dequant_4bit_bytes_per_param(s: StepInputs) -> float:
     back in the compute dtype. With double quantization the absmax is first rebuilt: 8-bit codes
     read, fp32 written by dequantize_blockwise, the offset added in place (``absmax += offset``), then
     read by the 4-bit kernel (QLoRA §3 "Double Quantization")."""
-    k, out = s.k, DTYPE_BYTES.get(s.plan.compute_dtype, s.act_bytes)
+    k, out = s.k, DTYPE_BYTES[s.plan.compute_dtype]
     extra = k["dequant_double_quant_extra_bytes_per_param"] if s.plan.double_quant else 0.0
     return k["dequant_nf4_bytes_per_param"] + extra + out
 
