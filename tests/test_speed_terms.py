@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import replace
 
 import pytest
 
 from advisor.core.catalog import resolve_gpu, resolve_model
+from advisor.core.errors import AdvisorInputError
 from advisor.core.plan import Plan
-from advisor.speed.inputs import StepInputs
+from advisor.speed.inputs import StepInputs, constant_entries, lever_row_problems
 from advisor.speed.kernels import attention_seconds, gemm_seconds
 from advisor.speed.terms import TERMS
 from advisor.speed.throughput import ThroughputPrediction, predict_throughput, step_flops
@@ -83,9 +85,21 @@ def test_fused_optimizer_cheaper_than_foreach_and_8bit_cheaper_still():
     assert foreach / fused == pytest.approx((20 + 3) / (7 + 3), rel=0.05)
 
 
-def test_unknown_optimizer_falls_back_to_foreach_adamw():
+def test_an_optimizer_without_a_row_is_an_error_not_adamws_speed():
     full = Plan(method="full", seq_len=512)
-    assert terms(full.with_(optimizer="some_new_optimizer"))["optimizer"] == pytest.approx(terms(full)["optimizer"])
+    with pytest.raises(AdvisorInputError, match="--optimizer: no step-time term"):
+        terms(full.with_(optimizer="some_new_optimizer"))
+    with pytest.raises(AdvisorInputError, match="--attn-impl: no step-time term"):
+        attention_seconds(s_of(Plan(attn_impl="flex_attention")))
+
+
+def test_every_value_of_a_lever_table_has_its_own_row_when_throughput_yaml_loads():
+    entries = copy.deepcopy(constant_entries())
+    assert lever_row_problems(entries) == []
+    del entries["optimizer_bytes_per_param"]["value"]["lomo"]
+    entries["attention_efficiency"]["value"]["flex_attention"] = {"forward": 0.5, "backward": 0.5}
+    assert [e.where for e in lever_row_problems(entries)] == [
+        "throughput.yaml: optimizer_bytes_per_param.lomo", "throughput.yaml: attention_efficiency.flex_attention"]
 
 
 def test_attention_by_implementation_and_sequence():

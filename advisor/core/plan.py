@@ -11,24 +11,23 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from advisor.core.dtypes import DTYPE_BYTES, DTYPES
+from advisor.core.dtypes import DTYPE_BYTES, DTYPES  # noqa: F401  (DTYPE_BYTES: the ledgers import it from here)
 from advisor.core.errors import AdvisorInputError, ConfigErrors
 from advisor.core.knobs import (Cli, Custom, Key, Range, Refused, Search, Tag, Unkeyed, Workload, first, knob, knob_of,
                                 knobs, prefer, summary)
+from advisor.core.optimizers import names_where, optimizer, optimizers
 
 METHODS = ("full", "lora", "qlora")
 QUANTIZATIONS = ("none", "int8", "nf4", "fp4")
 PRECISIONS = ("bf16", "fp16", "fp32", "mixed_bf16", "mixed_fp16")
-OPTIMIZERS = ("adamw_torch", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit", "adafactor", "sgd",
-              # transformers 5 OptimizerNames (training_args.py): fused torch AdamW (the default), torchao
-              # low-bit AdamW, GaLore / APOLLO low-rank projections, LOMO / AdaLomo (update inside backward)
-              "adamw_torch_fused", "adamw_torch_8bit", "adamw_torch_4bit", "galore_adamw", "galore_adamw_8bit",
-              "galore_adamw_layerwise", "apollo_adamw", "lomo", "adalomo")
-LOW_RANK_OPTIMIZERS = ("galore_adamw", "galore_adamw_8bit", "galore_adamw_layerwise", "apollo_adamw")
+OPTIMIZERS = tuple(optimizers())
+"""TrainingArguments.optim names, each declared once in advisor/data/optimizers.yaml (advisor.core.optimizers)."""
+LOW_RANK_OPTIMIZERS = names_where("low_rank")
 """Optimizers that project each targeted weight's gradient to rank ``optim_rank`` (full fine-tuning only)."""
-FUSED_BACKWARD_OPTIMIZERS = ("lomo", "adalomo", "galore_adamw_layerwise")
+FUSED_BACKWARD_OPTIMIZERS = names_where("in_backward")
 """Optimizers that update each parameter inside backward and free its gradient at once."""
-PAGED_OPTIMIZERS = ("paged_adamw_8bit", "paged_adamw_32bit")
+PAGED_OPTIMIZERS = names_where("paged")
+"""Optimizers whose states live in CUDA unified memory (bitsandbytes paged)."""
 ATTENTION = ("sdpa", "eager", "flash_attention_2")
 OFFLOADS = ("none", "zero2_cpu", "zero3_cpu")
 LOSSES = ("plain", "chunked", "fused-linear")
@@ -542,9 +541,9 @@ def optimizer_problems(plan: Plan, bad) -> None:
             bad("optimizer_in_backward", "fp16 loss scaling must unscale every gradient before any step: use bf16 "
                 "(Ampere or newer), or step after backward",
                 plan.precision)
-    if opt in ("lomo", "adalomo") and plan.precision in LOSS_SCALED:
-        bad("optimizer", "LOMO keeps its own loss scaler; the Trainer's fp16 GradScaler cannot wrap it: use bf16 "
-            "(Ampere or newer), or another optimizer",
+    if optimizer(opt).fused_backward and plan.precision in LOSS_SCALED:
+        bad("optimizer", f"{opt} runs its own backward and keeps its own loss scaler (LOMO's fused_backward); the "
+            "Trainer's fp16 GradScaler cannot wrap it: use bf16 (Ampere or newer), or another optimizer",
             opt)
     if plan.checkpoint_layers is not None and not plan.gradient_checkpointing:
         bad("checkpoint_layers", f"checkpointing k layers needs {flag_of('gradient_checkpointing')} on",

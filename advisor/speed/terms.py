@@ -21,7 +21,7 @@ from advisor.core.plan import DTYPE_BYTES, Plan
 from advisor.memory.sharding import DEFAULT_SHARDING, SHARDS_PARAMETERS, SHARDS_STATES
 from advisor.speed.experts import (expert_lora_seconds, expert_loop_exposed_seconds, experts_elementwise_bytes,
                                    experts_gemm_seconds, experts_launches)
-from advisor.speed.inputs import StepInputs
+from advisor.speed.inputs import StepInputs, lever_row
 from advisor.speed.kernels import attention_seconds, gemm_seconds, stream_seconds
 from advisor.speed.layers import LayerKind
 
@@ -390,8 +390,7 @@ def launch_overhead(s: StepInputs) -> float:
 
 
 def _optimizer_spec(s: StepInputs) -> dict:
-    table = s.k["optimizer_bytes_per_param"]
-    return table.get(s.plan.optimizer, table["adamw_torch"])
+    return lever_row(s, "optimizer_bytes_per_param")
 
 
 def trainable_tensors(s: StepInputs) -> int:

@@ -35,7 +35,9 @@ Adding a term for a new lever (e.g. a new optimizer, activation offload):
 3. put any constant in ``throughput.yaml`` with its source (``fitted: true`` if you fit it);
    work a checkpointed layer repeats belongs in ``layer_forward_seconds`` too;
 4. add a unit test that the term moves the way its citation says.
-A new optimizer implementation usually needs only a row in ``optimizer_bytes_per_param``.
+A new optimizer (declared in ``advisor/data/optimizers.yaml``) needs its own row in ``optimizer_bytes_per_param``,
+and a new attention implementation its row in ``attention_efficiency`` (``inputs.LEVER_ROWS``): a value without
+one is an error when throughput.yaml loads, never another value's row.
 """
 
 from __future__ import annotations
