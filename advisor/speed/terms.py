@@ -254,10 +254,23 @@ def int8_backward_bytes(s: StepInputs, kind: LayerKind) -> float:
     return sum(k_in * n_out * (1 + 3 * s.act_bytes) for k_in, n_out in _quantized_shapes(kind))
 
 
+def layer_autocast_cast_bytes(s: StepInputs, kind: LayerKind) -> float:
+    """Bytes one layer's forward moves casting its fp32 linear weights for mixed precision, per micro-batch: autocast
+    casts each weight to the compute dtype when its matmul runs (read 4 B, write p per weight), a frozen weight at
+    every call and a trainable leaf's once per forward (torch autocast_mode.cpp ``cached_cast`` caches only leaves
+    that require grad); backward's matmul uses the cast copy it saved. Quantized linears are dequantized instead
+    (dequant); routed experts' stacks are not autocast (experts: their input is cast to fp32)."""
+    if not s.plan.precision.startswith("mixed"):
+        return 0.0
+    quantized = set(kind.quantized) if s.plan.quantized else set()
+    return sum(i * o for n, i, o in kind.linears if n not in quantized) * (4 + s.act_bytes)
+
+
 def layer_forward_seconds(s: StepInputs, kind: LayerKind) -> float:
     """One decoder layer's forward, all of it: what checkpointing recomputes (Chen et al. 2016)."""
     return (layer_gemm_seconds(s, "fwd", kind) + attention_seconds(s, kind)[0]
-            + stream_seconds(s, layer_elementwise_bytes(s, kind) + layer_lora_path_bytes(s, kind))
+            + stream_seconds(s, layer_elementwise_bytes(s, kind) + layer_lora_path_bytes(s, kind)
+                             + layer_autocast_cast_bytes(s, kind))
             + layer_dequant_seconds(s, kind) + layer_lora_gemm_seconds(s, "fwd", kind) + dora_layer_seconds(s, kind))
 
 
@@ -342,6 +355,17 @@ def loss(s: StepInputs) -> float:
     p = s.act_bytes
     per = (2 * p + 8) if _fused_loss(s) else s.stack.get("loss_bytes_per_vocab", (4 + p) + 12 + 4 + 12 + (4 + p))
     return stream_seconds(s, per * s.tokens * s.model.vocab_size)
+
+
+@term("autocast_cast", label="mixed-precision weight casts")
+def autocast_cast(s: StepInputs) -> float:
+    """Mixed precision: every fp32 linear weight of the decoder layers and the lm_head cast to the compute dtype in
+    each forward (layer_autocast_cast_bytes; the recomputation of checkpointed layers casts again, in the
+    recompute term). Pure precisions hold their weights in the compute dtype already: nothing to cast."""
+    if not s.plan.precision.startswith("mixed"):
+        return 0.0
+    head = s.model.vocab_size * s.model.hidden_size * (4 + s.act_bytes)
+    return stream_seconds(s, all_layers(s, layer_autocast_cast_bytes) + head)
 
 
 @term("recompute", label="recomputation")
