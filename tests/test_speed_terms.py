@@ -274,3 +274,19 @@ def test_a_data_profile_counts_real_tokens_and_packed_attention_per_document():
         packed = predict_throughput(QWEN, plan.with_(packing=True), A100, data=_Profile())
         plain = predict_throughput(QWEN, plan.with_(packing=True), A100)
         assert packed.terms["attention"] < plain.terms["attention"] and packed.real_token_fraction == 1.0
+
+
+def test_mixed_precision_casts_every_fp32_weight_each_forward():
+    """torch autocast casts each fp32 linear weight to bf16 when its matmul runs (read 4 B, write 2); the
+    recomputation of checkpointed layers casts again; DeepSpeed and FSDP hold the weights in bf16 already."""
+    lora = Plan(method="lora", seq_len=1024)
+    mixed = terms(lora.with_(precision="mixed_bf16"))
+    assert terms(lora)["autocast_cast"] == 0 and mixed["matmul"] == terms(lora)["matmul"]
+    s = s_of(lora.with_(precision="mixed_bf16"))
+    weights = sum(QWEN.num_layers * i * o for i, o in QWEN.linear_shapes().values()) + QWEN.vocab_size * QWEN.hidden_size
+    assert mixed["autocast_cast"] == pytest.approx(weights * 6 / s.mem_bw, rel=0.02)
+    ckpt = terms(lora.with_(precision="mixed_bf16", gradient_checkpointing=True))
+    assert ckpt["recompute"] > terms(lora.with_(gradient_checkpointing=True))["recompute"]
+    sharded = terms(Plan(method="full", precision="mixed_bf16"), gpus=2, sharding="zero3")
+    assert sharded["autocast_cast"] == 0
+    assert terms(Plan(method="full", precision="mixed_bf16"), gpus=2, sharding="ddp")["autocast_cast"] > 0

@@ -254,13 +254,22 @@ def int8_backward_bytes(s: StepInputs, kind: LayerKind) -> float:
     return sum(k_in * n_out * (1 + 3 * s.act_bytes) for k_in, n_out in _quantized_shapes(kind))
 
 
+def autocasts_weights(s: StepInputs) -> bool:
+    """Mixed precision runs the forward under torch autocast with fp32 weights: on one GPU and under DDP. DeepSpeed
+    (ZeRO, CPU offload) converts the module to the 16-bit dtype and keeps the fp32 masters in its optimizer
+    (DeepSpeed bf16 / fp16 config), and FSDP's mixed-precision policy gathers the weights in it (torch FSDP
+    MixedPrecision param_dtype; the 1/N shard's cast before the gather is not counted): no weight to cast."""
+    return (s.plan.precision.startswith("mixed") and s.plan.offload == "none"
+            and (s.gpus == 1 or s.sharding == "ddp"))
+
+
 def layer_autocast_cast_bytes(s: StepInputs, kind: LayerKind) -> float:
     """Bytes one layer's forward moves casting its fp32 linear weights for mixed precision, per micro-batch: autocast
     casts each weight to the compute dtype when its matmul runs (read 4 B, write p per weight), a frozen weight at
     every call and a trainable leaf's once per forward (torch autocast_mode.cpp ``cached_cast`` caches only leaves
     that require grad); backward's matmul uses the cast copy it saved. Quantized linears are dequantized instead
     (dequant); routed experts' stacks are not autocast (experts: their input is cast to fp32)."""
-    if not s.plan.precision.startswith("mixed"):
+    if not autocasts_weights(s):
         return 0.0
     quantized = set(kind.quantized) if s.plan.quantized else set()
     return sum(i * o for n, i, o in kind.linears if n not in quantized) * (4 + s.act_bytes)
@@ -362,7 +371,7 @@ def autocast_cast(s: StepInputs) -> float:
     """Mixed precision: every fp32 linear weight of the decoder layers and the lm_head cast to the compute dtype in
     each forward (layer_autocast_cast_bytes; the recomputation of checkpointed layers casts again, in the
     recompute term). Pure precisions hold their weights in the compute dtype already: nothing to cast."""
-    if not s.plan.precision.startswith("mixed"):
+    if not autocasts_weights(s):
         return 0.0
     head = s.model.vocab_size * s.model.hidden_size * (4 + s.act_bytes)
     return stream_seconds(s, all_layers(s, layer_autocast_cast_bytes) + head)
