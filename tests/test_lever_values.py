@@ -231,6 +231,9 @@ def test_one_dtype_table():
             f"torch.{d.torch_name}") == d.bytes
     with pytest.raises(KeyError, match="float8_e4m3fn"):
         dtypes.dtype_bytes("float8_e4m3fn")
+    from advisor.configs._base import TORCH_DTYPE
+
+    assert TORCH_DTYPE == dtypes.TORCH_NAMES
     defined = [str(p.relative_to(ROOT)) for p in (ROOT / "advisor").rglob("*.py")
                if re.search(r"^DTYPE_BYTES\s*=", p.read_text(encoding="utf-8"), re.M)]
     assert defined == ["advisor/core/dtypes.py"]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 
+from advisor.core.dtypes import TORCH_NAMES
 from advisor.core.errors import AdvisorInputError
 from advisor.core.optimizers import optimizer_aliases
 from advisor.core.plan import ALL_LINEAR
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 DEEPSPEED_FILE = "deepspeed.json"
 
-TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+TORCH_DTYPE = dict(TORCH_NAMES)
 """Plan dtype names → torch dtype names (what BitsAndBytesConfig and from_pretrained take)."""
 TORCH_TO_PLAN = {**{v: k for k, v in TORCH_DTYPE.items()}, **{k: k for k in TORCH_DTYPE},
                  "half": "fp16", "float": "fp32", **{f"torch.{v}": k for k, v in TORCH_DTYPE.items()}}
