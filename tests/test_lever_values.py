@@ -178,6 +178,13 @@ def test_the_value_has_its_quality_entry(name, value):
     assert any(e.lever == name for e in effect.levers) or any(u.startswith(f"{name}=") for u in effect.uncovered)
 
 
+def test_an_optimizer_no_one_declared_has_no_step_time_and_no_quality():
+    plan = Plan(method="full", optimizer="adamw_9bit")  # not validated: as a caller that builds plans itself passes it
+    with pytest.raises(AdvisorInputError, match="--optimizer: no step-time term"):
+        terms(plan)
+    assert any(u.startswith("optimizer=adamw_9bit") for u in quality_of(plan).uncovered)
+
+
 # ------------------------------------------------------------------------------------------ the declarations
 
 
