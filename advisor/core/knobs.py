@@ -375,6 +375,6 @@ def summary(plan: Any) -> str:
     return " ".join(w for w in (words[n] for n in order) if w)
 
 
-__all__ = ["Cli", "Custom", "Key", "Knob", "LEVER", "PLAN_DEFAULT", "ROLES", "Range", "Refused", "Search", "Tag", "Unkeyed",
-           "Values", "WORKLOAD", "Workload", "first", "format_value", "knob", "knob_of", "knobs", "lever_choices", "levers",
-           "prefer", "searched", "summary", "workload_knobs"]
+__all__ = ["Cli", "Custom", "Key", "Knob", "LEVER", "PLAN_DEFAULT", "ROLES", "Range", "Refused", "Search", "Tag",
+           "Unkeyed", "Values", "WORKLOAD", "Workload", "first", "format_value", "knob", "knob_of", "knobs",
+           "lever_choices", "levers", "prefer", "searched", "summary", "workload_knobs"]

@@ -1,7 +1,8 @@
 """Search spaces: YAML files in ``advisor/data/spaces/`` (or the user's), validated with every error at once.
 
 A space has ``fixed`` values (the user's workload: the knobs declared ``Workload``, such as the sequence
-length, and the global batch asked for) and ``search`` choices (the levers). ``key=value`` overrides on the command line set either: a single value pins a knob.
+length, and the global batch asked for) and ``search`` choices (the levers). ``key=value`` overrides on the
+command line set either: a single value pins a knob.
 
 Knobs are conditional (Optuna's define-by-run): a point of the space is chosen one knob at a time,
 in the order the knobs declare (``Search.order``), and each knob is asked only where it means

@@ -48,11 +48,11 @@ def lever_row_problems(entries: dict[str, dict[str, Any]], plan_type: type = Pla
     errs = []
     for name, lever in LEVER_ROWS.items():
         rows, values = entries[name]["value"], knob_of(plan_type, lever).choices
-        errs += [AdvisorInputError(f"throughput.yaml: {name}.{v}", f"no row: {knob_of(plan_type, lever).flag} {v} "
-                                   "needs its own step-time term", v, show_value=False) for v in values if v not in rows]
-        errs += [AdvisorInputError(f"throughput.yaml: {name}.{r}", f"a row for no {knob_of(plan_type, lever).flag} "
-                                   f"value (values: {', '.join(values)})", r, show_value=False)
-                 for r in rows if r not in values]
+        flag = knob_of(plan_type, lever).flag
+        errs += [AdvisorInputError(f"throughput.yaml: {name}.{v}", f"no row: {flag} {v} needs its own step-time term",
+                                   v, show_value=False) for v in values if v not in rows]
+        errs += [AdvisorInputError(f"throughput.yaml: {name}.{r}", f"a row for no {flag} value (values: "
+                                   f"{', '.join(values)})", r, show_value=False) for r in rows if r not in values]
     return errs
 
 
