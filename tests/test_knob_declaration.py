@@ -1,7 +1,8 @@
 """One declaration per knob: a boolean knob declared once, on a Plan subclass, reaches the command line, the
 search space, ``short()`` and a round trip through every export format that declares a key for it, through
 the real derivation code (the subclass is passed where the Plan class is); a format that declares no key
-refuses a plan that turns it on. The worked example of docs/adding-a-knob.md."""
+refuses a plan that turns it on; a knob declared as the user's workload is a space's fixed value, never
+searched. The worked example of docs/adding-a-knob.md."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from advisor.configs.export import Unsupported, export_plan
 from advisor.configs.read import read_config
 from advisor.core.catalog import resolve_model
 from advisor.core.errors import AdvisorInputError
-from advisor.core.knobs import Key, Search, Tag, knob, knob_of, knobs
+from advisor.core.knobs import Key, Range, Search, Tag, Workload, knob, knob_of, knobs
 from advisor.core.plan import Plan, canonical
 from advisor.search.space import load_space, plan_from_params, search_knobs
 
@@ -101,3 +102,30 @@ def test_a_format_without_a_key_refuses_the_plan_when_the_knob_is_on(tmp_path):
     assert set(KEYED) <= set(written)
     off = export_plan(SPEC, FrobPlan(), tmp_path / "off", ["llamafactory"])  # off: nothing to say
     assert read_config(off["llamafactory"], check_fields=False, plan=FrobPlan)[1] == FrobPlan()
+
+
+@dataclass(frozen=True)
+class ImagesPlan(Plan):
+    images_per_sample: int = knob(0, help="images per training sample (the user's data)",
+                                  range=Range(low=0, whole=True), workload=Workload())
+    """The user's workload, not a lever: a space states it, the search never turns it."""
+
+
+def test_a_workload_knob_is_a_fixed_value_of_a_space_never_searched():
+    assert knob_of(ImagesPlan, "images_per_sample").role == "workload"
+    assert "images_per_sample" not in search_knobs(ImagesPlan)
+    assert plan_from_params({}, load_space("default", plan=ImagesPlan), SPEC.arch).images_per_sample == 0  # default
+    space = load_space("default", ["images_per_sample=4"], plan=ImagesPlan)
+    assert plan_from_params({}, space, SPEC.arch).images_per_sample == 4
+    with pytest.raises(AdvisorInputError, match="fixed.images_per_sample: must be a whole number of at least 0"):
+        load_space("default", ["images_per_sample=-1"], plan=ImagesPlan)
+    with pytest.raises(AdvisorInputError, match="unknown key"):
+        load_space("default", ["images_per_sample=4"])  # Plan has no such knob
+
+    @dataclass(frozen=True)
+    class SearchedWorkload(Plan):
+        rollout_len: int = knob(64, help="tokens per rollout", range=Range(low=1, whole=True), workload=Workload(),
+                                search=Search())
+
+    with pytest.raises(TypeError, match="the user's workload, which the search never turns"):
+        knobs(SearchedWorkload)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import copy
 import json
 import math
-from dataclasses import fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
 from advisor.core.data_files import load_data_file
 from advisor.core.errors import AdvisorInputError
+from advisor.core.knobs import Range, Workload, knob, knobs
 from advisor.core.plan import (ATTENTION, DTYPES, LOSSES, LOW_RANK_OPTIMIZERS, METHODS, OFFLOADS, OPTIMIZERS,
                                PRECISIONS, QUANTIZATIONS, Plan)
 from advisor.search import quality as q
@@ -48,9 +49,43 @@ def test_data_file_loads_and_validates():
     assert set(data.entries) == set(q.LEVER_VALUES)
 
 
-def test_every_plan_field_is_a_lever_or_said_not_to_be():
-    for f in fields(Plan):
-        assert f.name in q.LEVER_VALUES or f.name in q.NOT_LEVERS, f"Plan.{f.name} has no quality entry"
+def test_every_lever_of_the_plan_has_entries_and_the_workload_none():
+    """Which Plan fields are levers comes from their declarations (``Knob.workload``), not from a list of names."""
+    entries = q.quality_data().entries
+    for k in knobs(Plan):
+        if k.is_lever:
+            assert k.name in entries, f"Plan.{k.name} is a lever without a quality entry"
+        else:
+            assert k.name not in entries and k.name not in q.LEVER_VALUES, f"Plan.{k.name} is the workload"
+    assert {k.name for k in knobs(Plan) if not k.is_lever} >= {"seq_len", "eval_batch", "max_new_tokens"}
+
+
+def test_a_new_workload_knob_needs_no_entry_and_a_new_lever_does():
+    @dataclass(frozen=True)
+    class LongerPlan(Plan):
+        images_per_sample: int = knob(0, help="images per sample (the user's data)", range=Range(low=0, whole=True),
+                                      workload=Workload())
+        frobnicate: bool = knob(False, help="a made-up lever")
+
+    values = q.lever_values(LongerPlan)
+    assert "images_per_sample" not in values and values["frobnicate"] == ("false", "true")
+    plan = LongerPlan(method="lora", images_per_sample=3)
+    assert not q.uncovered_levers(plan)  # the workload is never priced
+    assert q.uncovered_levers(plan.with_(frobnicate=True)) == ["frobnicate=True: no quality entry for this lever"]
+
+
+@pytest.mark.parametrize("plan", [Plan(), Plan(method="lora", quantization="int8", compute_dtype="fp16"),
+                                  Plan(method="qlora", quantization="nf4", compute_dtype="fp32"),
+                                  Plan(method="full", optimizer="galore_adamw", gradient_checkpointing=True,
+                                       checkpoint_layers=3)],
+                         ids=["lora", "int8", "nf4", "full-galore"])
+def test_a_lever_takes_part_where_its_declaration_says_it_applies(plan):
+    """One rule: compute_dtype is the 4-bit dequantization dtype (Plan's declaration), so an 8-bit base prices none."""
+    for k in knobs(Plan):
+        if k.is_lever:
+            assert q.applies(plan, k.name) == k.applies_to(vars(plan)), k.name
+    used = {e.lever for e in q.quality_of(plan).levers}
+    assert ("compute_dtype" in used) == plan.four_bit
 
 
 @pytest.mark.parametrize("lever, values", [

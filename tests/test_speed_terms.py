@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import replace
 
 import pytest
 
 from advisor.core.catalog import resolve_gpu, resolve_model
+from advisor.core.errors import AdvisorInputError
 from advisor.core.plan import Plan
-from advisor.speed.inputs import StepInputs
+from advisor.speed.inputs import StepInputs, constant_entries, lever_row_problems
 from advisor.speed.kernels import attention_seconds, gemm_seconds
 from advisor.speed.terms import TERMS
 from advisor.speed.throughput import ThroughputPrediction, predict_throughput, step_flops
@@ -67,8 +69,6 @@ def test_checkpointing_adds_recompute():
 
 
 def test_partial_checkpointing_recomputes_a_share():
-    if "checkpoint_layers" not in Plan.__dataclass_fields__:
-        pytest.skip("this Plan has no checkpoint_layers lever")
     half = QWEN.num_layers // 2
     full = terms(Plan(gradient_checkpointing=True))["recompute"]
     part = terms(Plan(gradient_checkpointing=True, checkpoint_layers=half))["recompute"]
@@ -85,9 +85,21 @@ def test_fused_optimizer_cheaper_than_foreach_and_8bit_cheaper_still():
     assert foreach / fused == pytest.approx((20 + 3) / (7 + 3), rel=0.05)
 
 
-def test_unknown_optimizer_falls_back_to_foreach_adamw():
+def test_an_optimizer_without_a_row_is_an_error_not_adamws_speed():
     full = Plan(method="full", seq_len=512)
-    assert terms(full.with_(optimizer="some_new_optimizer"))["optimizer"] == pytest.approx(terms(full)["optimizer"])
+    with pytest.raises(AdvisorInputError, match="--optimizer: no step-time term"):
+        terms(full.with_(optimizer="some_new_optimizer"))
+    with pytest.raises(AdvisorInputError, match="--attn-impl: no step-time term"):
+        attention_seconds(s_of(Plan(attn_impl="flex_attention")))
+
+
+def test_every_value_of_a_lever_table_has_its_own_row_when_throughput_yaml_loads():
+    entries = copy.deepcopy(constant_entries())
+    assert lever_row_problems(entries) == []
+    del entries["optimizer_bytes_per_param"]["value"]["lomo"]
+    entries["attention_efficiency"]["value"]["flex_attention"] = {"forward": 0.5, "backward": 0.5}
+    assert [e.where for e in lever_row_problems(entries)] == [
+        "throughput.yaml: optimizer_bytes_per_param.lomo", "throughput.yaml: attention_efficiency.flex_attention"]
 
 
 def test_attention_by_implementation_and_sequence():
@@ -220,8 +232,6 @@ def test_newer_levers_cost_what_they_move():
 
 
 def test_dora_costs_more_than_lora():
-    if "dora" not in Plan.__dataclass_fields__:
-        pytest.skip("this Plan has no dora lever")
     lora = Plan(method="lora", seq_len=1024, micro_batch=2, lora_dropout=0.0)
     assert terms(lora.with_(dora=True))["lora"] > terms(lora)["lora"]
     # with dropout peft runs the base matmul a second time
@@ -264,3 +274,19 @@ def test_a_data_profile_counts_real_tokens_and_packed_attention_per_document():
         packed = predict_throughput(QWEN, plan.with_(packing=True), A100, data=_Profile())
         plain = predict_throughput(QWEN, plan.with_(packing=True), A100)
         assert packed.terms["attention"] < plain.terms["attention"] and packed.real_token_fraction == 1.0
+
+
+def test_mixed_precision_casts_every_fp32_weight_each_forward():
+    """torch autocast casts each fp32 linear weight to bf16 when its matmul runs (read 4 B, write 2); the
+    recomputation of checkpointed layers casts again; DeepSpeed and FSDP hold the weights in bf16 already."""
+    lora = Plan(method="lora", seq_len=1024)
+    mixed = terms(lora.with_(precision="mixed_bf16"))
+    assert terms(lora)["autocast_cast"] == 0 and mixed["matmul"] == terms(lora)["matmul"]
+    s = s_of(lora.with_(precision="mixed_bf16"))
+    weights = sum(QWEN.num_layers * i * o for i, o in QWEN.linear_shapes().values()) + QWEN.vocab_size * QWEN.hidden_size
+    assert mixed["autocast_cast"] == pytest.approx(weights * 6 / s.mem_bw, rel=0.02)
+    ckpt = terms(lora.with_(precision="mixed_bf16", gradient_checkpointing=True))
+    assert ckpt["recompute"] > terms(lora.with_(gradient_checkpointing=True))["recompute"]
+    sharded = terms(Plan(method="full", precision="mixed_bf16"), gpus=2, sharding="zero3")
+    assert sharded["autocast_cast"] == 0
+    assert terms(Plan(method="full", precision="mixed_bf16"), gpus=2, sharding="ddp")["autocast_cast"] > 0

@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 
+from advisor.core.dtypes import TORCH_NAMES
 from advisor.core.errors import AdvisorInputError
+from advisor.core.optimizers import optimizer_aliases
 from advisor.core.plan import ALL_LINEAR
 
 if TYPE_CHECKING:
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
 
 DEEPSPEED_FILE = "deepspeed.json"
 
-TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+TORCH_DTYPE = dict(TORCH_NAMES)
 """Plan dtype names → torch dtype names (what BitsAndBytesConfig and from_pretrained take)."""
 TORCH_TO_PLAN = {**{v: k for k, v in TORCH_DTYPE.items()}, **{k: k for k in TORCH_DTYPE},
                  "half": "fp16", "float": "fp32", **{f"torch.{v}": k for k, v in TORCH_DTYPE.items()}}
@@ -53,19 +55,9 @@ def precision_from_flags(weights: str, bf16: bool, fp16: bool) -> str | None:
     return hit
 
 
-OPTIM_ALIASES = {
-    # each name is read as itself: adamw_torch_fused is the fused kernel, not foreach adamw_torch;
-    # adamw_bnb_8bit is transformers' other name for the same bitsandbytes class as adamw_8bit
-    "adamw_torch": "adamw_torch", "adamw_torch_fused": "adamw_torch_fused", "adamw_hf": "adamw_torch",
-    "adamw_torch_8bit": "adamw_torch_8bit", "adamw_torch_4bit": "adamw_torch_4bit",
-    "galore_adamw": "galore_adamw", "galore_adamw_8bit": "galore_adamw_8bit",
-    "galore_adamw_layerwise": "galore_adamw_layerwise", "apollo_adamw": "apollo_adamw",
-    "lomo": "lomo", "adalomo": "adalomo",
-    "adamw_8bit": "adamw_8bit", "adamw_bnb_8bit": "adamw_8bit",
-    "paged_adamw_8bit": "paged_adamw_8bit", "paged_adamw_32bit": "paged_adamw_32bit",
-    "adafactor": "adafactor", "sgd": "sgd",
-}
-"""The optimizer names files use (TrainingArguments.optim and the tools' own) → the Plan's."""
+OPTIM_ALIASES = optimizer_aliases()
+"""The optimizer names files use (TrainingArguments.optim and the tools' own) → the Plan's: each declared name
+as itself, and its aliases (advisor/data/optimizers.yaml)."""
 HF_OPTIM_DEFAULT = "adamw_torch_fused"
 """TrainingArguments.optim's default in transformers 5."""
 

@@ -56,8 +56,6 @@ ATTENTION_PREFIXES = ("self_attn", "attn", "attention", "linear_attn", "mixer", 
 QK_NORM_NAMES = ("q_norm", "k_norm", "query_norm", "key_norm")
 """Last component of the path of a norm over the queries / keys (Qwen3, Gemma-3, OLMoE)."""
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
 
 @dataclass(frozen=True)
 class LinearModule:
@@ -797,18 +795,3 @@ def describe_architecture(config: Any, *, dtype: str = "bfloat16", with_cache: b
         final_logit_softcapping=float(softcap) if softcap else None, moe=_moe_facts(cfg, final), mla=mla,
         linear_attention=linear_attention, transformers_version=transformers.__version__,
         build_seconds=build_seconds, cache_seconds=cache_seconds)
-
-
-def summary_rows(desc: ArchitectureDescription) -> list[tuple[str, str]]:
-    """A short, printable summary (for benchmarks and reports)."""
-    first = desc.layers[0]
-    moe = next((layer for layer in desc.layers if layer.num_experts), None)
-    rows = [("class", desc.model_class), ("layers", str(desc.num_layers)),
-            ("attention", ", ".join(f"{k} x{v}" for k, v in desc.attention_kinds().items())),
-            ("vocab", f"{desc.vocab_size:,}" + (" (tied)" if desc.tie_word_embeddings else "")),
-            ("params", f"{desc.params_total:,}")]
-    if moe is not None:
-        rows.append(("experts", f"{moe.num_experts} x top-{moe.experts_per_token}: "
-                     + ", ".join(f"{e.name} {e.shape}" for e in moe.experts)))
-    rows.append(("layer-0 linears", ", ".join(f"{m.name} {m.in_features}->{m.out_features}" for m in first.linears)))
-    return rows

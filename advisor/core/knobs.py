@@ -11,6 +11,9 @@ declarations, never listed again:
 - the search space (``advisor.search.space``): which knobs are searched, in which order, where each
   applies and the value it takes elsewhere, what a space file that leaves it out gets, its place in
   the ladder and in the most frugal plan;
+- what the knob is: a lever (how to train, the default) or the user's workload (``Workload``: what is trained
+  on what, which the search never turns, a space states among its fixed values and the quality model prices
+  nothing for);
 - the export formats (``advisor.configs``): the key each format writes the knob to and reads it from
   (``Key``), the key its own code handles (``Custom``), or why the format refuses a plan that sets it
   (``Refused``) or needs no key (``Unkeyed``). A format that declares nothing for a knob refuses a plan
@@ -136,6 +139,23 @@ class Search:
     """The value the most frugal plan takes (advisor.search.tuner.smallest_plan_report); None: the Plan's default."""
 
 
+LEVER, WORKLOAD = "lever", "workload"
+ROLES = (LEVER, WORKLOAD)
+"""What a knob is: a lever (how the model is trained: the search may turn it, the quality model prices each of
+its values) or the user's workload (what is trained on what: the task, its lengths, the batch asked for)."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The knob is part of the user's workload, not a lever: the search never turns it, a search space states it
+    among its ``fixed`` values (advisor.search.space), and the quality model asks no entry for it (two plans of
+    one workload cannot differ in it)."""
+
+    required: bool = False
+    """A space file must state it (the sequence length: set by the user's data); otherwise a space that leaves it
+    out gets the knob's default."""
+
+
 @dataclass(frozen=True)
 class Key:
     """The key one export format writes the knob to and reads it from, as it is (one key, one value).
@@ -207,6 +227,17 @@ class Knob:
     """None: not searched (set from the space's fixed values or left at its default)."""
     keys: Mapping[str, FormatEntry] = field(default_factory=dict)
     """Export format name → how that format holds the knob (advisor.configs._keys.FORMATS)."""
+    workload: Workload | None = None
+    """Set: the knob is the user's workload (``Workload``); None: a lever."""
+
+    @property
+    def role(self) -> str:
+        """``workload`` or ``lever`` (ROLES)."""
+        return WORKLOAD if self.workload is not None else LEVER
+
+    @property
+    def is_lever(self) -> bool:
+        return self.workload is None
 
     @property
     def flag(self) -> str:
@@ -249,10 +280,11 @@ def format_value(value: Any) -> str:
 def knob(default: Any, *, help: str, choices: tuple | None = None, range: Range | None = None,  # noqa: A002
          applies: Callable[[Values], bool] | None = None, renamed_from: tuple[str, Callable] | None = None,
          cli: Cli | None = None, tag: Tag | None = None, search: Search | None = None,
-         keys: Mapping[str, FormatEntry] | None = None) -> Any:
+         keys: Mapping[str, FormatEntry] | None = None, workload: Workload | None = None) -> Any:
     """A Plan field with its declaration (the field's name is filled in by ``knobs``)."""
     spec = Knob(name="", default=default, help=help, choices=choices, range=range, applies=applies,
-                renamed_from=renamed_from, cli=cli or Cli(), tag=tag, search=search, keys=dict(keys or {}))
+                renamed_from=renamed_from, cli=cli or Cli(), tag=tag, search=search, keys=dict(keys or {}),
+                workload=workload)
     return dataclasses.field(default=default, metadata={"knob": spec})
 
 
@@ -274,7 +306,28 @@ def knobs(plan_type: type) -> tuple[Knob, ...]:
             raise TypeError(f"knob {k.name}'s tag comes after {k.tag.after!r}, which has no word of its own in short()")
         if k.tag is not None and k.tag.joined and k.tag.after is None:
             raise TypeError(f"knob {k.name}'s tag is joined to nothing: give it after=")
+        if k.workload is not None and k.search is not None:
+            raise TypeError(f"knob {k.name} is the user's workload, which the search never turns: drop search=")
     return tuple(out)
+
+
+@lru_cache(maxsize=None)
+def levers(plan_type: type) -> tuple[Knob, ...]:
+    """The knobs that say how to train (every knob but the workload's), in field order."""
+    return tuple(k for k in knobs(plan_type) if k.is_lever)
+
+
+@lru_cache(maxsize=None)
+def workload_knobs(plan_type: type) -> tuple[Knob, ...]:
+    """The knobs that are the user's workload (``Workload``), in field order."""
+    return tuple(k for k in knobs(plan_type) if not k.is_lever)
+
+
+@lru_cache(maxsize=None)
+def lever_choices(plan_type: type) -> tuple[Knob, ...]:
+    """The levers with declared choices (method, optimizer, ...): each value needs its memory, step-time and
+    quality terms."""
+    return tuple(k for k in levers(plan_type) if k.choices is not None)
 
 
 def knob_of(plan_type: type, name: str) -> Knob:
@@ -322,5 +375,6 @@ def summary(plan: Any) -> str:
     return " ".join(w for w in (words[n] for n in order) if w)
 
 
-__all__ = ["Cli", "Custom", "Key", "Knob", "PLAN_DEFAULT", "Range", "Refused", "Search", "Tag", "Unkeyed", "Values",
-           "first", "format_value", "knob", "knob_of", "knobs", "prefer", "searched", "summary"]
+__all__ = ["Cli", "Custom", "Key", "Knob", "LEVER", "PLAN_DEFAULT", "ROLES", "Range", "Refused", "Search", "Tag",
+           "Unkeyed", "Values", "WORKLOAD", "Workload", "first", "format_value", "knob", "knob_of", "knobs",
+           "lever_choices", "levers", "prefer", "searched", "summary", "workload_knobs"]

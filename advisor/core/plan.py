@@ -1,8 +1,9 @@
-"""The Plan: every knob the search turns, frozen, validated, and round-tripped through JSON.
+"""The Plan: every knob of one fine-tuning run, frozen, validated, and round-tripped through JSON.
 
-A Plan says *how* to fine-tune; the ModelSpec says *what*. Invalid combinations are rejected
-with the rule they break (``Plan.validate``), all rules at once. Each field is declared once with
-``knob(...)`` (advisor.core.knobs): its flag, help, short tag, search choices and export keys.
+A Plan says *how* to fine-tune (its levers) and the shape of the user's workload it is for (the sequence
+length, the evaluation: knobs declared with ``Workload``); the ModelSpec says *what*. Invalid combinations are
+rejected with the rule they break (``Plan.validate``), all rules at once. Each field is declared once with
+``knob(...)`` (advisor.core.knobs): its flag, help, short tag, search choices, export keys and role.
 """
 
 from __future__ import annotations
@@ -10,24 +11,23 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from advisor.core.dtypes import DTYPE_BYTES, DTYPES  # noqa: F401  (DTYPE_BYTES: the ledgers import it from here)
 from advisor.core.errors import AdvisorInputError, ConfigErrors
-from advisor.core.knobs import (Cli, Custom, Key, Range, Refused, Search, Tag, Unkeyed, first, knob, knob_of, knobs,
-                                prefer, summary)
+from advisor.core.knobs import (Cli, Custom, Key, Range, Refused, Search, Tag, Unkeyed, Workload, first, knob, knob_of,
+                                knobs, prefer, summary)
+from advisor.core.optimizers import names_where, optimizer, optimizers
 
 METHODS = ("full", "lora", "qlora")
 QUANTIZATIONS = ("none", "int8", "nf4", "fp4")
-DTYPES = ("bf16", "fp16", "fp32")
 PRECISIONS = ("bf16", "fp16", "fp32", "mixed_bf16", "mixed_fp16")
-OPTIMIZERS = ("adamw_torch", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit", "adafactor", "sgd",
-              # transformers 5 OptimizerNames (training_args.py): fused torch AdamW (the default), torchao
-              # low-bit AdamW, GaLore / APOLLO low-rank projections, LOMO / AdaLomo (update inside backward)
-              "adamw_torch_fused", "adamw_torch_8bit", "adamw_torch_4bit", "galore_adamw", "galore_adamw_8bit",
-              "galore_adamw_layerwise", "apollo_adamw", "lomo", "adalomo")
-LOW_RANK_OPTIMIZERS = ("galore_adamw", "galore_adamw_8bit", "galore_adamw_layerwise", "apollo_adamw")
+OPTIMIZERS = tuple(optimizers())
+"""TrainingArguments.optim names, each declared once in advisor/data/optimizers.yaml (advisor.core.optimizers)."""
+LOW_RANK_OPTIMIZERS = names_where("low_rank")
 """Optimizers that project each targeted weight's gradient to rank ``optim_rank`` (full fine-tuning only)."""
-FUSED_BACKWARD_OPTIMIZERS = ("lomo", "adalomo", "galore_adamw_layerwise")
+FUSED_BACKWARD_OPTIMIZERS = names_where("in_backward")
 """Optimizers that update each parameter inside backward and free its gradient at once."""
-PAGED_OPTIMIZERS = ("paged_adamw_8bit", "paged_adamw_32bit")
+PAGED_OPTIMIZERS = names_where("paged")
+"""Optimizers whose states live in CUDA unified memory (bitsandbytes paged)."""
 ATTENTION = ("sdpa", "eager", "flash_attention_2")
 OFFLOADS = ("none", "zero2_cpu", "zero3_cpu")
 LOSSES = ("plain", "chunked", "fused-linear")
@@ -40,7 +40,6 @@ DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 (DeepSeek's multi-head latent attention: q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj) they mean its own
 attention linears (``lora_target_modules``' ``attention``)."""
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 LOSS_SCALED = ("fp16", "mixed_fp16")
 """Precisions trained with fp16 autocast and the Trainer's GradScaler (the exports write TrainingArguments
 fp16: true for both: fp16 weights with fp32 adapters, or fp32 master weights)."""
@@ -218,10 +217,11 @@ class Plan:
               "llamafactory": Key("gradient_accumulation_steps"), "trl": Key("gradient_accumulation_steps")})
     """Micro-batches per optimizer step (gradients held between them)."""
     seq_len: int = knob(
-        1024, help="tokens per sequence", range=_WHOLE,
+        1024, help="tokens per sequence", range=_WHOLE, workload=Workload(required=True),
         keys={"advisor": Custom("advisor.max_seq_length"), "axolotl": Key("sequence_len", default=512),
               "llamafactory": Key("cutoff_len", default=2048), "trl": Key("max_length")})
-    """Tokens per sequence (the padded length of the longest batch, or the packed length)."""
+    """Tokens per sequence (the padded length of the longest batch, or the packed length): the user's data, not a
+    lever."""
     packing: bool = knob(
         False, help="pack documents into full sequences of --seq-len (no padding; position_ids per document)",
         tag=Tag("packed", after="loss"), search=Search(order=160, ladder=prefer(False), frugal=first),
@@ -261,17 +261,20 @@ class Plan:
     (less reserved beyond the live tensors; slower first allocations, no CUDA IPC of the tensors)."""
     eval_batch: int = knob(
         0, help="sequences per evaluation forward", range=_ZERO_OR_MORE, cli=Cli(default_means="the micro-batch"),
+        workload=Workload(),
         tag=Tag(lambda plan: f"eval-b{plan.eval_batch}" if plan.eval_batch else None),
         keys={"advisor": Key("training.per_device_eval_batch_size", omit_default=True, read=False),
               "axolotl": Key("eval_batch_size", omit_default=True, read=False),
               "llamafactory": Key("per_device_eval_batch_size", omit_default=True, read=False),
               "trl": Key("per_device_eval_batch_size", omit_default=True, read=False)})
-    """Sequences per evaluation forward (per_device_eval_batch_size); 0: the micro-batch."""
+    """Sequences per evaluation forward (per_device_eval_batch_size); 0: the micro-batch. The user's evaluation,
+    not a lever."""
     max_new_tokens: int = knob(
-        0, help="tokens a generation-based evaluation generates per sequence", range=_ZERO_OR_MORE,
+        0, help="tokens a generation-based evaluation generates per sequence", range=_ZERO_OR_MORE, workload=Workload(),
         cli=Cli(default_means="none"), tag=Tag(lambda plan: f"gen{plan.max_new_tokens}" if plan.max_new_tokens else None),
         keys={"advisor": _NOT_RUN, "axolotl": _NOT_RUN, "llamafactory": _NOT_RUN, "trl": _NOT_RUN})
-    """Tokens generated per sequence by a generation-based evaluation; 0: the run does not generate."""
+    """Tokens generated per sequence by a generation-based evaluation; 0: the run does not generate. The user's
+    evaluation, not a lever."""
     # ---- the optimizer's implementation, checkpointing granularity, activation offload
     optim_rank: int = knob(
         128, help="GaLore / APOLLO projection rank", range=_WHOLE, applies=_low_rank,
@@ -538,9 +541,9 @@ def optimizer_problems(plan: Plan, bad) -> None:
             bad("optimizer_in_backward", "fp16 loss scaling must unscale every gradient before any step: use bf16 "
                 "(Ampere or newer), or step after backward",
                 plan.precision)
-    if opt in ("lomo", "adalomo") and plan.precision in LOSS_SCALED:
-        bad("optimizer", "LOMO keeps its own loss scaler; the Trainer's fp16 GradScaler cannot wrap it: use bf16 "
-            "(Ampere or newer), or another optimizer",
+    if optimizer(opt).fused_backward and plan.precision in LOSS_SCALED:
+        bad("optimizer", f"{opt} runs its own backward and keeps its own loss scaler (LOMO's fused_backward); the "
+            "Trainer's fp16 GradScaler cannot wrap it: use bf16 (Ampere or newer), or another optimizer",
             opt)
     if plan.checkpoint_layers is not None and not plan.gradient_checkpointing:
         bad("checkpoint_layers", f"checkpointing k layers needs {flag_of('gradient_checkpointing')} on",

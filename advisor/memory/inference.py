@@ -31,7 +31,7 @@ from typing import Any
 from advisor.core.catalog import MIB, GpuSpec, ModelSpec
 from advisor.core.errors import AdvisorInputError
 from advisor.core.fit import usable_bytes
-from advisor.memory.ledger import MemoryReport
+from advisor.memory.ledger import KvCache, MemoryReport
 
 WEIGHT_FORMATS = ("bf16", "fp16", "fp8", "int8", "int4", "mxfp4")
 KV_DTYPES = ("bf16", "fp16", "fp8")
@@ -419,7 +419,7 @@ def estimate_inference(model: ModelSpec, plan: ServePlan, gpu: GpuSpec | None = 
     return MemoryReport(
         source="estimated", backend="estimate", device={k: int(v) for k, v in device.items()}, host={},
         tensor_peak_bytes=int(tensor_peak), peak_bytes=int(tensor_peak + overhead), peak_phase=phase,
-        notes=tuple(notes), extra=extra,
+        notes=tuple(notes), extra=extra, kv_cache=KvCache(per_token, per_sequence, tokens),
     )
 
 

@@ -108,11 +108,30 @@ class StepMeasurement:
     final_loss: float | None = None
     fidelity_kl: float | None = None
     """KL per token of the plan's base model from the reference-precision base (nats); None with random weights."""
+    test_double: str | None = None
+    """The catalog GPU a CUDA test double stood for (the step ran on the CPU under it: advisor.runtime.cuda_double);
+    None for a run on the device it names."""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["losses"] = list(self.losses)
         return d
+
+
+@dataclass(frozen=True)
+class KvCache:
+    """The KV cache of a serving plan (advisor.memory.inference computes it; the ledger's ``kv_cache`` is its
+    bytes for every sequence in flight)."""
+
+    bytes_per_token: int
+    """Keys and values of one token over every layer, as a full-attention layer holds them."""
+    bytes_per_sequence: int
+    """One sequence of the plan's context length, layer kind by layer kind (a sliding window holds its window)."""
+    tokens_in_flight: int
+    """Tokens the engine holds in the cache at once."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 HOST_KINDS = ("pinned", "pageable")
@@ -205,8 +224,9 @@ class MemoryReport:
     notes: tuple[str, ...] = ()
     """Assumptions and caveats worth showing a person."""
     extra: dict[str, Any] = field(default_factory=dict)
-    """Diagnostics to show, which no decision reads (e.g. kv_cache_bytes_per_token, simulation seconds,
-    the overhead's parts)."""
+    """Diagnostics to show, which no decision and no export reads (simulation seconds, the overhead's parts, who
+    answered, the probe's versions). What a decision or an export reads has a typed field of its own (``kv_cache``,
+    ``measured``, ``sharded``, ``run_phases``...); a key here may repeat one for display."""
     reserved_peak_bytes: int | None = None
     """Peak of ``torch.cuda.max_memory_reserved``: the tensor peak plus what the caching allocator holds
     beyond it (replayed through advisor.memory.allocator by the simulate backend, estimated by the
@@ -222,6 +242,8 @@ class MemoryReport:
     sharded: tuple[int, str] | None = None
     """(GPUs, strategy) when advisor.memory.sharding.shard_report made this the per-GPU ledger of a
     data-parallel run (the run's load phase follows the strategy); None for one GPU's own step."""
+    kv_cache: KvCache | None = None
+    """The serving KV cache's sizes (the vLLM export states them); None for training."""
 
     @property
     def host_bytes(self) -> int:
@@ -264,6 +286,7 @@ class MemoryReport:
         d.pop("run_phases")
         d.pop("measured")
         d.pop("sharded")  # extra shows gpus and sharding
+        d.pop("kv_cache")  # extra shows the KV cache's sizes
         d["host_memory"] = self.host_memory.to_dict() if self.host_memory is not None else None
         d.update(host_peak_bytes=self.host_peak_bytes, host_pinned_bytes=self.host_pinned_bytes,
                  host_pageable_bytes=self.host_pageable_bytes)

@@ -30,6 +30,7 @@ from typing import Any, Iterable
 
 from advisor.core.catalog import ModelSpec, build_hf_config
 from advisor.core.errors import AdvisorInputError
+from advisor.core.optimizers import optimizer as optimizer_declaration
 from advisor.core.plan import Plan
 from advisor.memory.training import CE_CHUNK_TOKENS
 from advisor.runtime.tensors import IGNORE_INDEX, TORCH_DTYPES, is_fake, torch_dtype  # noqa: F401 (re-exported)
@@ -93,7 +94,7 @@ class TrainingSetup:
         self._phase("backward")
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
-        elif self.plan.optimizer in ("lomo", "adalomo"):
+        elif optimizer_declaration(self.plan.optimizer).fused_backward:
             # Trainer passes the learning rate to accelerate's lomo_backward -> optimizer.fused_backward(loss, lr),
             # which updates each parameter from its gradient hook (accelerate Accelerator.lomo_backward)
             self.optimizer.fused_backward(loss, TRAINER_DEFAULT_LEARNING_RATE)
@@ -573,8 +574,9 @@ def build_optimizer(model, plan: Plan, target: str, fake: bool = False, *, proj_
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         return None
+    declared = optimizer_declaration(plan.optimizer)  # its name is TrainingArguments.optim (optimizers.yaml)
     with tempfile.TemporaryDirectory() as tmp:
-        args = TrainingArguments(output_dir=tmp, optim=plan.optimizer, report_to=[], use_cpu=True,
+        args = TrainingArguments(output_dir=tmp, optim=declared.name, report_to=[], use_cpu=True,
                                  **low_rank_args(plan, proj_gap))
         cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
     kwargs = dict(kwargs)
@@ -620,9 +622,7 @@ transformers trainer_utils.check_target_module_exists), as in the transformers G
 
 def low_rank_args(plan: Plan, proj_gap: int | None = None) -> dict:
     """The TrainingArguments fields GaLore and APOLLO read: target modules and optim_args (rank, gap)."""
-    from advisor.core.plan import LOW_RANK_OPTIMIZERS
-
-    if plan.optimizer not in LOW_RANK_OPTIMIZERS:
+    if not optimizer_declaration(plan.optimizer).low_rank:
         return {}
     gap = proj_gap or plan.optim_proj_gap
     return {"optim_target_modules": list(GALORE_TARGETS),

@@ -24,15 +24,15 @@ benchmarks/quality_table.py (docs/quality.md) and in the callers.
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Callable, Mapping
 
 from advisor.core.catalog import architectures
 from advisor.core.data_files import load_data_file
 from advisor.core.errors import AdvisorInputError, ConfigErrors
-from advisor.core.plan import (ALL_LINEAR, ATTENTION, DTYPES, LOSSES, LOW_RANK_OPTIMIZERS, METHODS, OFFLOADS,
-                               OPTIMIZERS, PRECISIONS, QUANTIZATIONS, Plan)
+from advisor.core.knobs import Knob, knobs, levers
+from advisor.core.plan import ALL_LINEAR, METHODS, OPTIMIZERS, Plan
 
 DATA_FILE = "quality.yaml"
 KINDS = ("exact", "near-exact", "cost", "dynamics", "unsupported")
@@ -45,33 +45,41 @@ BOOL = ("false", "true")
 ANY = ("any",)
 TARGET_CLASSES = ("all-linear", "mlp", "attention", "other")
 
-LEVER_VALUES: dict[str, tuple[str, ...]] = {
-    "method": METHODS, "quantization": QUANTIZATIONS, "double_quant": BOOL, "compute_dtype": DTYPES,
-    "precision": PRECISIONS, "lora_r": ANY, "lora_targets": TARGET_CLASSES, "lora_alpha": ("2r", "other"),
-    "lora_dropout": ("0-0.1", "other"), "dora": BOOL, "lora_experts": BOOL, "gradient_checkpointing": BOOL,
-    "checkpoint_layers": ("all", "some"), "activation_offload": BOOL, "offload": OFFLOADS, "loss": LOSSES,
-    "packing": BOOL, "attn_impl": ATTENTION, "expandable_segments": BOOL, "micro_batch": ANY, "grad_accum": ANY,
-    "global_batch": ("as-asked", "changed"), "eval_batch": ANY, "max_new_tokens": ANY, "optimizer": OPTIMIZERS,
-    "optimizer_in_backward": BOOL, "optim_rank": ANY, "optim_proj_gap": ANY,
+GLOBAL_BATCH = ("as-asked", "changed")
+"""The keys of ``global_batch``, which is not a Plan field: micro_batch x grad_accum against the global batch the
+user asked for (a plan that changes it changes the dynamics)."""
+CLASSES: dict[str, tuple[str, ...]] = {
+    "lora_targets": TARGET_CLASSES, "lora_alpha": ("2r", "other"), "lora_dropout": ("0-0.1", "other"),
+    "checkpoint_layers": ("all", "some"),
 }
-"""Every lever and the keys its values fall under. Plan's enum fields list their tuples from advisor.core.plan;
-booleans are "false"/"true"; numeric knobs are "any" (their entries select by range with ``when``).
-``global_batch`` is not a Plan field: micro_batch x grad_accum against the global batch the user asked for."""
+"""Levers whose values quality.yaml prices by class (``value_key``), not one by one."""
 
-NOT_LEVERS = {"seq_len": "the length of the user's sequences: the task, not a way to train it"}
-"""Plan fields that are not levers. Any other Plan field the quality model does not know (a lever added later)
-counts as uncovered whenever it differs from its default."""
 
-_PEFT_ONLY = ("lora_r", "lora_targets", "lora_alpha", "lora_dropout", "dora", "lora_experts")
-_APPLIES: dict[str, Callable[[Plan], bool]] = {
-    **{lever: (lambda p: p.peft) for lever in _PEFT_ONLY},
-    "double_quant": lambda p: p.four_bit,
-    "compute_dtype": lambda p: p.quantized,
-    "checkpoint_layers": lambda p: p.gradient_checkpointing,
-    "optim_rank": lambda p: p.optimizer in LOW_RANK_OPTIMIZERS,
-    "optim_proj_gap": lambda p: p.optimizer in LOW_RANK_OPTIMIZERS,
-}
-"""When a lever takes part at all (the others of the plan are ignored, as Plan.problems requires)."""
+def _key(value: Any) -> str:
+    """A YAML key as quality.yaml means it (unquoted true/false parse as booleans)."""
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def lever_values(plan_type: type = Plan) -> dict[str, tuple[str, ...]]:
+    """Every lever and the keys its values fall under, from the knobs' declarations: a knob's choices, "false" /
+    "true" for a switch, its classes (CLASSES), else "any" (a number: its entries select by range with ``when``);
+    and ``global_batch``. The user's workload (``Knob.workload``: the sequence length, the evaluation) is no
+    lever: two plans of one workload cannot differ in it, so it has no entry."""
+    out: dict[str, tuple[str, ...]] = {}
+    for k in levers(plan_type):
+        out[k.name] = (tuple(map(_key, k.choices)) if k.choices is not None else BOOL if k.is_switch
+                       else CLASSES.get(k.name, ANY))
+    return {**out, "global_batch": GLOBAL_BATCH}
+
+
+LEVER_VALUES: dict[str, tuple[str, ...]] = lever_values(Plan)
+"""``lever_values`` of the Plan: what quality.yaml must cover, value by value."""
+
+
+@lru_cache(maxsize=None)
+def _knobs_by_name(plan_type: type) -> dict[str, Knob]:
+    return {k.name: k for k in knobs(plan_type)}
+
 
 ENTRY_KEYS = ("kind", "accuracy_loss", "token_factor", "noise", "basis", "does", "measured", "source_noise",
               "source", "evidence", "note", "when")
@@ -206,11 +214,6 @@ def parse_quality_data(raw: Any) -> QualityData:
                for lever, values in raw["levers"].items()}
     return QualityData(float(raw["resolution"]), float(raw["default_tolerance"]), raw["default_regime"],
                        dict(raw["regimes"]), dict(raw["crosswalk"]), entries, dict(raw["hyperparameters"]))
-
-
-def _key(value: Any) -> str:
-    """A YAML key as quality.yaml means it (unquoted true/false parse as booleans)."""
-    return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
 def _variants(spec: Any) -> list:
@@ -474,8 +477,11 @@ def setting_of(plan: Plan, lever: str, value: str) -> str:
 
 
 def applies(plan: Plan, lever: str) -> bool:
-    """Whether ``lever`` takes part in ``plan`` (LoRA knobs only with adapters, and so on)."""
-    return lever != "global_batch" and _APPLIES.get(lever, lambda p: True)(plan)
+    """Whether ``lever`` takes part in ``plan``: where its knob's declaration says it applies (``Knob.applies``:
+    LoRA knobs only with adapters, the 4-bit knobs only on a 4-bit base...), the rule Plan.problems and
+    ``canonical`` use; the others of the plan are ignored."""
+    k = _knobs_by_name(type(plan)).get(lever)
+    return k is not None and k.is_lever and k.applies_to(vars(plan))
 
 
 def _regime(regime: str | None) -> str:
@@ -496,20 +502,15 @@ def _entry_for(plan: Plan, lever: str, value: str, regime: str) -> LeverEffect |
 
 
 def _unknown_fields(plan: Plan) -> list[str]:
-    """Plan fields the quality model does not know, set away from their default (a lever added later)."""
-    out = []
-    for f in fields(Plan):
-        if f.name in LEVER_VALUES or f.name in NOT_LEVERS:
-            continue
-        default = f.default if f.default is not MISSING else f.default_factory()
-        if getattr(plan, f.name) != default:
-            out.append(f"{f.name}={getattr(plan, f.name)!r}: no quality entry for this lever")
-    return out
+    """Levers of ``plan`` the quality model does not know, set away from their default (a lever a Plan subclass
+    adds: quality.yaml covers every lever of Plan itself, or fails to load)."""
+    return [f"{k.name}={getattr(plan, k.name)!r}: no quality entry for this lever" for k in levers(type(plan))
+            if k.name not in LEVER_VALUES and getattr(plan, k.name) != k.default]
 
 
-@lru_cache(maxsize=1)
-def _all_fields_known() -> bool:
-    return all(f.name in LEVER_VALUES or f.name in NOT_LEVERS for f in fields(Plan))
+@lru_cache(maxsize=None)
+def _all_fields_known(plan_type: type) -> bool:
+    return all(k.name in LEVER_VALUES for k in levers(plan_type))
 
 
 # ------------------------------------------------------------------------------------------------ the model
@@ -520,7 +521,7 @@ def lever_effects(plan: Plan, regime: str | None = None, *, global_batch: int | 
     """The entry of every lever ``plan`` uses, and the levers without one (``lever=value: why``)."""
     regime = _regime(regime)
     used: list[LeverEffect] = []
-    uncovered = [] if _all_fields_known() else _unknown_fields(plan)
+    uncovered = [] if _all_fields_known(type(plan)) else _unknown_fields(plan)
     for lever in quality_data().entries:
         if lever == "global_batch":
             if global_batch is None:

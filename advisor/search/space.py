@@ -1,7 +1,8 @@
 """Search spaces: YAML files in ``advisor/data/spaces/`` (or the user's), validated with every error at once.
 
-A space has ``fixed`` values (the job: sequence length, global batch...) and ``search`` choices
-(the knobs). ``key=value`` overrides on the command line set either: a single value pins a knob.
+A space has ``fixed`` values (the user's workload: the knobs declared ``Workload``, such as the sequence
+length, and the global batch asked for) and ``search`` choices (the levers). ``key=value`` overrides on the
+command line set either: a single value pins a knob.
 
 Knobs are conditional (Optuna's define-by-run): a point of the space is chosen one knob at a time,
 in the order the knobs declare (``Search.order``), and each knob is asked only where it means
@@ -25,7 +26,7 @@ import yaml
 
 from advisor.core.card_rules import AUTO, CARD_DECIDED, Card
 from advisor.core.errors import AdvisorInputError, ConfigErrors
-from advisor.core.knobs import Knob, knob_of, knobs, searched
+from advisor.core.knobs import Knob, knobs, searched, workload_knobs
 from advisor.core.plan import Plan, checkpoint_depth_problems, compute_dtype_for
 
 SPACES_DIR = Path(__file__).resolve().parents[1] / "data" / "spaces"
@@ -33,13 +34,25 @@ SPACES_DIR = Path(__file__).resolve().parents[1] / "data" / "spaces"
 DEFAULT_TRIALS = 40
 """Finished trials a study aims for when its space names none (``trials:``)."""
 
-FIXED_KEYS = {"seq_len": "int", "global_batch": "int", "lora_dropout": "dropout", "lora_alpha_ratio": "positive"}
-# fixed values a space may leave out (their Plan default, 0: the run does not evaluate / generate, as the exported
-# configs): they put evaluation at that batch and generation-based evaluation in the run's peak (advisor.memory.phases)
-OPTIONAL_FIXED_KEYS = {name: knob_of(Plan, name).default for name in ("eval_batch", "max_new_tokens")}
-KNOWN_FIXED_KEYS = (*FIXED_KEYS, *OPTIONAL_FIXED_KEYS)
+FIXED_KEYS = {"global_batch": "int", "lora_dropout": "dropout", "lora_alpha_ratio": "positive"}
+"""The space's own fixed values, which are not Plan fields: the global batch the user asked for (grad_accum =
+global_batch / micro_batch), the adapters' dropout and alpha = ratio x r. Beside them ``fixed`` states the
+workload's knobs (``Knob.workload``: the sequence length, the evaluation), checked by their declarations: one
+declared ``required`` must be stated, another a space leaves out gets its Plan default (eval_batch 0: the run
+does not evaluate, as the exported configs do not)."""
 TRIALS = 40
 """Finished trials a space runs to when its file does not say."""
+
+
+@lru_cache(maxsize=None)
+def fixed_knobs(plan_type: type = Plan) -> Mapping[str, Knob]:
+    """The knobs a space states among its fixed values: the user's workload (from the declarations)."""
+    return MappingProxyType({k.name: k for k in workload_knobs(plan_type)})
+
+
+def known_fixed_keys(plan_type: type = Plan) -> tuple[str, ...]:
+    """Every key a space's ``fixed`` may hold."""
+    return (*fixed_knobs(plan_type), *FIXED_KEYS)
 
 
 @lru_cache(maxsize=None)
@@ -208,14 +221,14 @@ def load_space(ref: str = "default", overrides: list[str] | tuple[str, ...] = ()
             key, value = renamed[key][0], [renamed[key][1](v) for v in (value if isinstance(value, list) else [value])]
         if key in knob_of:
             search[key] = value if isinstance(value, list) else [value]
-        elif key in KNOWN_FIXED_KEYS or key == "trials":
+        elif key in known_fixed_keys(plan) or key == "trials":
             if key == "trials":
                 data["trials"] = value
             else:
                 fixed[key] = value
         else:
             errors.append(AdvisorInputError(key, f"unknown key; knobs: {', '.join(knob_of)}; "
-                                                 f"fixed: {', '.join(KNOWN_FIXED_KEYS)}", text))
+                                                 f"fixed: {', '.join(known_fixed_keys(plan))}", text))
     errors += _check(data, fixed, search, plan)
     if len(errors) == 1:
         raise errors[0]
@@ -245,14 +258,20 @@ def _check(data: dict, fixed: dict, search: dict, plan: type = Plan) -> list[Adv
     trials = data.get("trials", TRIALS)
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
         errs.append(AdvisorInputError("trials", "must be a whole number of at least 1", trials))
+    known = known_fixed_keys(plan)
     for key in fixed:
-        if key not in KNOWN_FIXED_KEYS:
-            errs.append(AdvisorInputError(f"fixed.{key}", f"unknown key (known: {', '.join(KNOWN_FIXED_KEYS)})", key,
+        if key not in known:
+            errs.append(AdvisorInputError(f"fixed.{key}", f"unknown key (known: {', '.join(known)})", key,
                                           show_value=False))
-    for key, default in OPTIONAL_FIXED_KEYS.items():
-        v = fixed.get(key, default)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            errs.append(AdvisorInputError(f"fixed.{key}", "must be a whole number of at least 0", v))
+    for key, k in fixed_knobs(plan).items():
+        if key not in fixed and k.workload.required:
+            errs.append(AdvisorInputError(f"fixed.{key}", "is required", None, show_value=False))
+            continue
+        v = fixed.get(key, k.default)
+        if k.range is not None and not k.range.holds(v):
+            errs.append(AdvisorInputError(f"fixed.{key}", k.range.rule, v))
+        elif k.choices is not None and v not in k.choices:
+            errs.append(AdvisorInputError(f"fixed.{key}", f"must be one of {', '.join(map(str, k.choices))}", v))
     for key, kind in FIXED_KEYS.items():
         if key not in fixed:
             errs.append(AdvisorInputError(f"fixed.{key}", "is required", None, show_value=False))
@@ -322,8 +341,8 @@ def plan_from_params(params: dict[str, Any], space: SearchSpace, arch: dict[str,
         lora_dropout=0.0 if values.get("lora_experts") and method != "full" else float(fixed["lora_dropout"]),
         lora_targets=(resolve_targets(params.get("lora_targets") or "attention", arch) if method != "full"
                       else ("q_proj",)),
-        grad_accum=max(1, math.ceil(fixed["global_batch"] / mb)), seq_len=fixed["seq_len"],
-        **{key: int(fixed.get(key, default)) for key, default in OPTIONAL_FIXED_KEYS.items()},
+        grad_accum=max(1, math.ceil(fixed["global_batch"] / mb)),
+        **{name: fixed.get(name, k.default) for name, k in fixed_knobs(plan).items()},  # the workload, as stated
     )
     return plan(**values)
 

@@ -12,6 +12,8 @@ from typing import Any
 
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.data_files import load_data_file
+from advisor.core.errors import AdvisorInputError, ConfigErrors
+from advisor.core.knobs import knob_of
 from advisor.core.plan import DTYPE_BYTES, Plan
 from advisor.memory.sharding import DEFAULT_SHARDING
 from advisor.memory.training import ParamBreakdown, param_breakdown, trainable_dtype_bytes
@@ -24,10 +26,46 @@ def constants() -> dict[str, Any]:
     return {name: entry["value"] for name, entry in constant_entries().items()}
 
 
+LEVER_ROWS = {"optimizer_bytes_per_param": "optimizer", "attention_efficiency": "attn_impl"}
+"""Constants with one row per value of a Plan lever (constant -> knob): every value the knob declares needs its own
+row, and none borrows another's (``lever_row``)."""
+
+
 @lru_cache(maxsize=1)
 def constant_entries() -> dict[str, dict[str, Any]]:
-    """name -> {value, fitted, source} as written in ``throughput.yaml``."""
-    return load_data_file("throughput.yaml")
+    """name -> {value, fitted, source} as written in ``throughput.yaml``, its per-lever tables checked."""
+    entries = load_data_file("throughput.yaml")
+    errs = lever_row_problems(entries)
+    if len(errs) == 1:
+        raise errs[0]
+    if errs:
+        raise ConfigErrors(errs)
+    return entries
+
+
+def lever_row_problems(entries: dict[str, dict[str, Any]], plan_type: type = Plan) -> list[AdvisorInputError]:
+    """Every value of a lever with no row in its table of ``LEVER_ROWS``, and every row for no value."""
+    errs = []
+    for name, lever in LEVER_ROWS.items():
+        rows, values = entries[name]["value"], knob_of(plan_type, lever).choices
+        flag = knob_of(plan_type, lever).flag
+        errs += [AdvisorInputError(f"throughput.yaml: {name}.{v}", f"no row: {flag} {v} needs its own step-time term",
+                                   v, show_value=False) for v in values if v not in rows]
+        errs += [AdvisorInputError(f"throughput.yaml: {name}.{r}", f"a row for no {flag} value (values: "
+                                   f"{', '.join(values)})", r, show_value=False) for r in rows if r not in values]
+    return errs
+
+
+def lever_row(s: "StepInputs", name: str) -> Any:
+    """The row of constant ``name`` (LEVER_ROWS) for the plan's value of its lever: a value without one is an
+    error naming the flag, never another value's row."""
+    lever = LEVER_ROWS[name]
+    value = getattr(s.plan, lever)
+    try:
+        return s.k[name][value]
+    except KeyError:
+        raise AdvisorInputError(knob_of(type(s.plan), lever).flag, f"no step-time term (throughput.yaml {name} "
+                                f"has rows for {', '.join(s.k[name])})", value) from None
 
 
 @lru_cache(maxsize=512)

@@ -5,7 +5,7 @@ arithmetic over ``StepInputs``; no torch.
 
 from __future__ import annotations
 
-from advisor.speed.inputs import StepInputs
+from advisor.speed.inputs import StepInputs, lever_row
 from advisor.speed.layers import LayerKind
 
 
@@ -69,7 +69,7 @@ def attention_seconds(s: StepInputs, kind: LayerKind | None = None) -> tuple[flo
     plan = s.plan
     b, seq = plan.micro_batch, plan.seq_len
     heads, d_qk, d_v = attention_dims(s, kind)
-    impl = plan.attn_impl if plan.attn_impl in s.k["attention_efficiency"] else "sdpa"
+    impl = plan.attn_impl
     if impl == "eager":
         # two batched GEMMs (Q K^T, P V) over the full s x s scores, no causal or window skipping, then
         # four in backward (transformers eager_attention_forward; matmul autograd)
@@ -82,7 +82,7 @@ def attention_seconds(s: StepInputs, kind: LayerKind | None = None) -> tuple[flo
     # (Dao 2023, §3.1); packed documents attend only within themselves
     flops = (2.0 * b * seq * seq * heads * (d_qk + d_v) * attended_keys(s, kind, impl)
              * s.stack.get("attention_scale", 1.0))
-    eff = s.k["attention_efficiency"][impl]
+    eff = lever_row(s, "attention_efficiency")
     shape = seq / (seq + s.k["attention_half_seq"])
     fwd = flops / (s.peak_flops * eff["forward"] * shape)
     bwd = flops * s.k["flash_backward_flops_ratio"] / (s.peak_flops * eff["backward"] * shape)

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from advisor.core.architecture import DTYPE_BYTES
 from advisor.core.catalog import ModelSpec, peft_moved_lora_names
+from advisor.core.dtypes import dtype_bytes
 
 ATTENTION_KINDS = ("full", "sliding", "mla", "linear")
 """Attention kinds with terms: softmax over every earlier token, over a window, multi-head latent attention
@@ -119,7 +119,7 @@ def _kind_of(layer, model: ModelSpec) -> tuple:
         width = moe.moe_intermediate_size if moe is not None else gemms[-1].in_features
         experts = RoutedExperts(num_experts=layer.num_experts, top_k=layer.experts_per_token, gemms=gemms,
                                 width=int(width), router_params=layer.router_params,
-                                router_bytes=DTYPE_BYTES.get(layer.router_dtype or "", 2))
+                                router_bytes=dtype_bytes(layer.router_dtype) if layer.router_dtype else 2)
     linears = tuple((m.short, m.in_features, m.out_features) for m in layer.linears)
     # Qwen3-Next's shared_expert_gate (hidden -> 1) is an nn.Linear run over every token; the router proper is not
     gate = any(m.role == "router" and m.out_features == 1 for m in layer.linears)

@@ -21,7 +21,7 @@ from advisor.core.plan import DTYPE_BYTES, Plan
 from advisor.memory.sharding import DEFAULT_SHARDING, SHARDS_PARAMETERS, SHARDS_STATES
 from advisor.speed.experts import (expert_lora_seconds, expert_loop_exposed_seconds, experts_elementwise_bytes,
                                    experts_gemm_seconds, experts_launches)
-from advisor.speed.inputs import StepInputs
+from advisor.speed.inputs import StepInputs, lever_row
 from advisor.speed.kernels import attention_seconds, gemm_seconds, stream_seconds
 from advisor.speed.layers import LayerKind
 
@@ -205,7 +205,7 @@ def dequant_4bit_bytes_per_param(s: StepInputs) -> float:
     back in the compute dtype. With double quantization the absmax is first rebuilt: 8-bit codes
     read, fp32 written by dequantize_blockwise, the offset added in place (``absmax += offset``), then
     read by the 4-bit kernel (QLoRA §3 "Double Quantization")."""
-    k, out = s.k, DTYPE_BYTES.get(s.plan.compute_dtype, s.act_bytes)
+    k, out = s.k, DTYPE_BYTES[s.plan.compute_dtype]
     extra = k["dequant_double_quant_extra_bytes_per_param"] if s.plan.double_quant else 0.0
     return k["dequant_nf4_bytes_per_param"] + extra + out
 
@@ -254,10 +254,32 @@ def int8_backward_bytes(s: StepInputs, kind: LayerKind) -> float:
     return sum(k_in * n_out * (1 + 3 * s.act_bytes) for k_in, n_out in _quantized_shapes(kind))
 
 
+def autocasts_weights(s: StepInputs) -> bool:
+    """Mixed precision runs the forward under torch autocast with fp32 weights: on one GPU and under DDP. DeepSpeed
+    (ZeRO, CPU offload) converts the module to the 16-bit dtype and keeps the fp32 masters in its optimizer
+    (DeepSpeed bf16 / fp16 config), and FSDP's mixed-precision policy gathers the weights in it (torch FSDP
+    MixedPrecision param_dtype; the 1/N shard's cast before the gather is not counted): no weight to cast."""
+    return (s.plan.precision.startswith("mixed") and s.plan.offload == "none"
+            and (s.gpus == 1 or s.sharding == "ddp"))
+
+
+def layer_autocast_cast_bytes(s: StepInputs, kind: LayerKind) -> float:
+    """Bytes one layer's forward moves casting its fp32 linear weights for mixed precision, per micro-batch: autocast
+    casts each weight to the compute dtype when its matmul runs (read 4 B, write p per weight), a frozen weight at
+    every call and a trainable leaf's once per forward (torch autocast_mode.cpp ``cached_cast`` caches only leaves
+    that require grad); backward's matmul uses the cast copy it saved. Quantized linears are dequantized instead
+    (dequant); routed experts' stacks are not autocast (experts: their input is cast to fp32)."""
+    if not autocasts_weights(s):
+        return 0.0
+    quantized = set(kind.quantized) if s.plan.quantized else set()
+    return sum(i * o for n, i, o in kind.linears if n not in quantized) * (4 + s.act_bytes)
+
+
 def layer_forward_seconds(s: StepInputs, kind: LayerKind) -> float:
     """One decoder layer's forward, all of it: what checkpointing recomputes (Chen et al. 2016)."""
     return (layer_gemm_seconds(s, "fwd", kind) + attention_seconds(s, kind)[0]
-            + stream_seconds(s, layer_elementwise_bytes(s, kind) + layer_lora_path_bytes(s, kind))
+            + stream_seconds(s, layer_elementwise_bytes(s, kind) + layer_lora_path_bytes(s, kind)
+                             + layer_autocast_cast_bytes(s, kind))
             + layer_dequant_seconds(s, kind) + layer_lora_gemm_seconds(s, "fwd", kind) + dora_layer_seconds(s, kind))
 
 
@@ -344,6 +366,17 @@ def loss(s: StepInputs) -> float:
     return stream_seconds(s, per * s.tokens * s.model.vocab_size)
 
 
+@term("autocast_cast", label="mixed-precision weight casts")
+def autocast_cast(s: StepInputs) -> float:
+    """Mixed precision: every fp32 linear weight of the decoder layers and the lm_head cast to the compute dtype in
+    each forward (layer_autocast_cast_bytes; the recomputation of checkpointed layers casts again, in the
+    recompute term). Pure precisions hold their weights in the compute dtype already: nothing to cast."""
+    if not autocasts_weights(s):
+        return 0.0
+    head = s.model.vocab_size * s.model.hidden_size * (4 + s.act_bytes)
+    return stream_seconds(s, all_layers(s, layer_autocast_cast_bytes) + head)
+
+
 @term("recompute", label="recomputation")
 def recompute(s: StepInputs) -> float:
     """Checkpointed layers run their forward again in backward (Chen et al. 2016, §3)."""
@@ -390,8 +423,7 @@ def launch_overhead(s: StepInputs) -> float:
 
 
 def _optimizer_spec(s: StepInputs) -> dict:
-    table = s.k["optimizer_bytes_per_param"]
-    return table.get(s.plan.optimizer, table["adamw_torch"])
+    return lever_row(s, "optimizer_bytes_per_param")
 
 
 def trainable_tensors(s: StepInputs) -> int:

@@ -11,6 +11,7 @@ The terms (``advisor/speed/terms.py``), each with its citation there:
     elementwise        norms, activations, rotary, residuals (memory-bound)
     lora               the narrow LoRA matmuls and their cast / dropout / scale-add paths (DoRA's norm)
     loss               the cross-entropy over the vocabulary (fp32 upcast, log-softmax, backward)
+    autocast_cast      mixed precision: the fp32 linear weights cast to the compute dtype each forward
     recompute          the forward again for checkpointed layers
     dequant            4-bit / 8-bit weights dequantized in forward and backward
     launch_overhead    host time of the eager ops of a micro-batch
@@ -35,7 +36,9 @@ Adding a term for a new lever (e.g. a new optimizer, activation offload):
 3. put any constant in ``throughput.yaml`` with its source (``fitted: true`` if you fit it);
    work a checkpointed layer repeats belongs in ``layer_forward_seconds`` too;
 4. add a unit test that the term moves the way its citation says.
-A new optimizer implementation usually needs only a row in ``optimizer_bytes_per_param``.
+A new optimizer (declared in ``advisor/data/optimizers.yaml``) needs its own row in ``optimizer_bytes_per_param``,
+and a new attention implementation its row in ``attention_efficiency`` (``inputs.LEVER_ROWS``): a value without
+one is an error when throughput.yaml loads, never another value's row.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ from advisor.speed.calibration import for_gpu
 from advisor.speed.terms import TERMS, evaluate_terms, kind_lora_modules
 
 COMPUTE = ("matmul", "attention", "recompute", "chunked_loss_recompute")
-MEMORY = ("elementwise", "lora", "loss")
+MEMORY = ("elementwise", "lora", "loss", "autocast_cast")
 OPTIMIZER = ("optimizer", "grad_accumulation", "low_rank_projection")
 OFFLOAD = ("offload", "activation_offload", "paged_spill")
 
@@ -69,7 +72,7 @@ class ThroughputPrediction:
     compute_seconds: float
     """matmul + attention + recompute."""
     memory_seconds: float
-    """elementwise + lora + loss (memory-bound work)."""
+    """elementwise + lora + loss + autocast_cast (memory-bound work)."""
     dequant_seconds: float
     optimizer_seconds: float
     """optimizer + grad_accumulation + low_rank_projection."""

@@ -129,10 +129,10 @@ def vllm_args(model: ModelSpec, cand: Candidate) -> dict[str, Any]:
 def vllm_script(model: ModelSpec, cand: Candidate) -> str:
     plan, rep = cand.plan, cand.report
     gib = 2**30
-    per_seq = rep.extra.get("kv_cache_bytes_per_sequence")
-    kv_how = (f"{plan.concurrency} x {per_seq:,} B per {plan.context_len:,}-token sequence, by layer kind"
-              if per_seq is not None and set(model.description.attention_kinds()) != {"full"} else
-              f"{rep.extra['tokens_in_flight']:,} tokens x {rep.extra['kv_cache_bytes_per_token']:,} B")
+    kv = rep.kv_cache
+    kv_how = (f"{plan.concurrency} x {kv.bytes_per_sequence:,} B per {plan.context_len:,}-token sequence, by layer kind"
+              if set(model.description.attention_kinds()) != {"full"} else
+              f"{kv.tokens_in_flight:,} tokens x {kv.bytes_per_token:,} B")
     lines = [
         "#!/usr/bin/env bash",
         f"# Serve {model.name} with vLLM: {plan.short()}  (advisor tune --task inference)",

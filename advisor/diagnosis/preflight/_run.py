@@ -256,7 +256,7 @@ def _probe(model: ModelSpec, plan: Plan, target: Target, headroom: float) -> lis
                         ("lower the micro-batch or the sequence length, or run `advisor tune` for a plan that fits",),
                         "memory", {"status": e.status, "budget_bytes": options.budget_bytes, "test_double": double})]
     measured = rep.measured.to_dict() if rep.measured is not None else {}
-    double = rep.extra.get("test_double")
+    double = rep.measured.test_double if rep.measured is not None else None
     where = f"the cuda test double ({double}; the step ran on the CPU)" if double else f"the {device}"
     title = (f"probe ran: peak {format_bytes(rep.peak_bytes)} measured on {where}{held}, "
              f"{measured.get('tokens_per_s') or 0:,.0f} tokens/s")

@@ -79,7 +79,8 @@ def report_from_result(result: ProbeResult) -> MemoryReport:
     notes += list(result.notes)
     measured = StepMeasurement(tokens_per_s=result.tokens_per_s, step_time_median_s=result.step_time_median_s,
                                step_time_p90_s=result.step_time_p90_s, losses=tuple(result.losses),
-                               final_loss=result.final_loss, fidelity_kl=result.fidelity_kl)
+                               final_loss=result.final_loss, fidelity_kl=result.fidelity_kl,
+                               test_double=result.test_double)
     # speed and accuracy are in ``measured``; ``extra`` keeps the run's diagnostics
     extra: dict[str, Any] = {k: getattr(result, k) for k in (
         "peak_reserved_bytes", "nvml_peak_bytes", "wall_s", "gpu_name", "test_double")}
