@@ -46,7 +46,19 @@ def build_settings(args: argparse.Namespace, settings_cls: type | None = None):
 
     cls = settings_cls or getattr(args, "settings_cls", None) or TuneSettings
     overrides = plan_overrides(args, getattr(args, "overrides", None) or ())
-    return cls.from_flags(args, tuple(overrides), lookup=lambda storage, name: stored_attr(storage, name, ATTR))
+    resolved = {}
+    if getattr(args, "weights", None):
+        from advisor.search.finalists import check_weights
+
+        resolved["weights"] = check_weights(args.weights)
+    settings = cls.from_flags(args, tuple(overrides), resolved=resolved,
+                              lookup=lambda storage, name: stored_attr(storage, name, ATTR))
+    if settings.weights:
+        from advisor.search.finalists import check_data, why_not_measured
+
+        if not why_not_measured(settings.backend, settings.weights, settings.data):
+            check_data(args.data)  # the quality runs need documents to hold out: said now, not after the study
+    return settings
 
 
 def check_budget_reachable(settings) -> None:
@@ -134,11 +146,9 @@ def run(args: argparse.Namespace) -> int:
 def finished_counts(tuner) -> tuple[int, int]:
     """(planned, polish): the finished trials of the study that evaluated a plan of their own, the planned
     --trials apart from those the polish added after them (advisor.search.tuner.is_polish)."""
-    from advisor.search.tuner import is_polish
+    from advisor.ui.tui.state import finished_split
 
-    own = [r for r in tuner.records() if r.state in ("complete", "pruned") and r.duplicate_of is None]
-    polish = sum(1 for r in own if is_polish(r))
-    return len(own) - polish, polish
+    return finished_split(tuner.records())
 
 
 def measure_quality(tuner, quiet: bool = False):

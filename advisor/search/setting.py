@@ -66,6 +66,8 @@ class Setting:
     replaces it when a study is resumed, and it stays out of the default study name."""
     shown: Callable[[Any], str] | None = None
     """The value as a message says it (None: its JSON)."""
+    late: bool = False
+    """Resolved after every other setting, from them (the study name, the storage)."""
 
     @property
     def stored(self) -> bool:
@@ -98,11 +100,12 @@ def setting(default: Any = NO_DEFAULT, *, help: str, flag: str | None = None,  #
             cli: Mapping[str, Any] | None = None, resolve: Callable | None = None, key: str | None = None,
             encode: Callable | None = None, decode: Callable | None = None, missing: Any = NO_DEFAULT,
             recorded: Callable | None = None, answer: bool = False, identity: Callable | None = None,
-            yields: str | None = None, shown: Callable | None = None, compare: bool = True) -> Any:
+            yields: str | None = None, shown: Callable | None = None, late: bool = False,
+            compare: bool = True) -> Any:
     """A field of the study settings with its declaration (the field's name is filled in by ``settings_of``)."""
     spec = Setting(name="", default=default, help=help, flag=flag, cli=dict(cli or {}), resolve=resolve, key=key,
                    encode=encode, decode=decode, missing=missing, recorded=recorded, answer=answer,
-                   identity=identity, yields=yields, shown=shown)
+                   identity=identity, yields=yields, shown=shown, late=late)
     meta = {"setting": spec}
     if default is NO_DEFAULT:
         return dataclasses.field(metadata=meta, compare=compare)

@@ -159,17 +159,6 @@ def _backend(r: Resolving) -> str:
     return resolve_backend(r.flag("backend") or "auto", r.target.detected)
 
 
-def _weights(r: Resolving) -> str | None:
-    if not r.flag("weights"):
-        return None
-    from advisor.search.finalists import check_data, check_weights, why_not_measured
-
-    weights = check_weights(r.flag("weights"))
-    if not why_not_measured(r.values["backend"], weights, r.values.get("data")):
-        check_data(r.flag("data"))  # the quality runs need documents to hold out: said now, not after the study
-    return weights
-
-
 def _regime(r: Resolving) -> str | None:
     regime = r.flag("regime")
     if regime is not None:
@@ -304,7 +293,7 @@ class TuneSettings(_Study):
     weights: str | None = setting(
         None, help="real weights of --model (safetensors / bin): with --data and --backend cuda (or cpu for small "
                    "models), the finalists train a short run each and their measured loss replaces the quality prior",
-        flag="--weights", cli={"metavar": "DIR"}, resolve=_weights, key="weights", answer=True, shown=str)
+        flag="--weights", cli={"metavar": "DIR"}, key="weights", answer=True, shown=str)
     """Directory of the model's real weights: with ``data`` and a cpu or cuda backend, the finalists train a
     short run each from them (advisor.search.finalists)."""
     quality_tokens: int | None = setting(
@@ -323,9 +312,9 @@ class TuneSettings(_Study):
     environment: dict = setting({}, help="GPU driver and CUDA when the study was made", key="environment",
                                 recorded=gpu_environment, decode=dict, compare=False)
     study_name: str = setting("", help="study name (default: model-budget-space and a hash of every other setting "
-                                       "that changes the answer)", flag="--study", resolve=_study_name)
+                                       "that changes the answer)", flag="--study", resolve=_study_name, late=True)
     storage: str = setting("", help="Optuna storage URL (default: SQLite under --reports-dir/<study>/)",
-                           flag="--storage", resolve=_storage)
+                           flag="--storage", resolve=_storage, late=True)
 
     def __post_init__(self) -> None:
         # the space's `auto` choices (precision, attention) become the card's, for this model's class
@@ -359,14 +348,18 @@ class TuneSettings(_Study):
 
     @classmethod
     def from_flags(cls, flags: Any, overrides: tuple[str, ...] = (), stored: Mapping[str, Any] | None = None,
-                   lookup=None) -> "TuneSettings":
+                   lookup=None, resolved: Mapping[str, Any] | None = None) -> "TuneSettings":
         """The settings the tune flags ask for, resolved in declaration order and frozen. ``overrides``: space
         keys set by other flags (the plan flags). ``lookup(storage, study_name)``: the stored description of the
         study they name, if there is one (advisor.search.storage.stored_attr); a study that answers another
-        question is refused, naming the setting, and a guessed value (a detected host budget) takes the stored one."""
+        question is refused, naming the setting, and a guessed value (a detected host budget) takes the stored one.
+        ``resolved``: settings the caller resolved itself (the command checks --weights with the finalists' rule)."""
         resolving = Resolving(flags, overrides, cls)
-        for s in settings_of(cls):
-            if s.resolve is not None:
+        ordered = sorted(settings_of(cls), key=lambda s: s.late)  # stable: declaration order, the late ones last
+        for s in ordered:
+            if resolved and s.name in resolved:
+                resolving.values[s.name] = resolved[s.name]
+            elif s.resolve is not None:
                 resolving.values[s.name] = s.resolve(resolving)
             elif s.dest is not None:
                 value = resolving.flag(s.dest)
@@ -420,10 +413,12 @@ def same_question(cls: type, stored: Mapping[str, Any], values: dict[str, Any]) 
 
 
 def default_study_name(values: Mapping[str, Any], cls: type = TuneSettings) -> str:
-    """model-budget-space, then a short hash of every other setting that changes the answer (the GPU, the GPU
-    count, the sharding, the space's values, a host budget given, the regime...): one question, one study."""
-    model, budget, space = values["model"], values["budget"], values["space"]
-    raw = f"{model.name}-{budget.text}-{space.name}-{identity_hash(settings_of(cls), values)}"
+    """model-budget-space, a short hash of every setting that
+    changes the answer (the GPU, the GPU count, the sharding, the space's values, a host budget given, the
+    regime...), and -host<budget> when one was given: one question, one study."""
+    model, budget, space, host = values["model"], values["budget"], values["space"], values.get("host_budget")
+    given_host = f"-host{host.text}" if host is not None and not values.get("host_detected") else ""
+    raw = f"{model.name}-{budget.text}-{space.name}-{identity_hash(settings_of(cls), values)}{given_host}"
     return re.sub(r"[^A-Za-z0-9._-]+", "", raw.replace(" ", "")).lower()
 
 

@@ -703,13 +703,15 @@ def _frugal_candidates(space: SearchSpace):
     from advisor.search.space import search_knobs
 
     s = space.search
-    frugal = {k.name: k.search.frugal(s.get(k.name, [k.default])) for k in search_knobs(space.plan).values()
-              if k.search.frugal is not None}
+    ks = search_knobs(space.plan)
+    frugal = {k.name: k.search.frugal(s.get(k.name, [k.default])) for k in ks.values() if k.search.frugal is not None}
     for method in space.methods():
         for quant in space.quantizations_for(method):
             for offload in s["offload"]:
                 for opt in s["optimizer"]:
-                    yield {**frugal, "method": method, "quantization": quant, "optimizer": opt, "offload": offload}
+                    point = {**frugal, "method": method, "quantization": quant, "optimizer": opt, "offload": offload}
+                    # a frugal value where its knob does not apply (double quantization of int8 weights) is left out
+                    yield {k: v for k, v in point.items() if k not in frugal or ks[k].applies_to(point)}
 
 
 def settings_from_study(storage_url: str, study_name: str, backend: str | None = None,
