@@ -246,11 +246,16 @@ def test_tune_takes_the_plan_flags_it_recommends_as_fixed_knobs(tmp_path, capsys
     (["--packing", "packing=false"], "--packing: contradicts the override packing=..."),
     (["--grad-accum", "4"], "--grad-accum: the search space derives this knob"),
     (["--loss", "plain", "--chunked-ce"], "--chunked-ce: is --loss chunked, which contradicts --loss plain"),
-    (["--task", "inference", "--packing"], "--packing: not supported with --task inference"),
 ])
 def test_plan_flags_that_cannot_hold_are_refused(tmp_path, capsys, argv, says):
     code, _, err = small(tmp_path, capsys, *argv)
     assert code == 2 and says in err and len(err.strip().splitlines()) == 1
+
+
+def test_serving_refuses_a_training_knob_flag(capsys):
+    code = main(["tune", "--task", "inference", "--gpu-budget", "24GB", "--model", "qwen0.5b", "--packing"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--packing: not supported with --task inference" in err
 
 
 def test_resuming_counts_the_polish_apart_from_the_planned_trials(tmp_path, capsys):

@@ -216,12 +216,13 @@ class TuneSettings(_Study):
     model: ModelSpec = setting(
         help="catalog name or alias, hub id, or local directory", flag="--model", cli={"required": True},
         resolve=lambda r: r.target.model, key="model", encode=lambda m: m.to_dict(), decode=model_from_dict,
-        answer=True, shown=lambda m: m.name)
-    """The model (the whole spec, so a reader needs no catalog, hub or network)."""
+        answer=True, identity=lambda m: {"name": m.name, "hf_id": m.hf_id, "path": m.path}, shown=lambda m: m.name)
+    """The model (the whole spec, so a reader needs no catalog, hub or network; which model it is, not the
+    catalog's figures of the day, is what the question names)."""
     gpu: GpuSpec = setting(
         help="GPU to plan for (catalog name); default: the detected one, else one the budget matches", flag="--gpu",
         resolve=lambda r: r.target.gpu, key="gpu", encode=lambda g: g.to_dict(), decode=gpu_from_dict, answer=True,
-        identity=lambda g: {k: v for k, v in g.to_dict().items() if k not in ("index", "source")},
+        identity=lambda g: {"key": g.key, "name": g.name, "memory_bytes": g.memory_bytes},
         shown=lambda g: g.name)
     """The GPU throughput is predicted for (detected, named with --gpu, or assumed from the budget)."""
     budget: Budget = setting(
