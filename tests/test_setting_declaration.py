@@ -127,3 +127,11 @@ def test_every_setting_is_declared_with_setting():
             loose: int = 0
 
         settings_of(Loose)
+
+
+def test_the_report_reproduces_it(tmp_path):
+    from advisor.search.setting import reproduce_flags
+
+    flags = reproduce_flags(settings(tmp_path, "--frob-level", "5").description())
+    assert flags[flags.index("--frob-level") + 1] == "5"
+    assert flags[flags.index("--host-budget") + 1] == "32GB" and flags[flags.index("--gpu") + 1] == "rtx-4090"

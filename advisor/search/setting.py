@@ -68,6 +68,9 @@ class Setting:
     """The value as a message says it (None: its JSON)."""
     late: bool = False
     """Resolved after every other setting, from them (the study name, the storage)."""
+    flag_text: Callable[[Any], str | None] | None = None
+    """(the stored description) → the flag's text that sets this value again, None: the flag is left out (a
+    GPU only assumed); None declared: the value as text, left out when it is None."""
 
     @property
     def stored(self) -> bool:
@@ -101,11 +104,11 @@ def setting(default: Any = NO_DEFAULT, *, help: str, flag: str | None = None,  #
             encode: Callable | None = None, decode: Callable | None = None, missing: Any = NO_DEFAULT,
             recorded: Callable | None = None, answer: bool = False, identity: Callable | None = None,
             yields: str | None = None, shown: Callable | None = None, late: bool = False,
-            compare: bool = True) -> Any:
+            flag_text: Callable | None = None, compare: bool = True) -> Any:
     """A field of the study settings with its declaration (the field's name is filled in by ``settings_of``)."""
     spec = Setting(name="", default=default, help=help, flag=flag, cli=dict(cli or {}), resolve=resolve, key=key,
                    encode=encode, decode=decode, missing=missing, recorded=recorded, answer=answer,
-                   identity=identity, yields=yields, shown=shown, late=late)
+                   identity=identity, yields=yields, shown=shown, late=late, flag_text=flag_text)
     meta = {"setting": spec}
     if default is NO_DEFAULT:
         return dataclasses.field(metadata=meta, compare=compare)
@@ -253,5 +256,24 @@ def first_difference(settings: tuple[Setting, ...], stored: Mapping[str, Any],
     return None
 
 
+def reproduce_flags(described: Any, texts: Mapping[str, str | None] | None = None) -> list[str]:
+    """The flags that make a study with the same stored settings again, in declaration order (``texts``: a
+    setting's text as the caller knows it better, by name)."""
+    out: list[str] = []
+    for s in settings_of(type(described)):
+        if not s.stored or s.flag is None:
+            continue
+        if texts and s.name in texts:
+            text = texts[s.name]
+        elif s.flag_text is not None:
+            text = s.flag_text(described)
+        else:
+            value = getattr(described, s.name)
+            text = None if value is None else (f"{value:g}" if isinstance(value, float) else str(value))
+        if text is not None:
+            out += [s.flag, text]
+    return out
+
+
 __all__ = ["Described", "NO_DEFAULT", "Setting", "description_type", "first_difference", "from_stored", "identity",
-           "identity_hash", "setting", "setting_of", "settings_of", "to_stored"]
+           "identity_hash", "reproduce_flags", "setting", "setting_of", "settings_of", "to_stored"]

@@ -216,25 +216,26 @@ class TuneSettings(_Study):
     model: ModelSpec = setting(
         help="catalog name or alias, hub id, or local directory", flag="--model", cli={"required": True},
         resolve=lambda r: r.target.model, key="model", encode=lambda m: m.to_dict(), decode=model_from_dict,
-        answer=True, identity=lambda m: {"name": m.name, "hf_id": m.hf_id, "path": m.path}, shown=lambda m: m.name)
+        answer=True, identity=lambda m: {"name": m.name, "hf_id": m.hf_id, "path": m.path}, shown=lambda m: m.name,
+        flag_text=lambda d: d.model.hf_id or d.model.name)
     """The model (the whole spec, so a reader needs no catalog, hub or network; which model it is, not the
     catalog's figures of the day, is what the question names)."""
     gpu: GpuSpec = setting(
         help="GPU to plan for (catalog name); default: the detected one, else one the budget matches", flag="--gpu",
         resolve=lambda r: r.target.gpu, key="gpu", encode=lambda g: g.to_dict(), decode=gpu_from_dict, answer=True,
         identity=lambda g: {"key": g.key, "name": g.name, "memory_bytes": g.memory_bytes},
-        shown=lambda g: g.name)
+        shown=lambda g: g.name, flag_text=lambda d: None if d.gpu_assumed or d.gpu.key == "detected" else d.gpu.key)
     """The GPU throughput is predicted for (detected, named with --gpu, or assumed from the budget)."""
     budget: Budget = setting(
         help='memory budget per GPU: "24GB", "24 GiB", "24000MiB", "90%%" of the GPU (GB = GiB = 2^30 bytes); at '
              "most what the GPU has", flag="--gpu-budget", cli={"required": True}, resolve=lambda r: r.target.budget,
         key="budget", encode=budget_to_dict, decode=budget_from_dict, answer=True, identity=lambda b: b.bytes,
-        shown=_budget_shown)
+        shown=_budget_shown, flag_text=lambda d: d.budget.text)
     """The memory budget per GPU."""
     space: SearchSpace = setting(
         help="search space: a built-in name (advisor/data/spaces/) or a YAML file", flag="--space",
         cli={"default": "default"}, resolve=_space, key="space", encode=lambda s: s.to_dict(), decode=space_from_dict,
-        answer=True, identity=space_identity, shown=_space_shown)
+        answer=True, identity=space_identity, shown=_space_shown, flag_text=lambda d: d.space.name)
     """The resolved search space (overrides and fixed plan flags applied; ``auto`` choices the card's)."""
     gpu_assumed: bool = setting(
         False, help="no GPU was named or detected: ``gpu`` was assumed from the budget",
@@ -244,7 +245,8 @@ class TuneSettings(_Study):
         None, help="your training documents (JSONL with \"text\", text, or one token length per line): memory at "
                    "the longest batch unless packed, tokens/s in real tokens; adds packing to the search",
         flag="--data", cli={"metavar": "FILE"}, resolve=lambda r: r.data, key="data", encode=data_to_dict, decode=data_from_dict,
-        answer=True, identity=_data_identity, shown=lambda d: f"{d.source} ({len(d.lengths)} documents)")
+        answer=True, identity=_data_identity, shown=lambda d: f"{d.source} ({len(d.lengths)} documents)",
+        flag_text=lambda d: d.data.source if d.data is not None else None)
     """The user's documents (advisor.core.data_profile.DataProfile): memory at the longest batch unless packed,
     tokens/s in real tokens. None: every sequence is seq_len tokens."""
     backend: str = setting(
@@ -286,7 +288,8 @@ class TuneSettings(_Study):
                    "RAM (GB = GiB = 2^30 bytes); default: this machine's RAM as detected (psutil, or its container's "
                    "limit). A plan fits when its host peak (pinned and pageable) fits it less the OS reserve",
         flag="--host-budget", resolve=lambda r: r.target.host_budget, key="host_budget", encode=budget_to_dict,
-        decode=budget_from_dict, answer=True, identity=lambda b: b.bytes, yields="host_detected", shown=_budget_shown)
+        decode=budget_from_dict, answer=True, identity=lambda b: b.bytes, yields="host_detected", shown=_budget_shown,
+        flag_text=lambda d: None if d.host_budget is None or d.host_detected else d.host_budget.text)
     """The RAM of the machine the run is for (--host-budget, else detected); None: host memory not checked (a
     study made before host budgets)."""
     host_detected: bool = setting(False, help="``host_budget`` was detected on this machine rather than given",
