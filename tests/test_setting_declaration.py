@@ -92,8 +92,9 @@ def test_it_takes_part_in_the_default_study_name_and_in_the_question(tmp_path):
                                             "--study", "mine", "--reports-dir", str(tmp_path)])
     with pytest.raises(AdvisorInputError) as e:
         FrobSettings.from_flags(args, stored=stored)
-    assert str(e.value) == ("--frob-level: study 'mine' was made with frob level 5, not 6; drop --study for the study "
-                            "of these settings, or name a new one (the existing study is kept as it is)")
+    assert str(e.value) == ("--frob-level: study 'mine' was made with frob level 5, not 6; name another study with "
+                            "--study, or leave --study out for the study of these settings (the existing study is kept "
+                            "as it is)")
 
 
 @pytest.mark.parametrize("extra", [

@@ -370,12 +370,10 @@ class TuneSettings(_Study):
                 resolving.values[s.name] = s.default if value is None else value
             else:
                 resolving.values[s.name] = None if s.default is NO_DEFAULT else s.default
-        values = resolving.values
+        settings = cls(**resolving.values)
         if stored is None and lookup is not None:
-            stored = lookup(values["storage"], values["study_name"])
-        if stored:
-            values = same_question(cls, stored, values)
-        return cls(**values)
+            stored = lookup(settings.storage, settings.study_name)
+        return same_question(settings, stored) if stored else settings
 
 
 class _Description(Described, _Study):
@@ -392,28 +390,28 @@ StudyDescription = study_description_type(TuneSettings)
 StudyDescription.__module__ = __name__
 
 
-def same_question(cls: type, stored: Mapping[str, Any], values: dict[str, Any]) -> dict[str, Any]:
-    """``values`` for a study whose description is ``stored``: a setting that changes the answer and differs is
-    an input error naming its flag, the stored value and the new one; a guessed value (``yields``: a host budget
-    detected here) takes the stored one."""
-    ss = settings_of(cls)
+def same_question(settings: TuneSettings, stored: Mapping[str, Any]) -> TuneSettings:
+    """``settings`` for the study whose description is ``stored``: a setting that changes the answer and differs
+    is an input error naming its flag, the stored value and the new one; a guessed value (``yields``: a host
+    budget detected here) gives way to the stored one, in new settings (these are frozen)."""
+    from advisor.search.setting import from_stored
+
+    ss = settings_of(type(settings))
+    values = {s.name: getattr(settings, s.name) for s in ss}
     diff = first_difference(ss, stored, values)
     if diff is not None:
         s, old, new = diff
         where = s.flag or f"--{s.name.replace('_', '-')}"
         raise AdvisorInputError(
-            where, f"study {values['study_name']!r} was made with {s.name.replace('_', ' ')} {s.show(old)}, not "
-            f"{s.show(new)}; drop --study for the study of these settings, or name a new one (the existing study is "
-            "kept as it is)", show_value=False)
-    out = dict(values)
-    from advisor.search.setting import from_stored
-
+            where, f"study {settings.study_name!r} was made with {s.name.replace('_', ' ')} {s.show(old)}, not "
+            f"{s.show(new)}; name another study with --study, or leave --study out for the study of these settings "
+            "(the existing study is kept as it is)", show_value=False)
     stored_values = from_stored(ss, stored)
+    taken = {}
     for s in ss:
         if s.yields is not None and values.get(s.yields) and s.stored:
-            out[s.name] = stored_values[s.name]
-            out[s.yields] = stored_values[s.yields]
-    return out
+            taken.update({s.name: stored_values[s.name], s.yields: stored_values[s.yields]})
+    return replace(settings, **taken) if taken else settings
 
 
 def default_study_name(values: Mapping[str, Any], cls: type = TuneSettings) -> str:
