@@ -164,13 +164,15 @@ def test_cpu_backend_runs_real_probes_on_a_tiny_model(tmp_path, capsys):
 
 
 def small(tmp_path, capsys, *extra):
-    """A quick study of qwen0.5b on 24 GB (estimate backend), as --json prints it: (exit code, result, stderr)."""
+    """A quick study of qwen0.5b on 24 GB (estimate backend, 3 trials), as --json prints it: (exit code, result,
+    stderr)."""
     code = main(["tune", "--gpu-budget", "24GB", "--model", "qwen0.5b", "--backend", "estimate", "--json",
-                 "--trials", "4", "--reports-dir", str(tmp_path / "reports"), *extra])
+                 "--trials", "3", "--reports-dir", str(tmp_path / "reports"), *extra])
     out = capsys.readouterr()
     return code, json.loads(out.out) if out.out.strip() else None, out.err
 
 
+@pytest.mark.slow
 def test_another_gpu_is_another_study_and_an_explicit_study_of_the_first_is_refused(tmp_path, capsys):
     """A study answers one question: the same command on another GPU answers for that GPU, in a study of its own,
     and naming the first study with the new GPU is refused in one line, the study left as it was."""
@@ -178,13 +180,13 @@ def test_another_gpu_is_another_study_and_an_explicit_study_of_the_first_is_refu
     assert code == 0 and first["gpu"] == {"name": "NVIDIA GeForce RTX 3090", "assumed": True}
     code, other, _ = small(tmp_path, capsys, "--gpu", "rtx-4090")
     assert code == 0 and other["study"] != first["study"] and other["gpu"]["name"] == "NVIDIA GeForce RTX 4090"
-    assert other["n_trials"] == 4 and other["best"]["tokens_per_s"] != first["best"]["tokens_per_s"]
-    code, refused, err = small(tmp_path, capsys, "--gpu", "rtx-4090", "--study", first["study"], "--trials", "6")
+    assert other["n_trials"] == 3 and other["best"]["tokens_per_s"] != first["best"]["tokens_per_s"]
+    code, refused, err = small(tmp_path, capsys, "--gpu", "rtx-4090", "--study", first["study"], "--trials", "5")
     assert code == 2 and refused is None and len(err.strip().splitlines()) == 1
     assert (f"--gpu: study {first['study']!r} was made with gpu NVIDIA GeForce RTX 3090, not NVIDIA GeForce RTX 4090"
             in err)
     _, again, _ = small(tmp_path, capsys)
-    assert again["study"] == first["study"] and again["n_trials"] == 4  # untouched: no trial was added
+    assert again["study"] == first["study"] and again["n_trials"] == 3  # untouched: no trial was added
 
 
 def test_a_resumed_study_explains_its_answer_as_the_run_that_made_it(tmp_path, capsys):
