@@ -12,6 +12,8 @@ of the grid's evaluations.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import argparse
 import sys
 import tempfile
@@ -76,7 +78,7 @@ def trials_to_reach(settings: TuneSettings, target_tps: float) -> tuple[int | No
     tuner = Tuner(settings)
     tuner.open_study()
     for n in range(1, settings.trials + 1):
-        tuner.s.trials = n
+        tuner.s = replace(tuner.s, trials=n)  # the settings are frozen: the next count is new settings
         tuner.run()
         best = tuner.selection().best
         # reached: the tuner's pick is as good as the grid's under the selection's own rule (a tie)

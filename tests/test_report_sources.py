@@ -54,6 +54,7 @@ def _record(settings, plan: Plan, stage: str, source: str, scale: float, **extra
 def probed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("probed")
     s = _settings(tmp)
+    (tmp / s.study_name).mkdir()  # the tuner makes the folder when it opens the study; this test writes it itself
     study = optuna.create_study(study_name=s.study_name, storage=s.storage, directions=["maximize", "minimize"])
     study.set_user_attr("advisor", s.describe())
     measured = _record(s, QLORA, "probe", "measured", 1.08, tokens_per_s=1234.5, tokens_per_s_source="measured",

@@ -93,3 +93,31 @@ def test_tune_stores_it_and_a_worker_export_and_report_read_it_back(study, tmp_p
     # the TUI reads the stored JSON through the same type, with the same selection settings
     info = StudyInfo.from_description("desc", tuner.study.user_attrs[ATTR])
     assert info.description == stored and (info.headroom, info.tolerance) == (stored.headroom, stored.tolerance)
+
+
+def test_a_study_stored_before_the_settings_were_declared_loads():
+    """The JSON `advisor tune` stored before the study settings were declared once (written by that version for
+    qwen0.5b on two RTX 4090s under ZeRO-2, a given host budget, the domain regime and two overrides)."""
+    from pathlib import Path
+
+    stored = json.loads((Path(__file__).parent / "data" / "study_description_before_declarations.json").read_text())
+    d = StudyDescription.from_dict(stored)
+    assert d.model == resolve_model("qwen0.5b") and d.gpu == resolve_gpu("rtx-4090")
+    assert (d.budget.text, d.backend, d.trials, d.gpus, d.sharding, d.regime) == ("24GB", "estimate", 3, 2, "zero2",
+                                                                                   "domain")
+    assert d.host_budget.text == "32GB" and not d.host_detected and d.data is None and d.quality_tokens is None
+    assert d.space.search["micro_batch"] == [1, 2] and d.space.overrides == ("method=lora", "micro_batch=[1,2]")
+    again = d.to_dict()
+    assert {k: again[k] for k in stored} == stored  # every key it had, written back as it was
+    # a tune naming that study with the same settings takes it up; with another GPU count it is refused
+    base = ["tune", "--model", "qwen0.5b", "--gpu", "rtx-4090", "--gpu-budget", "24GB", "--backend", "estimate",
+            "--host-budget", "32GB", "--sharding", "zero2", "--regime", "domain", "--study", "old", "method=lora",
+            "micro_batch=[1,2]"]
+    from advisor.search.settings import TuneSettings
+
+    same = TuneSettings.from_flags(build_parser().parse_args(base + ["--gpus", "2"]), stored=stored)
+    assert same.gpus == 2 and same.study_name == "old"
+    from advisor.core.errors import AdvisorInputError
+
+    with pytest.raises(AdvisorInputError, match=r"^--gpus: study 'old' was made with gpus 2, not 1;"):
+        TuneSettings.from_flags(build_parser().parse_args(base), stored=stored)

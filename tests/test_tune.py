@@ -140,7 +140,7 @@ def test_other_study_settings_refused_without_losing_the_study(tmp_path, capsys)
     code = main(["tune", "--gpu-budget", "24GB", "--model", "qwen7b", "--backend", "estimate", "--json",
                  "--reports-dir", str(tmp_path / "reports"), "--study", "mine", "--space", "qlora"])
     assert code == 2
-    assert "another space" in capsys.readouterr().err
+    assert "--space: study 'mine' was made with space default, not qlora" in capsys.readouterr().err
     _, again = tune(tmp_path, capsys, "--trials", "5", "--study", "mine")
     assert again["n_trials"] == 5
 
@@ -161,3 +161,123 @@ def test_cpu_backend_runs_real_probes_on_a_tiny_model(tmp_path, capsys):
     probed = [t for t in d["trials"] if t["state"] == "complete"]
     assert probed and all(t["source"] == "measured" and t["tokens_per_s_source"] == "measured" for t in probed)
     assert d["best"]["source"] == "measured" and d["best"]["peak_bytes"] < 2**30
+
+
+def small(tmp_path, capsys, *extra):
+    """A quick study of qwen0.5b on 24 GB (estimate backend, 3 trials), as --json prints it: (exit code, result,
+    stderr)."""
+    code = main(["tune", "--gpu-budget", "24GB", "--model", "qwen0.5b", "--backend", "estimate", "--json",
+                 "--trials", "3", "--reports-dir", str(tmp_path / "reports"), *extra])
+    out = capsys.readouterr()
+    return code, json.loads(out.out) if out.out.strip() else None, out.err
+
+
+@pytest.mark.slow
+def test_another_gpu_is_another_study_and_an_explicit_study_of_the_first_is_refused(tmp_path, capsys):
+    """A study answers one question: the same command on another GPU answers for that GPU, in a study of its own,
+    and naming the first study with the new GPU is refused in one line, the study left as it was."""
+    code, first, _ = small(tmp_path, capsys)
+    assert code == 0 and first["gpu"] == {"name": "NVIDIA GeForce RTX 3090", "assumed": True}
+    code, other, _ = small(tmp_path, capsys, "--gpu", "rtx-4090")
+    assert code == 0 and other["study"] != first["study"] and other["gpu"]["name"] == "NVIDIA GeForce RTX 4090"
+    assert other["n_trials"] == 3 and other["best"]["tokens_per_s"] != first["best"]["tokens_per_s"]
+    code, refused, err = small(tmp_path, capsys, "--gpu", "rtx-4090", "--study", first["study"], "--trials", "5")
+    assert code == 2 and refused is None and len(err.strip().splitlines()) == 1
+    assert (f"--gpu: study {first['study']!r} was made with gpu NVIDIA GeForce RTX 3090, not NVIDIA GeForce RTX 4090"
+            in err)
+    _, again, _ = small(tmp_path, capsys)
+    assert again["study"] == first["study"] and again["n_trials"] == 3  # untouched: no trial was added
+
+
+def test_a_resumed_study_explains_its_answer_as_the_run_that_made_it(tmp_path, capsys):
+    _, first, _ = small(tmp_path, capsys, "--gpus", "2")
+    _, again, _ = small(tmp_path, capsys, "--gpus", "2")
+    assert again["study"] == first["study"] and again["explanation"] == first["explanation"]
+    assert again["best"] == first["best"]
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--gpu", "a10g", "--gpu-budget", "24GB"], "--gpu-budget: more than the NVIDIA A10G has: 22.5 GiB per GPU "
+                                                "(got '24GB')"),
+    (["--gpu-budget", "24TB"], "--gpu-budget: more than the largest catalog GPU (NVIDIA H200) has: 140.4 GiB per GPU "
+                               "(got '24TB')"),
+])
+def test_a_budget_the_card_does_not_have_is_refused(tmp_path, capsys, argv, says):
+    code = main(["tune", "--model", "qwen0.5b", "--backend", "estimate", "--reports-dir", str(tmp_path), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_nominal_size_of_a_card_is_its_budget(tmp_path):
+    from advisor.core.target import resolve_target
+
+    for gpu, budget in (("rtx-4090", "24GB"), ("h100-sxm", "80GB"), ("a10g", "22.5GB")):
+        assert resolve_target("qwen0.5b", gpu=gpu, gpu_budget=budget, detect=False).budget.text == budget
+
+
+def test_a_rejected_budget_leaves_no_study_folder(tmp_path, capsys):
+    code = main(["tune", "--gpu-budget", "1GB", "--model", "qwen7b", "--backend", "estimate",
+                 "--reports-dir", str(tmp_path / "reports")])
+    assert code == 2 and "smallest plan" in capsys.readouterr().err
+    assert not (tmp_path / "reports").exists()
+
+
+def test_report_without_a_study_says_so_in_one_line(tmp_path, capsys):
+    code = main(["report", "--reports-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "STUDY: name a study directory" in err and "None" not in err
+
+
+def test_tune_takes_the_plan_flags_it_recommends_as_fixed_knobs(tmp_path, capsys):
+    """"pack the sequences (--packing)": tune takes every knob flag estimate takes, as a fixed value of the space."""
+    code, d, _ = small(tmp_path, capsys, "--packing", "--chunked-ce", "--dora", "--attn-impl", "eager",
+                       "--method", "lora")
+    assert code == 0
+    plan = d["best"]["plan"]
+    assert (plan["packing"], plan["loss"], plan["dora"], plan["attn_impl"], plan["method"]) == \
+        (True, "chunked", True, "eager", "lora")
+    assert all(t["plan"].get("packing") for t in d["trials"] if t["plan"])
+    code, d, _ = small(tmp_path, capsys, "--loss", "fused-linear", "--checkpoint-layers", "2")
+    assert code == 0 and {t["plan"]["loss"] for t in d["trials"] if t["plan"]} == {"fused-linear"}
+    assert all(t["plan"]["gradient_checkpointing"] for t in d["trials"] if t["plan"])
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--packing", "packing=false"], "--packing: contradicts the override packing=..."),
+    (["--grad-accum", "4"], "--grad-accum: the search space derives this knob"),
+    (["--loss", "plain", "--chunked-ce"], "--chunked-ce: is --loss chunked, which contradicts --loss plain"),
+])
+def test_plan_flags_that_cannot_hold_are_refused(tmp_path, capsys, argv, says):
+    code, _, err = small(tmp_path, capsys, *argv)
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1
+
+
+def test_serving_refuses_a_training_knob_flag(capsys):
+    code = main(["tune", "--task", "inference", "--gpu-budget", "24GB", "--model", "qwen0.5b", "--packing"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--packing: not supported with --task inference" in err
+
+
+def test_resuming_counts_the_polish_apart_from_the_planned_trials(tmp_path, capsys):
+    """"Resuming: 41 of 40 trials" counted the polish trials among the planned ones."""
+    from advisor.cli import build_parser
+    from advisor.commands.tune import build_settings
+    from advisor.search.select import TrialRecord
+    from advisor.search.tuner import POLISH_MARK
+    from advisor.ui.render import TuneProgress
+    from advisor.ui.tui.state import finished_split
+
+    records = [TrialRecord(number=i, state="complete", plan={}, plan_short="") for i in range(40)]
+    records += [TrialRecord(number=40, state="complete", plan={}, plan_short="", ladder=f"{POLISH_MARK} optimizer"),
+                TrialRecord(number=41, state="complete", plan={}, plan_short="", duplicate_of=3)]
+    assert finished_split(records) == (40, 1)
+    settings = build_settings(build_parser().parse_args(
+        ["tune", "--gpu-budget", "24GB", "--model", "qwen0.5b", "--backend", "estimate", "--trials", "40",
+         "--reports-dir", str(tmp_path)]))
+    progress = TuneProgress(settings)
+    progress.start(40, 1)
+    progress.stop()
+    out = capsys.readouterr().out
+    assert "Resuming: 40 of 40 planned trials + 1 polish already finished." in out and "41" not in out

@@ -29,10 +29,10 @@ def add_parser(subs) -> None:
                     "model and torch/driver version for later predictions.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default="qwen0.5b", help="architecture of the probes (random weights)")
-    p.add_argument("--probes", type=positive_int("--probes"), default=len(PROBE_PLANS),
+    p.add_argument("--probes", type=positive_int, default=len(PROBE_PLANS),
                    help="training probes to run (cycling through a LoRA and a QLoRA plan)")
-    p.add_argument("--num-layers", type=positive_int("--num-layers"), default=4, help="decoder layers the probes build")
-    p.add_argument("--timeout", type=number("--timeout", low=0), default=300.0, help="seconds per probe")
+    p.add_argument("--num-layers", type=positive_int, default=4, help="decoder layers the probes build")
+    p.add_argument("--timeout", type=number(low=0), default=300.0, help="seconds per probe")
     p.add_argument("--calibration", metavar="FILE",
                    help="calibration file (default: $ADVISOR_MEMORY_CALIBRATION or ~/.cache/vram-advisor/memory_calibration.json)")
     p.add_argument("--json", action="store_true", help="print the calibration as one JSON object")

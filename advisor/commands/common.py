@@ -10,7 +10,7 @@ from advisor.core.knobs import Knob, format_value, knobs
 from advisor.core.plan import Plan, flag_of
 
 
-def whole_number(flag: str, minimum: int = 1):
+def whole_number(minimum: int = 1):
     """argparse type: an int of at least ``minimum`` (argparse names the flag in its message)."""
     def parse(text: str) -> int:
         try:
@@ -23,11 +23,12 @@ def whole_number(flag: str, minimum: int = 1):
     return parse
 
 
-def positive_int(flag: str):
-    return whole_number(flag, 1)
+positive_int = whole_number(1)
+"""argparse type: a whole number of at least 1."""
 
 
-def number(flag: str, low: float | None = None, low_inclusive: bool = False, high: float | None = None):
+def number(low: float | None = None, low_inclusive: bool = False, high: float | None = None):
+    """argparse type: a number in the range given (argparse names the flag in its message)."""
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -93,9 +94,9 @@ def add_knob_flag(g, k: Knob, plan: type = Plan) -> None:
         if k.cli.parse is not None:
             options["type"] = k.cli.parse
         elif k.range is not None and k.range.whole:
-            options["type"] = whole_number(k.flag, int(k.range.low))
+            options["type"] = whole_number(int(k.range.low))
         elif k.range is not None:
-            options["type"] = number(k.flag, low=k.range.low, low_inclusive=k.range.low_inclusive, high=k.range.high)
+            options["type"] = number(low=k.range.low, low_inclusive=k.range.low_inclusive, high=k.range.high)
         if k.cli.metavar:
             options["metavar"] = k.cli.metavar
         g.add_argument(k.flag, **options)
@@ -113,9 +114,92 @@ def add_gpus_flags(p: argparse.ArgumentParser) -> None:
     from advisor.memory.sharding import DEFAULT_SHARDING, STRATEGIES
 
     g = p.add_argument_group("several GPUs")
-    g.add_argument("--gpus", type=positive_int("--gpus"), default=1, help="data-parallel GPUs (per-GPU ledger)")
+    g.add_argument("--gpus", type=positive_int, default=1, help="data-parallel GPUs (per-GPU ledger)")
     g.add_argument("--sharding", choices=STRATEGIES, default=DEFAULT_SHARDING,
                    help="how model state is split across --gpus (ZeRO-2/3, FSDP full shard, or replicated)")
+
+
+def range_type(r):
+    """The argparse type of a Range (advisor.core.knobs): whole numbers from its low, else numbers in it."""
+    if r.whole:
+        return whole_number(int(r.low))
+    return number(low=r.low, low_inclusive=r.low_inclusive, high=r.high)
+
+
+def add_setting_flags(p, settings_cls: type) -> None:
+    """A flag per study setting that declares one (advisor.search.setting): its help, parse type, choices
+    and the default the help states."""
+    from advisor.search.setting import NO_DEFAULT, settings_of
+
+    g = p.add_argument_group("study settings")
+    for s in settings_of(settings_cls):
+        if s.flag is None:
+            continue
+        options = {k: v for k, v in s.cli.items() if k != "range"}
+        if "range" in s.cli:
+            options["type"] = range_type(s.cli["range"])
+        options.setdefault("help", s.help)
+        if options.get("action") not in ("store_true", "store_false") and "default" not in options:
+            plain = s.default is not NO_DEFAULT and s.resolve is None and not isinstance(s.default, (dict, list))
+            options["default"] = s.default if plain else None
+        g.add_argument(s.flag, **options)
+
+
+def add_plan_override_flags(p: argparse.ArgumentParser, plan: type = Plan) -> None:
+    """A flag per knob of ``plan``, as estimate takes it (flag, parse type, choices), that fixes the knob in the
+    search space (``plan_overrides``); left out, the space searches it."""
+    g = p.add_argument_group("fix a knob of the space (the flags of advisor estimate; the same as key=value)")
+    for k in knobs(plan):
+        options: dict[str, Any] = {"dest": k.name, "default": None,
+                                   "help": k.help + " (default: the space's)"}
+        if k.is_switch:
+            g.add_argument(k.flag, action="store_const", const=True, **options)
+        else:
+            if k.choices is not None:
+                options["choices"] = k.choices
+            if k.cli.parse is not None:
+                options["type"] = str  # kept as typed: the space reads set names and module lists itself
+            elif k.range is not None:
+                options["type"] = range_type(k.range)
+            if k.cli.metavar:
+                options["metavar"] = k.cli.metavar
+            g.add_argument(k.flag, **options)
+        if k.cli.alias:
+            flag, value = k.cli.alias
+            g.add_argument(flag, dest=_alias_dest(flag), action="store_true",
+                           help=f"the same as {k.flag} {format_value(value)}")
+
+
+def plan_overrides(args: argparse.Namespace, overrides: list[str] | tuple[str, ...] = (),
+                   plan: type = Plan) -> list[str]:
+    """The ``key=value`` space overrides the knob flags given ask for (``add_plan_override_flags``): each fixes
+    its knob to one value; a flag that contradicts an override of the same key, or a knob the space derives
+    from its other values, is an input error naming the flag."""
+    from advisor.search.space import KNOWN_FIXED_KEYS, search_knobs
+
+    given = {o.split("=", 1)[0].strip() for o in overrides}
+    out: list[str] = []
+    for k in knobs(plan):
+        value = getattr(args, k.name, None)
+        if k.cli.alias and getattr(args, _alias_dest(k.cli.alias[0]), False):
+            flag, meant = k.cli.alias
+            if value not in (None, meant):
+                raise AdvisorInputError(flag, f"is {k.flag} {format_value(meant)}, which contradicts {k.flag} {value}",
+                                        value)
+            value = meant
+        if value is None:
+            continue
+        if k.name not in search_knobs(plan) and k.name not in KNOWN_FIXED_KEYS:
+            raise AdvisorInputError(k.flag, "the search space derives this knob from its other values (advisor "
+                                    "estimate takes it for one plan)", value)
+        if k.name in given:
+            raise AdvisorInputError(k.flag, f"contradicts the override {k.name}=... given beside it", value)
+        text = "true" if value is True else format_value(value)
+        out.append(f"{k.name}={text}")
+        if k.cli.implies and value != k.default and k.cli.implies[0] not in given:
+            implied, implied_value = k.cli.implies
+            out.append(f"{implied}={'true' if implied_value is True else format_value(implied_value)}")
+    return out
 
 
 def plan_from_args(args: argparse.Namespace, plan: type = Plan, card=None) -> Plan:

@@ -21,8 +21,8 @@ def add_parser(subs) -> None:
     add_host_budget_flag(p)
     add_plan_flags(p)
     g = p.add_argument_group("inference (--task inference)")
-    g.add_argument("--context-len", type=positive_int("--context-len"), default=4096, help="tokens per sequence")
-    g.add_argument("--concurrency", type=positive_int("--concurrency"), default=1, help="sequences at once")
+    g.add_argument("--context-len", type=positive_int, default=4096, help="tokens per sequence")
+    g.add_argument("--concurrency", type=positive_int, default=1, help="sequences at once")
     g.add_argument("--weight-format", default="bf16", help="bf16, fp16, fp8, int8, int4")
     g.add_argument("--kv-dtype", default="bf16", help="bf16, fp16, fp8")
     p.add_argument("--data", metavar="FILE",
@@ -32,7 +32,7 @@ def add_parser(subs) -> None:
                    help="estimate (closed form; the simulation answers for a model it cannot describe, and the "
                         "output says so), simulate (fake-tensor trace), or a cpu / cuda probe (real run, the budget "
                         "enforced)")
-    p.add_argument("--headroom", type=number("--headroom", low=0, low_inclusive=True, high=1), default=HEADROOM,
+    p.add_argument("--headroom", type=number(low=0, low_inclusive=True, high=1), default=HEADROOM,
                    help="fraction of the budget kept free")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)

@@ -19,9 +19,9 @@ def add_parser(subs) -> None:
     p.add_argument("--gpu", help="GPU from the catalog; default: the detected one")
     add_host_budget_flag(p)
     p.add_argument("--data", help="training data (JSONL with 'text', or .txt): longest sequence and total tokens")
-    p.add_argument("--max-seq-len", type=positive_int("--max-seq-len"), help="longest sequence (without --data)")
-    p.add_argument("--epochs", type=number("--epochs", low=0), help="epochs for the time estimate")
-    p.add_argument("--headroom", type=number("--headroom", low=0, low_inclusive=True, high=1), default=HEADROOM,
+    p.add_argument("--max-seq-len", type=positive_int, help="longest sequence (without --data)")
+    p.add_argument("--epochs", type=number(low=0), help="epochs for the time estimate")
+    p.add_argument("--headroom", type=number(low=0, low_inclusive=True, high=1), default=HEADROOM,
                    help="fraction of the budget kept free (default: %(default)s)")
     p.add_argument("--probe", action="store_true",
                    help="also run a short real training probe held to the budget (a failed probe is NO-GO)")

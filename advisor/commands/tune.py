@@ -7,107 +7,58 @@ import json
 import sys
 
 from advisor.commands._help import DefaultsHelpFormatter
-from advisor.commands.common import add_gpus_flags, add_host_budget_flag, number, positive_int
-from advisor.core.fit import HEADROOM
-from advisor.runtime.backends import BACKENDS
-from advisor.search.select import ACCURACY_TOLERANCE
+from advisor.commands.common import add_plan_override_flags, add_setting_flags, plan_overrides, positive_int
 
 
-def add_parser(subs) -> None:
+def add_parser(subs, settings_cls: type | None = None) -> None:
+    """``advisor tune``: the study settings' flags (advisor.search.settings, each from its declaration), the knob
+    flags that fix a knob of the space (as advisor estimate takes them), and what the command itself does."""
+    from advisor.search.settings import TuneSettings
+
     p = subs.add_parser(
         "tune", help="find the best plan for a model on a memory budget",
         description="Search memory techniques in priority order (quantized loading + PEFT, then gradient "
                     "checkpointing, then offload), measure each candidate, prune what does not fit, and return "
                     "the plan that best balances throughput and accuracy.",
         formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--model", required=True, help="catalog name or alias, hub id, or local directory")
+    add_setting_flags(p, settings_cls or TuneSettings)
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code shipped in a model directory")
-    p.add_argument("--gpu-budget", required=True, help='memory budget: "24GB", "24 GiB", "24000MiB", "90%%"')
-    p.add_argument("--gpu", help="GPU to plan for (catalog name); default: the detected one, else one the budget matches")
-    add_host_budget_flag(p)
-    p.add_argument("--space", default="default", help="search space: a built-in name (advisor/data/spaces/) or a YAML file")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="override space keys, e.g. method=qlora seq_len=2048")
-    p.add_argument("--backend", default="auto", choices=("auto", *BACKENDS),
-                   help="last stage of each trial; auto: cuda with a GPU, else simulate")
-    p.add_argument("--trials", type=positive_int("--trials"), help="finished trials to reach (default: the space's)")
-    p.add_argument("--headroom", type=number("--headroom", low=0, low_inclusive=True, high=1), default=HEADROOM,
-                   help="fraction of the budget kept free")
-    p.add_argument("--accuracy-tolerance", type=number("--accuracy-tolerance", low=0, low_inclusive=True),
-                   default=ACCURACY_TOLERANCE,
-                   help="largest accuracy loss accepted (KL nats/token; priors: int8 0.002, nf4 0.015, fp4 0.035)")
-    p.add_argument("--regime", help="what the fine-tune is, for the quality model: sft (instruction or chat tuning, "
-                   "the default), domain (code or math on ~100M+ tokens) or cpt (continued pre-training); "
-                   "advisor/data/quality.yaml")
-    p.add_argument("--seed", type=int, default=0, help="sampler seed")
-    p.add_argument("--study", help="study name (default: model-budget-space)")
-    p.add_argument("--storage", help="Optuna storage URL (default: SQLite under --reports-dir/<study>/)")
     p.add_argument("--reports-dir", default="reports", help="where studies, reports and exports land")
     p.add_argument("--export", metavar="DIR", help="write the winner's configs (advisor.yaml, DeepSpeed, train.py...)")
-    p.add_argument("--data", metavar="FILE",
-                   help="your training documents (JSONL with \"text\", text, or one token length per line): memory at "
-                        "the longest batch unless packed, tokens/s in real tokens; adds packing to the search")
-    p.add_argument("--weights", metavar="DIR",
-                   help="real weights of --model (safetensors / bin): with --data and --backend cuda (or cpu for "
-                        "small models), the finalists train a short run each and their measured loss replaces the "
-                        "quality prior")
-    p.add_argument("--quality-tokens", type=positive_int("--quality-tokens"), metavar="N",
-                   help="training tokens of each finalist's quality run (default: 30 optimizer steps of the largest "
-                        "step; rounded up to whole steps of every finalist)")
-    p.add_argument("--probe-steps", type=positive_int("--probe-steps"), default=3, help="measured steps per probe")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
-    add_gpus_flags(p)
     p.add_argument("--tui", action="store_true", help="run the study inside the Textual app")
     p.add_argument("--task", choices=("train", "inference"), default="train",
                    help="train: fine-tuning plans; inference: serving plans (vLLM / transformers exports)")
-    p.add_argument("--context-len", type=positive_int("--context-len"), help="inference: tokens per sequence (default: searched)")
-    p.add_argument("--concurrency", type=positive_int("--concurrency"), help="inference: sequences at once (default: the most that fit)")
+    p.add_argument("--context-len", type=positive_int, help="inference: tokens per sequence (default: searched)")
+    p.add_argument("--concurrency", type=positive_int, help="inference: sequences at once (default: the most that fit)")
     p.add_argument("--no-work", action="store_true",
                    help="create the study (in a shared --storage) and only watch while `advisor worker`s run it")
-    p.add_argument("--heartbeat", type=positive_int("--heartbeat"), default=10,
-                   help="seconds between trial heartbeats in a shared storage")
-    p.set_defaults(run=run)
+    add_plan_override_flags(p)
+    p.set_defaults(run=run, settings_cls=settings_cls)
 
 
-def build_settings(args: argparse.Namespace):
-    from advisor.commands.common import target_from_args
-    from advisor.core.errors import AdvisorInputError
-    from advisor.runtime.backends import BackendOptions, resolve_backend
-    from advisor.search.space import load_space
-    from advisor.search.tuner import TuneSettings, default_storage, default_study_name
+def build_settings(args: argparse.Namespace, settings_cls: type | None = None):
+    """The study's settings from the flags, frozen (advisor.search.settings.TuneSettings.from_flags): the knob
+    flags become space overrides, and a study already stored under the name must ask the same question."""
+    from advisor.search.settings import ATTR, TuneSettings
+    from advisor.search.storage import stored_attr
 
-    target = target_from_args(args, budget_required=True)
-    space = load_space(args.space, args.overrides)
-    data = None
-    if getattr(args, "data", None):
-        from advisor.runtime.probe import data_profile
-
-        data = data_profile(args.data, target.model.path)
-        if not any(o.split("=", 1)[0].strip() == "packing" for o in args.overrides):
-            space.search["packing"] = [False, True]  # with real lengths packing is a real trade-off
-    backend = resolve_backend(args.backend, target.detected)
-    weights = None
+    cls = settings_cls or getattr(args, "settings_cls", None) or TuneSettings
+    overrides = plan_overrides(args, getattr(args, "overrides", None) or ())
+    resolved = {}
     if getattr(args, "weights", None):
-        from advisor.search.finalists import check_data, check_weights, why_not_measured
+        from advisor.search.finalists import check_weights
 
-        weights = check_weights(args.weights)
-        if not why_not_measured(backend, weights, data):
+        resolved["weights"] = check_weights(args.weights)
+    settings = cls.from_flags(args, tuple(overrides), resolved=resolved,
+                              lookup=lambda storage, name: stored_attr(storage, name, ATTR))
+    if settings.weights:
+        from advisor.search.finalists import check_data, why_not_measured
+
+        if not why_not_measured(settings.backend, settings.weights, settings.data):
             check_data(args.data)  # the quality runs need documents to hold out: said now, not after the study
-    regime = getattr(args, "regime", None)
-    if regime is not None:
-        from advisor.search.quality import quality_data
-
-        if regime not in quality_data().regimes:
-            raise AdvisorInputError("--regime", f"must be one of {', '.join(quality_data().regimes)}", regime)
-    name = args.study or default_study_name(target.model, target.budget, space,
-                                            None if target.host_detected else target.host_budget)
-    storage = args.storage or default_storage(name, args.reports_dir)
-    return TuneSettings(model=target.model, space=space, budget=target.budget, gpu=target.gpu,
-                        gpu_assumed=target.gpu_assumed, backend=backend, storage=storage, study_name=name,
-                        trials=args.trials or space.trials, headroom=args.headroom, tolerance=args.accuracy_tolerance,
-                        seed=args.seed, probe_options=BackendOptions(steps=args.probe_steps),
-                        heartbeat_seconds=args.heartbeat, gpus=args.gpus, sharding=args.sharding, data=data,
-                        regime=regime, host_budget=target.host_budget, host_detected=target.host_detected,
-                        weights=weights, quality_tokens=getattr(args, "quality_tokens", None))
+    return settings
 
 
 def check_budget_reachable(settings) -> None:
@@ -133,6 +84,13 @@ def run(args: argparse.Namespace) -> int:
         from advisor.commands._inference import refuse_study_flags, run_inference
 
         refuse_study_flags(args)
+        fixed = plan_overrides(args)
+        if fixed:
+            from advisor.core.errors import AdvisorInputError
+
+            key = fixed[0].split("=", 1)[0]
+            raise AdvisorInputError("--" + key.replace("_", "-"), "not supported with --task inference: it fixes a "
+                                    "knob of the training search", fixed[0].split("=", 1)[1])
         return run_inference(args)
     from advisor.search.measured import WHY_ATTR, study_quality_lines
     from advisor.search.storage import redact
@@ -149,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     progress = TuneProgress(settings, enabled=not args.json)
     tuner = Tuner(settings, on_event=progress.on_event)
     tuner.open_study()
-    progress.start(tuner.finished_count())
+    progress.start(*finished_counts(tuner))
     try:
         if args.no_work:
             tuner.wait_until_finished()
@@ -183,6 +141,14 @@ def run(args: argparse.Namespace) -> int:
         if result["answered_by"] != "closed form":
             print(f"the estimate stage was answered by the {result['answered_by']}: {result['answered_by_reason']}")
     return 0 if selection.best is not None else 1
+
+
+def finished_counts(tuner) -> tuple[int, int]:
+    """(planned, polish): the finished trials of the study that evaluated a plan of their own, the planned
+    --trials apart from those the polish added after them (advisor.search.tuner.is_polish)."""
+    from advisor.ui.tui.state import finished_split
+
+    return finished_split(tuner.records())
 
 
 def measure_quality(tuner, quiet: bool = False):

@@ -20,7 +20,7 @@ def add_parser(subs) -> None:
     p.add_argument("--gpu", type=int, metavar="INDEX", help="CUDA device index to probe on (sets CUDA_VISIBLE_DEVICES)")
     p.add_argument("--backend", choices=BACKENDS,
                    help="override the study's backend for this worker")
-    p.add_argument("--heartbeat", type=positive_int("--heartbeat"), default=10,
+    p.add_argument("--heartbeat", type=positive_int, default=10,
                    help="seconds between heartbeats; a trial is retried after 3 missed beats")
     p.set_defaults(run=run)
 

@@ -7,7 +7,8 @@ One rule for every command (estimate, tune for training and inference, probe, pr
   catalog GPU the budget matches (``gpu_assumed``: throughput and overheads are predicted for it);
   with neither a GPU nor a budget there is none;
 - budget: ``--gpu-budget`` ("24GB", or "90%" of the GPU named or detected); without it, the memory of
-  the GPU named or detected when the command asks for that default (preflight), else none;
+  the GPU named or detected when the command asks for that default (preflight), else none; never more
+  than the card has (its memory rounded up to a whole GiB; without a card, the largest in the catalog);
 - host budget: ``--host-budget`` ("64GB", or "50%" of the RAM detected here) when planning for another
   machine, else the RAM detected on this one (advisor.core.host: psutil, or the container's limit). The host
   rule (advisor.core.fit.host_fits) keeps the OS reserve out of it.
@@ -73,10 +74,40 @@ def resolve_target(model: str | ModelSpec, *, gpu: str | None = None, gpu_budget
         budget = None
     assumed = chosen is None and budget is not None
     if assumed:
+        check_budget_on_card(budget, largest_gpu(), "the largest catalog GPU")
         chosen = gpu_for_budget(budget.bytes)
+    elif budget is not None and chosen is not None:
+        check_budget_on_card(budget, chosen, "the " if gpu else "the detected ",
+                             "" if gpu else "; name the GPU the run is for with --gpu")
     host, host_detected = resolve_host_budget(host_budget, detect)
     return Target(model=spec, gpu=chosen, budget=budget, gpu_assumed=assumed, detected=detected,
                   host_budget=host, host_detected=host_detected)
+
+
+def card_ceiling_bytes(gpu: GpuSpec) -> int:
+    """The most a budget on ``gpu`` may ask: its memory rounded up to a whole GiB, as datasheets round it (an RTX
+    4090's 23.99 GiB is its "24 GB", an H100's 79.6 GiB its "80 GB"; an A10G's 22.5 GiB is not 24)."""
+    gib = 2**30
+    return -(-gpu.memory_bytes // gib) * gib
+
+
+def largest_gpu() -> GpuSpec:
+    """The catalog GPU with the most memory."""
+    from advisor.core.catalog import gpu_catalog, resolve_gpu
+
+    return max((resolve_gpu(key) for key in gpu_catalog()), key=lambda g: g.memory_bytes)
+
+
+def check_budget_on_card(budget: Budget, gpu: GpuSpec, which: str, hint: str = "") -> None:
+    """A budget per GPU above what ``gpu`` has is an input error naming --gpu-budget, the value and the card's
+    memory (``which`` says which card: "the ", "the detected ", "the largest catalog GPU")."""
+    from advisor.core.units import format_bytes
+
+    if budget.bytes <= card_ceiling_bytes(gpu):
+        return
+    card = f"{which} ({gpu.name})" if which.endswith("GPU") else f"{which}{gpu.name}"
+    raise AdvisorInputError("--gpu-budget", f"more than {card} has: {format_bytes(gpu.memory_bytes, 'GiB', 1)} per GPU"
+                            f"{hint}", budget.text)
 
 
 def resolve_host_budget(text: str | None, detect: bool = True) -> tuple[Budget | None, bool]:
@@ -94,4 +125,5 @@ def resolve_host_budget(text: str | None, detect: bool = True) -> tuple[Budget |
     return Budget(ram.bytes, "GiB", f"{format_bytes(ram.bytes, 'GiB', 1)} ({ram.source})"), True
 
 
-__all__ = ["Target", "resolve_host_budget", "resolve_target"]
+__all__ = ["Target", "card_ceiling_bytes", "check_budget_on_card", "largest_gpu", "resolve_host_budget",
+           "resolve_target"]

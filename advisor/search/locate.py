@@ -30,8 +30,11 @@ def resolve_storage(study: str | None, storage: str | None, name: str | None,
             folder = db.parent
         return storage, folder
     if not study:
+        found = sorted(db.parent.name for db in Path(reports_dir).glob(f"*/{DB_NAME}"))
+        there = (f"; {reports_dir} holds {', '.join(found[:3])}{' ...' if len(found) > 3 else ''}" if found
+                 else f"; {reports_dir} holds none")
         raise AdvisorInputError("STUDY", "name a study directory (reports/<study>/ holding study.db), "
-                                "or give --storage URL --study NAME", study)
+                                "or give --storage URL --study NAME" + there, study, show_value=False)
     path = Path(study).expanduser()
     if not path.exists() and not any(sep in study for sep in ("/", "\\")):
         path = Path(reports_dir) / study  # a bare study name: reports/<name>/

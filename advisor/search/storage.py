@@ -40,6 +40,9 @@ def make_storage(url: str, heartbeat_seconds: int = HEARTBEAT_SECONDS):
 
     try:
         if is_sqlite(url):
+            db = sqlite_path(url)
+            if db is not None:
+                db.parent.mkdir(parents=True, exist_ok=True)  # a study's folder is made when it is opened
             return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 30}})
         with warnings.catch_warnings(), _schema_lock(url):
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -51,6 +54,28 @@ def make_storage(url: str, heartbeat_seconds: int = HEARTBEAT_SECONDS):
     except Exception as e:  # noqa: BLE001 - SQLAlchemy/driver errors carry the URL: redact it
         reason = redact(str(e).splitlines()[0] if str(e) else type(e).__name__)
         raise AdvisorInputError("--storage", f"cannot open the storage ({reason})", redact(url)) from None
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite URL (None: in memory, or not SQLite)."""
+    if not is_sqlite(url) or ":memory:" in url:
+        return None
+    path = str(url).split("///", 1)[-1]
+    return Path(path) if path else None
+
+
+def stored_attr(url: str, study_name: str, attr: str):
+    """The user attribute ``attr`` of the study ``study_name`` in the storage at ``url``, or None where there
+    is no such study; a SQLite file or folder that does not exist is not made."""
+    db = sqlite_path(url)
+    if is_sqlite(url) and (db is None or not db.is_file()):
+        return None
+    storage = make_storage(url)
+    try:
+        study_id = storage.get_study_id_from_name(study_name)
+    except KeyError:
+        return None
+    return storage.get_study_user_attrs(study_id).get(attr)
 
 
 def _lock_key(study_name: str) -> int:

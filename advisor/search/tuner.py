@@ -30,6 +30,7 @@ from advisor.memory.phases import run_peak_bytes
 from advisor.memory.sharding import DEFAULT_SHARDING
 from advisor.runtime.backends import BackendFailed, BackendOptions, get_backend
 from advisor.search.description import ATTR, StudyDescription
+from advisor.search.settings import TuneSettings, default_storage, default_study_name  # noqa: F401 (re-exported)
 from advisor.search.ladder import ladder
 from advisor.search.quality import quality_of, quality_problems
 from advisor.search.departures import departures, non_exact, with_change
@@ -56,108 +57,6 @@ POLISH_MARK = "polish:"
 def is_polish(record) -> bool:
     """A trial Tuner.polish added after the planned ones."""
     return (record.ladder or "").startswith(POLISH_MARK)
-
-
-@dataclass
-class TuneSettings:
-    model: ModelSpec
-    space: SearchSpace
-    budget: Budget
-    gpu: GpuSpec
-    """The GPU throughput is predicted for (detected, named with --gpu, or assumed from the budget)."""
-    gpu_assumed: bool
-    backend: str
-    """estimate, simulate, cpu or cuda: the last stage each trial goes through."""
-    storage: str
-    study_name: str
-    trials: int
-    headroom: float = HEADROOM
-    tolerance: float = ACCURACY_TOLERANCE
-    seed: int = 0
-    probe_options: BackendOptions = field(default_factory=BackendOptions)
-    """Options of the cpu / cuda probe (steps...); the budget is added for a cuda probe."""
-    heartbeat_seconds: int = 10
-    """Heartbeat of running trials in a shared (non-SQLite) storage; stale after 3 missed beats."""
-    gpus: int = 1
-    """Data-parallel GPUs of the target run (the budget is per GPU)."""
-    sharding: str = DEFAULT_SHARDING
-    """How model state is split across ``gpus`` (advisor.memory.sharding)."""
-    data: Any = None
-    """The user's documents (advisor.core.data_profile.DataProfile, --data): memory at the longest batch
-    unless packed, tokens/s in real tokens."""
-    host_budget: Budget | None = None
-    """The RAM of the machine the run is for (--host-budget, else detected); None: host memory not checked."""
-    host_detected: bool = False
-    """``host_budget`` was detected on this machine rather than given."""
-    regime: str | None = None
-    """What the fine-tune is, for the quality model (advisor/data/quality.yaml ``regimes``: sft, domain, cpt;
-    None: its default)."""
-
-    weights: str | None = None
-    """Directory of the model's real weights (--weights): with ``data`` and a cpu or cuda backend, the
-    finalists train a short run each from them (advisor.search.finalists)."""
-    quality_tokens: int | None = None
-    """Training tokens of each finalist's run (None: advisor.search.finalists.STEPS steps of the largest step)."""
-
-    @property
-    def rules(self) -> Rules:
-        """How the answer is chosen beside the budget (advisor.search.select.Rules)."""
-        return Rules(regime=self.regime, global_batch=self.space.fixed.get("global_batch"),
-                     uniform_lengths=self.data is None, host_budget_bytes=self.host_budget_bytes)
-
-    def __post_init__(self) -> None:
-        # the space's `auto` choices (precision, attention) become the card's, for this model's class
-        self.space = self.space.on_card(Card.of(self.card, self.model))
-
-    @property
-    def card(self) -> GpuSpec | None:
-        """The GPU whose rules the plans must keep (advisor.core.card_rules): named or detected; None when only
-        assumed from the budget (as pre-flight judges only a GPU it knows, Target.known_gpu)."""
-        return None if self.gpu_assumed else self.gpu
-
-    @property
-    def target(self) -> Target:
-        return Target(model=self.model, gpu=self.gpu, budget=self.budget, gpu_assumed=self.gpu_assumed,
-                      host_budget=self.host_budget, host_detected=self.host_detected)
-
-    @property
-    def host_budget_bytes(self) -> int | None:
-        return self.host_budget.bytes if self.host_budget is not None else None
-
-    def description(self) -> StudyDescription:
-        """What the study is for, typed (stored as JSON in the study's "advisor" attribute)."""
-        return StudyDescription(model=self.model, gpu=self.gpu, budget=self.budget, space=self.space,
-                                backend=self.backend, gpu_assumed=self.gpu_assumed, headroom=self.headroom,
-                                tolerance=self.tolerance, seed=self.seed, trials=self.trials, task="train",
-                                gpus=self.gpus, sharding=self.sharding, regime=self.regime,
-                                versions=library_versions(), environment=gpu_environment(),
-                                host_budget=self.host_budget, host_detected=self.host_detected,
-                                weights=self.weights)
-
-    def describe(self) -> dict[str, Any]:
-        return self.description().to_dict()
-
-    @classmethod
-    def from_description(cls, d: StudyDescription, *, storage: str, study_name: str, backend: str | None = None,
-                         heartbeat_seconds: int = 10) -> "TuneSettings":
-        """The settings of a stored study (a worker joining it may run another backend)."""
-        return cls(model=d.model, space=d.space, budget=d.budget, gpu=d.gpu, gpu_assumed=d.gpu_assumed,
-                   backend=backend or d.backend, storage=storage, study_name=study_name, trials=d.trials,
-                   headroom=d.headroom, tolerance=d.tolerance, seed=d.seed, heartbeat_seconds=heartbeat_seconds,
-                   gpus=d.gpus, sharding=d.sharding, regime=d.regime, host_budget=d.host_budget,
-                   host_detected=d.host_detected, weights=d.weights)
-
-
-def default_study_name(model: ModelSpec, budget: Budget, space: SearchSpace, host_budget: Budget | None = None) -> str:
-    """model-budget-space, and -host<budget> when a host budget was given (not detected)."""
-    raw = f"{model.name}-{budget.text}-{space.name}" + (f"-host{host_budget.text}" if host_budget is not None else "")
-    return re.sub(r"[^A-Za-z0-9._-]+", "", raw.replace(" ", "")).lower()
-
-
-def default_storage(study_name: str, reports_dir: str | Path = "reports") -> str:
-    folder = Path(reports_dir) / study_name
-    folder.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{(folder / 'study.db').resolve()}"
 
 
 def plan_key(plan: Plan) -> str:
@@ -269,7 +168,7 @@ class Tuner:
         hb = stored.get("host_budget")
         if self.s.host_detected or self.s.host_budget is None:
             d = StudyDescription.from_dict(stored)
-            self.s.host_budget, self.s.host_detected = d.host_budget, d.host_detected
+            self.s = replace(self.s, host_budget=d.host_budget, host_detected=d.host_detected)  # settings are frozen
         elif hb is not None and int(hb["bytes"]) != self.s.host_budget.bytes:
             raise AdvisorInputError("--host-budget", f"study {self.s.study_name!r} was made for a host budget of "
                                     f"{hb['text']}; name a new study with --study", self.s.host_budget.text)
@@ -804,13 +703,15 @@ def _frugal_candidates(space: SearchSpace):
     from advisor.search.space import search_knobs
 
     s = space.search
-    frugal = {k.name: k.search.frugal(s.get(k.name, [k.default])) for k in search_knobs(space.plan).values()
-              if k.search.frugal is not None}
+    ks = search_knobs(space.plan)
+    frugal = {k.name: k.search.frugal(s.get(k.name, [k.default])) for k in ks.values() if k.search.frugal is not None}
     for method in space.methods():
         for quant in space.quantizations_for(method):
             for offload in s["offload"]:
                 for opt in s["optimizer"]:
-                    yield {**frugal, "method": method, "quantization": quant, "optimizer": opt, "offload": offload}
+                    point = {**frugal, "method": method, "quantization": quant, "optimizer": opt, "offload": offload}
+                    # a frugal value where its knob does not apply (double quantization of int8 weights) is left out
+                    yield {k: v for k, v in point.items() if k not in frugal or ks[k].applies_to(point)}
 
 
 def settings_from_study(storage_url: str, study_name: str, backend: str | None = None,

@@ -243,7 +243,9 @@ class TuneProgress:
         self.records: list = []
         self._live = None
 
-    def start(self, already_finished: int) -> None:
+    def start(self, already_finished: int, polish_finished: int = 0) -> None:
+        """Show the header; ``already_finished``: planned trials the study holds, ``polish_finished``: the trials
+        the polish added after them (counted apart: the planned --trials are what the bar counts to)."""
         if not self.enabled:
             return
         from rich.console import Console, Group
@@ -261,11 +263,12 @@ class TuneProgress:
         if s.backend in ("simulate", "estimate"):
             console.print(f"[dim]Backend {s.backend}: memory is {'simulated' if s.backend == 'simulate' else 'estimated'}"
                           ", throughput predicted (step-time model), accuracy from priors: no GPU probes run.[/]")
-        if already_finished:
-            console.print(f"Resuming: {already_finished} of {s.trials} trials already finished.")
+        if already_finished or polish_finished:
+            polish = f" + {polish_finished} polish" if polish_finished else ""
+            console.print(f"Resuming: {already_finished} of {s.trials} planned trials{polish} already finished.")
         self._progress = Progress(TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                   TextColumn("{task.description}"), console=console)
-        self._task = self._progress.add_task("", total=s.trials, completed=already_finished)
+        self._task = self._progress.add_task("", total=max(s.trials, already_finished), completed=already_finished)
         self._group = Group(self._progress, trials_table([], s.budget))
         self._live = Live(self._group, console=console, refresh_per_second=4, transient=True)
         self._live.start()
@@ -275,12 +278,15 @@ class TuneProgress:
             return
         from rich.console import Group
 
-        from advisor.search.tuner import TrialFinished, TrialStarted
+        from advisor.search.tuner import TrialFinished, TrialStarted, is_polish
 
         if isinstance(event, TrialStarted):
             self._progress.update(self._task, description=escape(f"#{event.number} {event.plan_short}"))
         elif isinstance(event, TrialFinished):
             self.records.append(event.record)
+            if is_polish(event.record):  # a polish trial is one more than the planned ones, never "41/40"
+                task = self._progress.tasks[0]
+                self._progress.update(self._task, total=(task.total or 0) + 1)
             self._progress.advance(self._task)
             self._live.update(Group(self._progress, trials_table(self.records, self.s.budget, limit=12,
                                                                  title="Latest trials")))

@@ -194,12 +194,10 @@ def environment(d: StudyDescription) -> dict[str, Any]:
 def reproduce_command(d: StudyDescription, study: str) -> str:
     """The `advisor tune` command that makes the same study (a space file of the user's by the path it was read
     from: the command runs where the study did)."""
-    space, gpu = d.space, d.gpu
-    parts = ["advisor", "tune", "--model", d.model.hf_id or d.model.name, "--gpu-budget", d.budget.text]
-    if gpu.key and gpu.key != "detected":
-        parts += ["--gpu", gpu.key]
-    parts += ["--space", space.name if is_built_in_space(space) else space.source]
-    parts += ["--backend", d.backend, "--trials", str(d.trials), "--seed", str(d.seed), "--headroom", str(d.headroom),
-              "--accuracy-tolerance", str(d.tolerance), "--study", study]
-    parts += list(space.overrides)
+    from advisor.search.setting import reproduce_flags
+
+    space = d.space
+    # every stored setting's flag, from its declaration (advisor.search.settings)
+    flags = reproduce_flags(d, {"space": space.name if is_built_in_space(space) else space.source})
+    parts = ["advisor", "tune", *flags, "--study", study, *space.overrides]
     return " ".join(shlex.quote(p) for p in parts)

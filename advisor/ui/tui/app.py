@@ -142,7 +142,9 @@ class AdvisorApp(App[int]):
         hb = i.description.host_budget
         head.append(f" · host {hb.text}" if hb is not None else " · host not checked")
         t = Text(overflow="ellipsis", no_wrap=True)
-        t.append(f"{b.finished_count()}/{i.trials or '?'} trials, {len(b.pruned())} pruned · ")
+        planned, polish = b.finished_split()
+        t.append(f"{planned}/{i.trials or '?'} trials{f' + {polish} polish' if polish else ''}, "
+                 f"{len(b.pruned())} pruned · ")
         t.append(*self.activity())
         t.append(f" · sort: {sort_label(self.sort)}")
         if self.query:

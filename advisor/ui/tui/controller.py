@@ -199,9 +199,12 @@ def run_tui(settings, export_dir: str | None = None) -> int:
               file=sys.stderr)
         controller.done.wait()
     selection = tuner.selection()
-    finished = tuner.finished_count()
+    from advisor.ui.tui.state import finished_split
+
+    finished, polish = finished_split(tuner.records())
     print(f"study {settings.study_name!r} saved in {redact(settings.storage)}: {finished} of {settings.trials} "
-          "trials finished" + ("" if finished >= settings.trials else "; run the same command to continue"))
+          "planned trials" + (f" + {polish} polish" if polish else "") + " finished"
+          + ("" if finished >= settings.trials else "; run the same command to continue"))
     if selection.best is not None:
         print(f"chosen #{selection.best.number} {selection.best.plan_short}")
     for kind, path in app.exported.items():

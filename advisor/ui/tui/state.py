@@ -13,7 +13,7 @@ from advisor.core.fit import fit_verdict
 from advisor.core.units import Budget
 from advisor.search.description import StudyDescription
 from advisor.search.select import Selection, TrialRecord, run_peak, select
-from advisor.search.tuner import predict_change
+from advisor.search.tuner import is_polish, predict_change
 
 # (key, label shown in the status line); `s` cycles through them
 SORTS = (
@@ -121,6 +121,11 @@ class Board:
         repeat proposal, answered from the first, is shown but cost nothing)."""
         return sum(1 for r in self.records.values() if r.state in FINISHED and r.duplicate_of is None)
 
+    def finished_split(self) -> tuple[int, int]:
+        """(planned, polish): the finished trials of their own, the planned --trials apart from the ones the
+        polish added after them."""
+        return finished_split(self.records.values())
+
     def pruned(self) -> list[TrialRecord]:
         return [r for r in self.ordered() if r.state == "pruned"]
 
@@ -164,3 +169,11 @@ def next_sort(current: str) -> str:
 
 def sort_label(key: str) -> str:
     return dict(SORTS)[key]
+
+
+def finished_split(records: Iterable[TrialRecord]) -> tuple[int, int]:
+    """(planned, polish) among finished trials that evaluated a plan of their own (a repeat proposal cost
+    nothing): what "40/40 trials + 1 polish" says, never "41/40"."""
+    own = [r for r in records if r.state in FINISHED and r.duplicate_of is None]
+    polish = sum(1 for r in own if is_polish(r))
+    return len(own) - polish, polish
