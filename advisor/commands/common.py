@@ -175,7 +175,7 @@ def plan_overrides(args: argparse.Namespace, overrides: list[str] | tuple[str, .
     """The ``key=value`` space overrides the knob flags given ask for (``add_plan_override_flags``): each fixes
     its knob to one value; a flag that contradicts an override of the same key, or a knob the space derives
     from its other values, is an input error naming the flag."""
-    from advisor.search.space import KNOWN_FIXED_KEYS, search_knobs
+    from advisor.search.space import known_fixed_keys, search_knobs
 
     given = {o.split("=", 1)[0].strip() for o in overrides}
     out: list[str] = []
@@ -189,7 +189,7 @@ def plan_overrides(args: argparse.Namespace, overrides: list[str] | tuple[str, .
             value = meant
         if value is None:
             continue
-        if k.name not in search_knobs(plan) and k.name not in KNOWN_FIXED_KEYS:
+        if k.name not in search_knobs(plan) and k.name not in known_fixed_keys(plan):
             raise AdvisorInputError(k.flag, "the search space derives this knob from its other values (advisor "
                                     "estimate takes it for one plan)", value)
         if k.name in given:

@@ -73,10 +73,16 @@ def check_budget_reachable(settings) -> None:
     if rep.peak_bytes > settings.budget.bytes:
         fmt = settings.budget.format
         largest = max(rep.device, key=rep.device.get)
+        from advisor.search.refusal import what_would_fit
+
+        # what would fit is judged from the one-GPU ledger (ZeRO-3 over more GPUs divides it)
+        more = what_would_fit(settings.model, plan, rep, settings.budget.bytes, settings.headroom, fmt,
+                              settings.gpu) if settings.gpus == 1 else ""
         raise AdvisorInputError(
             "--gpu-budget", f"below the smallest plan of space {settings.space.name!r}: {plan.short()} needs "
             f"{fmt(rep.peak_bytes)} (estimated), {fmt(rep.peak_bytes - settings.budget.bytes)} over; its largest "
-            f"part, {LABELS[largest].lower()}, is {fmt(rep.device[largest])} alone", settings.budget.text)
+            f"part, {LABELS[largest].lower()}, is {fmt(rep.device[largest])} alone" + (f"; {more}" if more else ""),
+            settings.budget.text)
 
 
 def run(args: argparse.Namespace) -> int:
