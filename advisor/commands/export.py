@@ -9,12 +9,16 @@ from advisor.commands.common import add_study_flags
 
 
 def add_parser(subs) -> None:
-    p = subs.add_parser("export", help="write a study's plan as advisor.yaml, train.py, DeepSpeed, axolotl, LLaMA-Factory",
-                        description="Export the plan the study chose (or --trial N) in the given formats.")
+    from advisor.configs.formats import exported, format_names_help
+
+    files = ", ".join(f.filename for f in exported().values())
+    p = subs.add_parser("export", help=f"write a study's plan as {files}",
+                        description="Export the plan the study chose (or --trial N) in the given formats:\n"
+                        + "\n".join(f"  {f.name:13} {f.help}" for f in exported().values()),
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_study_flags(p)
     p.add_argument("--format", action="append", metavar="FORMAT",
-                   help="advisor, train, deepspeed, axolotl, llamafactory (repeat or comma-separate; default: all "
-                        "that can express the plan)")
+                   help=f"{format_names_help()} (repeat or comma-separate; default: all that can express the plan)")
     p.add_argument("--trial", type=int, metavar="N", help="export trial N instead of the chosen plan")
     p.add_argument("--out", metavar="DIR", help="output folder (default: <study folder>/export)")
     p.add_argument("--json", action="store_true", help="print the written paths as one JSON object")

@@ -31,6 +31,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from advisor.configs.formats import FORMATS
 from advisor.configs._base import (ADAM, Collect, DEEPSPEED_FILE, ExportContext, LIGER_FUSED_LOSS_ONLY, LR_SCHEDULER,
                                    PRECISION_FLAGS, TORCH_DTYPE, TORCH_TO_PLAN, WARMUP_STEPS, alloc_env,
                                    comment_block, dump_yaml, env_prefix, lora_alpha_value, plan_summary,
@@ -42,7 +43,7 @@ from advisor.configs._training_args import (checkpoint_layers_of, liger_fused_lo
 from advisor.core.errors import AdvisorInputError
 from advisor.core.plan import ALL_LINEAR, LOSSES, knob_of
 
-FILENAME = "advisor.yaml"
+FILENAME = FORMATS["advisor"].filename
 FORMAT = "advisor"
 FORMAT_VERSION = 1
 
@@ -301,6 +302,11 @@ def read(data: dict, c: Collect, plan_type: type, fmt: str = "advisor") -> tuple
     extras["sections"] = {"model": model, "quantization": quant, "lora": lora, "training": training,
                           "deepspeed": ds}
     return name, f, extras
+
+
+def read_hf(data: dict, c: Collect, plan_type: type) -> tuple[str | None, dict, dict]:
+    """HF sections without the advisor one, or a flat TrainingArguments file ("hf") → (model, plan fields, extras)."""
+    return read(data, c, plan_type, "hf")
 
 
 def _lookup(sections: dict[str, dict | None], sect: str):

@@ -28,6 +28,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from advisor.configs.formats import FORMATS
 from advisor.configs._base import (ADAM, Collect, DEEPSPEED_FILE, ExportContext, LR_SCHEDULER, OPTIM_ALIASES,
                                    TORCH_DTYPE, TORCH_TO_PLAN, Unsupported, WARMUP_STEPS, comment_block, dump_yaml,
                                    env_note, env_prefix, plan_summary, require_int_alpha, training_hyperparameters,
@@ -37,7 +38,7 @@ from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_un
 from advisor.configs._training_args import GALORE_TARGETS, all_layers_only, optim_args, read_optim_args
 from advisor.core.plan import ALL_LINEAR, ATTENTION, LOW_RANK_OPTIMIZERS, compute_dtype_for
 
-FILENAME = "axolotl.yaml"
+FILENAME = FORMATS["axolotl"].filename
 FORMAT = "axolotl"
 
 

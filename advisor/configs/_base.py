@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 
+from advisor.configs.formats import FORMATS
 from advisor.core.errors import AdvisorInputError
 from advisor.core.plan import ALL_LINEAR
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from advisor.core.catalog import GpuSpec, ModelSpec
     from advisor.core.plan import Plan
 
-DEEPSPEED_FILE = "deepspeed.json"
+DEEPSPEED_FILE = FORMATS["deepspeed"].filename
 
 TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 """Plan dtype names → torch dtype names (what BitsAndBytesConfig and from_pretrained take)."""
@@ -217,10 +218,6 @@ def plan_summary(ctx: ExportContext) -> list[str]:
 
 # --------------------------------------------------------------------------- reading
 
-TRAINING_MARKERS = ("per_device_train_batch_size", "gradient_accumulation_steps", "output_dir", "optim")
-TRL_MARKERS = ("use_peft", "dataset_text_field", "max_length", "packing_strategy", "lora_target_modules")
-
-
 def load_mapping(path: str | Path) -> dict[str, Any]:
     """The file as a dict: JSON for .json, YAML (safe_load) otherwise."""
     p = Path(path)
@@ -243,21 +240,10 @@ def load_mapping(path: str | Path) -> dict[str, Any]:
 
 
 def detect_format(data: dict[str, Any]) -> str:
-    """advisor | hf | axolotl | llamafactory | trl, from the keys a file uses."""
-    if isinstance(data.get("training"), dict):
-        return "advisor" if isinstance(data.get("advisor"), dict) else "hf"
-    if "base_model" in data or "micro_batch_size" in data or "sequence_len" in data:
-        return "axolotl"
-    if "model_name_or_path" in data and any(k in data for k in ("finetuning_type", "stage", "cutoff_len")):
-        return "llamafactory"
-    if "model_name_or_path" in data and any(k in data for k in TRL_MARKERS):
-        return "trl"
-    if any(k in data for k in TRAINING_MARKERS):
-        return "hf"
-    raise AdvisorInputError(
-        "CONFIG", "cannot tell the format: expected advisor.yaml sections (model, training, ...), TrainingArguments "
-        "keys, an axolotl config (base_model) or a LLaMA-Factory config (model_name_or_path + finetuning_type)",
-        sorted(data)[:8], show_value=False)
+    """The format of a file's mapping, by the declarations' ``detect`` (advisor.configs.formats)."""
+    from advisor.configs.formats import detect_format as detect
+
+    return detect(data)
 
 
 class Collect:

@@ -42,6 +42,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from advisor.configs.formats import FORMATS
 from advisor.configs._base import (Collect, DEEPSPEED_FILE, ExportContext, HF_OPTIM_DEFAULT, LR_SCHEDULER,
                                    OPTIM_ALIASES, Unsupported, WARMUP_STEPS, comment_block, dump_yaml, env_note,
                                    env_prefix, plan_summary, require_int_alpha, training_hyperparameters, write_text)
@@ -50,7 +51,7 @@ from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_un
 from advisor.configs._training_args import all_layers_only, read_optim_args
 from advisor.core.plan import compute_dtype_for
 
-FILENAME = "llamafactory.yaml"
+FILENAME = FORMATS["llamafactory"].filename
 FORMAT = "llamafactory"
 
 FLASH_ATTN = {"sdpa": "sdpa", "eager": "disabled", "flash_attention_2": "fa2"}

@@ -31,6 +31,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
+from advisor.configs.formats import FORMATS
 from advisor.configs._base import (ADAM, Collect, DEEPSPEED_FILE, ExportContext, LR_SCHEDULER, PRECISION_FLAGS,
                                    TORCH_DTYPE, TORCH_TO_PLAN, Unsupported, WARMUP_STEPS, comment_block, dump_yaml,
                                    plan_summary, require_int_alpha, training_hyperparameters, write_text)
@@ -41,7 +42,7 @@ from advisor.configs._training_args import (checkpoint_layers_of, every_n, read_
 from advisor.core.adapters import export_parameters, export_targets
 from advisor.core.plan import ALL_LINEAR, checkpointed_layers, knob_of
 
-FILENAME = "trl.yaml"
+FILENAME = FORMATS["trl"].filename
 SCRIPT = "train_trl.py"
 FORMAT = "trl"
 SKIP = object()

@@ -1,48 +1,44 @@
 """Exporters: a Plan written as files that other tools run.
 
-One module per format (in advisor.configs, each both writing and reading its format), a writer each
-(``write(ctx, out_dir) -> Path``), registered in ``EXPORTERS``:
-
-- ``advisor``       advisor.yaml: BitsAndBytesConfig / LoraConfig / TrainingArguments / DeepSpeed sections
-- ``deepspeed``     deepspeed.json (plans with CPU offload only)
-- ``train``         train.py, a runnable Trainer + peft script reading advisor.yaml
-- ``axolotl``       axolotl.yaml
-- ``llamafactory``  llamafactory.yaml
-- ``trl``           trl.yaml (SFTConfig + ModelConfig fields) and train_trl.py, a runnable SFTTrainer script
+Each format is declared once in advisor.configs.formats (its file, writer, reader, what it needs beside it);
+one module per format (in advisor.configs, each both writing and reading its format) holds its writer
+(``write(ctx, out_dir) -> Path``). ``EXPORTERS`` and ``FILENAMES`` are views of those declarations.
 
 The inverse, reading any of these back into a Plan, is ``advisor.configs.read.read_config``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Iterable
 
 from advisor.core.errors import AdvisorInputError, ConfigErrors
-from advisor.configs import _advisor_yaml, _axolotl, _deepspeed, _llamafactory, _train_script, _trl
-from advisor.configs._base import DEEPSPEED_FILE, ExportContext, Unsupported, Writer
+from advisor.configs import _advisor_yaml
+from advisor.configs._base import ExportContext, Unsupported, Writer
+from advisor.configs.formats import FORMATS, exported, resolve
 
 __all__ = ["EXPORTERS", "FILENAMES", "ExportResult", "ExportContext", "Unsupported", "export_plan", "export_sections"]
 
-EXPORTERS: dict[str, Writer] = {
-    "advisor": _advisor_yaml.write,
-    "deepspeed": _deepspeed.write,
-    "train": _train_script.write,
-    "axolotl": _axolotl.write,
-    "llamafactory": _llamafactory.write,
-    "trl": _trl.write,
-}
-FILENAMES = {
-    "advisor": _advisor_yaml.FILENAME,
-    "deepspeed": DEEPSPEED_FILE,
-    "train": _train_script.FILENAME,
-    "axolotl": _axolotl.FILENAME,
-    "llamafactory": _llamafactory.FILENAME,
-    "trl": _trl.FILENAME,
-}
-# A file that names another needs it beside it.
-_NEEDS = {"train": ("advisor",)}
-_NEEDS_DS = ("advisor", "axolotl", "llamafactory", "trl")
+
+class _View(Mapping):
+    """{format: one field of its declaration}, for the formats written, read live from advisor.configs.formats."""
+
+    def __init__(self, pick):
+        self._pick = pick
+
+    def __getitem__(self, name: str):
+        return self._pick(exported()[name])
+
+    def __iter__(self):
+        return iter(exported())
+
+    def __len__(self) -> int:
+        return len(exported())
+
+
+EXPORTERS: Mapping[str, Writer] = _View(lambda f: resolve(f.writer))
+FILENAMES: Mapping[str, str] = _View(lambda f: f.filename)
 
 
 class ExportResult(dict):
@@ -80,10 +76,10 @@ def export_plan(spec, plan, out_dir, formats: Iterable[str] | None = None, *, gp
         raise AdvisorInputError("--format", f"unknown format(s) {', '.join(unknown)}; known: {', '.join(EXPORTERS)}",
                                 unknown, show_value=False)
     for fmt in list(wanted):
-        for dep in _NEEDS.get(fmt, ()):
+        for dep in FORMATS[fmt].needs:
             if dep not in wanted:
                 wanted.insert(0, dep)
-    if plan.offload != "none" and "deepspeed" not in wanted and any(f in wanted for f in _NEEDS_DS):
+    if plan.offload != "none" and "deepspeed" not in wanted and any(FORMATS[f].names_deepspeed for f in wanted):
         wanted.append("deepspeed")
     ctx = ExportContext(spec, plan, gpu, dict(extra or {}))
     out = Path(out_dir)
