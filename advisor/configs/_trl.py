@@ -63,10 +63,6 @@ def _compute_dtype(ctx: ExportContext) -> Any:
     return SKIP  # nothing to write: it follows dtype
 
 
-def _peft(value: Callable[[Any], Any]) -> Callable[[ExportContext], Any]:
-    return lambda ctx: value(ctx.plan) if ctx.plan.peft else SKIP
-
-
 def _declared(ctx: ExportContext) -> Any:
     """A key a knob declares for "trl": its value comes from the declaration (advisor.configs._keys.fill)."""
     return DECLARED
