@@ -46,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
             raise AdvisorInputError("STUDY", "the study has no feasible plan to export yet", snap.name)
     formats = [f.strip() for item in (args.format or []) for f in item.split(",") if f.strip()] or None
     out = Path(args.out) if args.out else (folder or Path(args.reports_dir) / snap.name) / "export"
-    written = export_trial(chosen, str(out), formats, model=d.model, gpu=d.gpu, study_name=snap.name)
+    written = export_trial(chosen, str(out), formats, model=d.model, gpu=d.gpu, study_name=snap.name,
+                           gpus=d.gpus, sharding=d.sharding)
     paths = {k: str(v) for k, v in written.items()}
     if args.json:
         print(json.dumps({"trial": chosen.number, "plan": chosen.plan_short, "written": paths,

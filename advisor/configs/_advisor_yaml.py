@@ -34,7 +34,7 @@ from typing import Any
 from advisor.configs.formats import FORMATS
 from advisor.configs._base import (ADAM, Collect, DEEPSPEED_FILE, ExportContext, LIGER_FUSED_LOSS_ONLY, LR_SCHEDULER,
                                    PRECISION_FLAGS, TORCH_DTYPE, TORCH_TO_PLAN, WARMUP_STEPS, alloc_env,
-                                   comment_block, dump_yaml, env_prefix, lora_alpha_value, plan_summary,
+                                   comment_block, dump_yaml, env_prefix, lora_alpha_value, parallel_fields, plan_summary,
                                    training_hyperparameters, write_text)
 from advisor.configs._keys import DECLARED, fill, read_declared, refuse_unexpressible, unplaced
 from advisor.configs._deepspeed import check_batch, deepspeed_config, read_offload
@@ -126,7 +126,7 @@ def training_section(plan, output_dir: str = "outputs") -> dict[str, Any]:
         "logging_steps": 10,
         "save_steps": 500,
         "report_to": "none",
-        "deepspeed": DEEPSPEED_FILE if plan.offload != "none" else None,
+        "deepspeed": None,
     }
     if plan.loss == "fused-linear":
         section["use_liger_kernel"] = True
@@ -155,14 +155,18 @@ def sections(ctx: ExportContext) -> dict[str, Any]:
     if ctx.gpu is not None:
         advisor["gpu"] = {"key": ctx.gpu.key, "name": ctx.gpu.name, "memory_bytes": ctx.gpu.memory_bytes,
                           "bf16": ctx.gpu.bf16, "sm": ctx.gpu.sm}  # what decided the precision (card_rules)
+    # the run as planned: how many GPUs, how the state is split, the command that launches it
+    advisor["gpus"] = ctx.gpus
+    advisor["sharding"] = ctx.sharding if ctx.gpus > 1 else None
+    advisor["launch"] = ctx.launch("train.py", "--data my_data.jsonl")
     if ctx.extra:
         advisor["prediction"] = _plain(ctx.extra)
     doc = {
         "model": model_section(ctx),
         "quantization": quantization_section(plan),
         "lora": lora_section(plan, ctx.spec),
-        "training": {**training_section(plan), **training_arguments_fields(plan, ctx.spec)},
-        "deepspeed": deepspeed_config(plan) if plan.offload != "none" else None,
+        "training": {**training_section(plan), **parallel_fields(ctx), **training_arguments_fields(plan, ctx.spec)},
+        "deepspeed": deepspeed_config(plan, ctx.zero_stage) if ctx.zero_stage is not None else None,
         "advisor": advisor,
     }
     unplaced(plan, FORMAT, doc)
@@ -186,8 +190,8 @@ HEADER = [
     "",
     "{summary}",
     "",
-    "Run it:   python train.py --data my_data.jsonl           (JSONL with a \"text\" field, or a .txt)",
-    "          python train.py --data d.jsonl --max-steps 100 --model-path /local/copy/of/the/model",
+    "Run it:   {launch}           (JSONL with a \"text\" field, or a .txt)",
+    "          {launch_short} --data d.jsonl --max-steps 100 --model-path /local/copy/of/the/model",
     "Check it: advisor preflight advisor.yaml --gpu-budget <GB>",
     "",
     "Each section is passed as **section to the class named beside it, so keys are those classes'",
@@ -196,17 +200,18 @@ HEADER = [
     "  quantization  -> transformers.BitsAndBytesConfig (null: weights not quantized)",
     "  lora          -> peft.LoraConfig (null: full fine-tuning)",
     "  training      -> transformers.TrainingArguments",
-    "  deepspeed     -> DeepSpeed config, also in deepspeed.json (null: no ZeRO offload)",
+    "  deepspeed     -> DeepSpeed config, also in deepspeed.json (null: no DeepSpeed ZeRO)",
     "  advisor       -> what those classes have no field for, the plan, and the prediction",
 ]
 
 
 def write(ctx: ExportContext, out_dir: Path) -> Path:
     summary = "\n".join(plan_summary(ctx))
-    lines = "\n".join(HEADER).replace("{summary}", summary).split("\n")
+    lines = "\n".join(HEADER).replace("{summary}", summary).replace(
+        "{launch}", ctx.launch("train.py", "--data my_data.jsonl")).replace("{launch_short}", ctx.launch("train.py")
+                                                                           ).split("\n")
     if alloc_env(ctx.plan):
         env = env_prefix(ctx.plan).strip()
-        lines = [ln.replace("python train.py", f"{env} python train.py") for ln in lines]
         lines.insert(lines.index("Check it: advisor preflight advisor.yaml --gpu-budget <GB>"),
                      f"          (train.py sets {env} itself from advisor.env; a value in the shell wins)")
     header = comment_block(lines)

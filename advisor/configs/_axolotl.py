@@ -102,8 +102,11 @@ def axolotl_config(ctx: ExportContext) -> dict[str, Any]:
     cfg["attn_implementation"] = plan.attn_impl
     cfg.update(_lever_fields(plan))
     cfg["peft_use_dora"] = DECLARED
-    if plan.offload != "none":
-        cfg["deepspeed"] = DEEPSPEED_FILE
+    if ctx.fsdp:
+        raise Unsupported(FORMAT, "FSDP sharding is written for transformers' Trainer only: use the advisor.yaml + "
+                                  "train.py or trl.yaml export, or --sharding zero3")
+    if ctx.zero_stage is not None:
+        cfg["deepspeed"] = ctx.deepspeed_path
     cfg["logging_steps"] = 10
     cfg["save_steps"] = 500
     refuse_unexpressible(plan, FORMAT)
@@ -138,7 +141,9 @@ def _memory_lever_fields(plan, spec) -> dict[str, Any]:
         if plan.gradient_checkpointing:
             raise Unsupported(FORMAT, "its activation_offloading offloads every activation; the plan offloads "
                                       "only the checkpointed layer inputs (use the advisor.yaml export)")
-        out["activation_offloading"] = True
+        # axolotl's validator: "activation_offloading requires gradient_checkpointing" (utils/schemas/validation.py)
+        raise Unsupported(FORMAT, "its activation_offloading requires gradient_checkpointing; the plan offloads "
+                                  "activations without checkpointing (use the advisor.yaml or trl.yaml export)")
     return out
 
 
@@ -148,13 +153,21 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
         "axolotl config written by vram-advisor.",
         *plan_summary(ctx),
         "",
-        f"Run:  {env_prefix(ctx.plan)}axolotl train axolotl.yaml",
+        f"Run:  {_launch(ctx)}",
         *env_note(ctx.plan, "axolotl.yaml"),
         "Replace `datasets` with yours (here: data.jsonl, one {\"text\": ...} per line). pad_to_sequence_len",
         "keeps every batch at sequence_len tokens, the length the memory plan was sized for.",
-        *(["deepspeed.json (ZeRO CPU offload) must sit next to this file."] if ctx.plan.offload != "none" else []),
+        *([f"deepspeed: {ctx.deepspeed_path} (by its absolute path: edit it if the folder moves)."]
+          if ctx.zero_stage is not None else []),
     ])
     return write_text(out_dir / FILENAME, dump_yaml(cfg, header))
+
+
+def _launch(ctx: ExportContext) -> str:
+    """axolotl's training entry point, one process per GPU under accelerate (axolotl docs: multi-gpu)."""
+    if ctx.gpus == 1:
+        return f"{env_prefix(ctx.plan)}axolotl train {ctx.file(FILENAME)}"
+    return f"{env_prefix(ctx.plan)}accelerate launch --num_processes {ctx.gpus} -m axolotl.cli.train {ctx.file(FILENAME)}"
 
 
 # --------------------------------------------------------------------------- reading

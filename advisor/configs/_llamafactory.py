@@ -124,8 +124,11 @@ def llamafactory_config(ctx: ExportContext) -> dict[str, Any]:
         "fp16": flags["fp16"],
         "report_to": "none",
     })
-    if plan.offload != "none":
-        cfg["deepspeed"] = DEEPSPEED_FILE
+    if ctx.fsdp:
+        raise Unsupported(FORMAT, "LLaMA-Factory runs FSDP from an accelerate config, not its YAML: use the "
+                                  "advisor.yaml + train.py or trl.yaml export, or --sharding zero3")
+    if ctx.zero_stage is not None:
+        cfg["deepspeed"] = ctx.deepspeed_path
     refuse_unexpressible(plan, FORMAT)
     cfg.update(_low_rank_fields(plan, ctx.spec))
     return fill(cfg, plan, FORMAT)
@@ -156,15 +159,23 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
         "LLaMA-Factory config written by vram-advisor.",
         *plan_summary(ctx),
         "",
-        f"Run:  {env_prefix(ctx.plan)}llamafactory-cli train llamafactory.yaml"
-        + ("   (with FORCE_TORCHRUN=1 for DeepSpeed)" if ctx.plan.offload != "none" else ""),
+        f"Run:  {_launch(ctx)}",
         "Set `dataset` (a name in your data/dataset_info.json) and `template` (the model's chat",
         "template, e.g. qwen for Qwen2.5, llama3 for Llama 3). cutoff_len is the sequence length the",
         "memory plan was sized for; longer examples are cut to it.",
-        *(["deepspeed.json (ZeRO CPU offload) must sit next to this file."] if ctx.plan.offload != "none" else []),
+        *([f"deepspeed: {ctx.deepspeed_path} (by its absolute path: edit it if the folder moves)."]
+          if ctx.zero_stage is not None else []),
         *env_note(ctx.plan, "LLaMA-Factory's YAML"),
     ])
     return write_text(out_dir / FILENAME, dump_yaml(cfg, header))
+
+
+def _launch(ctx: ExportContext) -> str:
+    """llamafactory-cli train; under DeepSpeed or on several GPUs through torchrun, which LLaMA-Factory starts with
+    FORCE_TORCHRUN=1 and NPROC_PER_NODE (its README: distributed training; it refuses DeepSpeed without it)."""
+    torchrun = ctx.gpus > 1 or ctx.zero_stage is not None
+    prefix = f"FORCE_TORCHRUN=1 NNODES=1 NPROC_PER_NODE={ctx.gpus} " if torchrun else ""
+    return f"{env_prefix(ctx.plan)}{prefix}llamafactory-cli train {ctx.file(FILENAME)}"
 
 
 # --------------------------------------------------------------------------- reading

@@ -34,7 +34,8 @@ from typing import Any, Callable
 from advisor.configs.formats import FORMATS
 from advisor.configs._base import (ADAM, Collect, DEEPSPEED_FILE, ExportContext, LR_SCHEDULER, PRECISION_FLAGS,
                                    TORCH_DTYPE, TORCH_TO_PLAN, Unsupported, WARMUP_STEPS, comment_block, dump_yaml,
-                                   plan_summary, require_int_alpha, training_hyperparameters, write_text)
+                                   env_prefix, parallel_fields, plan_summary, require_int_alpha,
+                                   training_hyperparameters, write_text)
 from advisor.configs._deepspeed import check_batch, read_offload
 from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_unexpressible
 from advisor.configs._training_args import (checkpoint_layers_of, every_n, read_checkpointing, read_optimizer,
@@ -110,7 +111,9 @@ ROWS: list[tuple[str, Callable[[ExportContext], Any]]] = [
     ("logging_steps", lambda ctx: 10),
     ("save_steps", lambda ctx: 500),
     ("report_to", lambda ctx: "none"),
-    ("deepspeed", lambda ctx: DEEPSPEED_FILE if ctx.plan.offload != "none" else SKIP),
+    ("deepspeed", lambda ctx: parallel_fields(ctx).get("deepspeed", SKIP)),  # by absolute path: any cwd
+    ("fsdp", lambda ctx: parallel_fields(ctx).get("fsdp", SKIP)),
+    ("fsdp_config", lambda ctx: parallel_fields(ctx).get("fsdp_config", SKIP)),
 ]
 """(key, value of a plan) in the order written; keys starting with "_" are checks that write nothing."""
 
@@ -150,6 +153,24 @@ def _loss_note(plan) -> list[str]:
             "(no full logits), so a run holds at most what was planned."]
 
 
+def _checkpoint_note(ctx: ExportContext) -> list[str]:
+    """Header lines for a plan that checkpoints some of the layers: which, and the key that says it."""
+    n = every_n(ctx.plan, ctx.spec)
+    if n is None:
+        return []
+    k = len(checkpointed_layers(ctx.plan, ctx.spec.num_layers))
+    return [f"gradient checkpointing: {k} of {ctx.spec.num_layers} layers, one in every {n} "
+            f"(gradient_checkpointing_kwargs.every_n_layers: {n}),",
+            "not every layer: the memory plan keeps the other layers' activations."]
+
+
+def _trl_cli(ctx: ExportContext) -> str:
+    """TRL's own CLI on trl.yaml (``trl sft`` starts accelerate; its ``--num_processes`` is accelerate's)."""
+    procs = f" --num_processes {ctx.gpus}" if ctx.gpus > 1 else ""
+    return (f"{env_prefix(ctx.plan)}trl sft --config {ctx.file(FILENAME)}{procs} "
+            "--dataset_name <hub dataset with a text field>")
+
+
 def template_text() -> str:
     return resources.files("advisor.configs.export.templates").joinpath(SCRIPT).read_text(encoding="utf-8")
 
@@ -160,10 +181,12 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
         "TRL SFTTrainer config written by vram-advisor (SFTConfig + ModelConfig fields, flat).",
         *plan_summary(ctx),
         "",
-        "Run:  python train_trl.py --data my_data.jsonl        (JSONL with a \"text\" field, or a .txt)",
-        "  or: trl sft --config trl.yaml --dataset_name <hub dataset with a text field>",
+        f"Run:  {ctx.launch(SCRIPT, '--data my_data.jsonl', accelerate=True)}   (JSONL with a \"text\" field)",
+        f"  or: {_trl_cli(ctx)}",
         *_loss_note(ctx.plan),
-        *(["deepspeed.json (ZeRO CPU offload) must sit next to this file."] if ctx.plan.offload != "none" else []),
+        *_checkpoint_note(ctx),
+        *([f"deepspeed: {ctx.deepspeed_path} (by its absolute path: edit it if the folder moves)."]
+          if ctx.zero_stage is not None else []),
     ])
     path = write_text(out_dir / FILENAME, dump_yaml(cfg, header))
     script = write_text(out_dir / SCRIPT, template_text())

@@ -49,19 +49,35 @@ class ExportResult(dict):
         self.skipped = skipped
 
 
-def export_sections(spec, plan, *, gpu=None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """advisor.yaml's content as a dict, without writing anything (for --json output, the TUI)."""
-    return _advisor_yaml.sections(ExportContext(spec, plan.validate(), gpu, dict(extra or {})))
+def _context(spec, plan, gpu, extra, gpus: int, sharding: str | None, out_dir: Path | None) -> ExportContext:
+    from advisor.memory.sharding import DEFAULT_SHARDING, STRATEGIES
+
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+        raise AdvisorInputError("--gpus", "must be a whole number of at least 1", gpus)
+    sharding = sharding or DEFAULT_SHARDING
+    if sharding not in STRATEGIES:
+        raise AdvisorInputError("--sharding", f"must be one of {', '.join(STRATEGIES)}", sharding)
+    return ExportContext(spec, plan, gpu, dict(extra or {}), gpus, sharding if gpus > 1 else "ddp", out_dir)
+
+
+def export_sections(spec, plan, *, gpu=None, extra: dict[str, Any] | None = None, gpus: int = 1,
+                    sharding: str | None = None, out_dir=None) -> dict[str, Any]:
+    """advisor.yaml's content as a dict, without writing anything (for --json output, the TUI); ``out_dir``: the
+    folder its paths name (None: the files by their bare names)."""
+    out = Path(out_dir).resolve() if out_dir is not None else None
+    return _advisor_yaml.sections(_context(spec, plan.validate(), gpu, extra, gpus, sharding, out))
 
 
 def export_plan(spec, plan, out_dir, formats: Iterable[str] | None = None, *, gpu=None,
-                extra: dict[str, Any] | None = None) -> ExportResult:
+                extra: dict[str, Any] | None = None, gpus: int = 1, sharding: str | None = None) -> ExportResult:
     """Write ``plan`` for ``spec`` into ``out_dir`` in the given formats (default: every one).
 
     With ``formats=None`` a format that cannot express the plan (say, axolotl for a mixed_bf16 plan,
     deepspeed.json for a plan without offload) is skipped and listed in ``result.skipped``; a format
     asked for by name that cannot express it raises, all such formats in one ConfigErrors.
-    Files another needs come along: train → advisor.yaml; an offload plan → deepspeed.json.
+    Files another needs come along: train → advisor.yaml; a plan under DeepSpeed → deepspeed.json.
+    ``gpus`` and ``sharding`` (advisor.memory.sharding; default ZeRO-3) are the run's: each file launches one
+    process per GPU and names the DeepSpeed or FSDP config the sharding needs, by absolute path.
     """
     plan = plan.validate()
     from advisor.core.adapters import expert_problems
@@ -79,10 +95,10 @@ def export_plan(spec, plan, out_dir, formats: Iterable[str] | None = None, *, gp
         for dep in FORMATS[fmt].needs:
             if dep not in wanted:
                 wanted.insert(0, dep)
-    if plan.offload != "none" and "deepspeed" not in wanted and any(FORMATS[f].names_deepspeed for f in wanted):
-        wanted.append("deepspeed")
-    ctx = ExportContext(spec, plan, gpu, dict(extra or {}))
     out = Path(out_dir)
+    ctx = _context(spec, plan, gpu, extra, gpus, sharding, out.resolve())
+    if ctx.zero_stage is not None and "deepspeed" not in wanted and any(FORMATS[f].names_deepspeed for f in wanted):
+        wanted.append("deepspeed")
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
     skipped: dict[str, str] = {}
