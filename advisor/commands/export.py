@@ -50,10 +50,12 @@ def run(args: argparse.Namespace) -> int:
                            gpus=d.gpus, sharding=d.sharding)
     paths = {k: str(v) for k, v in written.items()}
     if args.json:
-        print(json.dumps({"trial": chosen.number, "plan": chosen.plan_short, "written": paths,
+        print(json.dumps({"trial": chosen.number, "plan": chosen.plan_short, "gpus": d.gpus,
+                          "sharding": d.sharding if d.gpus > 1 else None, "written": paths,
                           "skipped": getattr(written, "skipped", {})}, indent=2))
     else:
-        print(f"trial #{chosen.number}: {chosen.plan_short}")
+        print(f"trial #{chosen.number}: {chosen.plan_short}"
+              + (f" on {d.gpus} GPUs, sharding {d.sharding}" if d.gpus > 1 else ""))
         for kind, path in paths.items():
             print(f"  {kind:13} {path}")
         for kind, why in getattr(written, "skipped", {}).items():

@@ -163,7 +163,7 @@ def sections(ctx: ExportContext) -> dict[str, Any]:
         advisor["prediction"] = _plain(ctx.extra)
     doc = {
         "model": model_section(ctx),
-        "quantization": quantization_section(plan),
+        "quantization": _sharded_storage(ctx, quantization_section(plan)),
         "lora": lora_section(plan, ctx.spec),
         "training": {**training_section(plan), **parallel_fields(ctx), **training_arguments_fields(plan, ctx.spec)},
         "deepspeed": deepspeed_config(plan, ctx.zero_stage) if ctx.zero_stage is not None else None,
@@ -172,6 +172,14 @@ def sections(ctx: ExportContext) -> dict[str, Any]:
     unplaced(plan, FORMAT, doc)
     return {name: fill(section, plan, FORMAT, name, before="plan" if name == "advisor" else None)
             if isinstance(section, dict) and name != "deepspeed" else section for name, section in doc.items()}
+
+
+def _sharded_storage(ctx: ExportContext, quant: dict | None) -> dict | None:
+    """4-bit weights sharded by ZeRO-3 or FSDP are stored in the weights' dtype (``bnb_4bit_quant_storage``), so
+    the sharding can flatten them with the other parameters (transformers docs: FSDP/DeepSpeed with QLoRA)."""
+    if quant and quant.get("load_in_4bit") and (ctx.zero_stage == 3 or ctx.fsdp):
+        quant = {**quant, "bnb_4bit_quant_storage": PRECISION_FLAGS[ctx.plan.precision][0]}
+    return quant
 
 
 def _plain(value: Any) -> Any:

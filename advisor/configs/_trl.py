@@ -78,6 +78,8 @@ ROWS: list[tuple[str, Callable[[ExportContext], Any]]] = [
     ("load_in_8bit", lambda ctx: True if ctx.plan.quantization == "int8" else SKIP),
     ("bnb_4bit_quant_type", lambda ctx: ctx.plan.quantization if ctx.plan.four_bit else SKIP),
     ("use_bnb_nested_quant", _declared),
+    ("bnb_4bit_quant_storage", lambda ctx: _dtype(ctx) if ctx.plan.four_bit and (ctx.zero_stage == 3 or ctx.fsdp)
+     else SKIP),  # 4-bit weights sharded with the others: stored in the weights' dtype
     ("_compute_dtype", _compute_dtype),
     ("use_peft", lambda ctx: ctx.plan.peft),
     ("lora_r", _declared),
