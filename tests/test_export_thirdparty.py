@@ -33,6 +33,7 @@ import pytest
 import yaml
 
 from advisor.core.catalog import resolve_model
+from advisor.configs._llamafactory import LF_GALORE_OPTIM
 from advisor.configs.export import export_plan
 from advisor.core.plan import Plan
 
@@ -50,6 +51,11 @@ PLANS = [
     # Liger's fused linear loss, DoRA, packed documents
     ("qwen7b", Plan(method="lora", lora_targets="all-linear", dora=True, packing=True, loss="fused-linear"), 1),
     ("qwen7b", Plan(method="lora", eval_batch=4), 1),  # the eval batch the plan's run peak was decided with
+    # the optimizers with their own keys (GaLore, APOLLO: optim_target_modules / optim_args, LLaMA-Factory's use_*)
+    ("qwen7b", Plan(method="full", precision="bf16", optimizer="galore_adamw_8bit", gradient_checkpointing=True), 1),
+    ("qwen7b", Plan(method="full", precision="bf16", optimizer="apollo_adamw"), 1),
+    ("qwen7b", Plan(method="full", precision="bf16", optimizer="adalomo"), 1),
+    ("qwen7b", Plan(method="qlora", quantization="nf4", loss="fused-linear", packing=True, expandable_segments=True), 1),
     # activation offload without checkpointing (axolotl refuses: its validator requires checkpointing)
     ("gemma-3-12b", Plan(method="lora", activation_offload=True), 1),
     # several GPUs: ZeRO-3 sharding and DDP
@@ -224,7 +230,9 @@ def test_llamafactory_parser_accepts_the_exports(tmp_path):
         assert got["flash_attn"] == {"sdpa": "sdpa", "eager": "disabled", "flash_attention_2": "fa2"}[plan.attn_impl]
         assert got["disable_gradient_checkpointing"] == (not plan.gradient_checkpointing)
         # beyond the plan: with packing LLaMA-Factory cuts one token off cutoff_len (docs/exports.md)
-        assert got["cutoff_len"] == plan.seq_len - plan.packing and got["optim"] == plan.optimizer
+        assert got["cutoff_len"] == plan.seq_len - plan.packing
+        # GaLore / APOLLO: LLaMA-Factory's use_galore / use_apollo over its base optimizer
+        assert got["optim"] == {**LF_GALORE_OPTIM, "apollo_adamw": "adamw_torch"}.get(plan.optimizer, plan.optimizer)
         assert got["per_device_train_batch_size"] == plan.micro_batch
         assert got["gradient_accumulation_steps"] == plan.grad_accum
         assert got["bf16"] == (plan.activation_dtype == "bf16") and got["fp16"] == (plan.activation_dtype == "fp16")

@@ -146,8 +146,9 @@ class ExportContext:
     """Predictions and provenance (peak_bytes, tokens_per_s, source, study, ...), copied into advisor.yaml."""
     gpus: int = 1
     """The GPUs the plan was sized for, one process each (data parallel)."""
-    sharding: str = "ddp"
-    """How the model state is split across ``gpus`` (advisor.memory.sharding.STRATEGIES); ddp with one GPU."""
+    sharding: str | None = None
+    """How the model state is split across ``gpus`` (advisor.memory.sharding.STRATEGIES; export_plan resolves
+    None to its default); nothing to split on one GPU."""
     out_dir: Path | None = None
     """Where the files are written (resolved): the files name each other by absolute path, so a launch and
     each tool's parser find them from any working directory."""

@@ -57,7 +57,7 @@ def _context(spec, plan, gpu, extra, gpus: int, sharding: str | None, out_dir: P
     sharding = sharding or DEFAULT_SHARDING
     if sharding not in STRATEGIES:
         raise AdvisorInputError("--sharding", f"must be one of {', '.join(STRATEGIES)}", sharding)
-    return ExportContext(spec, plan, gpu, dict(extra or {}), gpus, sharding if gpus > 1 else "ddp", out_dir)
+    return ExportContext(spec, plan, gpu, dict(extra or {}), gpus, sharding, out_dir)
 
 
 def export_sections(spec, plan, *, gpu=None, extra: dict[str, Any] | None = None, gpus: int = 1,
