@@ -115,8 +115,10 @@ def test_a_zero3_advisor_yaml_reads_back_from_another_directory(tmp_path):
     try:
         os.chdir(elsewhere)
         for fmt in ("advisor", "axolotl", "llamafactory", "trl"):
-            _, plan, _ = read_config(os.path.relpath(written[fmt]))
+            _, plan, extras = read_config(os.path.relpath(written[fmt]))
             assert plan.offload == "none" and plan.micro_batch == 2, fmt
+            if fmt == "advisor":
+                assert extras["gpus"] == 8 and extras["sharding"] == "zero3"
     finally:
         os.chdir(cwd)
 

@@ -307,7 +307,7 @@ def read(data: dict, c: Collect, plan_type: type, fmt: str = "advisor") -> tuple
         except AdvisorInputError as e:
             raise AdvisorInputError("advisor.env.PYTORCH_CUDA_ALLOC_CONF", e.rule, env["PYTORCH_CUDA_ALLOC_CONF"]) from None
         f["expandable_segments"] = conf.expandable_segments
-    for key in ("prediction", "gpu"):
+    for key in ("prediction", "gpu", "gpus", "sharding"):  # gpus, sharding: the run's launch (one GPU: 1, None)
         if key in advisor:
             extras[key] = advisor[key]
     if isinstance(advisor.get("plan"), dict):

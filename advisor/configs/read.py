@@ -48,7 +48,7 @@ def read_config(path: str | Path, *, check_fields: bool = True,
 
     extras: ``format``; ``defaulted`` (keys the file left out, filled with the tool's default);
     ``edited`` ({field: [advisor.plan value, value read]} where advisor.yaml's sections were changed);
-    ``prediction`` / ``gpu`` (from advisor.yaml); ``sections`` (advisor/hf: the raw sections).
+    ``prediction`` / ``gpu`` / ``gpus`` / ``sharding`` (from advisor.yaml); ``sections`` (advisor/hf: the raw sections).
     ``check_fields`` (advisor/hf formats): report keys that TrainingArguments / LoraConfig /
     BitsAndBytesConfig do not have (imports transformers and peft). ``plan``: the Plan class read into
     (its declared knobs are the keys read).
