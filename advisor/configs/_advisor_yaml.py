@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.configs.formats import FORMATS
-from advisor.configs._base import (ADAM, Collect, DEEPSPEED_FILE, ExportContext, LIGER_FUSED_LOSS_ONLY, LR_SCHEDULER,
+from advisor.configs._base import (ADAM, Collect, ExportContext, LIGER_FUSED_LOSS_ONLY, LR_SCHEDULER,
                                    PRECISION_FLAGS, TORCH_DTYPE, TORCH_TO_PLAN, WARMUP_STEPS, alloc_env,
                                    comment_block, dump_yaml, env_prefix, lora_alpha_value, parallel_fields, plan_summary,
                                    training_hyperparameters, write_text)

@@ -9,8 +9,8 @@ gradient_accumulation_steps, learning_rate, optimizer, lr_scheduler, num_epochs)
 gradient_checkpointing_kwargs, attn_implementation, chunked_cross_entropy, deepspeed, max_steps,
 warmup_steps, logging_steps, save_steps, val_set_size); the documented reference is
 docs/config-reference.qmd in axolotl-ai-cloud/axolotl. tests/test_export_thirdparty.py validates
-the output with ``AxolotlInputConfig`` when axolotl is importable, and always against the field
-list in tests/data/axolotl_fields.txt.
+the output with axolotl's own ``validate_config`` (in CI: .ci/thirdparty-envs.sh), and always against the
+field list in tests/data/axolotl_fields.txt. What axolotl turns on beyond the file: docs/exports.md.
 
 What axolotl cannot express, and so is refused rather than approximated: fp32 master weights
 under autocast (``bf16: true`` loads the weights in bf16: axolotl's precision is the Plan's pure
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.configs.formats import FORMATS
-from advisor.configs._base import (ADAM, Collect, DEEPSPEED_FILE, ExportContext, LR_SCHEDULER, OPTIM_ALIASES,
+from advisor.configs._base import (ADAM, Collect, ExportContext, LR_SCHEDULER, OPTIM_ALIASES,
                                    TORCH_DTYPE, TORCH_TO_PLAN, Unsupported, WARMUP_STEPS, comment_block, dump_yaml,
                                    env_note, env_prefix, plan_summary, require_int_alpha, training_hyperparameters,
                                    write_text)

@@ -11,8 +11,8 @@ double_quantization, flash_attn: auto|disabled|sdpa|fa2, disable_gradient_checkp
 enable_liger_kernel, trust_remote_code), finetuning_args.py (lora_rank, lora_alpha: int,
 lora_dropout, lora_target "all" or comma-separated, pure_bf16), data_args.py (cutoff_len) and
 transformers' TrainingArguments (optim, deepspeed, ...). tests/test_export_thirdparty.py parses
-the output with LLaMA-Factory's own HfArgumentParser when it is importable, and always against
-tests/data/llamafactory_fields.txt.
+the output with LLaMA-Factory's own ``get_train_args`` (in CI: .ci/thirdparty-envs.sh), and always against
+tests/data/llamafactory_fields.txt. What LLaMA-Factory does beyond the file: docs/exports.md.
 
 LLaMA-Factory semantics the mapping follows (src/llamafactory/model/adapter.py, parser.py):
 gradient checkpointing is on unless ``disable_gradient_checkpointing``; weights load in the
@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.configs.formats import FORMATS
-from advisor.configs._base import (Collect, DEEPSPEED_FILE, ExportContext, HF_OPTIM_DEFAULT, LR_SCHEDULER,
+from advisor.configs._base import (Collect, ExportContext, HF_OPTIM_DEFAULT, LR_SCHEDULER,
                                    OPTIM_ALIASES, Unsupported, WARMUP_STEPS, comment_block, dump_yaml, env_note,
                                    env_prefix, plan_summary, require_int_alpha, training_hyperparameters, write_text)
 from advisor.configs._deepspeed import read_offload

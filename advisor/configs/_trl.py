@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from advisor.configs.formats import FORMATS
-from advisor.configs._base import (ADAM, Collect, DEEPSPEED_FILE, ExportContext, LR_SCHEDULER, PRECISION_FLAGS,
+from advisor.configs._base import (ADAM, Collect, ExportContext, LR_SCHEDULER, PRECISION_FLAGS,
                                    TORCH_DTYPE, TORCH_TO_PLAN, Unsupported, WARMUP_STEPS, comment_block, dump_yaml,
                                    env_prefix, parallel_fields, plan_summary, require_int_alpha,
                                    training_hyperparameters, write_text)
