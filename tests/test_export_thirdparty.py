@@ -178,6 +178,7 @@ def _run(python: str, script: str, env: dict, files: list[tuple[Plan, int, Path]
     return json.loads(line[len("RESULT "):])
 
 
+@pytest.mark.timeout(900)  # a child Python importing torch and the tool: about 40 s alone on 2 cores
 def test_axolotl_parser_accepts_the_exports(tmp_path):
     python = _python("ADVISOR_AXOLOTL_PYTHON", "axolotl.utils.config")
     files = _export("axolotl", tmp_path)
@@ -211,6 +212,7 @@ def _documented_extras(tool: str) -> list[str]:
             if f"`{k}`" in text] if tool == "axolotl" else []
 
 
+@pytest.mark.timeout(900)
 def test_llamafactory_parser_accepts_the_exports(tmp_path):
     python = _python("ADVISOR_LLAMAFACTORY_PYTHON", "llamafactory.hparams.parser")
     files = _export("llamafactory", tmp_path)
