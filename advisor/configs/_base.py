@@ -194,10 +194,12 @@ class ExportContext:
         """A header line naming the GPUs and the sharding ([] for one GPU)."""
         if self.gpus == 1:
             return []
-        how = {None: "DDP (every GPU holds the whole model state)"}.get(self.zero_stage) if not self.fsdp else \
-            "FSDP full_shard (parameters, gradients and optimizer states split)"
-        if how is None:
+        if self.zero_stage is not None:
             how = f"DeepSpeed ZeRO-{self.zero_stage} ({self.file(DEEPSPEED_FILE)})"
+        elif self.fsdp:
+            how = "FSDP full_shard (parameters, gradients and optimizer states split)"
+        else:
+            how = "DDP (every GPU holds the whole model state)"
         return [f"GPUs: {self.gpus}, one process each; sharding: {how}"]
 
 
