@@ -79,8 +79,9 @@ def _expressible(fmt: str, plan: Plan) -> bool:
     if plan.optimizer_in_backward or some_layers:
         return False  # advisor.yaml + train.py only
     if fmt == "axolotl":
-        return int_alpha and not plan.precision.startswith("mixed") and not (
-            plan.activation_offload and plan.gradient_checkpointing)
+        # axolotl's validator: activation_offloading requires gradient_checkpointing, and with it the offload is
+        # every activation's, not the checkpointed inputs' the plan sized: no activation offload at all
+        return int_alpha and not plan.precision.startswith("mixed") and not plan.activation_offload
     if plan.activation_offload:
         return False  # LLaMA-Factory has no activation offloading
     if fmt == "llamafactory":

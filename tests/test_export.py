@@ -67,7 +67,7 @@ def test_advisor_yaml_sections_build_their_classes(name, qwen7b, tmp_path):
     written = export_plan(qwen7b, plan, tmp_path, ["advisor"], extra={"peak_bytes": 3 * 2**30, "source": "simulated"})
     text = written["advisor"].read_text()
     assert text.startswith("# advisor.yaml - written by vram-advisor")
-    assert "python train.py --data" in text
+    assert f"python {tmp_path.resolve() / 'train.py'} --data" in text  # by a path that resolves from any cwd
     cfg = yaml.safe_load(text)
     assert set(cfg) == {"model", "quantization", "lora", "training", "deepspeed", "advisor"}
 
@@ -118,7 +118,8 @@ def test_advisor_yaml_sections_build_their_classes(name, qwen7b, tmp_path):
     assert adv["max_seq_length"] == plan.seq_len and adv["chunked_ce"] == plan.chunked_ce
     assert Plan.from_dict(adv["plan"]) == plan
     assert adv["prediction"] == {"peak_bytes": 3 * 2**30, "source": "simulated"}
-    assert export_sections(qwen7b, plan, extra={"peak_bytes": 3 * 2**30, "source": "simulated"}) == cfg
+    assert export_sections(qwen7b, plan, extra={"peak_bytes": 3 * 2**30, "source": "simulated"},
+                           out_dir=tmp_path) == cfg
 
 
 # --------------------------------------------------------------------------- deepspeed.json
@@ -199,7 +200,7 @@ def test_export_all_formats_skips_what_a_format_cannot_express(qwen7b, tmp_path)
 
     written = export_plan(qwen7b, PLANS["qlora-seed"], tmp_path / "q")
     assert set(written) == {"advisor", "train", "axolotl", "llamafactory", "trl"}
-    assert "no DeepSpeed offload" in written.skipped["deepspeed"]
+    assert "runs without DeepSpeed" in written.skipped["deepspeed"]
     assert set(EXPORTERS) == set(written) | set(written.skipped)
 
 

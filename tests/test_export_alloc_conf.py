@@ -24,7 +24,7 @@ def test_expandable_plan_exports_the_allocator_setting(tmp_path):
     written = export_plan(spec, plan, tmp_path, ["advisor", "train", "axolotl", "llamafactory"])
     text = written["advisor"].read_text()
     assert yaml.safe_load(text)["advisor"]["env"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
-    assert f"# Run it:   {CONF} python train.py --data" in text
+    assert f"# Run it:   {CONF} python {tmp_path.resolve() / 'train.py'} --data" in text
     for fmt in ("axolotl", "llamafactory"):
         head = written[fmt].read_text()
         assert f"Run:  {CONF} " in head and "no field for environment variables" in head

@@ -9,12 +9,16 @@ from advisor.commands.common import add_study_flags
 
 
 def add_parser(subs) -> None:
-    p = subs.add_parser("export", help="write a study's plan as advisor.yaml, train.py, DeepSpeed, axolotl, LLaMA-Factory",
-                        description="Export the plan the study chose (or --trial N) in the given formats.")
+    from advisor.configs.formats import exported, format_names_help
+
+    files = ", ".join(f.filename for f in exported().values())
+    p = subs.add_parser("export", help=f"write a study's plan as {files}",
+                        description="Export the plan the study chose (or --trial N) in the given formats:\n"
+                        + "\n".join(f"  {f.name:13} {f.help}" for f in exported().values()),
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_study_flags(p)
     p.add_argument("--format", action="append", metavar="FORMAT",
-                   help="advisor, train, deepspeed, axolotl, llamafactory (repeat or comma-separate; default: all "
-                        "that can express the plan)")
+                   help=f"{format_names_help()} (repeat or comma-separate; default: all that can express the plan)")
     p.add_argument("--trial", type=int, metavar="N", help="export trial N instead of the chosen plan")
     p.add_argument("--out", metavar="DIR", help="output folder (default: <study folder>/export)")
     p.add_argument("--json", action="store_true", help="print the written paths as one JSON object")
@@ -42,13 +46,16 @@ def run(args: argparse.Namespace) -> int:
             raise AdvisorInputError("STUDY", "the study has no feasible plan to export yet", snap.name)
     formats = [f.strip() for item in (args.format or []) for f in item.split(",") if f.strip()] or None
     out = Path(args.out) if args.out else (folder or Path(args.reports_dir) / snap.name) / "export"
-    written = export_trial(chosen, str(out), formats, model=d.model, gpu=d.gpu, study_name=snap.name)
+    written = export_trial(chosen, str(out), formats, model=d.model, gpu=d.gpu, study_name=snap.name,
+                           gpus=d.gpus, sharding=d.sharding)
     paths = {k: str(v) for k, v in written.items()}
     if args.json:
-        print(json.dumps({"trial": chosen.number, "plan": chosen.plan_short, "written": paths,
+        print(json.dumps({"trial": chosen.number, "plan": chosen.plan_short, "gpus": d.gpus,
+                          "sharding": d.sharding if d.gpus > 1 else None, "written": paths,
                           "skipped": getattr(written, "skipped", {})}, indent=2))
     else:
-        print(f"trial #{chosen.number}: {chosen.plan_short}")
+        print(f"trial #{chosen.number}: {chosen.plan_short}"
+              + (f" on {d.gpus} GPUs, sharding {d.sharding}" if d.gpus > 1 else ""))
         for kind, path in paths.items():
             print(f"  {kind:13} {path}")
         for kind, why in getattr(written, "skipped", {}).items():

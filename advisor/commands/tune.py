@@ -187,7 +187,8 @@ def screened_by(settings, selection) -> dict:
 def export_best(settings, best, out_dir: str) -> dict[str, str]:
     from advisor.configs.trial_export import export_trial
 
-    paths = export_trial(best, out_dir, None, model=settings.model, gpu=settings.gpu, study_name=settings.study_name)
+    paths = export_trial(best, out_dir, None, model=settings.model, gpu=settings.gpu, study_name=settings.study_name,
+                         gpus=settings.gpus, sharding=settings.sharding)
     return {k: str(v) for k, v in paths.items()}
 
 

@@ -31,9 +31,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from advisor.configs._base import (ADAM, Collect, DEEPSPEED_FILE, ExportContext, LIGER_FUSED_LOSS_ONLY, LR_SCHEDULER,
+from advisor.configs.formats import FORMATS
+from advisor.configs._base import (ADAM, Collect, ExportContext, LIGER_FUSED_LOSS_ONLY, LR_SCHEDULER,
                                    PRECISION_FLAGS, TORCH_DTYPE, TORCH_TO_PLAN, WARMUP_STEPS, alloc_env,
-                                   comment_block, dump_yaml, env_prefix, lora_alpha_value, plan_summary,
+                                   comment_block, dump_yaml, env_prefix, lora_alpha_value, parallel_fields, plan_summary,
                                    training_hyperparameters, write_text)
 from advisor.configs._keys import DECLARED, fill, read_declared, refuse_unexpressible, unplaced
 from advisor.configs._deepspeed import check_batch, deepspeed_config, read_offload
@@ -42,7 +43,7 @@ from advisor.configs._training_args import (checkpoint_layers_of, liger_fused_lo
 from advisor.core.errors import AdvisorInputError
 from advisor.core.plan import ALL_LINEAR, LOSSES, knob_of
 
-FILENAME = "advisor.yaml"
+FILENAME = FORMATS["advisor"].filename
 FORMAT = "advisor"
 FORMAT_VERSION = 1
 
@@ -125,7 +126,7 @@ def training_section(plan, output_dir: str = "outputs") -> dict[str, Any]:
         "logging_steps": 10,
         "save_steps": 500,
         "report_to": "none",
-        "deepspeed": DEEPSPEED_FILE if plan.offload != "none" else None,
+        "deepspeed": None,
     }
     if plan.loss == "fused-linear":
         section["use_liger_kernel"] = True
@@ -154,19 +155,31 @@ def sections(ctx: ExportContext) -> dict[str, Any]:
     if ctx.gpu is not None:
         advisor["gpu"] = {"key": ctx.gpu.key, "name": ctx.gpu.name, "memory_bytes": ctx.gpu.memory_bytes,
                           "bf16": ctx.gpu.bf16, "sm": ctx.gpu.sm}  # what decided the precision (card_rules)
+    # the run as planned: how many GPUs, how the state is split, the command that launches it
+    advisor["gpus"] = ctx.gpus
+    advisor["sharding"] = ctx.sharding if ctx.gpus > 1 else None
+    advisor["launch"] = ctx.launch("train.py", "--data my_data.jsonl")
     if ctx.extra:
         advisor["prediction"] = _plain(ctx.extra)
     doc = {
         "model": model_section(ctx),
-        "quantization": quantization_section(plan),
+        "quantization": _sharded_storage(ctx, quantization_section(plan)),
         "lora": lora_section(plan, ctx.spec),
-        "training": {**training_section(plan), **training_arguments_fields(plan, ctx.spec)},
-        "deepspeed": deepspeed_config(plan) if plan.offload != "none" else None,
+        "training": {**training_section(plan), **parallel_fields(ctx), **training_arguments_fields(plan, ctx.spec)},
+        "deepspeed": deepspeed_config(plan, ctx.zero_stage) if ctx.zero_stage is not None else None,
         "advisor": advisor,
     }
     unplaced(plan, FORMAT, doc)
     return {name: fill(section, plan, FORMAT, name, before="plan" if name == "advisor" else None)
             if isinstance(section, dict) and name != "deepspeed" else section for name, section in doc.items()}
+
+
+def _sharded_storage(ctx: ExportContext, quant: dict | None) -> dict | None:
+    """4-bit weights sharded by ZeRO-3 or FSDP are stored in the weights' dtype (``bnb_4bit_quant_storage``), so
+    the sharding can flatten them with the other parameters (transformers docs: FSDP/DeepSpeed with QLoRA)."""
+    if quant and quant.get("load_in_4bit") and (ctx.zero_stage == 3 or ctx.fsdp):
+        quant = {**quant, "bnb_4bit_quant_storage": PRECISION_FLAGS[ctx.plan.precision][0]}
+    return quant
 
 
 def _plain(value: Any) -> Any:
@@ -185,8 +198,8 @@ HEADER = [
     "",
     "{summary}",
     "",
-    "Run it:   python train.py --data my_data.jsonl           (JSONL with a \"text\" field, or a .txt)",
-    "          python train.py --data d.jsonl --max-steps 100 --model-path /local/copy/of/the/model",
+    "Run it:   {launch}           (JSONL with a \"text\" field, or a .txt)",
+    "          {launch_short} --data d.jsonl --max-steps 100 --model-path /local/copy/of/the/model",
     "Check it: advisor preflight advisor.yaml --gpu-budget <GB>",
     "",
     "Each section is passed as **section to the class named beside it, so keys are those classes'",
@@ -195,17 +208,18 @@ HEADER = [
     "  quantization  -> transformers.BitsAndBytesConfig (null: weights not quantized)",
     "  lora          -> peft.LoraConfig (null: full fine-tuning)",
     "  training      -> transformers.TrainingArguments",
-    "  deepspeed     -> DeepSpeed config, also in deepspeed.json (null: no ZeRO offload)",
+    "  deepspeed     -> DeepSpeed config, also in deepspeed.json (null: no DeepSpeed ZeRO)",
     "  advisor       -> what those classes have no field for, the plan, and the prediction",
 ]
 
 
 def write(ctx: ExportContext, out_dir: Path) -> Path:
     summary = "\n".join(plan_summary(ctx))
-    lines = "\n".join(HEADER).replace("{summary}", summary).split("\n")
+    lines = "\n".join(HEADER).replace("{summary}", summary).replace(
+        "{launch}", ctx.launch("train.py", "--data my_data.jsonl")).replace("{launch_short}", ctx.launch("train.py")
+                                                                           ).split("\n")
     if alloc_env(ctx.plan):
         env = env_prefix(ctx.plan).strip()
-        lines = [ln.replace("python train.py", f"{env} python train.py") for ln in lines]
         lines.insert(lines.index("Check it: advisor preflight advisor.yaml --gpu-budget <GB>"),
                      f"          (train.py sets {env} itself from advisor.env; a value in the shell wins)")
     header = comment_block(lines)
@@ -293,7 +307,7 @@ def read(data: dict, c: Collect, plan_type: type, fmt: str = "advisor") -> tuple
         except AdvisorInputError as e:
             raise AdvisorInputError("advisor.env.PYTORCH_CUDA_ALLOC_CONF", e.rule, env["PYTORCH_CUDA_ALLOC_CONF"]) from None
         f["expandable_segments"] = conf.expandable_segments
-    for key in ("prediction", "gpu"):
+    for key in ("prediction", "gpu", "gpus", "sharding"):  # gpus, sharding: the run's launch (one GPU: 1, None)
         if key in advisor:
             extras[key] = advisor[key]
     if isinstance(advisor.get("plan"), dict):
@@ -301,6 +315,11 @@ def read(data: dict, c: Collect, plan_type: type, fmt: str = "advisor") -> tuple
     extras["sections"] = {"model": model, "quantization": quant, "lora": lora, "training": training,
                           "deepspeed": ds}
     return name, f, extras
+
+
+def read_hf(data: dict, c: Collect, plan_type: type) -> tuple[str | None, dict, dict]:
+    """HF sections without the advisor one, or a flat TrainingArguments file ("hf") → (model, plan fields, extras)."""
+    return read(data, c, plan_type, "hf")
 
 
 def _lookup(sections: dict[str, dict | None], sect: str):

@@ -9,8 +9,8 @@ gradient_accumulation_steps, learning_rate, optimizer, lr_scheduler, num_epochs)
 gradient_checkpointing_kwargs, attn_implementation, chunked_cross_entropy, deepspeed, max_steps,
 warmup_steps, logging_steps, save_steps, val_set_size); the documented reference is
 docs/config-reference.qmd in axolotl-ai-cloud/axolotl. tests/test_export_thirdparty.py validates
-the output with ``AxolotlInputConfig`` when axolotl is importable, and always against the field
-list in tests/data/axolotl_fields.txt.
+the output with axolotl's own ``validate_config`` (in CI: .ci/thirdparty-envs.sh), and always against the
+field list in tests/data/axolotl_fields.txt. What axolotl turns on beyond the file: docs/exports.md.
 
 What axolotl cannot express, and so is refused rather than approximated: fp32 master weights
 under autocast (``bf16: true`` loads the weights in bf16: axolotl's precision is the Plan's pure
@@ -28,7 +28,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from advisor.configs._base import (ADAM, Collect, DEEPSPEED_FILE, ExportContext, LR_SCHEDULER, OPTIM_ALIASES,
+from advisor.configs.formats import FORMATS
+from advisor.configs._base import (ADAM, Collect, ExportContext, LR_SCHEDULER, OPTIM_ALIASES,
                                    TORCH_DTYPE, TORCH_TO_PLAN, Unsupported, WARMUP_STEPS, comment_block, dump_yaml,
                                    env_note, env_prefix, plan_summary, require_int_alpha, training_hyperparameters,
                                    write_text)
@@ -37,7 +38,7 @@ from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_un
 from advisor.configs._training_args import GALORE_TARGETS, all_layers_only, optim_args, read_optim_args
 from advisor.core.plan import ALL_LINEAR, ATTENTION, LOW_RANK_OPTIMIZERS, compute_dtype_for
 
-FILENAME = "axolotl.yaml"
+FILENAME = FORMATS["axolotl"].filename
 FORMAT = "axolotl"
 
 
@@ -101,8 +102,11 @@ def axolotl_config(ctx: ExportContext) -> dict[str, Any]:
     cfg["attn_implementation"] = plan.attn_impl
     cfg.update(_lever_fields(plan))
     cfg["peft_use_dora"] = DECLARED
-    if plan.offload != "none":
-        cfg["deepspeed"] = DEEPSPEED_FILE
+    if ctx.fsdp:
+        raise Unsupported(FORMAT, "FSDP sharding is written for transformers' Trainer only: use the advisor.yaml + "
+                                  "train.py or trl.yaml export, or --sharding zero3")
+    if ctx.zero_stage is not None:
+        cfg["deepspeed"] = ctx.deepspeed_path
     cfg["logging_steps"] = 10
     cfg["save_steps"] = 500
     refuse_unexpressible(plan, FORMAT)
@@ -137,7 +141,9 @@ def _memory_lever_fields(plan, spec) -> dict[str, Any]:
         if plan.gradient_checkpointing:
             raise Unsupported(FORMAT, "its activation_offloading offloads every activation; the plan offloads "
                                       "only the checkpointed layer inputs (use the advisor.yaml export)")
-        out["activation_offloading"] = True
+        # axolotl's validator: "activation_offloading requires gradient_checkpointing" (utils/schemas/validation.py)
+        raise Unsupported(FORMAT, "its activation_offloading requires gradient_checkpointing; the plan offloads "
+                                  "activations without checkpointing (use the advisor.yaml or trl.yaml export)")
     return out
 
 
@@ -147,13 +153,21 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
         "axolotl config written by vram-advisor.",
         *plan_summary(ctx),
         "",
-        f"Run:  {env_prefix(ctx.plan)}axolotl train axolotl.yaml",
+        f"Run:  {_launch(ctx)}",
         *env_note(ctx.plan, "axolotl.yaml"),
         "Replace `datasets` with yours (here: data.jsonl, one {\"text\": ...} per line). pad_to_sequence_len",
         "keeps every batch at sequence_len tokens, the length the memory plan was sized for.",
-        *(["deepspeed.json (ZeRO CPU offload) must sit next to this file."] if ctx.plan.offload != "none" else []),
+        *([f"deepspeed: {ctx.deepspeed_path} (by its absolute path: edit it if the folder moves)."]
+          if ctx.zero_stage is not None else []),
     ])
     return write_text(out_dir / FILENAME, dump_yaml(cfg, header))
+
+
+def _launch(ctx: ExportContext) -> str:
+    """axolotl's training entry point, one process per GPU under accelerate (axolotl docs: multi-gpu)."""
+    if ctx.gpus == 1:
+        return f"{env_prefix(ctx.plan)}axolotl train {ctx.file(FILENAME)}"
+    return f"{env_prefix(ctx.plan)}accelerate launch --num_processes {ctx.gpus} -m axolotl.cli.train {ctx.file(FILENAME)}"
 
 
 # --------------------------------------------------------------------------- reading

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import yaml
 
 from advisor.core.dtypes import TORCH_NAMES
+from advisor.configs.formats import FORMATS
 from advisor.core.errors import AdvisorInputError
 from advisor.core.optimizers import optimizer_aliases
 from advisor.core.plan import ALL_LINEAR
@@ -26,7 +27,11 @@ if TYPE_CHECKING:
     from advisor.core.catalog import GpuSpec, ModelSpec
     from advisor.core.plan import Plan
 
-DEEPSPEED_FILE = "deepspeed.json"
+DEEPSPEED_FILE = FORMATS["deepspeed"].filename
+ZERO_OFFLOAD_STAGES = {"zero2_cpu": 2, "zero3_cpu": 3}
+"""The Plan's CPU offload → its DeepSpeed ZeRO stage."""
+ZERO_SHARDING_STAGES = {"zero2": 2, "zero3": 3}
+"""A several-GPU sharding strategy (advisor.memory.sharding) → its DeepSpeed ZeRO stage."""
 
 TORCH_DTYPE = dict(TORCH_NAMES)
 """Plan dtype names → torch dtype names (what BitsAndBytesConfig and from_pretrained take)."""
@@ -131,10 +136,63 @@ class ExportContext:
     """The GPU the plan was sized for, if known."""
     extra: dict = field(default_factory=dict)
     """Predictions and provenance (peak_bytes, tokens_per_s, source, study, ...), copied into advisor.yaml."""
+    gpus: int = 1
+    """The GPUs the plan was sized for, one process each (data parallel)."""
+    sharding: str | None = None
+    """How the model state is split across ``gpus`` (advisor.memory.sharding.STRATEGIES; export_plan resolves
+    None to its default); nothing to split on one GPU."""
+    out_dir: Path | None = None
+    """Where the files are written (resolved): the files name each other by absolute path, so a launch and
+    each tool's parser find them from any working directory."""
 
     @property
     def model_id(self) -> str:
         return self.spec.hf_id
+
+    @property
+    def zero_stage(self) -> int | None:
+        """The DeepSpeed ZeRO stage the run uses: its CPU offload's, else ZeRO-2/3 sharding on several GPUs."""
+        if self.plan.offload in ZERO_OFFLOAD_STAGES:
+            return ZERO_OFFLOAD_STAGES[self.plan.offload]
+        if self.gpus > 1 and self.sharding in ZERO_SHARDING_STAGES:
+            return ZERO_SHARDING_STAGES[self.sharding]
+        return None
+
+    @property
+    def fsdp(self) -> bool:
+        """Whether the run shards with PyTorch FSDP (several GPUs, sharding fsdp, no DeepSpeed offload)."""
+        return self.zero_stage is None and self.gpus > 1 and self.sharding == "fsdp"
+
+    @property
+    def deepspeed_path(self) -> str:
+        """deepspeed.json as the other files name it: its absolute path where the export has a folder."""
+        return str(self.out_dir / DEEPSPEED_FILE) if self.out_dir is not None else DEEPSPEED_FILE
+
+    def file(self, name: str) -> str:
+        """A file of this export by the path that resolves from any working directory."""
+        return str(self.out_dir / name) if self.out_dir is not None else name
+
+    def launch(self, script: str, args: str = "", *, accelerate: bool = False) -> str:
+        """The command that runs ``script`` as planned: one process per GPU (torchrun, or ``accelerate launch``
+        for a tool that runs under accelerate), with the allocator environment before it."""
+        target = f"{self.file(script)}{' ' + args if args else ''}"
+        if self.gpus == 1:
+            return f"{env_prefix(self.plan)}python {target}"
+        if accelerate:
+            return f"{env_prefix(self.plan)}accelerate launch --num_processes {self.gpus} {target}"
+        return f"{env_prefix(self.plan)}torchrun --nproc_per_node {self.gpus} {target}"
+
+    def sharding_line(self) -> list[str]:
+        """A header line naming the GPUs and the sharding ([] for one GPU)."""
+        if self.gpus == 1:
+            return []
+        if self.zero_stage is not None:
+            how = f"DeepSpeed ZeRO-{self.zero_stage} ({self.file(DEEPSPEED_FILE)})"
+        elif self.fsdp:
+            how = "FSDP full_shard (parameters, gradients and optimizer states split)"
+        else:
+            how = "DDP (every GPU holds the whole model state)"
+        return [f"GPUs: {self.gpus}, one process each; sharding: {how}"]
 
 
 Writer = Callable[[ExportContext, Path], Path]
@@ -199,7 +257,9 @@ def plan_summary(ctx: ExportContext) -> list[str]:
     """Header lines naming the model, the plan and the prediction."""
     lines = [f"model: {ctx.spec.name} ({ctx.spec.hf_id})", f"plan:  {ctx.plan.short()}"]
     if ctx.gpu is not None:
-        lines.append(f"sized for: {ctx.gpu.name} ({ctx.gpu.memory_bytes / 2**30:.1f} GiB)")
+        lines.append(f"sized for: {ctx.gpu.name} ({ctx.gpu.memory_bytes / 2**30:.1f} GiB)"
+                     + (f" x {ctx.gpus}" if ctx.gpus > 1 else ""))
+    lines += ctx.sharding_line()
     peak = ctx.extra.get("peak_bytes")
     if peak:
         src = ctx.extra.get("source", "predicted")
@@ -207,11 +267,31 @@ def plan_summary(ctx: ExportContext) -> list[str]:
     return lines + hyperparameter_note(ctx.plan)
 
 
+FSDP_OPTION = "full_shard auto_wrap"
+"""TrainingArguments.fsdp for the fsdp strategy: parameters, gradients and optimizer states sharded
+(advisor.memory.sharding), each decoder layer its own unit (auto_wrap: the model's ``_no_split_modules``)."""
+
+
+def fsdp_config(plan) -> dict[str, Any]:
+    """TrainingArguments.fsdp_config (transformers docs, FSDP): one layer gathered at a time with the next one
+    prefetched, as the per-GPU ledger counts it; ``use_orig_params`` so LoRA's frozen and trainable weights share
+    a unit; the weights loaded on rank 0 only and broadcast (``cpu_ram_efficient_loading``)."""
+    return {"backward_prefetch": "backward_pre", "forward_prefetch": True, "use_orig_params": bool(plan.peft),
+            "cpu_ram_efficient_loading": True, "sync_module_states": True,
+            "activation_checkpointing": False}  # checkpointing stays TrainingArguments.gradient_checkpointing
+
+
+def parallel_fields(ctx: "ExportContext") -> dict[str, Any]:
+    """The TrainingArguments keys of a several-GPU run: ``deepspeed`` (by absolute path) under ZeRO, ``fsdp`` and
+    ``fsdp_config`` under FSDP, nothing for DDP (torchrun's processes are the data parallelism)."""
+    if ctx.zero_stage is not None:
+        return {"deepspeed": ctx.deepspeed_path}
+    if ctx.fsdp:
+        return {"fsdp": FSDP_OPTION, "fsdp_config": fsdp_config(ctx.plan)}
+    return {}
+
+
 # --------------------------------------------------------------------------- reading
-
-TRAINING_MARKERS = ("per_device_train_batch_size", "gradient_accumulation_steps", "output_dir", "optim")
-TRL_MARKERS = ("use_peft", "dataset_text_field", "max_length", "packing_strategy", "lora_target_modules")
-
 
 def load_mapping(path: str | Path) -> dict[str, Any]:
     """The file as a dict: JSON for .json, YAML (safe_load) otherwise."""
@@ -235,21 +315,10 @@ def load_mapping(path: str | Path) -> dict[str, Any]:
 
 
 def detect_format(data: dict[str, Any]) -> str:
-    """advisor | hf | axolotl | llamafactory | trl, from the keys a file uses."""
-    if isinstance(data.get("training"), dict):
-        return "advisor" if isinstance(data.get("advisor"), dict) else "hf"
-    if "base_model" in data or "micro_batch_size" in data or "sequence_len" in data:
-        return "axolotl"
-    if "model_name_or_path" in data and any(k in data for k in ("finetuning_type", "stage", "cutoff_len")):
-        return "llamafactory"
-    if "model_name_or_path" in data and any(k in data for k in TRL_MARKERS):
-        return "trl"
-    if any(k in data for k in TRAINING_MARKERS):
-        return "hf"
-    raise AdvisorInputError(
-        "CONFIG", "cannot tell the format: expected advisor.yaml sections (model, training, ...), TrainingArguments "
-        "keys, an axolotl config (base_model) or a LLaMA-Factory config (model_name_or_path + finetuning_type)",
-        sorted(data)[:8], show_value=False)
+    """The format of a file's mapping, by the declarations' ``detect`` (advisor.configs.formats)."""
+    from advisor.configs.formats import detect_format as detect
+
+    return detect(data)
 
 
 class Collect:

@@ -1,5 +1,5 @@
-"""deepspeed.json: ZeRO-2 with the optimizer on the CPU, or ZeRO-3 with parameters and optimizer there;
-and the inverse, a DeepSpeed config (a mapping or the path to its JSON) read back as the plan's offload.
+"""deepspeed.json: ZeRO-2 with the optimizer on the CPU, or ZeRO-3 with parameters and optimizer there; or, on
+several GPUs, ZeRO-2 / ZeRO-3 sharding with everything on the GPUs; and the inverse, a DeepSpeed config (a mapping or the path to its JSON) read back as the plan's offload.
 
 Field names from DeepSpeed's config reference (deepspeedai/DeepSpeed docs/_pages/config-json.md,
 https://www.deepspeed.ai/docs/config-json/: ``zero_optimization.stage``, ``offload_optimizer``
@@ -29,30 +29,33 @@ from pathlib import Path
 from typing import Any
 
 from advisor.configs._base import (ADAM, Collect, DEEPSPEED_FILE, ExportContext, PRECISION_FLAGS, Unsupported,
-                                   training_hyperparameters, write_json)
+                                   ZERO_OFFLOAD_STAGES, training_hyperparameters, write_json)
 
 REDUCE_BUCKET_SIZE = 200_000_000
 """Elements per gradient reduce bucket: 2e8, the size the memory ledger assumes for the bucket."""
 PREFETCH_BUCKET_SIZE = 50_000_000
 """ZeRO-3 parameter prefetch bucket, elements (DeepSpeed's default, 5e7)."""
 
-STAGES = {"zero2_cpu": 2, "zero3_cpu": 3}
+STAGES = ZERO_OFFLOAD_STAGES
 
 
-def deepspeed_config(plan) -> dict[str, Any]:
-    """The DeepSpeed config dict for a plan with CPU offload."""
-    if plan.offload not in STAGES:
-        raise Unsupported("deepspeed", f"the plan has no DeepSpeed offload (offload={plan.offload})")
+def deepspeed_config(plan, stage: int | None = None) -> dict[str, Any]:
+    """The DeepSpeed config dict for a plan with CPU offload, or (``stage`` 2 or 3, no offload) for ZeRO sharding
+    across several GPUs."""
+    offload = plan.offload in STAGES
+    if offload:
+        stage = STAGES[plan.offload]
+    elif stage not in (2, 3):
+        raise Unsupported("deepspeed", "the plan runs without DeepSpeed (no CPU offload, no ZeRO sharding on "
+                                       "several GPUs)")
     _, bf16, fp16 = PRECISION_FLAGS[plan.precision]
-    zero: dict[str, Any] = {
-        "stage": STAGES[plan.offload],
-        "offload_optimizer": {"device": "cpu", "pin_memory": True},
-        "overlap_comm": True,
-        "contiguous_gradients": True,
-        "reduce_bucket_size": REDUCE_BUCKET_SIZE,
-    }
-    if plan.offload == "zero3_cpu":
-        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    zero: dict[str, Any] = {"stage": stage}
+    if offload:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    zero.update({"overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": REDUCE_BUCKET_SIZE})
+    if stage == 3:
+        if offload:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
         zero["stage3_prefetch_bucket_size"] = PREFETCH_BUCKET_SIZE
         zero["stage3_gather_16bit_weights_on_model_save"] = True
     else:
@@ -80,7 +83,16 @@ def deepspeed_config(plan) -> dict[str, Any]:
 
 
 def write(ctx: ExportContext, out_dir: Path) -> Path:
-    return write_json(out_dir / DEEPSPEED_FILE, deepspeed_config(ctx.plan))
+    return write_json(out_dir / DEEPSPEED_FILE, deepspeed_config(ctx.plan, ctx.zero_stage))
+
+
+def sharding_of(ds: dict | None) -> str | None:
+    """The several-GPU sharding a DeepSpeed config without CPU offload runs (zero2 / zero3; None: none or offload)."""
+    zero = (ds or {}).get("zero_optimization") or {}
+    if any((zero.get(k) or {}).get("device", "none") not in ("none", None) for k in ("offload_optimizer",
+                                                                                   "offload_param")):
+        return None
+    return {2: "zero2", 3: "zero3"}.get(zero.get("stage"))
 
 
 def read_offload(c: Collect, value: Any, where: str) -> tuple[str, dict | None]:
@@ -92,6 +104,8 @@ def read_offload(c: Collect, value: Any, where: str) -> tuple[str, dict | None]:
     if isinstance(value, str):
         p = Path(value)
         p = p if p.is_absolute() else c.base_dir / p
+        if not p.exists() and (c.base_dir / p.name).exists():
+            p = c.base_dir / p.name  # an export moved with its folder: the file beside the config
         try:
             ds = json.loads(p.read_text(encoding="utf-8"))
         except OSError:
@@ -111,6 +125,8 @@ def read_offload(c: Collect, value: Any, where: str) -> tuple[str, dict | None]:
         return offload, ds
     if stage == 3 and dev("offload_optimizer") == "cpu" and dev("offload_param") == "cpu":
         return offload, ds
+    if stage in (2, 3) and sharding_of(ds):
+        return "none", ds  # ZeRO sharding across GPUs, no offload: the plan's sharding, not its offload
     c.bad(f"{where}.zero_optimization",
           "the advisor plans ZeRO-2 with offload_optimizer on the cpu, or ZeRO-3 with offload_param and "
           "offload_optimizer on the cpu", {"stage": stage, "offload_optimizer": dev("offload_optimizer"),

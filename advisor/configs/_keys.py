@@ -15,9 +15,10 @@ from typing import Any, Callable
 
 from advisor.core.knobs import PLAN_DEFAULT, Custom, Key, Knob, Refused, Unkeyed, knobs
 from advisor.configs._base import Collect, Unsupported
+from advisor.configs.formats import keyed
 
-FORMATS = ("advisor", "axolotl", "llamafactory", "trl")
-"""The formats the knobs declare keys for (advisor.yaml's keys serve its HF-sections form too)."""
+FORMATS = keyed()
+"""The formats the knobs declare keys for (advisor.configs.formats: each format's ``keys``)."""
 
 DECLARED: Any = type("Declared", (), {"__repr__": lambda self: "DECLARED"})()
 """A module's placeholder for a knob's declared key, where the file should hold it (filled by ``fill``)."""

@@ -11,8 +11,8 @@ double_quantization, flash_attn: auto|disabled|sdpa|fa2, disable_gradient_checkp
 enable_liger_kernel, trust_remote_code), finetuning_args.py (lora_rank, lora_alpha: int,
 lora_dropout, lora_target "all" or comma-separated, pure_bf16), data_args.py (cutoff_len) and
 transformers' TrainingArguments (optim, deepspeed, ...). tests/test_export_thirdparty.py parses
-the output with LLaMA-Factory's own HfArgumentParser when it is importable, and always against
-tests/data/llamafactory_fields.txt.
+the output with LLaMA-Factory's own ``get_train_args`` (in CI: .ci/thirdparty-envs.sh), and always against
+tests/data/llamafactory_fields.txt. What LLaMA-Factory does beyond the file: docs/exports.md.
 
 LLaMA-Factory semantics the mapping follows (src/llamafactory/model/adapter.py, parser.py):
 gradient checkpointing is on unless ``disable_gradient_checkpointing``; weights load in the
@@ -42,7 +42,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from advisor.configs._base import (Collect, DEEPSPEED_FILE, ExportContext, HF_OPTIM_DEFAULT, LR_SCHEDULER,
+from advisor.configs.formats import FORMATS
+from advisor.configs._base import (Collect, ExportContext, HF_OPTIM_DEFAULT, LR_SCHEDULER,
                                    OPTIM_ALIASES, Unsupported, WARMUP_STEPS, comment_block, dump_yaml, env_note,
                                    env_prefix, plan_summary, require_int_alpha, training_hyperparameters, write_text)
 from advisor.configs._deepspeed import read_offload
@@ -50,7 +51,7 @@ from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_un
 from advisor.configs._training_args import all_layers_only, read_optim_args
 from advisor.core.plan import compute_dtype_for
 
-FILENAME = "llamafactory.yaml"
+FILENAME = FORMATS["llamafactory"].filename
 FORMAT = "llamafactory"
 
 FLASH_ATTN = {"sdpa": "sdpa", "eager": "disabled", "flash_attention_2": "fa2"}
@@ -123,8 +124,11 @@ def llamafactory_config(ctx: ExportContext) -> dict[str, Any]:
         "fp16": flags["fp16"],
         "report_to": "none",
     })
-    if plan.offload != "none":
-        cfg["deepspeed"] = DEEPSPEED_FILE
+    if ctx.fsdp:
+        raise Unsupported(FORMAT, "LLaMA-Factory runs FSDP from an accelerate config, not its YAML: use the "
+                                  "advisor.yaml + train.py or trl.yaml export, or --sharding zero3")
+    if ctx.zero_stage is not None:
+        cfg["deepspeed"] = ctx.deepspeed_path
     refuse_unexpressible(plan, FORMAT)
     cfg.update(_low_rank_fields(plan, ctx.spec))
     return fill(cfg, plan, FORMAT)
@@ -155,15 +159,23 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
         "LLaMA-Factory config written by vram-advisor.",
         *plan_summary(ctx),
         "",
-        f"Run:  {env_prefix(ctx.plan)}llamafactory-cli train llamafactory.yaml"
-        + ("   (with FORCE_TORCHRUN=1 for DeepSpeed)" if ctx.plan.offload != "none" else ""),
+        f"Run:  {_launch(ctx)}",
         "Set `dataset` (a name in your data/dataset_info.json) and `template` (the model's chat",
         "template, e.g. qwen for Qwen2.5, llama3 for Llama 3). cutoff_len is the sequence length the",
         "memory plan was sized for; longer examples are cut to it.",
-        *(["deepspeed.json (ZeRO CPU offload) must sit next to this file."] if ctx.plan.offload != "none" else []),
+        *([f"deepspeed: {ctx.deepspeed_path} (by its absolute path: edit it if the folder moves)."]
+          if ctx.zero_stage is not None else []),
         *env_note(ctx.plan, "LLaMA-Factory's YAML"),
     ])
     return write_text(out_dir / FILENAME, dump_yaml(cfg, header))
+
+
+def _launch(ctx: ExportContext) -> str:
+    """llamafactory-cli train; under DeepSpeed or on several GPUs through torchrun, which LLaMA-Factory starts with
+    FORCE_TORCHRUN=1 and NPROC_PER_NODE (its README: distributed training; it refuses DeepSpeed without it)."""
+    torchrun = ctx.gpus > 1 or ctx.zero_stage is not None
+    prefix = f"FORCE_TORCHRUN=1 NNODES=1 NPROC_PER_NODE={ctx.gpus} " if torchrun else ""
+    return f"{env_prefix(ctx.plan)}{prefix}llamafactory-cli train {ctx.file(FILENAME)}"
 
 
 # --------------------------------------------------------------------------- reading

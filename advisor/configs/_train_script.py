@@ -9,9 +9,10 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
+from advisor.configs.formats import FORMATS
 from advisor.configs._base import ExportContext, write_text
 
-FILENAME = "train.py"
+FILENAME = FORMATS["train"].filename
 
 
 def template_text() -> str:

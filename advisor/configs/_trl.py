@@ -31,9 +31,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
-from advisor.configs._base import (ADAM, Collect, DEEPSPEED_FILE, ExportContext, LR_SCHEDULER, PRECISION_FLAGS,
+from advisor.configs.formats import FORMATS
+from advisor.configs._base import (ADAM, Collect, ExportContext, LR_SCHEDULER, PRECISION_FLAGS,
                                    TORCH_DTYPE, TORCH_TO_PLAN, Unsupported, WARMUP_STEPS, comment_block, dump_yaml,
-                                   plan_summary, require_int_alpha, training_hyperparameters, write_text)
+                                   env_prefix, parallel_fields, plan_summary, require_int_alpha,
+                                   training_hyperparameters, write_text)
 from advisor.configs._deepspeed import check_batch, read_offload
 from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_unexpressible
 from advisor.configs._training_args import (checkpoint_layers_of, every_n, read_checkpointing, read_optimizer,
@@ -41,7 +43,7 @@ from advisor.configs._training_args import (checkpoint_layers_of, every_n, read_
 from advisor.core.adapters import export_parameters, export_targets
 from advisor.core.plan import ALL_LINEAR, checkpointed_layers, knob_of
 
-FILENAME = "trl.yaml"
+FILENAME = FORMATS["trl"].filename
 SCRIPT = "train_trl.py"
 FORMAT = "trl"
 SKIP = object()
@@ -62,10 +64,6 @@ def _compute_dtype(ctx: ExportContext) -> Any:
     return SKIP  # nothing to write: it follows dtype
 
 
-def _peft(value: Callable[[Any], Any]) -> Callable[[ExportContext], Any]:
-    return lambda ctx: value(ctx.plan) if ctx.plan.peft else SKIP
-
-
 def _declared(ctx: ExportContext) -> Any:
     """A key a knob declares for "trl": its value comes from the declaration (advisor.configs._keys.fill)."""
     return DECLARED
@@ -80,6 +78,8 @@ ROWS: list[tuple[str, Callable[[ExportContext], Any]]] = [
     ("load_in_8bit", lambda ctx: True if ctx.plan.quantization == "int8" else SKIP),
     ("bnb_4bit_quant_type", lambda ctx: ctx.plan.quantization if ctx.plan.four_bit else SKIP),
     ("use_bnb_nested_quant", _declared),
+    ("bnb_4bit_quant_storage", lambda ctx: _dtype(ctx) if ctx.plan.four_bit and (ctx.zero_stage == 3 or ctx.fsdp)
+     else SKIP),  # 4-bit weights sharded with the others: stored in the weights' dtype
     ("_compute_dtype", _compute_dtype),
     ("use_peft", lambda ctx: ctx.plan.peft),
     ("lora_r", _declared),
@@ -113,7 +113,9 @@ ROWS: list[tuple[str, Callable[[ExportContext], Any]]] = [
     ("logging_steps", lambda ctx: 10),
     ("save_steps", lambda ctx: 500),
     ("report_to", lambda ctx: "none"),
-    ("deepspeed", lambda ctx: DEEPSPEED_FILE if ctx.plan.offload != "none" else SKIP),
+    ("deepspeed", lambda ctx: parallel_fields(ctx).get("deepspeed", SKIP)),  # by absolute path: any cwd
+    ("fsdp", lambda ctx: parallel_fields(ctx).get("fsdp", SKIP)),
+    ("fsdp_config", lambda ctx: parallel_fields(ctx).get("fsdp_config", SKIP)),
 ]
 """(key, value of a plan) in the order written; keys starting with "_" are checks that write nothing."""
 
@@ -153,6 +155,24 @@ def _loss_note(plan) -> list[str]:
             "(no full logits), so a run holds at most what was planned."]
 
 
+def _checkpoint_note(ctx: ExportContext) -> list[str]:
+    """Header lines for a plan that checkpoints some of the layers: which, and the key that says it."""
+    n = every_n(ctx.plan, ctx.spec)
+    if n is None:
+        return []
+    k = len(checkpointed_layers(ctx.plan, ctx.spec.num_layers))
+    return [f"gradient checkpointing: {k} of {ctx.spec.num_layers} layers, one in every {n} "
+            f"(gradient_checkpointing_kwargs.every_n_layers: {n}),",
+            "not every layer: the memory plan keeps the other layers' activations."]
+
+
+def _trl_cli(ctx: ExportContext) -> str:
+    """TRL's own CLI on trl.yaml (``trl sft`` starts accelerate; its ``--num_processes`` is accelerate's)."""
+    procs = f" --num_processes {ctx.gpus}" if ctx.gpus > 1 else ""
+    return (f"{env_prefix(ctx.plan)}trl sft --config {ctx.file(FILENAME)}{procs} "
+            "--dataset_name <hub dataset with a text field>")
+
+
 def template_text() -> str:
     return resources.files("advisor.configs.export.templates").joinpath(SCRIPT).read_text(encoding="utf-8")
 
@@ -163,10 +183,12 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
         "TRL SFTTrainer config written by vram-advisor (SFTConfig + ModelConfig fields, flat).",
         *plan_summary(ctx),
         "",
-        "Run:  python train_trl.py --data my_data.jsonl        (JSONL with a \"text\" field, or a .txt)",
-        "  or: trl sft --config trl.yaml --dataset_name <hub dataset with a text field>",
+        f"Run:  {ctx.launch(SCRIPT, '--data my_data.jsonl', accelerate=True)}   (JSONL with a \"text\" field)",
+        f"  or: {_trl_cli(ctx)}",
         *_loss_note(ctx.plan),
-        *(["deepspeed.json (ZeRO CPU offload) must sit next to this file."] if ctx.plan.offload != "none" else []),
+        *_checkpoint_note(ctx),
+        *([f"deepspeed: {ctx.deepspeed_path} (by its absolute path: edit it if the folder moves)."]
+          if ctx.zero_stage is not None else []),
     ])
     path = write_text(out_dir / FILENAME, dump_yaml(cfg, header))
     script = write_text(out_dir / SCRIPT, template_text())

@@ -11,8 +11,7 @@
 - LLaMA-Factory YAML (``model_name_or_path`` with ``finetuning_type`` / ``stage`` / ``cutoff_len``);
 - TRL's flat trl.yaml (SFTConfig + ModelConfig keys).
 
-Each format is read by the module that writes it (advisor.configs._advisor_yaml, _axolotl,
-_llamafactory, _trl), the keys the knobs declare for it by advisor.configs._keys. What runs is what is
+Each format is read by the module that writes it (its declaration's ``reader``, advisor.configs.formats), the keys the knobs declare for it by advisor.configs._keys. What runs is what is
 read: for advisor.yaml the Plan comes from the library sections, not from the ``advisor.plan`` copy;
 where a section and ``advisor.plan`` disagree (someone edited the file), ``extras["edited"]`` says which
 fields. Values a file leaves out take the default of the tool that would run it, and
@@ -27,18 +26,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from advisor.configs import _advisor_yaml, _axolotl, _llamafactory, _trl
-from advisor.configs._base import Collect, detect_format, load_mapping
+from advisor.configs._base import Collect, load_mapping
 from advisor.configs._keys import error_keys
+from advisor.configs.formats import FORMATS as DECLARED, detect_format, readable, resolve
 from advisor.core.errors import AdvisorInputError, ConfigErrors
 from advisor.core.knobs import knobs
 from advisor.core.plan import Plan, canonical
 
 __all__ = ["read_config", "detect_format", "load_mapping", "canonical", "FORMATS"]
 
-FORMATS = ("advisor", "hf", "axolotl", "llamafactory", "trl")
-_READERS = {"advisor": _advisor_yaml.read, "axolotl": _axolotl.read, "llamafactory": _llamafactory.read,
-            "trl": _trl.read}
+
+def __getattr__(name: str):
+    if name == "FORMATS":  # the formats read, from their declarations (advisor.configs.formats)
+        return tuple(readable())
+    raise AttributeError(name)
 
 
 def read_config(path: str | Path, *, check_fields: bool = True,
@@ -47,7 +48,7 @@ def read_config(path: str | Path, *, check_fields: bool = True,
 
     extras: ``format``; ``defaulted`` (keys the file left out, filled with the tool's default);
     ``edited`` ({field: [advisor.plan value, value read]} where advisor.yaml's sections were changed);
-    ``prediction`` / ``gpu`` (from advisor.yaml); ``sections`` (advisor/hf: the raw sections).
+    ``prediction`` / ``gpu`` / ``gpus`` / ``sharding`` (from advisor.yaml); ``sections`` (advisor/hf: the raw sections).
     ``check_fields`` (advisor/hf formats): report keys that TrainingArguments / LoraConfig /
     BitsAndBytesConfig do not have (imports transformers and peft). ``plan``: the Plan class read into
     (its declared knobs are the keys read).
@@ -57,16 +58,14 @@ def read_config(path: str | Path, *, check_fields: bool = True,
     data = load_mapping(p)
     fmt = detect_format(data)
     c = Collect(p.resolve().parent)
-    if fmt in ("advisor", "hf"):
-        name, f, extras = _advisor_yaml.read(data, c, plan, fmt)
-        if check_fields:
-            _advisor_yaml.unknown_keys(c, data, extras)
-    else:
-        name, f, extras = _READERS[fmt](data, c, plan)
+    declared = DECLARED[fmt]
+    name, f, extras = resolve(declared.reader)(data, c, plan)
+    if check_fields and declared.check is not None:
+        resolve(declared.check)(c, data, extras)
     result = None
     if not c.errors:
         result = canonical(plan(**{k: v for k, v in f.items() if v is not None}))
-        keys = error_keys(plan, "advisor" if fmt == "hf" else fmt)
+        keys = error_keys(plan, declared.keys or fmt)
         flag_field = {k.flag: k.name for k in knobs(plan)}
         for e in result.problems():
             field = flag_field.get(e.where, e.where)

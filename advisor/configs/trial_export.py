@@ -13,15 +13,17 @@ from advisor.search.select import TrialRecord
 
 
 def export_trial(record: TrialRecord, out_dir: str | Path, formats: list[str] | None, *, model: ModelSpec,
-                 gpu: GpuSpec | None, study_name: str) -> dict:
+                 gpu: GpuSpec | None, study_name: str, gpus: int = 1, sharding: str | None = None) -> dict:
     """Write ``record``'s plan into ``out_dir``; {format: path} (``.skipped``: formats that cannot express it).
-    ``model`` and ``gpu`` are the study's (advisor.search.description.StudyDescription)."""
+    ``model``, ``gpu``, ``gpus`` and ``sharding`` are the study's (advisor.search.description.StudyDescription):
+    the files launch one process per GPU with the sharding's DeepSpeed or FSDP config."""
     from advisor.configs.export import export_plan
     from advisor.core.plan import Plan
 
     prediction = {"peak_bytes": record.peak_bytes, "source": record.source, "tokens_per_s": record.tokens_per_s,
                   "study": study_name, "trial": record.number}
-    return export_plan(model, Plan.from_dict(record.plan), out_dir, formats, gpu=gpu, extra=prediction)
+    return export_plan(model, Plan.from_dict(record.plan), out_dir, formats, gpu=gpu, extra=prediction, gpus=gpus,
+                       sharding=sharding)
 
 
 __all__ = ["export_trial"]

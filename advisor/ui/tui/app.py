@@ -276,7 +276,8 @@ class AdvisorApp(App[int]):
 
     def _write(self, record: TrialRecord, out_dir: str, formats) -> dict:
         d = self.info.description
-        return export_trial(record, out_dir, formats, model=d.model, gpu=d.gpu, study_name=self.info.study_name)
+        return export_trial(record, out_dir, formats, model=d.model, gpu=d.gpu, study_name=self.info.study_name,
+                            gpus=d.gpus, sharding=d.sharding)
 
     def report_export(self, written: dict, record: TrialRecord) -> None:
         self.exported = dict(written)

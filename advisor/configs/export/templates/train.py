@@ -13,7 +13,8 @@ and cut into blocks of ``advisor.max_seq_length`` tokens, the length the plan wa
 
 Without a CUDA GPU the script still runs (slowly, for a smoke test) and says what it changed:
 fp32 weights instead of bf16/fp16, no autocast, SDPA instead of flash-attention, no DeepSpeed.
-For DeepSpeed on several GPUs launch it with ``deepspeed train.py --data ...`` or ``torchrun``.
+On several GPUs launch it as advisor.yaml's ``advisor.launch`` says (``torchrun --nproc_per_node N``); the
+training section names the DeepSpeed config (``deepspeed``) or FSDP (``fsdp``) the plan's sharding needs.
 
 Requires: torch, transformers, peft, PyYAML; bitsandbytes for quantized or 8-bit/paged plans;
 deepspeed for offload plans; liger-kernel (and a CUDA GPU) for the fused-linear loss.
@@ -253,6 +254,10 @@ def adapt_to_cpu(model_s: dict, quant: dict | None, training: dict) -> None:
     if training.get("deepspeed"):
         say("no CUDA GPU: DeepSpeed ZeRO offload skipped (it needs a GPU); training with the plain optimizer")
         training["deepspeed"] = None
+    if training.get("fsdp"):
+        say("no CUDA GPU: FSDP skipped (it needs a process group of GPUs); one process, the whole model")
+        training["fsdp"] = ""
+        training.pop("fsdp_config", None)
     if quant and quant.get("bnb_4bit_compute_dtype") not in (None, "float32"):
         say(f"no CUDA GPU: 4-bit compute dtype float32 instead of {quant['bnb_4bit_compute_dtype']}")
         quant["bnb_4bit_compute_dtype"] = "float32"
@@ -294,6 +299,9 @@ def main(argv=None) -> dict:
     for key in ("output_dir", "deepspeed"):  # relative paths are relative to advisor.yaml
         if training.get(key) and not Path(training[key]).is_absolute():
             training[key] = str(here / training[key])
+    ds = training.get("deepspeed")
+    if ds and not Path(ds).exists() and (here / Path(ds).name).exists():
+        training["deepspeed"] = str(here / Path(ds).name)  # the export was moved: the file beside advisor.yaml
     targs = TrainingArguments(**training)
 
     source = args.model_path or model_s["name_or_path"]
@@ -307,7 +315,7 @@ def main(argv=None) -> dict:
         from transformers import BitsAndBytesConfig
 
         load["quantization_config"] = BitsAndBytesConfig(**quant)
-        if cuda and not targs.deepspeed:
+        if cuda and not targs.deepspeed and not targs.fsdp:
             load["device_map"] = {"": targs.local_process_index}
     elif model_s.get("dequantize_mxfp4"):
         # gpt-oss's MXFP4 experts cannot be trained: load them dequantized to bf16 (the OpenAI cookbook's recipe)

@@ -14,15 +14,13 @@ from textual.widgets import Button, Input, Label, SelectionList, Static
 
 from advisor.core.errors import AdvisorInputError
 
-# format key -> what it is (the keys are advisor.configs.export.EXPORTERS')
-FORMATS = {
-    "advisor": "advisor.yaml (bitsandbytes / LoRA / TrainingArguments)",
-    "train": "train.py, a runnable Trainer script",
-    "deepspeed": "deepspeed.json (offload plans)",
-    "axolotl": "axolotl.yaml",
-    "llamafactory": "llamafactory.yaml",
-    "trl": "trl.yaml + train_trl.py (TRL SFTTrainer)",
-}
+
+
+def formats() -> dict[str, str]:
+    """format name -> its label, for every format written (advisor.configs.formats: the declarations)."""
+    from advisor.configs.formats import exported
+
+    return {name: f.label or f.filename or name for name, f in exported().items()}
 
 
 class ExportScreen(ModalScreen[dict | None]):
@@ -55,7 +53,8 @@ class ExportScreen(ModalScreen[dict | None]):
             yield Label(Text(self.title_text, style="bold"))
             yield Label("Directory (enter to write, escape to cancel):")
             yield Input(self.default_dir, id="export-dir")
-            yield SelectionList[str](*[(label, key, True) for key, label in FORMATS.items()], id="export-formats")
+            self.offered = formats()
+            yield SelectionList[str](*[(label, key, True) for key, label in self.offered.items()], id="export-formats")
             yield Static(Text(self.unavailable, style="bold red") if self.unavailable else "", id="export-message")
             with Horizontal():
                 yield Button("Export", variant="primary", id="export-go", disabled=self.write is None)
@@ -90,9 +89,9 @@ class ExportScreen(ModalScreen[dict | None]):
         if not chosen:
             message.update(Text("formats: select at least one format", style="bold red"))
             return
-        formats = None if set(chosen) == set(FORMATS) else chosen
+        wanted = None if set(chosen) == set(self.offered) else chosen
         try:
-            written = self.write(str(Path(out_dir).expanduser()), formats)
+            written = self.write(str(Path(out_dir).expanduser()), wanted)
         except (AdvisorInputError, OSError) as e:
             message.update(Text(f"not written: {e}", style="bold red"))
             return
