@@ -390,3 +390,20 @@ def test_deepspeeds_native_pinning_is_held_to_the_memlock_limit(monkeypatch):
     monkeypatch.setenv("DS_PIN_MEMORY_BACKEND", "native")
     memlock = [f for f in host_memory_findings(rep, budget) if f.check == "env.memlock"]
     assert memlock and memlock[0].severity == "error" and "ulimit -l" in memlock[0].title
+
+
+def test_a_fleet_is_planned_with_its_nodes_ram_not_this_machines(monkeypatch):
+    """8 H100s planned from a small machine: the host budget is the DGX H100 node's 2 TiB, not the laptop's RAM;
+    one H100 gets an eighth of the node; a card the catalog gives no usual node keeps this machine's RAM."""
+    from advisor.core.target import resolve_target
+
+    monkeypatch.setenv("ADVISOR_HOST_RAM", "23.5GiB")
+    fleet = resolve_target("llama-3.1-70b-instruct", gpu="h100-sxm", gpu_budget="80GB", gpus=8)
+    assert fleet.host_budget.bytes == 2048 * GiB and fleet.host_detected
+    assert "DGX H100" in fleet.host_budget.text
+    one = resolve_target("qwen7b", gpu="h100-sxm", gpu_budget="80GB")
+    assert one.host_budget.bytes == 256 * GiB and "1/8 of the node" in one.host_budget.text
+    desktop = resolve_target("qwen7b", gpu="rtx-4090", gpu_budget="24GB")
+    assert desktop.host_budget.bytes == int(23.5 * GiB) and "this machine" in desktop.host_budget.text
+    given = resolve_target("qwen7b", gpu="h100-sxm", gpu_budget="80GB", host_budget="64GB", gpus=8)
+    assert given.host_budget.bytes == 64 * GiB and not given.host_detected

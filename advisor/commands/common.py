@@ -247,7 +247,8 @@ def target_from_args(args: argparse.Namespace, **rules: Any):
 
     return resolve_target(args.model, gpu=getattr(args, "gpu", None), gpu_budget=getattr(args, "gpu_budget", None),
                           trust_remote_code=getattr(args, "trust_remote_code", False),
-                          host_budget=getattr(args, "host_budget", None), **rules)
+                          host_budget=getattr(args, "host_budget", None), gpus=getattr(args, "gpus", None) or 1,
+                          **rules)
 
 
 def check_plan_against_model(model, plan) -> None:

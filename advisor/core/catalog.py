@@ -397,6 +397,10 @@ class GpuSpec:
     sm: int | None = None
     """CUDA compute capability, major * 10 + minor (75 for 7.5): what runs on the card
     (advisor.core.card_rules). None: unknown (a study stored before the field, NVML without it)."""
+    node_host_ram_bytes: int | None = None
+    """RAM of the usual 8-card server node of this card (gpus.yaml ``node_host_ram_gib``; None: no usual node)."""
+    node_source: str = ""
+    """Where the node's RAM comes from."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -417,6 +421,8 @@ def _gpu_from_entry(key: str, entry: dict) -> GpuSpec:
         tdp_w=entry.get("tdp_w"),
         sustained_tflops=entry.get("sustained_tflops"),
         sm=entry.get("sm"),
+        node_host_ram_bytes=int(entry["node_host_ram_gib"]) * 2**30 if entry.get("node_host_ram_gib") else None,
+        node_source=entry.get("node_source", ""),
     )
 
 

@@ -51,7 +51,7 @@ class Target:
 def resolve_target(model: str | ModelSpec, *, gpu: str | None = None, gpu_budget: str | None = None,
                    trust_remote_code: bool = False, budget_required: bool = False,
                    budget_defaults_to_gpu: bool = False, detect: bool = True,
-                   host_budget: str | None = None) -> Target:
+                   host_budget: str | None = None, gpus: int = 1) -> Target:
     """The Target from what the user typed (flags named in every error).
 
     ``budget_required``: no --gpu-budget is an error. ``budget_defaults_to_gpu``: without --gpu-budget
@@ -79,7 +79,8 @@ def resolve_target(model: str | ModelSpec, *, gpu: str | None = None, gpu_budget
     elif budget is not None and chosen is not None:
         check_budget_on_card(budget, chosen, "the " if gpu else "the detected ",
                              "" if gpu else "; name the GPU the run is for with --gpu")
-    host, host_detected = resolve_host_budget(host_budget, detect)
+    planned_elsewhere = gpu is not None and (detected is None or detected.name != chosen.name)
+    host, host_detected = resolve_host_budget(host_budget, detect, chosen if planned_elsewhere else None, gpus)
     return Target(model=spec, gpu=chosen, budget=budget, gpu_assumed=assumed, detected=detected,
                   host_budget=host, host_detected=host_detected)
 
@@ -110,9 +111,16 @@ def check_budget_on_card(budget: Budget, gpu: GpuSpec, which: str, hint: str = "
                             f"{hint}", budget.text)
 
 
-def resolve_host_budget(text: str | None, detect: bool = True) -> tuple[Budget | None, bool]:
-    """(the host budget, whether it was detected): ``--host-budget`` as typed (a percentage of the RAM detected
-    here), else this machine's RAM; neither without detection."""
+NODE_GPUS = 8
+"""GPUs of the server node whose RAM gpus.yaml gives (``node_host_ram_gib``: DGX / HGX nodes of 8)."""
+
+
+def resolve_host_budget(text: str | None, detect: bool = True, planned_gpu: GpuSpec | None = None,
+                        gpus: int = 1) -> tuple[Budget | None, bool]:
+    """(the host budget, whether it is a default rather than given): ``--host-budget`` as typed (a percentage of
+    the RAM detected here); else, for a run planned for another machine's card (``planned_gpu``: named, not the
+    one detected here) that has a usual node, that node's RAM for ``gpus`` of its 8 GPUs (a 1-GPU cloud slice of a
+    DGX H100 has about an eighth of its 2 TB); else this machine's RAM; neither without detection."""
     from advisor.core.host import detect_host_ram
     from advisor.core.units import format_bytes, parse_host_budget
 
@@ -121,8 +129,13 @@ def resolve_host_budget(text: str | None, detect: bool = True) -> tuple[Budget |
         return parse_host_budget(text, ram), False
     if not detect:
         return None, False
+    if planned_gpu is not None and planned_gpu.node_host_ram_bytes:
+        share = min(max(gpus, 1), NODE_GPUS)
+        node = planned_gpu.node_host_ram_bytes * share // NODE_GPUS
+        what = "the node" if share == NODE_GPUS else f"{share}/{NODE_GPUS} of the node"
+        return Budget(node, "GiB", f"{format_bytes(node, 'GiB', 0)} ({what} of {planned_gpu.node_source})"), True
     ram = detect_host_ram()
-    return Budget(ram.bytes, "GiB", f"{format_bytes(ram.bytes, 'GiB', 1)} ({ram.source})"), True
+    return Budget(ram.bytes, "GiB", f"{format_bytes(ram.bytes, 'GiB', 1)} (this machine: {ram.source})"), True
 
 
 __all__ = ["Target", "card_ceiling_bytes", "check_budget_on_card", "largest_gpu", "resolve_host_budget",

@@ -229,7 +229,7 @@ def host_budget_line(settings) -> str:
     hb = settings.host_budget
     if hb is None:
         return "[dim]Host memory: not checked (a study made before host budgets)[/]"
-    how = "detected on this machine; --host-budget to plan for another" if settings.host_detected else "--host-budget"
+    how = "the default; --host-budget to plan for another" if settings.host_detected else "--host-budget"
     return (f"[dim]Host budget {escape(str(hb.text))} ({how}): plans may hold "
             f"{hb.format(host_usable_bytes(hb.bytes))} in host memory, the rest kept for the OS.[/]")
 

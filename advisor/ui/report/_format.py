@@ -101,6 +101,6 @@ def host_budget_text(d: StudyDescription, fmt) -> str:
     hb = d.host_budget
     if hb is None:
         return "not checked (a study made before host budgets)"
-    how = "detected where the study ran" if d.host_detected else "--host-budget"
+    how = "the default where the study ran" if d.host_detected else "--host-budget"
     return f"{hb.text} ({how}): {fmt(host_usable_bytes(hb.bytes))} usable, the rest kept for the OS"
 

@@ -315,13 +315,15 @@ def main(argv=None) -> dict:
         from transformers import BitsAndBytesConfig
 
         load["quantization_config"] = BitsAndBytesConfig(**quant)
-        if cuda and not targs.deepspeed and not targs.fsdp:
-            load["device_map"] = {"": targs.local_process_index}
     elif model_s.get("dequantize_mxfp4"):
         # gpt-oss's MXFP4 experts cannot be trained: load them dequantized to bf16 (the OpenAI cookbook's recipe)
         from transformers import Mxfp4Config
 
         load["quantization_config"] = Mxfp4Config(dequantize=True)
+    if cuda and not targs.deepspeed and not targs.fsdp:
+        # each process streams the weights onto its own GPU, one tensor staged on the host at a time, instead of
+        # materializing the whole model in host RAM per process (advisor.memory.host.load_host_bytes)
+        load["device_map"] = {"": targs.local_process_index}
     say(f"loading {source}")
     model = AutoModelForCausalLM.from_pretrained(source, **load)
     model.config.use_cache = False  # the KV cache is useless in training and clashes with checkpointing
