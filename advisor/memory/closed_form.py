@@ -54,13 +54,6 @@ def closed_form_describes(model: ModelSpec, plan: Plan | None = None) -> tuple[b
     if first.other_params:
         return False, ("layer parameters the closed form has no terms for ("
                        + ", ".join(name for name, _ in first.other_params) + ")")
-    if plan is not None:
-        windows = sorted({layer.sliding_window for layer in d.layers
-                          if layer.attention == "sliding" and layer.sliding_window})
-        short = [w for w in windows if w <= plan.seq_len]
-        if short:
-            return False, (f"sliding-window layers (a {short[0]:,}-token window) at a {plan.seq_len:,}-token sequence: "
-                           "their attention mask is not causal, which the closed form does not count")
     return True, "dense decoder layers (attention, gated MLP, norms) the closed form describes"
 
 
@@ -109,15 +102,14 @@ RESIDENT_RESET = dict(loss="plain", optimizer="adamw_torch", offload="none", act
 
 def resident_weights_floor(model: ModelSpec, plan: Plan) -> int | None:
     """Bytes every plan like ``plan`` keeps on the GPU whatever its loss, optimizer and activation levers: the
-    weights and their quantization constants of the closed form, for a plan the closed form itself cannot answer
-    (a lower bound that spares a simulation when the weights alone are over a budget). None: no floor known
-    (ZeRO-3 offload moves the weights; a model or quantization the closed form does not describe)."""
-    from advisor.memory.training import estimate_training
+    weights and their quantization constants, counted from the model's description for any kind of layer
+    (advisor.memory.training.weight_bytes: the nn.Linears bitsandbytes converts, everything else in the compute
+    dtype), so a lower bound that spares a simulation when the weights alone are over a budget, also for a plan
+    or a model the closed form cannot answer. None: no floor known (ZeRO-3 offload moves the weights)."""
+    from advisor.memory.training import param_breakdown, weight_bytes
 
     if plan.offload == "zero3_cpu":
         return None
     reset = plan.with_(**RESIDENT_RESET)
-    if not closed_form_describes(model, reset)[0]:
-        return None
-    device = estimate_training(model, reset).device
-    return device["weights"] + device["quant_constants"]
+    weights, consts = weight_bytes(model, reset, param_breakdown(model, reset))
+    return weights + consts

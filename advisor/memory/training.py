@@ -275,18 +275,23 @@ def dense_layer_saved_tensors(model: ModelSpec, plan: Plan, pb: ParamBreakdown, 
         return plan.method == "full" or plan.quantization == "int8"
 
     saved: list[int] = []
+    full = plan.method == "full"
+    nb = normalized_bytes(model, plan)
     # RMSNorm: fp32 copy of the input and rsqrt saved by pow/mul (transformers LlamaRMSNorm.forward);
     # the normalized input too when the norm weight trains
     for _ in range(arch.get("norms_per_layer", 2)):
-        saved += [4 * T * h, 4 * T] + ([p * T * h] if plan.method == "full" else [])
+        saved += [4 * T * h, 4 * T] + ([nb * T * h] if full else [])
     attn_in = [m for m in shapes if m in ("q_proj", "k_proj", "v_proj", "qkv_proj")]
     mlp_in = [m for m in shapes if m in ("gate_proj", "up_proj", "gate_up_proj")]
     if any(input_saved(m) for m in attn_in):
         saved.append(p * T * h)
     if arch.get("qk_norm"):
         saved += [4 * T * qd, 4 * T * kvd, 4 * T * model.num_heads, 4 * T * model.num_kv_heads]
+        if full:
+            saved += [nb * T * qd, nb * T * kvd]  # the per-head norms' normalized q and k, their weights train
     # attention: q and k after RoPE, v, output, and the fp32 logsumexp (FlashAttention-2, Dao 2023 §3.1)
     saved += [p * T * qd, p * T * kvd, p * T * kvd, p * T * qd, 4 * b * model.num_heads * s]
+    saved.append(sliding_mask_bytes(model, plan, layer))
     if plan.attn_impl == "eager":
         # eager keeps fp32 softmax and its bf16 copy, b x heads x s x s (transformers eager_attention_forward)
         # and repeat_kv's expanded k and v
@@ -310,6 +315,34 @@ def dense_layer_saved_tensors(model: ModelSpec, plan: Plan, pb: ParamBreakdown, 
     saved.append(loss_dora_packing.dora_layer_activation_bytes(model, plan, pb.lora_modules))
     saved.append(loss_dora_packing.packed_layer_bytes(model, plan))
     return [x for x in saved if x]
+
+
+FP32_NORM_WEIGHT = ("gemma", "gemma2", "gemma3", "gemma3_text")
+"""Model types whose RMSNorm multiplies by (1 + weight) in fp32 before casting back (transformers
+Gemma3RMSNorm.forward: ``output * (1.0 + self.weight.float())``, then ``.type_as(x)``): the normalized input a
+trained norm weight saves is fp32."""
+
+
+def normalized_bytes(model: ModelSpec, plan: Plan) -> int:
+    """Bytes per element of the normalized input a norm saves when its weight trains (full fine-tuning)."""
+    return 4 if model.model_type in FP32_NORM_WEIGHT else DTYPE_BYTES[plan.activation_dtype]
+
+
+def sliding_window_applies(plan: Plan, layer: LayerDescription) -> bool:
+    """A sliding-window layer whose window the sequence reaches: its mask is no longer the plain causal one, so
+    transformers builds it explicitly (masking_utils.sliding_window_causal_mask; _ignore_causal_mask_sdpa skips
+    only a causal mask, and a window shorter than the sequence is not)."""
+    return layer.attention == "sliding" and bool(layer.sliding_window) and plan.seq_len >= layer.sliding_window
+
+
+def sliding_mask_bytes(model: ModelSpec, plan: Plan, layer: LayerDescription) -> int:
+    """What a sliding-window layer under sdpa saves for its explicit mask: the boolean mask made an additive bias
+    in the compute dtype, b x 1 x s x s (aten scaled_dot_product_attention: ``where(mask, 0, -inf)`` in
+    convert_boolean_attn_mask, saved by the kernel for backward; traced on Gemma-3). Eager adds its float mask
+    to the scores, which saves nothing (eager_attention_forward)."""
+    if plan.attn_impl == "eager" or plan.packing or not sliding_window_applies(plan, layer):
+        return 0  # packed documents: every layer's explicit mask is loss_dora_packing.packed_layer_bytes
+    return DTYPE_BYTES[plan.activation_dtype] * plan.micro_batch * plan.seq_len ** 2
 
 
 def layer_backward_transient(model: ModelSpec, plan: Plan, pb: ParamBreakdown, layer: LayerDescription) -> int:
@@ -454,8 +487,8 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
     T = plan.micro_batch * plan.seq_len
     h = model.hidden_size
     x = p * T * h  # one layer's input, what a checkpointed layer keeps (Chen et al. 2016)
-    # final norm: fp32 input and rsqrt; its bf16 normalized input too when the norm weight trains
-    final_norm = 4 * T * h + 4 * T + (x if full else 0)
+    # final norm: fp32 input and rsqrt; its normalized input too when the norm weight trains
+    final_norm = 4 * T * h + 4 * T + (normalized_bytes(model, plan) * T * h if full else 0)
     head_input = x if full else 0
     levers = activation_levers(model, plan, pb, lt, final_norm, head_input) \
         if plan.activation_offload or plan.checkpoint_layers is not None else None
