@@ -56,7 +56,7 @@ def test_analytic_within_5_percent_on_the_matrix():
     assert worst < TOLERANCE, "analytic error over 5%:\n" + "\n".join(table)
 
 
-# issue 15's levers at real size: the analytic ledger within 3% of the simulation
+# the loss, DoRA and packing levers at real size: the analytic ledger within 3% of the simulation
 LOSS_LEVERS = [
     ("qwen2.5-7b-instruct", Plan(method="lora", loss="fused-linear", seq_len=1024)),
     ("qwen2.5-7b-instruct", Plan(method="lora", loss="fused-linear", gradient_checkpointing=True, seq_len=8192)),
@@ -92,7 +92,7 @@ LEVERS = [Plan(method="full", gradient_checkpointing=True, optimizer=o) for o in
     Plan(method="qlora", quantization="nf4", lora_r=8, activation_offload=True, micro_batch=2, grad_accum=4,
          loss="chunked", optimizer="adamw_torch_4bit"),  # the 24 GB tune's answer (the chunked loss calls the decoder)
     # LLM.int8 keeps each linear's input on its autograd context, out of reach of checkpointing and of the
-    # offload's saved-tensor hooks (training.int8_held_inputs): the T4 answer of issue 23 was off by half
+    # offload's saved-tensor hooks (training.int8_held_inputs): a T4 answer was off by half without it
     Plan(method="lora", quantization="int8", gradient_checkpointing=True, micro_batch=2),
     Plan(method="lora", quantization="int8", gradient_checkpointing=True, activation_offload=True, micro_batch=2),
     Plan(method="lora", quantization="int8", activation_offload=True, micro_batch=2, loss="fused-linear"),
@@ -124,14 +124,14 @@ def test_every_declared_optimizer_has_a_state_term():
 
 def test_the_issues_fused_and_foreach_peaks():
     """Qwen2.5-7B full bf16, checkpointing, seq 1024, micro-batch 1: a trace of the real step peaks at 56.7 GiB
-    with fused AdamW and 70.9 GiB with foreach (issue 15)."""
+    with fused AdamW and 70.9 GiB with foreach."""
     spec = resolve_model("qwen7b")
     fused = simulate(spec, Plan(method="full", gradient_checkpointing=True, optimizer="adamw_torch_fused"))
     foreach = simulate(spec, Plan(method="full", gradient_checkpointing=True, optimizer="adamw_torch"))
     assert round(fused.peak_bytes / 2**30, 1) == 56.7 and round(foreach.peak_bytes / 2**30, 1) == 70.9
 
 
-# issue 24: the closed form of a mixture of experts (advisor.memory.experts) within 3% of the simulation at real size:
+# the closed form of a mixture of experts (advisor.memory.experts) within 3% of the simulation at real size:
 # LoRA on the attention, LoRA on the experts too (peft target_parameters), QLoRA, full fine-tuning, each with and
 # without checkpointing (reports/moe_closed_form.md has the table, benchmarks/moe_closed_form.py makes it)
 MOE_MODELS = ("qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-20b", "gpt-oss-120b", "mixtral-8x7b", "olmoe-1b-7b",

@@ -1,4 +1,4 @@
-"""The closed-form ledger of a mixture of experts (issue 24), what it counts and the rules around it: weights as
+"""The closed-form ledger of a mixture of experts, what it counts and the rules around it: weights as
 transformers + bitsandbytes store them, gpt-oss's MXFP4 rule, LoRA on the experts as a knob (its rules, its
 adapters, its exports), the default attention targets on DeepSeek's latent attention, several GPUs.
 

@@ -1,19 +1,19 @@
 """Which models the closed-form ledger (advisor.memory.training) describes, and who answers for the others.
 
-The closed form was written for dense decoder layers: attention q/k/v/o (or a fused qkv), a gated MLP
-(gate/up/down or a fused gate_up), norms, optional q/k norms, a final soft-capping; and for the mixtures of experts
-of advisor.memory.experts.COVERED (Qwen3-MoE, OLMoE, Mixtral, gpt-oss, DeepSeek-V2-Lite: stacked experts, the
-router, latent attention, gpt-oss's sinks and windows, dense and shared-expert MLPs), with the levers
-``moe_described`` lists. A model it cannot describe (another family of experts, linear attention, layers of
-different kinds, modules it has no term for, a sliding window shorter than the sequence) is answered by the
-simulation instead: the real model code on
-fake tensors (advisor.runtime.simulate), never by a wrong formula and never refused. ``closed_form_describes``
-is the one rule ``advisor estimate``, ``tune`` and ``preflight`` follow (through the estimate backend); the
-output says which of the two answered (``answered_by``).
+The closed form has terms for dense decoder layers (attention q/k/v/o or a fused qkv, a gated MLP or a fused
+gate_up, norms, optional q/k norms, a final soft-capping; sliding-window and local/global layers at any sequence,
+their explicit masks counted once the sequence reaches the window), and for the mixtures of experts of
+advisor.memory.experts.COVERED (Qwen3-MoE, OLMoE, Mixtral, gpt-oss, DeepSeek-V2-Lite: stacked experts, the
+router, latent attention under sdpa, gpt-oss's sinks and windows, dense and shared-expert MLPs) under every lever
+but those of MOE_LEVERS_OUT. A model it cannot describe (another family of experts, linear attention, modules it
+has no term for) is answered by the simulation instead: the real model code on fake tensors
+(advisor.runtime.simulate), never by a wrong formula and never refused. ``closed_form_describes`` is the one rule
+``advisor estimate``, ``tune`` and ``preflight`` follow (through the estimate backend); the output says which of
+the two answered (``answered_by``).
 
-The sliding-window rule, measured (closed form against the simulation, tensor peak, one sequence): Gemma-3-1B
-(512-token window) at 256 tokens +0.03% (LoRA); at 2,048 tokens -1.3% (LoRA) and -5.1% (full fine-tuning), the
-sliding layers' explicit masks; Gemma-3-4B (1,024-token window), LoRA with checkpointing, at 512 tokens -0.01%.
+The sliding-window terms, measured (closed form against the simulation, tensor peak, one sequence): Gemma-3-1B
+(512-token window) at 2,048 tokens +0.09% (LoRA), -0.03% (full fine-tuning), +0.76% (full, eager); before the
+sliding layers' mask bias and Gemma's fp32 norm products were counted, -1.3% and -5.1%.
 """
 
 from __future__ import annotations

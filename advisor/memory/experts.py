@@ -1,4 +1,4 @@
-"""The closed-form ledger of a mixture of experts (issue 24): one training step, bytes per category.
+"""The expert terms of the closed-form ledger: what a mixture of experts adds to one training step, bytes per category.
 
 A mixture of experts differs from a dense model in what memory sees (reports/moe_findings.md, measured on the CPU
 where the simulation equals real execution byte for byte):
@@ -17,8 +17,10 @@ where the simulation equals real execution byte for byte):
 
 The saved-tensor lists below were itemized from the simulation tracker's records of a traced step at real size
 (the op that made each saved storage, its shape and dtype: ``python benchmarks/moe_saved_tensors.py``); each entry
-cites the source line that saves it. The model families covered are ``COVERED``; others are answered by the
-simulation (advisor.memory.closed_form).
+cites the source line that saves it. The phases of the step, the optimizer states and every lever are the dense
+ledger's (advisor.memory.training): a layer with routed experts, latent attention or sinks gets its saved tensors
+here. The model families covered are ``COVERED``; others are answered by the simulation
+(advisor.memory.closed_form).
 """
 
 from __future__ import annotations
