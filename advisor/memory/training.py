@@ -515,14 +515,14 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
     # (torch/csrc/autograd/autocast_mode.cpp cached_cast); weights that do not train are cast each time
     autocast_cache = pb.linear * p if plan.precision.startswith("mixed") and full else 0
     grads_held = grads if plan.grad_accum > 1 else 0
-    # a full fine-tune's gradients while the last layer's backward runs: the output head's (untied) and final norm's
-    # and the last layer's own (traced on mixtures of experts); at the end of backward all but the embedding's (when
-    # untied), which comes after the first layer's backward (aten embedding_dense_backward)
+    # a full fine-tune's gradients while the last layer's backward runs: the output head's (a tied head's is the
+    # embedding's), the final norm's and the last layer's own (traced); at the end of backward all but an untied
+    # embedding's, which comes after the first layer's backward (aten embedding_dense_backward)
     d = model.description
-    untied_full = full and plan.grad_accum == 1 and plan.offload == "none" and model.is_moe
-    last_grads = grads_held or ((d.lm_head_params + d.final_norm_params + d.layers[-1].params) * tb
-                                if untied_full else 0)
-    end_grads = grads - (model.embedding_params * tb if untied_full and d.lm_head_params else 0)
+    first_pass = full and plan.grad_accum == 1 and plan.offload == "none"
+    last_grads = grads_held or (((d.lm_head_params or d.embedding_params) + d.final_norm_params
+                                 + d.layers[-1].params) * tb if first_pass else 0)
+    end_grads = grads - (model.embedding_params * tb if first_pass and d.lm_head_params else 0)
     opt_temp = optimizer_transient_bytes(model, plan, pb) if plan.offload == "none" else 0
     # backward of one layer: gradients of its largest activations, and a dequantized weight
     layer_bwd_temp = lt.backward_temp + dequant
