@@ -3,8 +3,9 @@ the explicit mask each sliding layer saves under sdpa, none under eager, and Gem
 simulation within 3% on every Gemma-3 of the catalog.
 
 The real-size checks trace six decoder layers of each model at its real width (five sliding, one global: Gemma-3's
-pattern) with its real vocabulary, so that each simulation takes seconds; the closed form is asked about the same
-six-layer model."""
+pattern) with its real vocabulary, twelve for a full fine-tune (with six, the tied 262k x 5,376 embedding's gradient
+at the end of backward outweighs the layers of Gemma-3-27B: -3.9% there, -1.6% with twelve), so that each
+simulation takes seconds; the closed form is asked about the same shallow model."""
 
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ def test_sliding_window_closed_form_within_3_percent(name, plan_name):
     pytest.importorskip("torch")
     from advisor.runtime.simulate.extrapolate import simulate
 
-    spec, plan = shallow(name), PLANS[plan_name]
+    plan = PLANS[plan_name]
+    spec = shallow(name, 12 if plan.method == "full" else 6)
     assert closed_form_describes(spec, plan)[0]
     sim = simulate(spec, plan, layers="full").peak_bytes
     est = estimate_training(spec, plan).tensor_peak_bytes
