@@ -292,11 +292,14 @@ def dense_layer_saved_tensors(model: ModelSpec, plan: Plan, pb: ParamBreakdown, 
     # attention: q and k after RoPE, v, output, and the fp32 logsumexp (FlashAttention-2, Dao 2023 §3.1)
     saved += [p * T * qd, p * T * kvd, p * T * kvd, p * T * qd, 4 * b * model.num_heads * s]
     saved.append(sliding_mask_bytes(model, plan, layer))
-    if plan.attn_impl == "eager":
+    if experts.effective_attention(model, plan) == "eager":
         # eager keeps fp32 softmax and its bf16 copy, b x heads x s x s (transformers eager_attention_forward)
         # and repeat_kv's expanded k and v
         saved += [4 * b * model.num_heads * s * s, p * b * model.num_heads * s * s, p * T * (qd - kvd),
                   p * T * (qd - kvd)]
+        if (model.config or {}).get("attn_logit_softcapping"):
+            # soft-capped scores: tanh saves its output, b x heads x s x s (Gemma2 eager_attention_forward)
+            saved.append(p * b * model.num_heads * s * s)
     # o_proj's input is the attention output itself (flash/sdpa return it so that transpose(1, 2) is
     # contiguous: no copy), already counted above
     if any(input_saved(m) for m in mlp_in):
@@ -340,7 +343,7 @@ def sliding_mask_bytes(model: ModelSpec, plan: Plan, layer: LayerDescription) ->
     in the compute dtype, b x 1 x s x s (aten scaled_dot_product_attention: ``where(mask, 0, -inf)`` in
     convert_boolean_attn_mask, saved by the kernel for backward; traced on Gemma-3). Eager adds its float mask
     to the scores, which saves nothing (eager_attention_forward)."""
-    if plan.attn_impl == "eager" or plan.packing or not sliding_window_applies(plan, layer):
+    if experts.effective_attention(model, plan) == "eager" or plan.packing or not sliding_window_applies(plan, layer):
         return 0  # packed documents: every layer's explicit mask is loss_dora_packing.packed_layer_bytes
     return DTYPE_BYTES[plan.activation_dtype] * plan.micro_batch * plan.seq_len ** 2
 
@@ -429,6 +432,8 @@ def logits_bytes(model: ModelSpec, plan: Plan) -> tuple[int, int]:
     # backward peak: the saved fp32 log_softmax, nll_loss_backward's fp32 gradient and
     # _log_softmax_backward_data's fp32 output, all alive at once (aten derivatives.yaml; traced)
     bwd = (4 + 4 + 4) * TV
+    if (model.arch or {}).get("logit_softcap"):
+        bwd += p * TV  # the tanh output, saved for the soft-capping's backward, still held (Gemma2ForCausalLM.forward)
     return int(fwd), int(bwd)
 
 
