@@ -68,3 +68,24 @@ def test_sliding_window_closed_form_within_3_percent(name, plan_name):
     err = (est - sim) / sim
     assert abs(err) < 0.03, f"{name} {plan_name}: estimated {est / 2**30:.3f} GiB, simulated {sim / 2**30:.3f} GiB " \
         f"({err:+.2%})"
+
+
+# Gemma-2: every other layer slides over 4,096 tokens, and the class cannot run sdpa (soft-capped scores): eager, as
+# transformers picks it, with the tanh of the capped scores and logits saved (real size: seconds each)
+GEMMA2 = [("gemma-2-2b", Plan(method="lora")),
+          ("gemma-2-2b", Plan(method="full", optimizer="adamw_8bit")),
+          ("gemma-2-9b", Plan(method="qlora", quantization="nf4", gradient_checkpointing=True, seq_len=2048)),
+          ("gemma-2-9b", Plan(method="lora", gradient_checkpointing=True, seq_len=4096))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,plan", GEMMA2, ids=lambda x: x if isinstance(x, str) else x.short())
+def test_gemma2_closed_form_within_3_percent(name, plan):
+    pytest.importorskip("torch")
+    from advisor.runtime.simulate.extrapolate import simulate
+
+    spec = resolve_model(name)
+    assert closed_form_describes(spec, plan)[0]
+    sim = simulate(spec, plan).peak_bytes
+    est = estimate_training(spec, plan).tensor_peak_bytes
+    assert abs(est - sim) / sim < 0.03, f"{name} {plan.short()}: estimated {est / 2**30:.3f}, simulated {sim / 2**30:.3f}"
