@@ -183,6 +183,9 @@ MOE_LEVERS = {
     "partial-ckpt": Plan(method="lora", gradient_checkpointing=True, checkpoint_layers=8),
     "in-backward": Plan(method="lora", optimizer="adamw_torch_fused", optimizer_in_backward=True),
     "packing": Plan(method="lora", packing=True, gradient_checkpointing=True),
+    "packing-no-ckpt": Plan(method="lora", packing=True, seq_len=2048),
+    "dora": Plan(method="lora", dora=True, seq_len=1024),
+    "dora-ckpt": Plan(method="lora", dora=True, gradient_checkpointing=True),
     "galore": Plan(method="full", optimizer="galore_adamw", gradient_checkpointing=True),
     "lomo-full": Plan(method="full", optimizer="lomo", gradient_checkpointing=True),
     "adafactor-full": Plan(method="full", optimizer="adafactor", gradient_checkpointing=True),
@@ -195,7 +198,8 @@ MOE_LEVERS = {
 def test_moe_levers_within_3_percent(name):
     from advisor.memory.closed_form import closed_form_describes
 
-    plan = MOE_LEVERS[name].with_(seq_len=4096)
+    plan = MOE_LEVERS[name]
+    plan = plan if plan.seq_len != Plan().seq_len else plan.with_(seq_len=4096)
     assert closed_form_describes(resolve_model("olmoe-1b-7b"), plan)[0]
     err, est, sim = error("olmoe-1b-7b", plan)
     assert abs(err) < 0.03, f"{name}: estimated {est / 2**30:.2f} GiB, simulated {sim / 2**30:.2f} GiB ({err:+.2%})"

@@ -5,7 +5,7 @@ gate_up, norms, optional q/k norms, a final soft-capping; sliding-window and loc
 their explicit masks counted once the sequence reaches the window), and for the mixtures of experts of
 advisor.memory.experts.COVERED (Qwen3-MoE, OLMoE, Mixtral, gpt-oss, DeepSeek-V2-Lite: stacked experts, the
 router, latent attention under sdpa, gpt-oss's sinks and windows, dense and shared-expert MLPs) under every lever
-but those of MOE_LEVERS_OUT. A model it cannot describe (another family of experts, linear attention, modules it
+of the dense ledger. A model it cannot describe (another family of experts, linear attention, modules it
 has no term for) is answered by the simulation instead: the real model code on fake tensors
 (advisor.runtime.simulate), never by a wrong formula and never refused. ``closed_form_describes`` is the one rule
 ``advisor estimate``, ``tune`` and ``preflight`` follow (through the estimate backend); the output says which of
@@ -57,15 +57,10 @@ def closed_form_describes(model: ModelSpec, plan: Plan | None = None) -> tuple[b
     return True, "dense decoder layers (attention, gated MLP, norms) the closed form describes"
 
 
-MOE_LEVERS_OUT = {"dora": "DoRA"}
-"""Levers the mixture-of-experts closed form has no terms for (the simulation answers a plan that sets one): DoRA's
-terms are written for a dense model's linears (advisor.memory.loss_dora_packing)."""
-
-
 def moe_described(model: ModelSpec, plan: Plan | None) -> tuple[bool, str]:
     """The rule for a mixture of experts: the families of advisor.memory.experts.COVERED, with their routers,
     attention (q/k/v/o with sdpa or eager, gpt-oss's eager with sinks, DeepSeek's latent attention with sdpa), and
-    every lever of advisor.memory.training but those of MOE_LEVERS_OUT."""
+    every lever of advisor.memory.training (the dense ledger's), but a full AdaLomo fine-tune."""
     d = model.description
     moe = d.moe
     share = d.params_by_category.get("experts", 0) / max(d.params_total, 1)
@@ -83,7 +78,7 @@ def moe_described(model: ModelSpec, plan: Plan | None) -> tuple[bool, str]:
     if (model.config or {}).get("topk_method", "greedy") != "greedy":
         return False, f"{what} with group-limited routing: the closed form has terms for greedy top-k routing"
     if plan is not None:
-        out = [name for knob, name in MOE_LEVERS_OUT.items() if getattr(plan, knob) not in (None, False, "none")]
+        out = []
         if plan.optimizer == "adalomo" and plan.method == "full":
             # lomo_optim's AdaLomo factors a matrix's second moment and cannot broadcast it over a 3-D stack
             out.append("AdaLomo on the stacked experts (its factored moment is for matrices: the run fails)")

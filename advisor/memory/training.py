@@ -249,6 +249,9 @@ def layer_saved_tensors(model: ModelSpec, plan: Plan, pb: ParamBreakdown,
     layer = layer or model.description.layers[0]
     if layer.num_experts or layer.attention == "mla" or model.is_moe:
         out = experts.layer_saved_tensors(model, plan, layer, list(pb.lora_modules))
+        # DoRA's and packing's per-layer terms, on the attention linears and the sdpa call both kinds share
+        out += [x for x in (loss_dora_packing.dora_layer_activation_bytes(model, plan, pb.lora_modules),
+                            0 if layer.attention == "mla" else loss_dora_packing.packed_layer_bytes(model, plan)) if x]
         if plan.method == "full":
             return out
         # LLM.int8 linears keep their inputs (MatMul8bitLt ctx.tensors) where a frozen nn.Linear saves nothing;
