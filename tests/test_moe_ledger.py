@@ -1,4 +1,4 @@
-"""The closed-form ledger of a mixture of experts (issue 24), what it counts and the rules around it: weights as
+"""The closed-form ledger of a mixture of experts, what it counts and the rules around it: weights as
 transformers + bitsandbytes store them, gpt-oss's MXFP4 rule, LoRA on the experts as a knob (its rules, its
 adapters, its exports), the default attention targets on DeepSeek's latent attention, several GPUs.
 
@@ -137,3 +137,26 @@ def test_the_exports_write_what_runs(tmp_path):
 def test_several_gpus_say_expert_parallelism_is_not_planned(capsys):
     d = _estimate(capsys, "--model", "qwen30b-a3b", "--gpus", "4", "--sharding", "fsdp")
     assert any("expert parallelism" in n and "not planned" in n for n in d["notes"])
+
+
+def test_the_dense_levers_apply_to_a_mixture_of_experts():
+    """One ledger for dense and MoE models: each lever the dense ledger has is described on a mixture of experts
+    (held to the simulation in tests/test_analytic_vs_simulate.py), but a full AdaLomo fine-tune (the run fails)."""
+    from advisor.core.plan import LOW_RANK_OPTIMIZERS, OPTIMIZERS
+    from advisor.memory.closed_form import closed_form_describes
+
+    spec = resolve_model("olmoe-1b-7b")
+    plans = [Plan(method="lora", loss="fused-linear"), Plan(method="lora", quantization="int8"),
+             Plan(method="lora", offload="zero2_cpu"), Plan(method="lora", activation_offload=True),
+             Plan(method="lora", gradient_checkpointing=True, checkpoint_layers=8), Plan(method="lora", packing=True),
+             Plan(method="lora", dora=True), Plan(method="lora", optimizer="adamw_torch_fused",
+                                                  optimizer_in_backward=True)]
+    plans += [Plan(method="full" if o in LOW_RANK_OPTIMIZERS else "lora", optimizer=o) for o in OPTIMIZERS]
+    for plan in plans:
+        assert closed_form_describes(spec, plan)[0], plan.short()
+    described, why = closed_form_describes(spec, Plan(method="full", optimizer="adalomo"))
+    assert not described and "AdaLomo" in why
+    # the ledger counts each: an activation offload moves the saved activations off the device
+    plain = estimate_training(spec, Plan(method="lora", seq_len=4096))
+    offloaded = estimate_training(spec, Plan(method="lora", seq_len=4096, activation_offload=True))
+    assert offloaded.device["activations"] < plain.device["activations"] / 4

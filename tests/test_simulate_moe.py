@@ -146,12 +146,12 @@ def test_lora_on_the_experts_simulates_as_it_runs(arch):
     wrappers = [m for m in setup.model.modules() if type(m).__name__ == "ParamWrapper"]
     moe_layers = sum(1 for layer in spec.description.layers if layer.num_experts)
     assert len(wrappers) == 2 * moe_layers
-    from advisor.memory.experts import adapter_params
+    from advisor.memory.tensors import trainable_sizes
 
     trainable = sum(p.numel() for p in setup.model.parameters() if p.requires_grad)
     from advisor.core.adapters import adapted_modules
 
-    assert trainable == sum(adapter_params(spec, setup.plan, adapted_modules(spec, setup.plan)))
+    assert trainable == sum(trainable_sizes(spec, setup.plan, adapted_modules(spec, setup.plan)))
 
 
 def test_lora_on_the_experts_refuses_dropout_and_dense_models():

@@ -1,4 +1,4 @@
-"""The closed-form ledger of a mixture of experts (issue 24): one training step, bytes per category.
+"""The expert terms of the closed-form ledger: what a mixture of experts adds to one training step, bytes per category.
 
 A mixture of experts differs from a dense model in what memory sees (reports/moe_findings.md, measured on the CPU
 where the simulation equals real execution byte for byte):
@@ -17,8 +17,10 @@ where the simulation equals real execution byte for byte):
 
 The saved-tensor lists below were itemized from the simulation tracker's records of a traced step at real size
 (the op that made each saved storage, its shape and dtype: ``python benchmarks/moe_saved_tensors.py``); each entry
-cites the source line that saves it. The model families covered are ``COVERED``; others are answered by the
-simulation (advisor.memory.closed_form).
+cites the source line that saves it. The phases of the step, the optimizer states and every lever are the dense
+ledger's (advisor.memory.training): a layer with routed experts, latent attention or sinks gets its saved tensors
+here. The model families covered are ``COVERED``; others are answered by the simulation
+(advisor.memory.closed_form).
 """
 
 from __future__ import annotations
@@ -99,56 +101,6 @@ def quantized_linear_params(model: ModelSpec) -> int:
 def fp32_router_params(model: ModelSpec) -> int:
     """Router parameters the class keeps in fp32 whatever the dtype (DeepSeek's ``gate.weight``)."""
     return sum(layer.router_params for layer in model.description.layers if layer.router_dtype == "float32")
-
-
-def adapter_params(model: ModelSpec, plan: Plan, modules: list[str]) -> tuple[int, int]:
-    """(LoRA parameters on the linears, on the stacked experts), every layer. A linear's A is r x in and B out x r
-    (Hu et al. 2021); an expert stack's ParamWrapper has A r*E x in and B out x r*E
-    (peft/tuners/lora/layer.py:2455-2456)."""
-    if not plan.peft:
-        return 0, 0
-    r = plan.lora_r
-    linear = sum(r * (m.in_features + m.out_features) for layer in model.description.layers
-                 for m in layer.linears if m.short in modules)
-    experts = 0
-    if plan.lora_experts:
-        for layer in model.description.layers:
-            experts += sum(r * layer.num_experts * (e.in_features + e.out_features)
-                           for e in layer.experts if e.in_features)
-    return linear, experts
-
-
-def trainable_tensor_sizes(model: ModelSpec, plan: Plan, modules: list[str]) -> list[int]:
-    """Elements of each trainable tensor (what per-tensor optimizer states are allocated for)."""
-    d = model.description
-    r = plan.lora_r
-    out: list[int] = []
-    if plan.peft:
-        for layer in d.layers:
-            for m in layer.linears:
-                if m.short in modules:
-                    out += [r * m.in_features, r * m.out_features]
-            if plan.lora_experts:
-                for e in layer.experts:
-                    if e.in_features:
-                        out += [r * layer.num_experts * e.in_features, r * layer.num_experts * e.out_features]
-        return out
-    for layer in d.layers:
-        for m in layer.linears:
-            out.append(m.in_features * m.out_features)
-            if m.bias:
-                out.append(m.out_features)
-        out += [e.numel for e in layer.experts]
-        if layer.router_params:
-            out.append(layer.router_params)
-        out += [n.params for n in layer.norms]
-        for _, shape in layer.other_params:
-            n = 1
-            for x in shape:
-                n *= x
-            out.append(n)
-    out += [d.embedding_params, d.final_norm_params] + ([d.lm_head_params] if d.lm_head_params else [])
-    return out
 
 
 # --------------------------------------------------------------------------- saved activations

@@ -29,9 +29,10 @@ from functools import lru_cache
 from typing import Iterable
 
 from advisor.core.catalog import ModelSpec
-from advisor.core.adapters import attention_linears
-from advisor.core.plan import DTYPE_BYTES, Plan, lora_target_modules
+from advisor.core.adapters import adapted_modules
+from advisor.core.plan import DTYPE_BYTES, Plan
 from advisor.memory.ledger import HostMemory
+from advisor.memory.tensors import numel, param_shapes, trainable_shapes
 
 DEEPSPEED_PIN_MEMORY = True
 """``offload_optimizer.pin_memory`` and ``offload_param.pin_memory`` as advisor/configs/_deepspeed.py writes
@@ -72,43 +73,16 @@ def process_baseline_bytes() -> int:
 # ----------------------------------------------------------------------------- parameter tensors
 
 def param_tensors(model: ModelSpec) -> Counter:
-    """Elements of every parameter tensor of the model: numel -> how many (linears, biases, norms, embedding,
-    an untied output head, the final norm)."""
-    if model.is_moe:
-        # every layer's own tensors: linears, expert stacks, routers, norms (advisor.memory.experts)
-        from advisor.memory.experts import trainable_tensor_sizes
-
-        return Counter(trainable_tensor_sizes(model, Plan(method="full"), []))
-    arch = model.arch or {}
-    c: Counter = Counter()
-    L = model.num_layers
-    for i, o in model.linear_shapes().values():
-        c[i * o] += L
-    for n in model.layer_bias_params().values():
-        c[n] += L
-    c[model.hidden_size] += L * arch.get("norms_per_layer", 2) + 1  # layer norms and the final norm
-    if arch.get("qk_norm"):
-        c[model.head_dim] += 2 * L
-    c[model.embedding_params] += 1
-    if model.lm_head_params:
-        c[model.lm_head_params] += 1
-    return c
+    """Elements of every parameter tensor of the model: numel -> how many (linears, biases, expert stacks, routers,
+    norms, the embedding, an untied output head, the final norm: advisor.memory.tensors.param_shapes)."""
+    return Counter(numel(s) for s in param_shapes(model))
 
 
 def trainable_tensors(model: ModelSpec, plan: Plan) -> Counter:
-    """Elements of every trainable tensor: LoRA's A (r x in) and B (out x r) per targeted module and layer (and
-    DoRA's magnitude vector), or every parameter for a full fine-tune."""
-    if not plan.peft:
-        return param_tensors(model)
-    shapes = model.linear_shapes()
-    c: Counter = Counter()
-    for m in lora_target_modules(plan, list(shapes), attention_linears(model)):
-        i, o = shapes[m]
-        c[plan.lora_r * i] += model.num_layers
-        c[plan.lora_r * o] += model.num_layers
-        if plan.dora:
-            c[o] += model.num_layers
-    return c
+    """Elements of every trainable tensor: LoRA's A (r x in) and B (out x r) per adapted module and layer (and
+    DoRA's magnitude vector, LoRA on the expert stacks), or every parameter for a full fine-tune."""
+    modules = adapted_modules(model, plan) if plan.peft else []
+    return Counter(numel(s) for s in trainable_shapes(model, plan, modules))
 
 
 def _sixteen_bit(plan: Plan) -> int:

@@ -41,8 +41,6 @@ DEFAULT_SHARDING = "zero3"
 """The strategy of a several-GPU plan unless one is named (``--sharding``, a study's ``sharding``, the
 step-time model): ZeRO-3 divides every part of the model state (the table above), the most per-GPU
 memory saved; with one GPU the strategy changes nothing."""
-NVLINK_GBS = {"h100-sxm": 450.0, "h200": 450.0, "a100-80gb": 300.0, "a100-40gb": 300.0, "v100-16gb": 150.0,
-              "v100-32gb": 150.0}  # per-direction NVLink bandwidth (NVIDIA datasheets); others: PCIe host link
 
 
 def _check(gpus: int, strategy: str) -> None:
@@ -117,7 +115,3 @@ def comm_bytes_per_step(model: ModelSpec, plan: Plan, gpus: int, strategy: str) 
         # all-gather in forward and backward, reduce-scatter of gradients
         return int(ring * (2 * params + grads))
     return int(ring * 2 * grads)  # all-reduce = reduce-scatter + all-gather
-
-
-def interconnect_gbs(gpu: GpuSpec) -> float:
-    return NVLINK_GBS.get(gpu.key, gpu.host_link_gbs)

@@ -1,4 +1,11 @@
-"""The analytic ledger of one training step: closed-form bytes per category, in microseconds.
+"""The analytic ledger of one training step: closed-form bytes per category.
+
+One path for dense models and mixtures of experts: the weights, gradients and optimizer states come from the
+model's parameter tensors (advisor.memory.tensors; OPTIMIZER_STATES is the one table of optimizer states), the
+activations from each decoder layer's terms (``layer_terms``: a dense layer here, routed experts, latent attention
+and attention sinks in advisor.memory.experts), and the phases of the step (the loss, backward, a recomputed or
+last layer, the end of backward, the optimizer step) and every lever (loss, offload, activation offload, partial
+checkpointing, DoRA, packing, the step inside backward, LLM.int8) are built once from those.
 
 Each formula carries a one-line citation. Notation: T = micro_batch * seq_len tokens, h hidden,
 i intermediate, V vocabulary, L layers, p = bytes of the activation dtype.
@@ -9,13 +16,14 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from advisor.core.architecture import LayerDescription
 from advisor.core.catalog import GpuSpec, ModelSpec
+from advisor.core.errors import AdvisorInputError
 from advisor.memory.ledger import MemoryReport, empty
 from advisor.memory.overhead import overhead_of as framework_overhead_of
-from advisor.core.plan import (DTYPE_BYTES, Plan, checkpointed_layers,
-                               lora_target_modules)
-from advisor.core.adapters import adapted_modules, attention_linears
-from advisor.memory import experts, loss_dora_packing
+from advisor.core.plan import DTYPE_BYTES, Plan, checkpointed_layers
+from advisor.core.adapters import adapted_modules
+from advisor.memory import experts, loss_dora_packing, tensors
 from advisor.memory.host import OFFLOAD_MIN_BYTES, host_memory, pinned_block_bytes, pinned_bytes_of
 
 NF4_BLOCK = 64
@@ -36,29 +44,29 @@ CE_CHUNK_TOKENS = 256      # tokens per chunk of the chunked cross-entropy optio
 class ParamBreakdown:
     """The model's parameters split the way memory treats them."""
 
-    linear: int           # decoder-layer linear weights (what bitsandbytes quantizes)
-    other: int            # embeddings, lm_head, norms, biases (kept in the compute dtype)
-    adapter: int          # LoRA A and B
+    linear: int           # decoder-layer nn.Linear weights (what bitsandbytes quantizes)
+    other: int            # embeddings, lm_head, norms, biases, stacked experts, routers (kept in the compute dtype)
+    adapter: int          # LoRA A and B (and DoRA's magnitudes, LoRA on the expert stacks)
     lora_modules: tuple[str, ...]
     trainable: int
 
 
 def param_breakdown(model: ModelSpec, plan: Plan) -> ParamBreakdown:
-    if model.is_moe:
-        return moe_param_breakdown(model, plan)
-    shapes = model.linear_shapes()
-    linear = model.num_layers * model.layer_linear_params()
-    targets = lora_target_modules(plan, list(shapes), attention_linears(model))
-    # LoRA adds A (r x in) and B (out x r) to each targeted module (Hu et al. 2021, eq. 3)
-    adapter = model.num_layers * sum(plan.lora_r * (shapes[m][0] + shapes[m][1]) for m in targets)
-    adapter += loss_dora_packing.dora_magnitude_params(model, plan, tuple(targets))
+    """The linears bitsandbytes converts (every layer's ``quantized_by_bnb`` linears; stacked experts, routers,
+    norms, embeddings and biases stay in the compute dtype: transformers/integrations/bitsandbytes.py:189 converts
+    ``type(module) is nn.Linear`` only); the adapters (advisor.memory.tensors.adapter_shapes)."""
+    modules = adapted_modules(model, plan) if plan.peft else []
+    linear = experts.quantized_linear_params(model)
+    adapter = sum(tensors.trainable_sizes(model, plan, modules)) if plan.peft else 0
     trainable = adapter if plan.peft else model.params_total
-    return ParamBreakdown(linear, model.params_total - linear, adapter, tuple(targets), trainable)
+    return ParamBreakdown(linear, model.params_total - linear, adapter, tuple(modules), trainable)
 
 
 def weight_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> tuple[int, int]:
     """(weights, quantization constants) of the base model."""
     other_b = DTYPE_BYTES[plan.param_dtype]
+    # a router the class keeps in fp32 whatever the dtype (DeepSeek's gate.weight, _keep_in_fp32_modules_strict)
+    router = experts.fp32_router_params(model) * (4 - other_b)
     if plan.four_bit:
         # NF4/FP4: two 4-bit values per byte; one fp32 absmax per 64-value block (Dettmers et al. 2023, QLoRA §3)
         blocks = pb.linear / NF4_BLOCK
@@ -67,27 +75,12 @@ def weight_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> tuple[int,
             consts = blocks * 1 + blocks / DQ_BLOCK * 4
         else:
             consts = blocks * 4
-        return int(pb.linear * 0.5 + pb.other * other_b + experts.fp32_router_params(model) * (4 - other_b)), int(consts)
+        return int(pb.linear * 0.5 + pb.other * other_b + router), int(consts)
     if plan.quantization == "int8":
         # LLM.int8: int8 weight + one fp32 scale per output row (Dettmers et al. 2022, bitsandbytes Int8Params.SCB)
-        rows = model.num_layers * sum(o for _, o in model.linear_shapes().values())
-        return int(pb.linear * 1 + pb.other * other_b), int(rows * 4)
-    # a router the class keeps in fp32 whatever the dtype (DeepSeek's gate.weight, _keep_in_fp32_modules_strict)
-    return int(model.params_total * other_b + experts.fp32_router_params(model) * (4 - other_b)), 0
-
-
-def moe_param_breakdown(model: ModelSpec, plan: Plan) -> ParamBreakdown:
-    """A mixture of experts: the linears bitsandbytes converts (attention, shared experts, dense MLPs: every layer's
-    ``quantized_by_bnb`` linears); the stacked experts, routers, norms, embeddings and biases stay in the compute
-    dtype (``other``; transformers/integrations/bitsandbytes.py:189 converts ``type(module) is nn.Linear`` only).
-    Adapters: LoRA on the adapted linears of each layer, and with ``lora_experts`` a rank-r pair per expert on each
-    stacked weight (advisor.memory.experts.adapter_params)."""
-    modules = adapted_modules(model, plan) if plan.peft else []
-    linear = experts.quantized_linear_params(model)
-    on_linears, on_experts = experts.adapter_params(model, plan, modules)
-    adapter = on_linears + on_experts
-    trainable = adapter if plan.peft else model.params_total
-    return ParamBreakdown(linear, model.params_total - linear, adapter, tuple(modules), trainable)
+        rows = sum(m.out_features for layer in model.description.layers for m in layer.linears if m.quantized_by_bnb)
+        return int(pb.linear * 1 + pb.other * other_b + router), int(rows * 4)
+    return int(model.params_total * other_b + router), 0
 
 
 def trainable_dtype_bytes(plan: Plan) -> int:
@@ -96,61 +89,95 @@ def trainable_dtype_bytes(plan: Plan) -> int:
     return 4 if plan.peft else DTYPE_BYTES[plan.param_dtype]
 
 
+def fp32_router_extra(model: ModelSpec, plan: Plan) -> int:
+    """Bytes an fp32 router's tensor adds over the trainable dtype, per tensor of its size (its gradient and each
+    Adam moment follow the parameter's dtype: zeros_like(param))."""
+    return 0 if plan.peft else experts.fp32_router_params(model) * (4 - trainable_dtype_bytes(plan))
+
+
+# --------------------------------------------------------------------------- optimizer states (one table)
+
+
+def _adam_states(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
+    # exp_avg and exp_avg_sq, zeros_like(param) (torch/optim/adamw.py _init_group); an fp32 router's in fp32
+    return 2 * pb.trainable * trainable_dtype_bytes(plan) + 2 * fp32_router_extra(model, plan)
+
+
+def _bnb32_states(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
+    # bitsandbytes 32-bit states are fp32 whatever the param dtype (bnb Optimizer2State.init_state)
+    return 2 * pb.trainable * 4
+
+
+def _bnb8_states(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
+    # 8-bit blockwise: 1 B per value per state + fp32 absmax per 256 values; tensors under min_8bit_size keep fp32
+    # states (Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization"); Trainer.create_optimizer keeps
+    # nn.Embedding weights in 32-bit states (GlobalOptimManager override)
+    sizes = [tensors.numel(s) for s in trainable_tensors(model, plan, pb)]
+    small = sum(n for n in sizes if n < OPT8_MIN_SIZE) + (0 if plan.peft else model.embedding_params)
+    return int(2 * (pb.trainable - small) * (1 + 4 / OPT8_BLOCK) + 2 * small * 4)
+
+
+def _adafactor_states(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
+    # factored second moment, no first moment: a row and a column vector per matrix (the last two dimensions, the
+    # leading ones kept: exp_avg_sq_row shape[:-1], exp_avg_sq_col shape[:-2] + shape[-1:]), a full one per vector
+    # (Shazeer & Stern 2018; transformers.optimization.Adafactor with beta1=None, _get_options)
+    elems = sum(tensors.numel(s[:-1]) + tensors.numel(s[:-2]) * s[-1] if len(s) >= 2 else s[0]
+                for s in trainable_tensors(model, plan, pb))
+    return int(elems * trainable_dtype_bytes(plan))
+
+
+def _no_states(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
+    # plain SGD without momentum (torch.optim.SGD momentum=0); LOMO's update inside backward (Lv et al. 2023)
+    return 0
+
+
+def _torchao8_states(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
+    return torchao_state_bytes(model, plan, pb, 8)
+
+
+def _torchao4_states(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
+    return torchao_state_bytes(model, plan, pb, 4)
+
+
+def _low_rank_states(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
+    return low_rank_state_bytes(model, plan, pb)
+
+
+def _adalomo_states(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
+    return adalomo_state_bytes(model, plan, pb)
+
+
+OPTIMIZER_STATES = {
+    "adamw_torch": _adam_states, "adamw_torch_fused": _adam_states,  # the same two moments (torch adamw.py)
+    "paged_adamw_32bit": _bnb32_states,
+    "adamw_8bit": _bnb8_states, "paged_adamw_8bit": _bnb8_states,
+    "adafactor": _adafactor_states,
+    "sgd": _no_states, "lomo": _no_states,
+    "adamw_torch_8bit": _torchao8_states, "adamw_torch_4bit": _torchao4_states,
+    "galore_adamw": _low_rank_states, "galore_adamw_8bit": _low_rank_states,
+    "galore_adamw_layerwise": _low_rank_states, "apollo_adamw": _low_rank_states,
+    "adalomo": _adalomo_states,
+}
+"""Each optimizer (TrainingArguments.optim) -> the bytes of its persistent states after the first step, on the GPU:
+the one table memory reads. An optimizer missing here has no memory term, and the ledger refuses it."""
+
+
+def optimizer_states_of(optimizer: str):
+    """The state function of ``optimizer`` (OPTIMIZER_STATES), or a one-line error naming it."""
+    try:
+        return OPTIMIZER_STATES[optimizer]
+    except KeyError:
+        raise AdvisorInputError("--optimizer", "the memory ledger has no optimizer-state term for it "
+                                f"(advisor.memory.training.OPTIMIZER_STATES has {', '.join(OPTIMIZER_STATES)})",
+                                optimizer) from None
+
+
 def optimizer_state_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
     """Persistent optimizer state after the first step."""
-    n = pb.trainable
-    tb = trainable_dtype_bytes(plan)
-    opt = plan.optimizer
+    states = optimizer_states_of(plan.optimizer)
     if plan.offload != "none":
         return 0  # on the host: see host_bytes
-    newer = implementation_state_bytes(model, plan, pb)
-    if newer is not None:
-        return newer
-    if opt == "adamw_torch":
-        # exp_avg and exp_avg_sq, zeros_like(param) (torch/optim/adamw.py _init_group)
-        return 2 * n * tb
-    if opt == "paged_adamw_32bit":
-        # bitsandbytes 32-bit states are fp32 whatever the param dtype (bnb Optimizer2State.init_state)
-        return 2 * n * 4
-    if opt in ("adamw_8bit", "paged_adamw_8bit"):
-        # 8-bit blockwise: 1 B per value per state + fp32 absmax per 256 values; small tensors stay fp32
-        # (Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization")
-        small = _small_tensor_params(model, plan, pb)
-        if not plan.peft:
-            # Trainer.create_optimizer keeps nn.Embedding weights in 32-bit states (GlobalOptimManager override)
-            small += model.embedding_params
-        big = n - small
-        return int(2 * big * (1 + 4 / OPT8_BLOCK) + 2 * small * 4)
-    if opt == "adafactor":
-        # factored second moment: a row and a column vector per matrix, no first moment
-        # (Shazeer & Stern 2018; transformers.optimization.Adafactor with beta1=None)
-        return int(_adafactor_elems(model, plan, pb) * tb)
-    return 0  # plain SGD without momentum keeps no state (torch.optim.SGD momentum=0)
-
-
-def _small_tensor_params(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
-    """Trainable parameters in tensors below bitsandbytes' min_8bit_size (kept in 32-bit)."""
-    if plan.peft:
-        shapes = model.linear_shapes()
-        return model.num_layers * sum(
-            plan.lora_r * d for m in pb.lora_modules for d in shapes[m] if plan.lora_r * d < OPT8_MIN_SIZE) + (
-            model.num_layers * sum(shapes[m][1] for m in pb.lora_modules if shapes[m][1] < OPT8_MIN_SIZE)
-            if plan.dora else 0)  # DoRA magnitudes: one vector per module
-    norms_biases = model.num_layers * (model.layer_norm_params() + sum(model.layer_bias_params().values()))
-    return norms_biases + model.hidden_size
-
-
-def _adafactor_elems(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
-    shapes = model.linear_shapes()
-    if plan.peft:
-        return model.num_layers * sum(plan.lora_r + shapes[m][0] + plan.lora_r + shapes[m][1]
-                                      for m in pb.lora_modules) + loss_dora_packing.dora_magnitude_params(
-            model, plan, pb.lora_modules)  # a vector's second moment is not factored (Adafactor._get_options)
-    per_layer = sum(i + o for i, o in shapes.values()) + model.layer_norm_params() + sum(
-        model.layer_bias_params().values())
-    emb = model.vocab_size + model.hidden_size
-    head = 0 if model.tie_word_embeddings else model.vocab_size + model.hidden_size
-    return model.num_layers * per_layer + emb + head + model.hidden_size
+    return states(model, plan, pb)
 
 
 def optimizer_transient_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
@@ -172,20 +199,70 @@ def optimizer_transient_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) 
 
 
 def _largest_trainable(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
-    shapes = model.linear_shapes()
-    if plan.peft:
-        return max(plan.lora_r * d for m in pb.lora_modules for d in shapes[m])
-    return max(model.embedding_params, max(i * o for i, o in shapes.values()))
+    return max(tensors.numel(s) for s in trainable_tensors(model, plan, pb))
 
 
-def layer_activation_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
-    """Tensors one decoder layer saves for backward (no checkpointing)."""
-    return int(sum(layer_saved_tensors(model, plan, pb)))
+# --------------------------------------------------------------------------- saved activations, layer by layer
 
 
-def layer_saved_tensors(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> list[int]:
+def linear_inputs(layer: LayerDescription) -> list[tuple[str, int]]:
+    """The distinct inputs of a layer's nn.Linears, (what reads it, its width): linears fed the same tensor share
+    one (q/k/v and MLA's q_proj / kv_a_proj read the normed hidden state, gate and up the MLP's input)."""
+    first = ("q_proj", "k_proj", "v_proj", "qkv_proj", "kv_a_proj_with_mqa", "q_a_proj", "gate_proj", "up_proj",
+             "gate_up_proj", "w1", "w3")
+    seen: dict[tuple[str, str], int] = {}
+    for m in layer.linears:
+        prefix = m.name.rsplit(".", 1)[0]
+        seen.setdefault((prefix, "in" if m.short in first else m.short), m.in_features)
+    return [(f"{prefix}.{what}", width) for (prefix, what), width in seen.items()]
+
+
+def int8_held_inputs(model: ModelSpec, plan: Plan, layer: LayerDescription | None = None) -> list[int]:
+    """The inputs LLM.int8 linears hold as plain attributes of their autograd context (bitsandbytes
+    MatMul8bitLt.forward: ``ctx.tensors = (CAt, subA, A)``), not through save_for_backward, so that saved-tensor
+    hooks (activation offload, checkpointing) never see them: each distinct input of a quantized linear but
+    o_proj's (the attention output, which the attention saves as well)."""
+    return [x for name, x in _int8_inputs(model, plan, layer) if not name.endswith(".o_proj")]
+
+
+def int8_held_bytes(model: ModelSpec, plan: Plan, layer: LayerDescription | None = None) -> int:
+    """What one layer's LLM.int8 linears hold on their autograd context whatever hooks or checkpointing do:
+    int8_held_inputs, and o_proj's input (the attention output)."""
+    return sum(x for _, x in _int8_inputs(model, plan, layer))
+
+
+def _int8_inputs(model: ModelSpec, plan: Plan, layer: LayerDescription | None) -> list[tuple[str, int]]:
+    if plan.quantization != "int8":
+        return []
+    layer = layer or model.description.layers[0]
+    p = DTYPE_BYTES[plan.activation_dtype]
+    T = plan.micro_batch * plan.seq_len
+    quantized = {m.name.rsplit(".", 1)[0] for m in layer.linears if m.quantized_by_bnb}
+    return [(name, p * T * width) for name, width in linear_inputs(layer) if name.rsplit(".", 1)[0] in quantized]
+
+
+def layer_saved_tensors(model: ModelSpec, plan: Plan, pb: ParamBreakdown,
+                        layer: LayerDescription | None = None) -> list[int]:
     """The bytes of each tensor one decoder layer saves for backward (no checkpointing), one entry per tensor
-    (an activation offload pins each in a block of its own: advisor.memory.host)."""
+    (an activation offload pins each in a block of its own: advisor.memory.host). A layer with routed experts,
+    latent attention or attention sinks: advisor.memory.experts.layer_saved_tensors, with LLM.int8's inputs."""
+    layer = layer or model.description.layers[0]
+    if layer.num_experts or layer.attention == "mla" or model.is_moe:
+        out = experts.layer_saved_tensors(model, plan, layer, list(pb.lora_modules))
+        # DoRA's and packing's per-layer terms, on the attention linears and the sdpa call both kinds share
+        out += [x for x in (loss_dora_packing.dora_layer_activation_bytes(model, plan, pb.lora_modules),
+                            0 if layer.attention == "mla" else loss_dora_packing.packed_layer_bytes(model, plan)) if x]
+        if plan.method == "full":
+            return out
+        # LLM.int8 linears keep their inputs (MatMul8bitLt ctx.tensors) where a frozen nn.Linear saves nothing;
+        # latent attention's o_proj reads a contiguous copy of the attention output, not the output itself
+        return out + ([x for _, x in _int8_inputs(model, plan, layer)] if layer.attention == "mla"
+                      else int8_held_inputs(model, plan, layer))
+    return dense_layer_saved_tensors(model, plan, pb, layer)
+
+
+def dense_layer_saved_tensors(model: ModelSpec, plan: Plan, pb: ParamBreakdown, layer: LayerDescription) -> list[int]:
+    """What a dense decoder layer (q/k/v/o attention, a gated MLP of nn.Linears, norms) saves for backward."""
     b, s = plan.micro_batch, plan.seq_len
     T = b * s
     p = DTYPE_BYTES[plan.activation_dtype]
@@ -201,23 +278,31 @@ def layer_saved_tensors(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> lis
         return plan.method == "full" or plan.quantization == "int8"
 
     saved: list[int] = []
+    full = plan.method == "full"
+    nb = normalized_bytes(model, plan)
     # RMSNorm: fp32 copy of the input and rsqrt saved by pow/mul (transformers LlamaRMSNorm.forward);
     # the normalized input too when the norm weight trains
     for _ in range(arch.get("norms_per_layer", 2)):
-        saved += [4 * T * h, 4 * T] + ([p * T * h] if plan.method == "full" else [])
+        saved += [4 * T * h, 4 * T] + ([nb * T * h] if full else [])
     attn_in = [m for m in shapes if m in ("q_proj", "k_proj", "v_proj", "qkv_proj")]
     mlp_in = [m for m in shapes if m in ("gate_proj", "up_proj", "gate_up_proj")]
     if any(input_saved(m) for m in attn_in):
         saved.append(p * T * h)
     if arch.get("qk_norm"):
         saved += [4 * T * qd, 4 * T * kvd, 4 * T * model.num_heads, 4 * T * model.num_kv_heads]
+        if full:
+            saved += [nb * T * qd, nb * T * kvd]  # the per-head norms' normalized q and k, their weights train
     # attention: q and k after RoPE, v, output, and the fp32 logsumexp (FlashAttention-2, Dao 2023 §3.1)
     saved += [p * T * qd, p * T * kvd, p * T * kvd, p * T * qd, 4 * b * model.num_heads * s]
-    if plan.attn_impl == "eager":
+    saved.append(sliding_mask_bytes(model, plan, layer))
+    if experts.effective_attention(model, plan) == "eager":
         # eager keeps fp32 softmax and its bf16 copy, b x heads x s x s (transformers eager_attention_forward)
         # and repeat_kv's expanded k and v
         saved += [4 * b * model.num_heads * s * s, p * b * model.num_heads * s * s, p * T * (qd - kvd),
                   p * T * (qd - kvd)]
+        if (model.config or {}).get("attn_logit_softcapping"):
+            # soft-capped scores: tanh saves its output, b x heads x s x s (Gemma2 eager_attention_forward)
+            saved.append(p * b * model.num_heads * s * s)
     # o_proj's input is the attention output itself (flash/sdpa return it so that transpose(1, 2) is
     # contiguous: no copy), already counted above
     if any(input_saved(m) for m in mlp_in):
@@ -238,6 +323,101 @@ def layer_saved_tensors(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> lis
     return [x for x in saved if x]
 
 
+FP32_NORM_WEIGHT = ("gemma", "gemma2", "gemma3", "gemma3_text")
+"""Model types whose RMSNorm multiplies by (1 + weight) in fp32 before casting back (transformers
+Gemma3RMSNorm.forward: ``output * (1.0 + self.weight.float())``, then ``.type_as(x)``): the normalized input a
+trained norm weight saves is fp32."""
+
+
+def normalized_bytes(model: ModelSpec, plan: Plan) -> int:
+    """Bytes per element of the normalized input a norm saves when its weight trains (full fine-tuning)."""
+    return 4 if model.model_type in FP32_NORM_WEIGHT else DTYPE_BYTES[plan.activation_dtype]
+
+
+def sliding_window_applies(plan: Plan, layer: LayerDescription) -> bool:
+    """A sliding-window layer whose window the sequence reaches: its mask is no longer the plain causal one, so
+    transformers builds it explicitly (masking_utils.sliding_window_causal_mask; _ignore_causal_mask_sdpa skips
+    only a causal mask, and a window shorter than the sequence is not)."""
+    return layer.attention == "sliding" and bool(layer.sliding_window) and plan.seq_len >= layer.sliding_window
+
+
+def sliding_mask_bytes(model: ModelSpec, plan: Plan, layer: LayerDescription) -> int:
+    """What a sliding-window layer under sdpa saves for its explicit mask: the boolean mask made an additive bias
+    in the compute dtype, b x 1 x s x s (aten scaled_dot_product_attention: ``where(mask, 0, -inf)`` in
+    convert_boolean_attn_mask, saved by the kernel for backward; traced on Gemma-3). Eager adds its float mask
+    to the scores, which saves nothing (eager_attention_forward)."""
+    if experts.effective_attention(model, plan) == "eager" or plan.packing or not sliding_window_applies(plan, layer):
+        return 0  # packed documents: every layer's explicit mask is loss_dora_packing.packed_layer_bytes
+    return DTYPE_BYTES[plan.activation_dtype] * plan.micro_batch * plan.seq_len ** 2
+
+
+def layer_backward_transient(model: ModelSpec, plan: Plan, pb: ParamBreakdown, layer: LayerDescription) -> int:
+    """The most one layer's backward holds beyond what it saved: for a dense layer the gradients of its largest
+    activations (the MLP intermediate and its input); routed experts: advisor.memory.experts."""
+    if layer.num_experts or layer.attention == "mla" or model.is_moe:
+        return experts.layer_backward_transient(model, plan, layer, list(pb.lora_modules))
+    return 2 * DTYPE_BYTES[plan.activation_dtype] * plan.micro_batch * plan.seq_len * model.intermediate_size
+
+
+@dataclass(frozen=True)
+class LayerTerms:
+    """What the decoder layers hold, layer by layer: the ledger's phases are built from these alone."""
+
+    saved: tuple[int, ...]
+    """Bytes each layer saves for backward without checkpointing, by layer index."""
+    tensors: tuple[tuple[int, ...], ...]
+    """The tensors each layer saves, by layer index (an activation offload pins each in a block of its own)."""
+    int8_held: tuple[int, ...]
+    """What each layer's LLM.int8 linears hold on their autograd context, by layer index (int8_held_bytes)."""
+    int8_inputs: tuple[tuple[int, ...], ...]
+    """Of those, the inputs hooks never see (int8_held_inputs), by layer index."""
+    backward_temp: int
+    """The most one layer's backward holds beyond its saved tensors (the largest kind's)."""
+    stash: int
+    """TRL's forward stash under activation offload: the last FWD_STASH (5) tensors of >= 1 KiB the last layer
+    saved, still on the device until backward begins (advisor.runtime.build.offload_hooks)."""
+
+    @property
+    def biggest(self) -> int:
+        return max(self.saved)
+
+
+FWD_STASH = 5  # TRL OffloadActivations max_fwd_stash_size (trl/models/activation_offloading.py)
+
+
+def layer_terms(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> LayerTerms:
+    """Every decoder layer's terms, computed once per kind of layer (LayerDescription.kind_key)."""
+    d = model.description
+    saved = [0] * d.num_layers
+    lists: list[tuple[int, ...]] = [()] * d.num_layers
+    held = [0] * d.num_layers
+    inputs: list[tuple[int, ...]] = [()] * d.num_layers
+    temp = 0
+    for layer, indices in d.layer_kinds():
+        kind = tuple(layer_saved_tensors(model, plan, pb, layer))
+        h8 = int8_held_bytes(model, plan, layer)
+        i8 = tuple(int8_held_inputs(model, plan, layer))
+        for ix in indices:
+            saved[ix], lists[ix], held[ix], inputs[ix] = sum(kind), kind, h8, i8
+        temp = max(temp, layer_backward_transient(model, plan, pb, layer))
+    return LayerTerms(tuple(saved), tuple(lists), tuple(held), tuple(inputs), temp,
+                      offload_stash(model, plan, d.layers[-1]))
+
+
+def offload_stash(model: ModelSpec, plan: Plan, last: LayerDescription) -> int:
+    """TRL's forward stash: the last FWD_STASH tensors the last layer saved. A dense layer: its MLP's gate,
+    activation and up outputs (p*T*i each) and the second norm's fp32 input and rsqrt (transformers Qwen2MLP /
+    RMSNorm; traced). Routed experts: the last of what grouped_mm_experts_forward saves (experts.routed_saved)."""
+    if not plan.activation_offload or plan.gradient_checkpointing:
+        return 0
+    p = DTYPE_BYTES[plan.activation_dtype]
+    T = plan.micro_batch * plan.seq_len
+    if last.num_experts:
+        routed = [x for x in experts.routed_saved(model, plan, last) if x >= OFFLOAD_MIN_BYTES]
+        return sum(routed[-FWD_STASH:])
+    return 3 * p * T * model.intermediate_size + 4 * T * model.hidden_size + 4 * T
+
+
 def logits_bytes(model: ModelSpec, plan: Plan) -> tuple[int, int]:
     """(forward, backward) transient of the logits and the loss."""
     if plan.loss == "fused-linear":
@@ -255,6 +435,8 @@ def logits_bytes(model: ModelSpec, plan: Plan) -> tuple[int, int]:
     # backward peak: the saved fp32 log_softmax, nll_loss_backward's fp32 gradient and
     # _log_softmax_backward_data's fp32 output, all alive at once (aten derivatives.yaml; traced)
     bwd = (4 + 4 + 4) * TV
+    if (model.arch or {}).get("logit_softcap"):
+        bwd += p * TV  # the tanh output, saved for the soft-capping's backward, still held (Gemma2ForCausalLM.forward)
     return int(fwd), int(bwd)
 
 
@@ -277,20 +459,22 @@ def _add_lever_phases(phases: dict, model: ModelSpec, plan: Plan, pb: ParamBreak
 
 
 def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) -> MemoryReport:
-    """The analytic ledger of one measured step (after warm-up: optimizer states exist)."""
+    """The analytic ledger of one measured step (after warm-up: optimizer states exist), dense or a mixture of
+    experts: the layers' terms (layer_terms: advisor.memory.experts for routed experts and latent attention), the
+    same phases for both."""
     plan.validate()
-    if model.is_moe:
-        return estimate_moe_training(model, plan, gpu)
     pb = param_breakdown(model, plan)
     weights, consts = weight_bytes(model, plan, pb)
     tb = trainable_dtype_bytes(plan)
     adapters = pb.adapter * 4 if plan.peft else 0
-    grads = pb.trainable * tb
+    # an fp32 router's gradient stays fp32 in a full fine-tune (its parameter's dtype)
+    grads = pb.trainable * tb + fp32_router_extra(model, plan)
     states = optimizer_state_bytes(model, plan, pb)
     host = empty()
     masters = 0
-    notes: list[str] = []
+    notes: list[str] = moe_notes(model, plan)
     p = DTYPE_BYTES[plan.activation_dtype]
+    full = plan.method == "full"
 
     if plan.offload != "none":
         # ZeRO-Offload keeps fp32 master weights, fp32 Adam moments and fp32 gradients on the host
@@ -301,17 +485,20 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
         if plan.offload == "zero3_cpu":
             # ZeRO-3 offload_param: parameters live on the host; the GPU gathers a layer at a time plus
             # the prefetch bucket (stage3_prefetch_bucket_size) (Rajbhandari et al. 2021, ZeRO-Infinity)
-            live = max(model.layer_params(), model.embedding_params) * 2 + ZERO3_PREFETCH
+            live = max(max(layer.params for layer in model.description.layers), model.embedding_params) * 2 \
+                + ZERO3_PREFETCH
             weights = int(min(model.params_total, live) * DTYPE_BYTES[plan.param_dtype])
 
-    layer_acts = layer_activation_bytes(model, plan, pb)
+    lt = layer_terms(model, plan, pb)
+    layer_acts = lt.biggest
     L = model.num_layers
     T = plan.micro_batch * plan.seq_len
     h = model.hidden_size
-    # final norm: fp32 input and rsqrt; its bf16 normalized input too when the norm weight trains
-    final_norm = 4 * T * h + 4 * T + (p * T * h if plan.method == "full" else 0)
-    head_input = p * T * h if plan.method == "full" else 0
-    levers = activation_levers(model, plan, pb, layer_acts, final_norm, head_input) \
+    x = p * T * h  # one layer's input, what a checkpointed layer keeps (Chen et al. 2016)
+    # final norm: fp32 input and rsqrt; its normalized input too when the norm weight trains
+    final_norm = 4 * T * h + 4 * T + (normalized_bytes(model, plan) * T * h if full else 0)
+    head_input = x if full else 0
+    levers = activation_levers(model, plan, pb, lt, final_norm, head_input) \
         if plan.activation_offload or plan.checkpoint_layers is not None else None
     if levers is not None:
         acts, recomputed = levers["loss"], levers["recomputed"]
@@ -319,37 +506,44 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
     elif plan.gradient_checkpointing:
         # HF checkpointing keeps each layer's input; one layer is recomputed at a time in backward,
         # after the loss's backward (Chen et al. 2016; transformers GradientCheckpointingLayer)
-        acts = L * p * T * h + final_norm + head_input
+        # MatMul8bitLt keeps its input on ctx.tensors, not save_for_backward, so checkpointing cannot drop
+        # it: every layer keeps its linears' inputs (bitsandbytes/autograd/_functions.py MatMul8bitLt.forward)
+        acts = L * x + sum(lt.int8_held) + final_norm + head_input
         recomputed = layer_acts
-        if plan.quantization == "int8":
-            # MatMul8bitLt keeps its input on ctx.tensors, not save_for_backward, so checkpointing cannot drop
-            # it: every layer keeps its linears' inputs (bitsandbytes/autograd/_functions.py MatMul8bitLt.forward)
-            acts += L * int8_held_bytes(model, plan)
     else:
-        acts = L * layer_acts + final_norm + head_input
+        acts = sum(lt.saved) + final_norm + head_input
         recomputed = 0
     acts += _packing_dora_activation_bytes(model, plan, pb)
     logits_fwd, logits_bwd = logits_bytes(model, plan)
 
     # the largest dequantized weight of a 4/8-bit layer exists during its matmul (bitsandbytes dequantize_4bit)
-    dequant = max(i * o for i, o in model.linear_shapes().values()) * p if plan.quantized else 0
+    dequant = max((m.in_features * m.out_features for layer in model.description.layers for m in layer.linears
+                   if m.quantized_by_bnb), default=0) * p if plan.quantized else 0
     # autocast caches the low-precision copy of every trainable fp32 weight in the forward region
     # (torch/csrc/autograd/autocast_mode.cpp cached_cast); weights that do not train are cast each time
-    autocast_cache = pb.linear * p if plan.precision.startswith("mixed") and plan.method == "full" else 0
+    autocast_cache = pb.linear * p if plan.precision.startswith("mixed") and full else 0
     grads_held = grads if plan.grad_accum > 1 else 0
+    # a full fine-tune's gradients while the last layer's backward runs: the output head's (a tied head's is the
+    # embedding's), the final norm's and the last layer's own (traced); at the end of backward all but an untied
+    # embedding's, which comes after the first layer's backward (aten embedding_dense_backward)
+    d = model.description
+    first_pass = full and plan.grad_accum == 1 and plan.offload == "none"
+    last_grads = grads_held or (((d.lm_head_params or d.embedding_params) + d.final_norm_params
+                                 + d.layers[-1].params) * tb if first_pass else 0)
+    end_grads = grads - (model.embedding_params * tb if first_pass and d.lm_head_params else 0)
     opt_temp = optimizer_transient_bytes(model, plan, pb) if plan.offload == "none" else 0
-    # backward of one layer: gradients of its largest activations (MLP intermediate and its input)
-    layer_bwd_temp = 2 * p * T * model.intermediate_size + dequant
+    # backward of one layer: gradients of its largest activations, and a dequantized weight
+    layer_bwd_temp = lt.backward_temp + dequant
     # full fine-tuning: embedding_dense_backward makes a vocab x hidden gradient, added into the tied /
     # existing one at the end of backward (aten embedding_backward; traced)
     # (an untied embedding's first gradient is the .grad itself: no separate sum; traced on Qwen2.5-7B)
     emb_bwd_temp = model.embedding_params * DTYPE_BYTES[plan.param_dtype] \
-        if plan.method == "full" and (model.tie_word_embeddings or plan.grad_accum > 1) else 0
+        if full and (model.tie_word_embeddings or plan.grad_accum > 1) else 0
 
     phases = {
         "loss": dict(gradients=grads_held, activations=acts, transient=logits_fwd + autocast_cache),
         "backward": dict(gradients=grads_held, activations=acts, transient=logits_bwd + autocast_cache),
-        "backward-end": dict(gradients=grads, activations=(p * T * h + recomputed) if plan.gradient_checkpointing
+        "backward-end": dict(gradients=end_grads, activations=(x + recomputed) if plan.gradient_checkpointing
                              else layer_acts, transient=layer_bwd_temp + autocast_cache),
         # after the first layer's backward: the embedding's gradient, no activations left
         "backward-embedding": dict(gradients=grads, activations=0, transient=emb_bwd_temp + autocast_cache),
@@ -359,15 +553,15 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
         # the last layer is recomputed first, while every layer's input is still held and before most
         # gradients exist; each layer input is released after its backward (torch.utils.checkpoint)
         # every layer's input, and what LLM.int8 linears hold on their context inside the checkpointed layers
-        phases["backward-recompute"] = dict(gradients=grads_held,
-                                            activations=L * (p * T * h + int8_held_bytes(model, plan)) + recomputed,
+        phases["backward-recompute"] = dict(gradients=last_grads,
+                                            activations=L * x + sum(lt.int8_held) + recomputed,
                                             transient=layer_bwd_temp + autocast_cache)
     else:
         # the last layer's backward, every layer's activations still held (the logits are gone by then)
-        phases["backward-layers"] = dict(gradients=grads_held, activations=acts,
+        phases["backward-layers"] = dict(gradients=last_grads, activations=acts,
                                          transient=layer_bwd_temp + autocast_cache)
     if levers is not None:
-        apply_activation_levers(phases, levers, grads_held, layer_bwd_temp + autocast_cache)
+        apply_activation_levers(phases, levers, last_grads, layer_bwd_temp + autocast_cache)
     if plan.updates_in_backward:
         apply_update_in_backward(model, plan, pb, phases)
     _add_lever_phases(phases, model, plan, pb)
@@ -379,12 +573,25 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
     spilled: dict[str, int] = {}
     notes += paged_spill(device, spilled, plan, gpu)
     hm = host_memory(model, plan, activations_pinned=offloaded_activation_blocks(
-        model, plan, pb), spill_bytes=spilled.get("optimizer_states", 0))
+        model, plan, pb, lt), spill_bytes=spilled.get("optimizer_states", 0))
     host.update(hm.by_category())
     notes += hm.notes
     return _report(device, host, hm, notes, plan, gpu, peak_phase, max(logits_fwd, logits_bwd),
                    {"params_trainable": pb.trainable, "lora_modules": list(pb.lora_modules),
+                    "lora_experts": bool(plan.peft and plan.lora_experts),
                     "activations_per_layer_bytes": layer_acts, "saved_activations_bytes": int(acts)})
+
+
+def moe_notes(model: ModelSpec, plan: Plan) -> list[str]:
+    """What a mixture of experts' ledger says about its router, its adapters and gpt-oss's MXFP4 weights."""
+    if not model.is_moe:
+        return []
+    notes = [experts.router_note(model)]
+    if plan.peft:
+        from advisor.core.adapters import lora_targets
+
+        notes += lora_targets(model, plan)[1]
+    return notes + gpt_oss_weight_notes(model, plan)
 
 
 def _report(device: dict[str, int], host: dict[str, int], hm, notes: list[str], plan: Plan, gpu: GpuSpec | None,
@@ -402,110 +609,6 @@ def _report(device: dict[str, int], host: dict[str, int], hm, notes: list[str], 
         extra={**extra, "overhead_parts": over.parts, "overhead_source": over.source,
                "fragmentation_source": over.fragmentation_source, "loss_transient_bytes": int(loss_transient)},
     )
-
-
-MOE_OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit", "sgd")
-"""Optimizers whose states the mixture-of-experts closed form counts (the rest: the simulation answers)."""
-
-
-def moe_optimizer_state_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
-    """Optimizer states of a mixture of experts, tensor by tensor (experts.trainable_tensor_sizes)."""
-    tb = trainable_dtype_bytes(plan)
-    opt = plan.optimizer
-    if opt in ("adamw_torch", "adamw_torch_fused"):
-        # exp_avg and exp_avg_sq, zeros_like(param) (torch/optim/adamw.py _init_group); an fp32 router's in fp32
-        return 2 * pb.trainable * tb + (0 if plan.peft else 2 * experts.fp32_router_params(model) * (4 - tb))
-    if opt == "paged_adamw_32bit":
-        return 2 * pb.trainable * 4  # bitsandbytes 32-bit states are fp32 (Optimizer2State.init_state)
-    if opt in ("adamw_8bit", "paged_adamw_8bit"):
-        # 8-bit blockwise, 1 B per value + fp32 absmax per 256; tensors under min_8bit_size keep fp32 states
-        # (Dettmers et al. 2022); Trainer keeps nn.Embedding in 32-bit (GlobalOptimManager override)
-        sizes = experts.trainable_tensor_sizes(model, plan, list(pb.lora_modules))
-        small = sum(n for n in sizes if n < OPT8_MIN_SIZE) + (0 if plan.peft else model.embedding_params)
-        return int(2 * (pb.trainable - small) * (1 + 4 / OPT8_BLOCK) + 2 * small * 4)
-    return 0  # SGD without momentum keeps no state
-
-
-def estimate_moe_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) -> MemoryReport:
-    """The closed-form ledger of one step of a mixture of experts (advisor.memory.experts has the terms).
-
-    The same phases as a dense step (``estimate_training``): the loss (every layer's saved tensors and the logits),
-    backward, the last layer's backward (or, with checkpointing, its recomputation with every layer's input held),
-    the end of backward and the optimizer step. What advisor.memory.closed_form sends here is what these terms
-    cover: the families of ``experts.COVERED``, the optimizers of MOE_OPTIMIZERS, no offload, no int8."""
-    pb = param_breakdown(model, plan)
-    modules = list(pb.lora_modules)
-    weights, consts = weight_bytes(model, plan, pb)
-    tb = trainable_dtype_bytes(plan)
-    adapters = pb.adapter * 4 if plan.peft else 0
-    # an fp32 router's gradient stays fp32 in a full fine-tune (its parameter's dtype)
-    grads = pb.trainable * tb + (0 if plan.peft else experts.fp32_router_params(model) * (4 - tb))
-    states = moe_optimizer_state_bytes(model, plan, pb)
-    p = DTYPE_BYTES[plan.activation_dtype]
-    L = model.num_layers
-    T = plan.micro_batch * plan.seq_len
-    h = model.hidden_size
-    x = p * T * h
-    full = plan.method == "full"
-    notes = [experts.router_note(model)]
-    if plan.peft:
-        from advisor.core.adapters import lora_targets
-
-        notes += lora_targets(model, plan)[1]
-    notes += gpt_oss_weight_notes(model, plan)
-
-    all_layers, biggest, layer_bwd = experts.layers_saved(model, plan, modules)
-    # final norm: fp32 input and rsqrt; its normalized input too when the norm weight trains; the head's input
-    final_norm = 4 * T * h + 4 * T + (x if full else 0)
-    head_input = x if full else 0
-    if plan.gradient_checkpointing:
-        # each layer keeps its input (transformers GradientCheckpointingLayer); one layer is recomputed at a time
-        acts = L * x + final_norm + head_input
-    else:
-        acts = all_layers + final_norm + head_input
-    logits_fwd, logits_bwd = logits_bytes(model, plan)
-    dequant = 0
-    if plan.quantized:
-        # the largest dequantized linear of a 4-bit layer during its matmul (bitsandbytes dequantize_4bit)
-        dequant = max(m.in_features * m.out_features for layer in model.description.layers for m in layer.linears
-                      if m.quantized_by_bnb) * p
-    layer_temp = layer_bwd + dequant
-    grads_held = grads if plan.grad_accum > 1 else 0
-    # a full fine-tune's gradients while the last layer's backward runs: the output head's (untied) and final
-    # norm's, and the last layer's own (traced); at the end of backward all but the embedding's, which comes after
-    # the first layer's backward (aten embedding_dense_backward)
-    last_grads = grads_held or ((model.lm_head_params + model.description.final_norm_params
-                                 + model.description.layers[-1].params) * tb if full else 0)
-    end_grads = grads - (model.embedding_params * tb if full and plan.grad_accum == 1 else 0)
-    opt_temp = pb.trainable * tb if plan.optimizer == "adamw_torch" else 0  # foreach sqrt (torch adamw.py)
-    emb_bwd_temp = model.embedding_params * DTYPE_BYTES[plan.param_dtype] \
-        if full and (model.tie_word_embeddings or plan.grad_accum > 1) else 0
-    phases = {
-        "loss": dict(gradients=grads_held, activations=acts, transient=logits_fwd),
-        "backward": dict(gradients=grads_held, activations=acts, transient=logits_bwd),
-        "backward-end": dict(gradients=end_grads, activations=(x + biggest) if plan.gradient_checkpointing
-                             else biggest, transient=layer_temp),
-        "backward-embedding": dict(gradients=grads, activations=0, transient=emb_bwd_temp),
-        "optimizer": dict(gradients=grads, activations=0, transient=opt_temp),
-    }
-    if plan.gradient_checkpointing:
-        phases["backward-recompute"] = dict(gradients=last_grads, activations=L * x + biggest, transient=layer_temp)
-    else:
-        phases["backward-layers"] = dict(gradients=last_grads, activations=acts, transient=layer_temp)
-    peak_phase, at_peak = max(phases.items(), key=lambda kv: sum(kv[1].values()))
-    device = empty()
-    device.update(weights=weights, quant_constants=consts, adapter_weights=adapters, optimizer_states=states,
-                  master_weights=0, **at_peak)
-    spilled: dict[str, int] = {}
-    notes += paged_spill(device, spilled, plan, gpu)
-    hm = host_memory(model, plan, spill_bytes=spilled.get("optimizer_states", 0))
-    host = empty()
-    host.update(hm.by_category())
-    notes += hm.notes
-    return _report(device, host, hm, notes, plan, gpu, peak_phase, max(logits_fwd, logits_bwd),
-                   {"params_trainable": pb.trainable, "lora_modules": modules,
-                    "lora_experts": bool(plan.peft and plan.lora_experts), "activations_per_layer_bytes": biggest,
-                    "saved_activations_bytes": int(acts)})
 
 
 def gpt_oss_weight_notes(model: ModelSpec, plan: Plan) -> list[str]:
@@ -529,34 +632,19 @@ def _blocks(n: int) -> int:
 
 
 def trainable_tensors(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> list[tuple[int, ...]]:
-    """Shapes of the trainable tensors: (out, in) for matrices, (n,) for vectors (what per-tensor
-    optimizers allocate state for, tensor by tensor)."""
-    shapes = model.linear_shapes()
-    L = model.num_layers
-    if plan.peft:
-        # LoRA A is (r, in), B is (out, r) (peft/tuners/lora/layer.py update_layer)
-        return [t for m in pb.lora_modules for t in ((plan.lora_r, shapes[m][0]), (shapes[m][1], plan.lora_r))] * L
-    arch = model.arch or {}
-    norms = [(model.hidden_size,)] * arch.get("norms_per_layer", 2)
-    if arch.get("qk_norm"):
-        norms += [(model.head_dim,), (model.head_dim,)]
-    layer = [(o, i) for i, o in shapes.values()] + [(n,) for n in model.layer_bias_params().values()] + norms
-    out = layer * L + [(model.vocab_size, model.hidden_size), (model.hidden_size,)]
-    if not model.tie_word_embeddings:
-        out.append((model.vocab_size, model.hidden_size))
-    return out
+    """Shapes of the trainable tensors: (out, in) for matrices, (n,) for vectors, expert stacks as stored (what
+    per-tensor optimizers allocate state for, tensor by tensor: advisor.memory.tensors)."""
+    return tensors.trainable_shapes(model, plan, pb.lora_modules)
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+_numel = tensors.numel
 
 
 def low_rank_targets(model: ModelSpec, plan: Plan) -> list[tuple[int, int]]:
-    """(out, in) of every weight GaLore / APOLLO project: the decoder-layer linears (advisor.build.GALORE_TARGETS)."""
-    return [(o, i) for i, o in model.linear_shapes().values()] * model.num_layers
+    """(out, in) of every weight GaLore / APOLLO project: the nn.Linears of the decoder layers
+    (advisor.runtime.build.GALORE_TARGETS; transformers' Trainer skips a matching module that is not an nn.Linear,
+    so stacked experts and routers get plain Adam states)."""
+    return [(m.out_features, m.in_features) for layer in model.description.layers for m in layer.linears]
 
 
 def projected_shape(out: int, inp: int, plan: Plan) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -639,24 +727,6 @@ def adalomo_state_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int
     return sum(_blocks(4 * s[0]) + (_blocks(4 * s[1]) if len(s) == 2 else 0) for s in tensors)
 
 
-def implementation_state_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int | None:
-    """States of fused AdamW, torchao low-bit AdamW, GaLore/APOLLO and LOMO/AdaLomo (None: an optimizer
-    optimizer_state_bytes already knows)."""
-    opt = plan.optimizer
-    tb = trainable_dtype_bytes(plan)
-    if opt == "adamw_torch_fused":
-        return 2 * pb.trainable * tb  # the same two moments as foreach AdamW (torch/optim/adamw.py)
-    if opt in ("adamw_torch_8bit", "adamw_torch_4bit"):
-        return torchao_state_bytes(model, plan, pb, 8 if opt.endswith("8bit") else 4)
-    if opt.startswith(("galore", "apollo")):
-        return low_rank_state_bytes(model, plan, pb)
-    if opt == "lomo":
-        return 0  # plain SGD update inside backward: no state (Lv et al. 2023, LOMO)
-    if opt == "adalomo":
-        return adalomo_state_bytes(model, plan, pb)
-    return None
-
-
 def implementation_transient_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int | None:
     """The optimizer step's temporaries for fused AdamW, torchao low-bit AdamW, GaLore/APOLLO and LOMO/AdaLomo
     (None: not one of them)."""
@@ -669,10 +739,11 @@ def implementation_transient_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakd
         return 0
     if opt.startswith(("galore", "apollo")):
         # the projection update of the largest target, or the plain Adam step of the largest other tensor
-        # (embedding / head): exp_avg_sq.sqrt() and exp_avg / denom, full size (galore_torch/adamw.py)
+        # (embedding / head, an expert stack): exp_avg_sq.sqrt() and exp_avg / denom, full size (galore_torch/adamw.py)
         if opt == "galore_adamw_8bit":
             return low_rank_spike_bytes(model, plan, tb)  # bitsandbytes updates the other tensors in place
-        rest = max(_numel(s) for s in trainable_tensors(model, plan, pb) if len(s) == 1 or s[0] == model.vocab_size)
+        rest = max(_without([_numel(s) for s in trainable_tensors(model, plan, pb)],
+                            [o * i for o, i in low_rank_targets(model, plan)]))
         return max(low_rank_spike_bytes(model, plan, tb), 2 * _blocks(rest * tb))
     return None
 
@@ -728,9 +799,9 @@ def apply_update_in_backward(model: ModelSpec, plan: Plan, pb: ParamBreakdown, p
                                      transient=temp)
 
 
-def activation_levers(model: ModelSpec, plan: Plan, pb: ParamBreakdown, layer_acts: int, final_norm: int,
+def activation_levers(model: ModelSpec, plan: Plan, pb: ParamBreakdown, lt: LayerTerms, final_norm: int,
                       head_input: int) -> dict:
-    """Saved activations with k of L layers checkpointed and / or activation offload.
+    """Saved activations with k of L layers checkpointed and / or activation offload, layer by layer.
 
     Checkpointed layers keep only their input (Chen et al. 2016), the others every activation; the layers are
     advisor.plan.checkpointed_layers. With offload and checkpointing, the inputs go to pinned host memory
@@ -742,72 +813,59 @@ def activation_levers(model: ModelSpec, plan: Plan, pb: ParamBreakdown, layer_ac
     p = DTYPE_BYTES[plan.activation_dtype]
     T = plan.micro_batch * plan.seq_len
     x = p * T * model.hidden_size
-    chosen = checkpointed_layers(plan, L)
+    chosen = set(checkpointed_layers(plan, L))
     k = len(chosen)
-    int8 = int8_held_bytes(model, plan)
     top = max(chosen) if chosen else -1
-    below_top = top + 1 - k if chosen else 0          # non-checkpointed layers under the top checkpointed one
+    plain = [i for i in range(L) if i not in chosen]
+    # non-checkpointed layers under the top checkpointed one (the first recomputed): still held when it is
+    below_top = sum(lt.saved[i] for i in plain if i < top)
     last_checkpointed = (L - 1) in chosen
+    held8 = sum(lt.int8_held[i] for i in chosen)
     host = 0
     if plan.activation_offload and plan.gradient_checkpointing:
         # each checkpointed layer's input on the host (the rotary tables are keyword arguments bound into the
         # recomputed function, not saved: modeling_layers.GradientCheckpointingLayer); one comes back at a time
         host = k * x
         # LLM.int8 linears keep their inputs on ctx inside the checkpointed layers too (int8_held_inputs)
-        held_inputs, back = k * int8, x
-        rest = (L - k) * layer_acts
+        held_inputs, back = held8, x
+        rest = sum(lt.saved[i] for i in plain)
         stash = 0
     elif plan.activation_offload:
         # every saved tensor of >= 1 KiB in the decoder that is not a Parameter: the activations, and the
         # transposed views of the linear weights that matmul saves for the input gradient (views are not
         # Parameters); the head and the loss keep theirs on the device (advisor.runtime.build)
-        weight_views = pb.linear * p if not plan.quantized else 0
+        weight_views = offloaded_weight_views(model, plan)
         # LLM.int8 linears keep their inputs on ctx, which the hooks never see: they stay on the device (and
         # o_proj's, the attention output, also goes to the host as the attention saves it)
-        host = L * (layer_acts - sum(int8_held_inputs(model, plan))) + weight_views
-        held_inputs, back, rest = 0, 0, L * int8
-        # TRL's forward stash, the last FWD_STASH (5) tensors the last layer saved, still on the device until
-        # backward begins: the MLP's gate, activation and up outputs (p*T*i each) and the second norm's fp32
-        # input and rsqrt (transformers Qwen2MLP / RMSNorm; traced)
-        stash = 3 * p * T * model.intermediate_size + 4 * T * model.hidden_size + 4 * T
+        host = sum(lt.saved[i] - sum(lt.int8_inputs[i]) for i in range(L)) + weight_views
+        held_inputs, back, rest = 0, 0, sum(lt.int8_held)
+        stash = lt.stash
     else:
-        held_inputs, back, rest, stash = k * (x + int8), 0, (L - k) * layer_acts, 0
+        held_inputs, back, rest, stash = k * x + held8, 0, sum(lt.saved[i] for i in plain), 0
     loss = held_inputs + rest + final_norm + head_input + stash
+    recomputed = lt.saved[top] if chosen else 0
     if plan.activation_offload and not plan.gradient_checkpointing:
-        recompute_held, layers_held = None, layer_acts + final_norm + head_input
+        recompute_held, layers_held = None, lt.saved[-1] + final_norm + head_input
     else:
-        recompute_held = (held_inputs if not plan.activation_offload else back + k * int8) + below_top * layer_acts \
-            + layer_acts
+        recompute_held = (held_inputs if not plan.activation_offload else back + held8) + below_top + recomputed
         layers_held = None if last_checkpointed else loss - stash
     what = (f"checkpointing {k} of {L} layers" if plan.gradient_checkpointing else "no checkpointing") + \
         (", activations offloaded to pinned host memory" if plan.activation_offload else "")
-    return {"loss": loss, "recomputed": layer_acts if chosen else 0, "host": int(host), "recompute": recompute_held,
-            "layers": layers_held, "end": (x if chosen else 0) + (layer_acts if chosen else layer_acts),
-            "stash": stash, "note": what}
+    return {"loss": loss, "recomputed": recomputed, "host": int(host), "recompute": recompute_held,
+            "layers": layers_held, "end": (x if chosen else 0) + lt.biggest, "stash": stash, "note": what}
 
 
-def int8_held_inputs(model: ModelSpec, plan: Plan) -> list[int]:
-    """The inputs LLM.int8 linears hold as plain attributes of their autograd context (bitsandbytes
-    MatMul8bitLt.forward: ``ctx.tensors = (CAt, subA, A)``), not through save_for_backward, so that saved-tensor
-    hooks (activation offload, checkpointing) never see them: q/k/v's and gate/up's shared inputs (the norms'
-    outputs) and down_proj's. (o_proj's is the attention output, which the attention saves as well.)"""
-    if plan.quantization != "int8":
-        return []
-    p = DTYPE_BYTES[plan.activation_dtype]
-    T = plan.micro_batch * plan.seq_len
-    return [p * T * model.hidden_size, p * T * model.hidden_size, p * T * model.intermediate_size]
-
-
-def int8_held_bytes(model: ModelSpec, plan: Plan) -> int:
-    """What one layer's LLM.int8 linears hold on their autograd context whatever hooks or checkpointing do:
-    int8_held_inputs, and o_proj's input (the attention output)."""
-    if plan.quantization != "int8":
+def offloaded_weight_views(model: ModelSpec, plan: Plan) -> int:
+    """The transposed views of frozen 16-bit nn.Linear weights that matmul saves for the input's gradient: not
+    Parameters, so TRL's OffloadActivations copies them to the host (a 4/8-bit linear saves its packed weight,
+    a Parameter, instead: bitsandbytes MatMul4Bit)."""
+    if plan.quantized:
         return 0
-    return sum(int8_held_inputs(model, plan)) + DTYPE_BYTES[plan.activation_dtype] * plan.micro_batch * \
-        plan.seq_len * model.q_dim
+    return DTYPE_BYTES[plan.activation_dtype] * sum(m.in_features * m.out_features
+                                                    for layer in model.description.layers for m in layer.linears)
 
 
-def offloaded_activation_blocks(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
+def offloaded_activation_blocks(model: ModelSpec, plan: Plan, pb: ParamBreakdown, lt: LayerTerms | None = None) -> int:
     """Pinned host bytes of an activation offload, one power-of-two block per tensor (advisor.memory.host):
     with checkpointing, each checkpointed layer's input (save_on_cpu around checkpoint); without, every saved
     tensor of the decoder of at least 1 KiB and the transposed weight views (TRL's rule, as
@@ -819,12 +877,18 @@ def offloaded_activation_blocks(model: ModelSpec, plan: Plan, pb: ParamBreakdown
     T = plan.micro_batch * plan.seq_len
     if plan.gradient_checkpointing:
         return len(checkpointed_layers(plan, L)) * pinned_block_bytes(p * T * model.hidden_size)
-    per_layer = [int(x) for x in layer_saved_tensors(model, plan, pb) if x >= OFFLOAD_MIN_BYTES]
-    for held in int8_held_inputs(model, plan):  # never offloaded: held on the int8 linears' ctx
-        per_layer.remove(held)
-    if not plan.quantized:
-        per_layer += [i * o * p for i, o in model.linear_shapes().values()]
-    return L * pinned_bytes_of(per_layer)
+    lt = lt or layer_terms(model, plan, pb)
+    total = 0
+    for layer, indices in model.description.layer_kinds():
+        ix = indices[0]
+        per_layer = [int(t) for t in lt.tensors[ix] if t >= OFFLOAD_MIN_BYTES]
+        for held in lt.int8_inputs[ix]:  # never offloaded: held on the int8 linears' ctx
+            if held in per_layer:
+                per_layer.remove(held)
+        if not plan.quantized:
+            per_layer += [m.in_features * m.out_features * p for m in layer.linears]
+        total += len(indices) * pinned_bytes_of(per_layer)
+    return total
 
 
 def apply_activation_levers(phases: dict, lv: dict, grads_held: int, temp: int) -> None:

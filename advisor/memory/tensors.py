@@ -1,0 +1,75 @@
+"""The model's parameter tensors and the trainable ones, shape by shape, read from its description.
+
+What per-tensor memory is allocated for: optimizer states (each optimizer keeps its state per parameter tensor,
+torch/optim/optimizer.py ``state[p]``), DeepSpeed's host buffers, the step inside backward. One list for dense
+layers and mixtures of experts alike: every decoder layer's linears, biases, stacked experts, router, norms and
+other parameters (advisor.core.architecture.LayerDescription), then the embedding, the final norm and an untied
+output head.
+"""
+
+from __future__ import annotations
+
+from advisor.core.catalog import ModelSpec
+from advisor.core.plan import Plan
+
+Shape = tuple[int, ...]
+
+
+def numel(shape: Shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def param_shapes(model: ModelSpec) -> list[Shape]:
+    """Every parameter tensor of the model: (out, in) per linear (nn.Linear.weight), (out,) per bias, each expert
+    stack as stored, the router (experts x hidden), every norm's weight, the rest (sinks, convolutions) as
+    stored; the embedding (vocab x hidden), the final norm, an untied head."""
+    d = model.description
+    out: list[Shape] = []
+    for layer in d.layers:
+        for m in layer.linears:
+            out.append((m.out_features, m.in_features))
+            if m.bias:
+                out.append((m.out_features,))
+        out += [e.shape for e in layer.experts]
+        if layer.router_params:
+            out.append((layer.num_experts, layer.router_params // max(layer.num_experts, 1)))
+        out += [(n.params,) for n in layer.norms]
+        out += [tuple(s) for _, s in layer.other_params]
+    out.append((model.vocab_size, d.embedding_params // max(model.vocab_size, 1)))
+    if d.final_norm_params:
+        out.append((d.final_norm_params,))
+    if d.lm_head_params:
+        out.append((model.vocab_size, d.lm_head_params // max(model.vocab_size, 1)))
+    return out
+
+
+def adapter_shapes(model: ModelSpec, plan: Plan, modules: list[str] | tuple[str, ...]) -> list[Shape]:
+    """The LoRA tensors: A (r x in) and B (out x r) per adapted linear and layer (peft/tuners/lora/layer.py
+    update_layer), DoRA's magnitude (out,) per adapted linear (peft DoraLinearLayer), and with ``lora_experts`` a
+    ParamWrapper's A (r*E x in) and B (out x r*E) per expert stack (peft/tuners/lora/layer.py:2455-2456)."""
+    if not plan.peft:
+        return []
+    r = plan.lora_r
+    out: list[Shape] = []
+    for layer in model.description.layers:
+        for m in layer.linears:
+            if m.short in modules:
+                out += [(r, m.in_features), (m.out_features, r)] + ([(m.out_features,)] if plan.dora else [])
+        if plan.lora_experts:
+            for e in layer.experts:
+                if e.in_features:
+                    out += [(r * layer.num_experts, e.in_features), (e.out_features, r * layer.num_experts)]
+    return out
+
+
+def trainable_shapes(model: ModelSpec, plan: Plan, modules: list[str] | tuple[str, ...]) -> list[Shape]:
+    """The tensors the optimizer steps: the adapters under PEFT, every parameter in a full fine-tune."""
+    return adapter_shapes(model, plan, modules) if plan.peft else param_shapes(model)
+
+
+def trainable_sizes(model: ModelSpec, plan: Plan, modules: list[str] | tuple[str, ...]) -> list[int]:
+    """Elements of each trainable tensor."""
+    return [numel(s) for s in trainable_shapes(model, plan, modules)]
