@@ -185,14 +185,26 @@ def test_paged_spill_is_pageable_host_memory():
 
 
 def test_loading_is_a_host_phase():
-    """Without a device_map (a 16-bit model) the whole model is on the host before the Trainer moves it; a
-    quantized model is staged one tensor at a time."""
+    """train.py loads onto its process's GPU with a device_map (one tensor staged at a time), quantized or not;
+    under DeepSpeed ZeRO-2 or FSDP over several GPUs every process takes the whole model from the CPU, under
+    ZeRO-3 zero.Init partitions it as it is made; ZeRO-Offload takes it whole."""
+    from advisor.memory.sharding import shard_report
+
     spec = resolve_model("qwen7b")
-    lora = get_backend("estimate").measure(spec, Plan(method="lora"), None).host_memory
-    assert lora.load_bytes == spec.params_total * 2 and lora.peak_phase == "load"
+    tensor = max(param_tensors(spec)) * 2
+    assert tensor == spec.embedding_params * 2
+    lora_rep = get_backend("estimate").measure(spec, Plan(method="lora"), None)
+    lora = lora_rep.host_memory
+    assert lora.load_bytes == tensor and "device_map" in lora.load_what and lora.peak_phase == "load"
     assert lora.peak_bytes == lora.load_bytes + process_baseline_bytes()
     qlora = get_backend("estimate").measure(spec, Plan(method="qlora", quantization="nf4"), None).host_memory
-    assert qlora.load_bytes == max(param_tensors(spec)) * 2 == spec.embedding_params * 2
+    assert qlora.load_bytes == tensor
+    for strategy, load in (("ddp", tensor), ("zero3", tensor), ("zero2", spec.params_total * 2),
+                           ("fsdp", spec.params_total * 2)):
+        sharded = shard_report(lora_rep, spec, Plan(method="lora"), 8, strategy).host_memory
+        assert sharded.load_bytes == load, strategy
+    offload = get_backend("estimate").measure(spec, Plan(method="full", offload="zero2_cpu"), None).host_memory
+    assert offload.load_bytes == spec.params_total * 2
 
 
 # ----------------------------------------------------------------------------- the budget

@@ -13,11 +13,12 @@
   (stage3.py:1158-1160, a ``clone`` of a CPU tensor), and a paged optimizer's states evicted to the host:
   bitsandbytes allocates them with cudaMallocManaged (``get_paged``, bitsandbytes/functional.py); they live on
   the host only while the driver keeps them evicted (advisor.memory.training.paged_spill models how much).
-- **Loading**: the exported train.py loads a 4/8-bit model with a ``device_map`` (one tensor staged on the host
-  at a time: transformers core_model_loading.py:1461-1466 ``_materialize_copy``, loaded synchronously when
-  quantizing on the fly, :1862-1871), and any other model onto the CPU whole before the Trainer moves it to the
-  GPU (no ``device_map``: every parameter materialized on the host). The safetensors file itself is mapped
-  (page cache, which the kernel reclaims) and is not counted.
+- **Loading**: the exported train.py loads the model with a ``device_map`` onto its process's GPU (one tensor staged
+  on the host at a time: transformers core_model_loading.py:1461-1466 ``_materialize_copy``, loaded synchronously
+  when quantizing on the fly, :1862-1871), except under DeepSpeed ZeRO-2 or FSDP, which take the model from the
+  CPU whole (every parameter materialized on the host, in every process), and ZeRO-3, whose ``zero.Init`` makes
+  each parameter partitioned. The safetensors file itself is mapped (page cache, which the kernel reclaims) and
+  is not counted.
 - **The process**: Python and the training libraries (advisor/data/host_memory.yaml ``process_baseline``).
 """
 
@@ -191,9 +192,19 @@ def load_host_bytes(model: ModelSpec, plan: Plan) -> tuple[int, str]:
         # zero.Init partitions each parameter as it is made; loading gathers one module at a time
         # (transformers integrations/deepspeed.py _load_state_dict_into_zero3_model)
         return int(largest), "one tensor staged at a time (zero.Init)"
-    if plan.quantized and plan.offload == "none":
-        return int(largest), "one tensor staged at a time (device_map, quantized as it loads)"
-    return int(model.params_total * p), "the whole model on the CPU before the Trainer moves it to the GPU"
+    if plan.offload == "none":
+        # train.py loads onto the process's own GPU (device_map={"": local rank}) unless DeepSpeed or FSDP
+        # shards the run (advisor.memory.sharding.shard_report counts that load)
+        return int(largest), ("one tensor staged at a time (device_map, quantized as it loads)" if plan.quantized
+                              else "one tensor staged at a time (device_map onto this process's GPU)")
+    return whole_model_load(model, plan)
+
+
+def whole_model_load(model: ModelSpec, plan: Plan) -> tuple[int, str]:
+    """Loading without a device_map (DeepSpeed ZeRO-2 / ZeRO-Offload, FSDP): every parameter materialized on the
+    host in each process before the engine moves or shards it."""
+    return int(model.params_total * DTYPE_BYTES[plan.param_dtype]), \
+        "the whole model on the CPU (no device_map under DeepSpeed or FSDP) before it moves to the GPU"
 
 
 # ----------------------------------------------------------------------------- the ledger
@@ -220,6 +231,6 @@ def host_memory(model: ModelSpec, plan: Plan, *, activations_pinned: int = 0,
                       baseline_bytes=process_baseline_bytes(), notes=tuple(out))
 
 
-__all__ = ["DEEPSPEED_PIN_MEMORY", "HostBuffer", "deepspeed_buffers", "OFFLOAD_MIN_BYTES", "SHARDED", "ZERO3_PERSISTENCE", "ZERO3_SUB_GROUP", "deepspeed_host",
+__all__ = ["whole_model_load", "DEEPSPEED_PIN_MEMORY", "HostBuffer", "deepspeed_buffers", "OFFLOAD_MIN_BYTES", "SHARDED", "ZERO3_PERSISTENCE", "ZERO3_SUB_GROUP", "deepspeed_host",
            "host_memory", "load_host_bytes", "param_tensors", "pinned_block_bytes", "pinned_bytes_of",
            "process_baseline_bytes", "trainable_tensors"]

@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.errors import AdvisorInputError
-from advisor.memory.host import SHARDED
+from advisor.memory.host import SHARDED, whole_model_load
 from advisor.memory.ledger import MemoryReport
 from advisor.memory.overhead import framework_overhead
 from advisor.memory.training import logits_bytes
@@ -78,6 +78,10 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
     d["overhead"] = overhead
     # ZeRO partitions the offloaded state across ranks; each rank's offloaded activations stay its own
     hm = report.host_memory.scaled(gpus, SHARDED) if report.host_memory is not None else None
+    if hm is not None and plan.offload == "none" and strategy in ("zero2", "fsdp"):
+        # the engine takes the model from the CPU (no device_map), in every process (advisor.memory.host)
+        load, what = whole_model_load(model, plan)
+        hm = replace(hm, load_bytes=load, load_what=what)
     host = {**report.host, **hm.by_category()} if hm is not None else {k: v // gpus for k, v in report.host.items()}
     notes = (*report.notes, f"{strategy} over {gpus} GPUs: per-GPU ledger; collectives are modelled, not traced",
              *moe_note)
