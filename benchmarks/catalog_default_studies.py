@@ -16,7 +16,7 @@ the answer is the same plan. The goal: 60 s or less per model on an idle 2-core 
 
 Run: python benchmarks/catalog_default_studies.py [--models gemma-3-1b,qwen2.5-7b-instruct] [--budget 24GB]
      [--out reports/catalog_default_studies.md] [--json-out FILE] [--compare FILE] [--root CHECKOUT]
-     [--timeout 3600]
+     [--timeout 3600] [--render ROWS.json]
 """
 
 from __future__ import annotations
@@ -89,13 +89,31 @@ def run_model(key: str, budget: str, root: Path, timeout: float) -> dict[str, An
         return {**row, "status": f"exit {done.returncode}: {tail[:160]}"}
     trials = [t for t in result.get("trials", []) if not t.get("duplicate_of")]
     best = result.get("best") or {}
+    described, why = _described(key, [t["plan"] for t in trials if t.get("plan")])
     row.update(status="ok" if best else "no plan fits", backend=result.get("backend"),
-               estimate_by=result.get("answered_by"), estimate_why=result.get("answered_by_reason"),
+               estimate_by=f"closed form {described} of {len(trials)}" if described < len(trials) else "closed form",
+               estimate_why=why,
                trials=len(trials), simulated=sum(1 for t in trials if t.get("source") == "simulated"),
                answer=best.get("plan_short"), answer_plan=best.get("plan"), answer_source=best.get("source"),
                run_peak_gib=round((best.get("run_peak_bytes") or best.get("peak_bytes") or 0) / 2**30, 2) or None,
                tokens_per_s=round(best["tokens_per_s"]) if best.get("tokens_per_s") else None)
     return row
+
+
+def _described(key: str, plans: list[dict[str, Any]]) -> tuple[int, str]:
+    """How many of the trials' plans the closed form describes (advisor.memory.closed_form: the others the estimate
+    stage cannot answer exactly), and why not for the first it does not."""
+    from advisor.core.catalog import resolve_model
+    from advisor.core.plan import Plan
+    from advisor.memory.closed_form import closed_form_describes
+
+    model = resolve_model(key)
+    n, why = 0, ""
+    for plan in plans:
+        ok, reason = closed_form_describes(model, Plan.from_dict(plan))
+        n += ok
+        why = why or ("" if ok else reason)
+    return n, why
 
 
 def markdown(rows: list[dict[str, Any]], budget: str, compare: dict[str, dict[str, Any]], note: str) -> str:
@@ -110,8 +128,8 @@ def markdown(rows: list[dict[str, Any]], budget: str, compare: dict[str, dict[st
         f"Run {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on {platform.node() or 'this machine'}: "
         f"{os.cpu_count()} CPUs, load average {load:.2f} at the end. {note}".rstrip(),
         "",
-        "- *estimate by*: who answered the estimate stage (the closed form, or the simulation for a model the closed "
-        "form cannot describe);",
+        "- *estimate by*: the trials' plans the closed form describes (the others: answered by the simulation "
+        "before, approximated by the closed form with the finalists simulated now);",
         "- *simulated*: trials the simulate stage measured, of the trials run (repeats left out);",
         "- *simulations / traces*: whole-step simulations run, and the traces they ran (a trace reused from the "
         "cache is not counted again).",
@@ -159,13 +177,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--root", default=str(ROOT), help="the checkout whose advisor runs (default: this one)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds before a study is stopped")
     p.add_argument("--note", default="", help="a sentence added under the title (the machine, what ran beside it)")
+    p.add_argument("--render", metavar="FILE", help="write the table from the rows of an earlier --json-out; run nothing")
     args = p.parse_args(argv)
+    compare = {r["model"]: r for r in json.loads(Path(args.compare).read_text())} if args.compare else {}
+    if args.render:
+        Path(args.out).write_text(markdown(json.loads(Path(args.render).read_text()), args.budget, compare, args.note))
+        print(f"wrote {args.out}", file=sys.stderr)
+        return 0
     catalog = list(model_catalog())
     keys = [k.strip() for k in args.models.split(",") if k.strip()] if args.models else catalog
     unknown = [k for k in keys if k not in catalog]
     if unknown:
         p.error(f"--models: {unknown[0]!r} is not a catalog key (keys: {', '.join(catalog)})")
-    compare = {r["model"]: r for r in json.loads(Path(args.compare).read_text())} if args.compare else {}
     rows = []
     for key in keys:
         print(f"{key}: running `tune --gpu-budget {args.budget}` ...", file=sys.stderr, flush=True)

@@ -16,13 +16,17 @@ class StatusLine:
     """A progress listener that shows the open steps on stderr."""
 
     def __init__(self, stream=None):
-        self.stream = stream or sys.stderr
-        self.terminal = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._stream = stream
         self._status = None
         self._shown: tuple[str, ...] = ()
 
+    @property
+    def stream(self):
+        """The stream given, else stderr as it is now (an app that captures stderr while it runs gets the lines)."""
+        return self._stream or sys.stderr
+
     def __call__(self, steps: tuple[str, ...]) -> None:
-        if not self.terminal:
+        if self._status is None and not bool(getattr(self.stream, "isatty", lambda: False)()):
             if len(steps) > len(self._shown):
                 print(" · ".join(steps), file=self.stream, flush=True)
             self._shown = steps
