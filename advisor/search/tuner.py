@@ -743,13 +743,13 @@ class Tuner:
         out.memory = _memory_fields(report, s.gpus)
         deferred = not describes and all(st.finalists_only for st in later)
         if deferred:
-            out.approximate = True
-            out.memory["approximate"] = True
             out.reason = self._over(report, "estimated", margin=APPROX_MARGIN, of_limit=True)
-            if not out.reason:
-                out.note = (f"memory approximated by the closed form ({closed_form_describes(s.model, plan)[1]}): "
-                            f"a finalist is simulated")
-            return None if out.reason else report
+            if out.reason:
+                return None
+            out.approximate = out.memory["approximate"] = True
+            out.note = (f"memory approximated by the closed form ({closed_form_describes(s.model, plan)[1]}): "
+                        f"a finalist is simulated")
+            return report
         if stage.decides and not later:
             out.reason = self._over(report, "estimated", margin=0.0)
             return None if out.reason else report
