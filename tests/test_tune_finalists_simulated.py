@@ -60,11 +60,11 @@ def _counting(monkeypatch) -> dict[str, int]:
 @pytest.mark.timeout(900)  # two studies, the second simulating each of its six plans: 4 min on 2 busy cores
 def test_the_answer_is_the_one_simulating_every_trial_gives(tmp_path, capsys, monkeypatch, tiny_gemma3):
     pytest.importorskip("torch")
+    from advisor.core.catalog import resolve_model
     from advisor.memory.closed_form import closed_form_describes
     from advisor.runtime.backends._simulate import _simulation
 
-    assert not closed_form_describes(__import__("advisor.core.catalog", fromlist=["x"]).resolve_model(tiny_gemma3),
-                                     Plan(method="lora", seq_len=1024))[0]
+    assert not closed_form_describes(resolve_model(tiny_gemma3), Plan(method="lora", seq_len=1024))[0]
     counts = _counting(monkeypatch)
     _simulation.cache_clear()
     finalists = _tune(tmp_path, capsys, tiny_gemma3, "finalists")
