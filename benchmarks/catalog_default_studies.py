@@ -116,6 +116,12 @@ def _described(key: str, plans: list[dict[str, Any]]) -> tuple[int, str]:
     return n, why
 
 
+def _short(status: str) -> str:
+    """A refusal or failure in a few words (the command's one-line error, its flag and reason)."""
+    text = status.split("advisor tune: error: ", 1)[-1]
+    return text if len(text) <= 90 else text[:87] + "..."
+
+
 def markdown(rows: list[dict[str, Any]], budget: str, compare: dict[str, dict[str, Any]], note: str) -> str:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     lines = [
@@ -138,13 +144,13 @@ def markdown(rows: list[dict[str, Any]], budget: str, compare: dict[str, dict[st
     head = "| model | wall s | CPU s | estimate by | simulated | simulations / traces | answer | run peak GiB | tokens/s |"
     rule = "|---|---:|---:|---|---:|---:|---|---:|---:|"
     if compare:
-        head += " before s | same answer |"
-        rule += "---:|---|"
+        head += " before s | before CPU s | same answer |"
+        rule += "---:|---:|---|"
     lines += [head, rule]
     for r in rows:
-        if r.get("status") not in ("ok", "no plan fits"):
-            cells = [r["model"], f"{r.get('wall_s', '')}", f"{r.get('cpu_s', '')}", r.get("status", ""), "", "", "",
-                     "", ""]
+        if r.get("status") not in ("ok", "no plan fits"):  # refused (a budget below every plan), failed, timed out
+            cells = [r["model"], f"{r.get('wall_s', '')}", f"{r.get('cpu_s', '')}", "", "",
+                     f"{r.get('simulations', '?')} / {r.get('traces', '?')}", _short(r.get("status", "")), "", ""]
         else:
             cells = [r["model"], f"{r['wall_s']:.1f}", f"{r['cpu_s']:.1f}", r.get("estimate_by") or "",
                      f"{r.get('simulated', 0)} of {r.get('trials', 0)}",
@@ -154,11 +160,13 @@ def markdown(rows: list[dict[str, Any]], budget: str, compare: dict[str, dict[st
         if compare:
             old = compare.get(r["model"])
             if old is None:
-                cells += ["", ""]
+                cells += ["", "", ""]
+            elif str(old.get("status", "")).startswith("timed out"):
+                cells += [f"> {old['wall_s']:.0f}", "", "not known (timed out)"]
             else:
-                same = ("yes" if old.get("answer_plan") == r.get("answer_plan") else
-                        f"no (was `{old.get('answer')}`)")
-                cells += [f"{old.get('wall_s', '')}", same]
+                same = ("yes" if old.get("answer_plan") == r.get("answer_plan") and _short(old.get("status", ""))
+                        == _short(r.get("status", "")) else f"no (was {old.get('answer') or _short(old['status'])})")
+                cells += [f"{old.get('wall_s', '')}", f"{old.get('cpu_s', '')}", same]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     slow = [r["model"] for r in rows if (r.get("wall_s") or 0) > GOAL_S]
     lines += ["", f"Over {GOAL_S:.0f} s: {', '.join(slow) if slow else 'none'} (on this machine, at this load)."]
