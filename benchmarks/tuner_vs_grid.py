@@ -65,10 +65,9 @@ def grid_best(settings: TuneSettings):
         if plan.problems() or plan.short() in seen:
             continue
         seen.add(plan.short())
-        rec = tuner._evaluate(plan, "")
-        rec.pop("invalid", None)
-        state = "pruned" if rec.get("reason") else "complete"
-        records.append(TrialRecord(number=len(records), state=state, **rec))
+        outcome = tuner._evaluate(plan, "")
+        state = "pruned" if outcome.pruned else "complete"
+        records.append(TrialRecord(number=len(records), state=state, **outcome.record()))
     sel = select(records, settings.budget.bytes, settings.headroom, settings.tolerance, settings.budget.unit)
     return sel.best, len(records)
 

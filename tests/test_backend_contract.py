@@ -10,8 +10,8 @@ import pytest
 from advisor.core.errors import AdvisorInputError
 from advisor.core.plan import Plan
 from advisor.memory.ledger import CATEGORIES, MemoryReport
-from advisor.runtime.backends import (BACKENDS, FAILURE_STATUSES, Backend, BackendFailed, BackendOptions,
-                                      get_backend)
+from advisor.runtime.backends import (BACKENDS, FAILURE_STATUSES, STAGES, Backend, BackendFailed, BackendOptions,
+                                      Stage, get_backend, stages_of)
 
 SEQ = 32
 PLAN = Plan(method="lora", seq_len=SEQ, lora_dropout=0.0)
@@ -100,3 +100,34 @@ def test_a_run_over_its_budget_fails_with_its_status(backend, spec):
 def test_failure_type_rejects_an_unknown_status():
     with pytest.raises(ValueError):
         BackendFailed("cpu", "ok", "")
+
+
+def test_each_backend_declares_its_stages(backend):
+    """The tuner runs what the backend declares: the closed form first, cheapest to dearest, the backend's own
+    measurement last, and a stage that decides feasibility."""
+    stages = backend.stages
+    assert stages and all(isinstance(st, Stage) for st in stages) and stages_of(backend.name) == stages
+    assert stages[0].name == "estimate" and stages[0].backend == "estimate"
+    assert stages[-1].backend == backend.name
+    assert [STAGES.index(st.name) for st in stages] == sorted({STAGES.index(st.name) for st in stages})
+    assert all(st.backend in BACKENDS for st in stages)
+    assert any(st.decides for st in stages)
+    assert not stages[0].finalists_only  # every plan is estimated
+    assert all(st.name == "probe" for st in stages if st.on_target_gpu)
+
+
+def test_a_stage_of_no_known_kind_is_refused():
+    with pytest.raises(ValueError, match="stage must be one of"):
+        Stage("guess", "estimate", decides=True)
+
+
+def test_the_tuner_runs_the_declared_stages_not_backend_names():
+    """Which stages a trial goes through comes from the backend's declaration, never from the study's backend name
+    typed into the tuner."""
+    import inspect
+
+    import advisor.search.tuner as tuner
+
+    for method in (tuner.Tuner._evaluate, tuner.Tuner._estimate_stage, tuner.Tuner._probe_stage):
+        source = inspect.getsource(method)
+        assert "s.backend" not in source, f"{method.__name__} reads the backend's name"

@@ -101,8 +101,10 @@ def run(args: argparse.Namespace) -> int:
     from advisor.search.measured import WHY_ATTR, study_quality_lines
     from advisor.search.storage import redact
     from advisor.search.tuner import Tuner
+    from advisor.ui.status import show_status
 
     settings = build_settings(args)
+    show_status()  # a simulation (seconds to minutes) says so on stderr while it runs
     check_budget_reachable(settings)
     if args.tui:
         from advisor.ui.tui import run_tui

@@ -299,7 +299,7 @@ def run_finalists(tuner: Any, *, steps: int = STEPS, tokens: int | None = None, 
     measured here (``why_not_measured``), the study's earlier measurement if it has one, else None."""
     from advisor.core.fit import fits
     from advisor.search.select import run_peak
-    from advisor.search.tuner import record_from_trial
+    from advisor.search.select import record_from_trial
 
     s = tuner.s
     stored = stored_measurement(tuner.study.user_attrs)

@@ -187,9 +187,34 @@ def stored_measurement(study_attrs: dict[str, Any]) -> QualityMeasurement | None
         return None  # written by another version: the records keep their priors
 
 
+SIMULATED_ATTR = "simulated_finalists"
+"""Study attribute: trial number -> the memory fields of its simulation, for a trial whose memory the closed form
+only approximated (advisor.search.tuner.Tuner.simulate_finalists), and why it does not fit ("reason", "" if it
+does)."""
+
+
+def apply_simulated(records: Iterable[Any], study_attrs: dict[str, Any] | None) -> list[Any]:
+    """``records`` with the finalists' simulated memory laid over their approximation: the simulation's peak,
+    ledger and source, and pruned with its reason where it does not fit."""
+    sims = (study_attrs or {}).get(SIMULATED_ATTR) or {}
+    out = []
+    for r in records:
+        number = r.duplicate_of if r.duplicate_of is not None else r.number
+        fields = sims.get(str(number)) if isinstance(sims, dict) else None
+        if fields and getattr(r, "approximate", False):
+            known = {k: v for k, v in fields.items() if k in r.__dataclass_fields__ and k != "reason"}
+            reason = fields.get("reason") or ""
+            r = replace(r, **known, approximate=False, stage="simulate", state="pruned" if reason else r.state,
+                        reason=reason or r.reason,
+                        note="simulated as a finalist" if not reason else "")
+        out.append(r)
+    return out
+
+
 def apply_measured(records: Iterable[Any], study_attrs: dict[str, Any] | None) -> list[Any]:
-    """``records`` (TrialRecords) with the study's measured quality laid over the finalists' (module docstring)."""
-    records = list(records)
+    """``records`` (TrialRecords) with the study's measured quality laid over the finalists' (module docstring),
+    and the finalists' simulated memory over the approximated ones' (``apply_simulated``)."""
+    records = apply_simulated(records, study_attrs)
     m = stored_measurement(study_attrs or {})
     if m is None:
         return records

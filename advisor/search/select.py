@@ -70,9 +70,33 @@ class TrialRecord:
     note: str = ""                 # e.g. why a later stage was skipped
     step_terms: dict[str, float] = field(default_factory=dict)  # predicted seconds per step of each
     #                               step-time term (advisor/speed), also kept when a probe measured the speed
+    approximate: bool = False      # memory approximated by the closed form beyond what it describes (not yet
+    #                               simulated: the tuner simulates the finalists, advisor.search.tuner)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+POLISH_MARK = "polish:"
+"""The ladder label of a trial Tuner.polish added (not one of the planned --trials)."""
+
+
+def is_polish(record) -> bool:
+    """A trial Tuner.polish added after the planned ones."""
+    return (record.ladder or "").startswith(POLISH_MARK)
+
+
+def record_from_trial(trial) -> TrialRecord:
+    """A TrialRecord from an Optuna FrozenTrial (its user attribute "record")."""
+    data = dict(trial.user_attrs.get("record") or {})
+    state = trial.state.name.lower()
+    data.setdefault("plan", {})
+    data.setdefault("plan_short", "")
+    data.pop("number", None)
+    data.pop("state", None)
+    data.setdefault("duplicate_of", trial.user_attrs.get("duplicate_of"))
+    known = set(TrialRecord.__dataclass_fields__)
+    return TrialRecord(number=trial.number, state=state, **{k: v for k, v in data.items() if k in known})
 
 
 def run_peak(t: TrialRecord) -> int | None:

@@ -28,16 +28,20 @@ from advisor.core.target import Target
 from advisor.memory.closed_form import closed_form_describes, resident_weights_floor
 from advisor.memory.phases import run_peak_bytes
 from advisor.memory.sharding import DEFAULT_SHARDING
-from advisor.runtime.backends import BackendFailed, BackendOptions, get_backend
+from advisor.runtime import progress
+from advisor.runtime.backends import BackendFailed, BackendOptions, get_backend, stages_of
+from advisor.runtime.backends._estimate import approximate as approximate_report
 from advisor.search.description import ATTR, StudyDescription
 from advisor.search.settings import TuneSettings, default_storage, default_study_name  # noqa: F401 (re-exported)
 from advisor.search.ladder import ladder
 from advisor.search.quality import quality_of, quality_problems
 from advisor.search.departures import departures, non_exact, with_change
 from advisor.search.recipe import is_recipe, usual_recipe
-from advisor.search.select import (ACCURACY_TOLERANCE, TIE, Rules, Selection, TrialRecord, changed_groups, host_peak,
-                                   run_peak, select, time_to_quality)
-from advisor.search.measured import apply_measured
+from advisor.search.select import (ACCURACY_TOLERANCE, POLISH_MARK, TIE, Rules, Selection, TrialRecord,  # noqa: F401
+                                   changed_groups, host_peak, is_polish, record_from_trial, run_peak, select,
+                                   time_to_quality)
+from advisor.search.measured import SIMULATED_ATTR, apply_measured
+from advisor.search.prediction import predict_change, shard_to
 from advisor.search.space import Conditions, DeadEnd, SearchSpace, model_rules, plan_from_params, point_of
 from advisor.search.storage import Heartbeat, is_sqlite, make_storage, study_lock
 from advisor.speed.throughput import predict_throughput
@@ -46,19 +50,14 @@ from advisor.core.versions import gpu_environment, library_versions
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 PRESCREEN_MARGIN = 0.10  # an estimate this far over the budget is pruned without simulating (the ledger is within 5%)
+APPROX_MARGIN = 0.10
+"""How far the closed form may be off for a plan it does not describe (Gemma-3-1B at 1,024 tokens, a 512-token
+window: +2.7% LoRA, +0.8% full fine-tuning with checkpointing, against the simulation): beyond it the approximation
+decides; within it the simulation does."""
 EXHAUSTED_AFTER = 50  # consecutive repeat proposals after which the space counts as used up
 FINISHED = ("COMPLETE", "PRUNED")
 POLISH_ROUNDS = 2
 """Rounds of Tuner.polish after the planned trials."""
-POLISH_MARK = "polish:"
-"""The ladder label of a trial Tuner.polish added (not one of the planned --trials)."""
-
-
-def is_polish(record) -> bool:
-    """A trial Tuner.polish added after the planned ones."""
-    return (record.ladder or "").startswith(POLISH_MARK)
-
-
 def plan_key(plan: Plan) -> str:
     return json.dumps(plan.to_dict(), sort_keys=True)
 
@@ -77,20 +76,67 @@ class TrialFinished:
     record: TrialRecord
 
 
+# ----------------------------------------------------------------------------- outcomes
+
+
+@dataclass
+class TrialOutcome:
+    """What one trial's stages found (``Tuner._evaluate``): a reason when it was pruned, the memory of the stage
+    that decided, the predictions, and what a probe measured in their place."""
+
+    plan: Plan
+    ladder: str = ""
+    stage: str = "plan"
+    """The last stage it went through: plan, estimate, simulate or probe."""
+    reason: str = ""
+    """Why it was pruned ('' when it was not)."""
+    invalid: bool = False
+    """Pruned before any measurement: not a plan this study may pick."""
+    note: str = ""
+    memory: dict[str, Any] = field(default_factory=dict)
+    """The memory fields of the stage that decided (TrialRecord's peak, ledger, host figures and their source)."""
+    prediction: dict[str, Any] = field(default_factory=dict)
+    """tokens/s and its source and terms (the step-time model), accuracy loss and token factor (the quality model)."""
+    measured: dict[str, Any] = field(default_factory=dict)
+    """What a probe measured in place of a prediction (tokens/s, losses, the accuracy of its measured KL)."""
+    approximate: bool = False
+    """Its memory is the closed form's approximation of a plan it does not describe: a finalist is simulated."""
+
+    @property
+    def pruned(self) -> bool:
+        return bool(self.reason)
+
+    def record(self) -> dict[str, Any]:
+        """The TrialRecord fields (stored with the trial)."""
+        rec: dict[str, Any] = {"plan": self.plan.to_dict(), "plan_short": self.plan.short(), "ladder": self.ladder,
+                               "stage": self.stage, **self.memory, **self.prediction, **self.measured}
+        if self.reason:
+            rec["reason"] = self.reason
+        if self.note:
+            rec["note"] = self.note
+        return rec
+
+
+_SOURCE_WORD = {"estimate": "estimated", "simulate": "simulated", "probe": "measured"}
+_DONE_WORD = {"estimate": "estimated", "simulate": "simulated", "probe": "probed"}
+
+
+def _undecided(report, settings: "TuneSettings") -> bool:
+    """Whether an approximated run peak is within ``APPROX_MARGIN`` of the usable budget (the simulation decides)."""
+    limit = usable_bytes(settings.budget.bytes, settings.headroom)
+    return limit / (1 + APPROX_MARGIN) < run_peak_bytes(report) <= limit * (1 + APPROX_MARGIN)
+
+
+def _optimistic(record: TrialRecord) -> TrialRecord:
+    """An approximated record with its device peaks ``APPROX_MARGIN`` lower: what it would be if the closed form
+    were that much over (a plan that may fit is then a candidate)."""
+    if not record.approximate:
+        return record
+    low = lambda v: int(v / (1 + APPROX_MARGIN)) if v else v  # noqa: E731
+    return replace(record, peak_bytes=low(record.peak_bytes), run_peak_bytes=low(record.run_peak_bytes))
+
+
 # ----------------------------------------------------------------------------- records
-
-
-def record_from_trial(trial) -> TrialRecord:
-    """A TrialRecord from an Optuna FrozenTrial (its user attribute "record")."""
-    data = dict(trial.user_attrs.get("record") or {})
-    state = trial.state.name.lower()
-    data.setdefault("plan", {})
-    data.setdefault("plan_short", "")
-    data.pop("number", None)
-    data.pop("state", None)
-    data.setdefault("duplicate_of", trial.user_attrs.get("duplicate_of"))
-    known = set(TrialRecord.__dataclass_fields__)
-    return TrialRecord(number=trial.number, state=state, **{k: v for k, v in data.items() if k in known})
 
 
 class Tuner:
@@ -230,6 +276,7 @@ class Tuner:
                 continue
             trial = self._ask()
             if trial is None:
+                self.simulate_finalists()  # the approximated plans that could be the answer (none: nothing to do)
                 return
             self._run_trial(trial)
 
@@ -357,8 +404,8 @@ class Tuner:
             params = self._suggest(trial)
         except DeadEnd as e:  # a safety net: the lookahead of Conditions keeps the shipped spaces out of it
             rec = {"plan": {}, "plan_short": "", "ladder": trial.user_attrs.get("ladder", ""), "stage": "plan",
-                   "reason": f"invalid: no value of {e.knob} is allowed after the knobs chosen", "invalid": True}
-            return self._finish(trial, rec, pruned=True)
+                   "reason": f"invalid: no value of {e.knob} is allowed after the knobs chosen"}
+            return self._finish(trial, rec, pruned=True, invalid=True)
         plan = _sized(self.s, plan_from_params(params, self.s.space, self.s.model.arch or {}))
         key = plan_key(plan)
         trial.set_user_attr("plan_key", key)
@@ -372,19 +419,19 @@ class Tuner:
             rec["reason"] = (rec["reason"] + f" (same plan as #{previous.number})").strip()
             rec["duplicate_of"] = previous.number
             return self._finish(trial, rec, pruned=previous.state.name == "PRUNED", values=previous.values)
-        rec = self._evaluate(plan, trial.user_attrs.get("ladder", ""))
+        outcome = self._evaluate(plan, trial.user_attrs.get("ladder", ""))
+        rec = outcome.record()
         rec["seconds"] = time.perf_counter() - start
-        if rec.get("reason"):
-            return self._finish(trial, rec, pruned=True)
+        if outcome.reason:
+            return self._finish(trial, rec, pruned=True, invalid=outcome.invalid)
         # the sampler's objectives: tokens/s per token factor (1 / time to quality), and the accuracy loss
         return self._finish(trial, rec, pruned=False,
                             values=(rec["tokens_per_s"] / rec.get("token_factor", 1.0), rec["accuracy_loss"]))
 
-    def _finish(self, trial, rec: dict[str, Any], pruned: bool, values=None):
+    def _finish(self, trial, rec: dict[str, Any], pruned: bool, values=None, invalid: bool = False):
         import optuna
 
         peak = rec.get("run_peak_bytes") or rec.get("peak_bytes")  # the run's peak decides
-        invalid = rec.pop("invalid", False)
         # constraint for the sampler: > 0 when the peak (with headroom) exceeds the budget
         trial.set_constraint("memory", 1.0 if invalid or peak is None
                              else overshoot(peak, self.s.budget.bytes, self.s.headroom))
@@ -467,107 +514,220 @@ class Tuner:
         return with_phases(self.s.model, plan, self.s.gpu, _shard(self.s, report, plan))
 
     def _fits_by_estimate(self, params: dict[str, Any]) -> bool:
-        plan = _sized(self.s, plan_from_params(params, self.s.space, self.s.model.arch or {}))
+        """Whether the point fits by the estimate (the usual recipe and the ladder's rungs are chosen by it). A plan
+        the closed form does not describe is decided by its approximation where that is more than
+        ``APPROX_MARGIN`` from the budget, else by the simulation."""
+        s = self.s
+        plan = _sized(s, plan_from_params(params, s.space, s.model.arch or {}))
         if plan.problems():
             return False
         try:
-            rep = self._per_gpu(get_backend("estimate").measure(self.s.model, plan, self.s.gpu), plan)
+            if closed_form_describes(s.model, plan)[0]:
+                rep = self._per_gpu(get_backend("estimate").measure(s.model, plan, s.gpu), plan)
+            else:
+                if _weights_over_budget(s, plan):
+                    return False
+                rep = self._per_gpu(approximate_report(s.model, plan, s.gpu), plan)
+                if _undecided(rep, s):
+                    with progress.working(f"simulating {plan.short()}: its approximation is within "
+                                          f"{APPROX_MARGIN:.0%} of the budget"):
+                        rep = self._per_gpu(get_backend("simulate").measure(s.model, plan, s.gpu), plan)
         except AdvisorInputError:
             return False
-        return fits(run_peak_bytes(rep), self.s.budget.bytes, self.s.headroom) \
-            and host_fits(_host_peak(self.s, rep), self.s.host_budget_bytes)
+        return fits(run_peak_bytes(rep), s.budget.bytes, s.headroom) \
+            and host_fits(_host_peak(s, rep), s.host_budget_bytes)
 
-    def _evaluate(self, plan: Plan, rung: str) -> dict[str, Any]:
-        """estimate → (simulate) → (probe); a dict of TrialRecord fields, with "reason" when pruned."""
+    def _invalid(self, plan: Plan, quality) -> str:
+        """Why ``plan`` is not a plan this study may pick ('' when it is): its rules, this model's modules and
+        depth, quality evidence, and levers that change training dynamics where something else fits."""
         s = self.s
-        fmt = s.budget.format
-        rec: dict[str, Any] = {"plan": plan.to_dict(), "plan_short": plan.short(), "ladder": rung, "stage": "plan"}
         problems = plan.problems()
         if problems:
-            return {**rec, "reason": f"invalid: {problems[0].rule}", "invalid": True}
+            return f"invalid: {problems[0].rule}"
         try:
             lora_target_modules(plan, list(s.model.linear_shapes()), attention_linears(s.model))
         except AdvisorInputError as e:
-            return {**rec, "reason": f"invalid: {e.rule}", "invalid": True}
+            return f"invalid: {e.rule}"
         for e in checkpoint_depth_problems(plan, s.model.num_layers):
-            return {**rec, "reason": f"invalid: {e.rule}", "invalid": True}
-        quality = quality_of(plan, s.regime, global_batch=s.space.fixed.get("global_batch"))
+            return f"invalid: {e.rule}"
         if not quality.pickable:
-            return {**rec, "reason": f"no quality evidence: {quality.uncovered[0]}", "invalid": True}
+            return f"no quality evidence: {quality.uncovered[0]}"
         if quality.dynamics:
             steady = self._fits_without_dynamics()
             if steady is not None:  # levers that change training dynamics only where nothing else fits
-                return {**rec, "reason": f"changes training dynamics ({', '.join(quality.dynamics)}): searched only "
-                                         f"where nothing else fits, and #{steady.number} fits without it",
-                        "invalid": True}
+                return (f"changes training dynamics ({', '.join(quality.dynamics)}): searched only where nothing "
+                        f"else fits, and #{steady.number} fits without it")
+        return ""
 
-        rec["stage"] = "estimate"
+    @property
+    def stages(self):
+        """The stages this study's backend declares (advisor.runtime.backends: each backend class's ``stages``)."""
+        return stages_of(self.s.backend)
+
+    def _evaluate(self, plan: Plan, rung: str) -> "TrialOutcome":
+        """The stages the backend declares, in order (estimate → simulate → probe for a cuda probe); the typed
+        outcome, with a reason when pruned."""
+        s = self.s
+        out = TrialOutcome(plan=plan, ladder=rung)
+        quality = quality_of(plan, s.regime, global_batch=s.space.fixed.get("global_batch"))
+        out.reason = self._invalid(plan, quality)
+        if out.reason:
+            out.invalid = True
+            return out
+        stages = self.stages
+        report, prediction = None, {}
+        for i, stage in enumerate(stages):
+            out.stage = stage.name
+            if stage.name == "estimate":
+                report = self._estimate_stage(out, plan, stage, stages[i + 1:])
+                if out.reason or report is None:
+                    return out
+                tps = predict_throughput(s.model, plan, s.gpu, s.gpus, s.sharding, data=s.data)
+                prediction = dict(tokens_per_s=tps.tokens_per_s, tokens_per_s_source=tps.source, step_terms=tps.terms,
+                                  accuracy_loss=quality.accuracy_loss, accuracy_source=quality.accuracy_source,
+                                  token_factor=quality.token_factor)
+                if out.approximate:  # the finalists are simulated (simulate_finalists); the others stop here
+                    out.prediction = prediction
+                    return out
+                continue
+            if stage.finalists_only:
+                why_not = self._cannot_win(plan, quality.token_factor / prediction["tokens_per_s"])
+                if why_not:
+                    # cannot become the answer: the stage before (within a few % of this one) decides, and the
+                    # seconds of this stage go to plans that could win
+                    out.stage = stages[i - 1].name
+                    out.prediction = prediction
+                    out.reason = self._over(report, _SOURCE_WORD[stages[i - 1].name])
+                    if not out.reason:
+                        out.note = f"not {_DONE_WORD[stage.name]}: {why_not}"
+                    return out
+            if stage.name == "simulate":
+                report = self._per_gpu(get_backend(stage.backend).measure(s.model, plan, s.gpu), plan)
+                out.memory = _memory_fields(report, s.gpus)
+                out.reason = self._over(report, "simulated") if stage.decides else ""
+                if out.reason:
+                    return out
+            elif stage.name == "probe":
+                out.prediction = prediction
+                report = self._probe_stage(out, plan, stage, quality)
+                if out.reason:
+                    return out
+        out.prediction = out.prediction or prediction
+        return out
+
+    def _estimate_stage(self, out: "TrialOutcome", plan: Plan, stage, later) -> Any:
+        """The closed form: the report, or None with ``out.reason`` when the plan is screened out. A plan it does
+        not describe is approximated by it (``approximate_report``), never simulated here: with no later stage that
+        simulates every plan, the trial ends approximate and the finalists are simulated (``simulate_finalists``);
+        with one, the approximation screens within its margin."""
+        s = self.s
+        fmt = s.budget.format
         floor = _weights_over_budget(s, plan)
-        if floor:  # the estimate would run a simulation to find what the weights already decide
-            return {**rec, "reason": floor}
-        report = self._per_gpu(get_backend("estimate").measure(s.model, plan, s.gpu), plan)
-        rec.update(_memory_fields(report, s.gpus))
-        limit = usable_bytes(s.budget.bytes, s.headroom)
-        last_stage = s.backend == "estimate"
-        if run_peak_bytes(report) > (limit if last_stage else s.budget.bytes * (1 + PRESCREEN_MARGIN)):
-            return {**rec, "reason": f"estimated peak {fmt(run_peak_bytes(report))}{_during(report)} over the budget "
-                                     f"{fmt(s.budget.bytes)}{' less headroom' if last_stage else ''}"}
-        over_host = _over_host(s, report, "estimated", 0.0 if last_stage else PRESCREEN_MARGIN)
-        if over_host:
-            return {**rec, "reason": over_host}
-        tps = predict_throughput(s.model, plan, s.gpu, s.gpus, s.sharding, data=s.data)
-        prediction = dict(tokens_per_s=tps.tokens_per_s, tokens_per_s_source=tps.source, step_terms=tps.terms,
-                          accuracy_loss=quality.accuracy_loss, accuracy_source=quality.accuracy_source,
-                          token_factor=quality.token_factor)
-        if s.backend == "simulate":
-            why_not = self._cannot_win(plan, quality.token_factor / tps.tokens_per_s)
-            if why_not:
-                # cannot become the answer: the estimate (within a few % of the simulation) decides,
-                # and the seconds of a simulation go to plans that could win
-                rec.update(prediction)
-                if not fits(run_peak_bytes(report), s.budget.bytes, s.headroom):
-                    return {**rec, "reason": f"estimated peak {fmt(run_peak_bytes(report))}{_during(report)} leaves less than "
-                                             f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
-                if _over_host(s, report, "estimated"):
-                    return {**rec, "reason": _over_host(s, report, "estimated")}
-                rec["note"] = f"not simulated: {why_not}"
-                return rec
-        if s.backend in ("simulate", "cpu", "cuda"):
-            rec["stage"] = "simulate"
-            report = self._per_gpu(get_backend("simulate").measure(s.model, plan, s.gpu), plan)
-            rec.update(_memory_fields(report, s.gpus))
-            if not fits(run_peak_bytes(report), s.budget.bytes, s.headroom):
-                return {**rec, "reason": f"simulated peak {fmt(run_peak_bytes(report))}{_during(report)} leaves less than "
-                                         f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
-            if _over_host(s, report, "simulated"):
-                return {**rec, "reason": _over_host(s, report, "simulated")}
-        rec.update(prediction)
-        if s.backend in ("cpu", "cuda"):
-            rec["stage"] = "probe"
-            options = s.probe_options
-            if s.backend == "cuda" and options.budget_bytes is None:
-                # the budget enforced for real: torch.cuda.set_per_process_memory_fraction in the child
-                options = replace(options, budget_bytes=s.budget.bytes)
-            try:
-                report = self._per_gpu(get_backend(s.backend).measure(s.model, plan, s.gpu, options), plan)
-            except BackendFailed as e:
-                return {**rec, "reason": f"probe {e.status}: {e.message}"[:300]}
-            rec.update(_memory_fields(report, s.gpus))
-            measured = report.measured
-            if measured is not None and measured.tokens_per_s:
-                rec.update(tokens_per_s=float(measured.tokens_per_s) * s.gpus, tokens_per_s_source="measured")
-                if s.backend == "cuda" and options.num_layers is None:  # a part-depth probe is not the plan's speed
-                    _calibrate_speed(s, plan, float(measured.tokens_per_s))
-            if measured is not None and measured.losses:
-                rec["losses"] = [float(x) for x in measured.losses]
-            if measured is not None and measured.fidelity_kl is not None:  # the measured KL replaces the format's prior
-                q = quality_of(plan, s.regime, global_batch=s.space.fixed.get("global_batch"),
-                               measured_kl=float(measured.fidelity_kl))
-                rec.update(accuracy_loss=q.accuracy_loss, accuracy_source=q.accuracy_source)
-            if s.backend == "cuda" and not fits(run_peak_bytes(report), s.budget.bytes, s.headroom):
-                return {**rec, "reason": f"measured peak {fmt(run_peak_bytes(report))}{_during(report)} leaves less than "
-                                         f"{s.headroom:.0%} of {fmt(s.budget.bytes)}"}
-        return rec
+        if floor:  # what the weights already decide, without the approximation
+            out.reason = floor
+            return None
+        describes = closed_form_describes(s.model, plan)[0]
+        if describes:
+            report = self._per_gpu(get_backend(stage.backend).measure(s.model, plan, s.gpu), plan)
+        else:
+            report = self._per_gpu(approximate_report(s.model, plan, s.gpu), plan)
+        out.memory = _memory_fields(report, s.gpus)
+        deferred = not describes and all(st.finalists_only for st in later)
+        if deferred:
+            out.reason = self._over(report, "estimated", margin=APPROX_MARGIN, of_limit=True)
+            if out.reason:
+                return None
+            out.approximate = out.memory["approximate"] = True
+            out.note = (f"memory approximated by the closed form ({closed_form_describes(s.model, plan)[1]}): "
+                        f"a finalist is simulated")
+            return report
+        if stage.decides and not later:
+            out.reason = self._over(report, "estimated", margin=0.0)
+            return None if out.reason else report
+        margin = PRESCREEN_MARGIN if describes else (1 + PRESCREEN_MARGIN) * (1 + APPROX_MARGIN) - 1
+        peak = run_peak_bytes(report)
+        if peak > s.budget.bytes * (1 + margin):
+            out.reason = f"estimated peak {fmt(peak)}{_during(report)} over the budget {fmt(s.budget.bytes)}"
+            return None
+        out.reason = _over_host(s, report, "estimated", margin)
+        return None if out.reason else report
+
+    def _probe_stage(self, out: "TrialOutcome", plan: Plan, stage, quality) -> Any:
+        """A real run of the plan (cpu or cuda): what it measured replaces the predictions."""
+        s = self.s
+        options = s.probe_options
+        if stage.on_target_gpu and options.budget_bytes is None:
+            # the budget enforced for real: torch.cuda.set_per_process_memory_fraction in the child
+            options = replace(options, budget_bytes=s.budget.bytes)
+        try:
+            report = self._per_gpu(get_backend(stage.backend).measure(s.model, plan, s.gpu, options), plan)
+        except BackendFailed as e:
+            out.reason = f"probe {e.status}: {e.message}"[:300]
+            return None
+        out.memory = _memory_fields(report, s.gpus)
+        measured = report.measured
+        if measured is not None and measured.tokens_per_s:
+            out.measured.update(tokens_per_s=float(measured.tokens_per_s) * s.gpus, tokens_per_s_source="measured")
+            if stage.on_target_gpu and options.num_layers is None:  # a part-depth probe is not the plan's speed
+                _calibrate_speed(s, plan, float(measured.tokens_per_s))
+        if measured is not None and measured.losses:
+            out.measured["losses"] = [float(x) for x in measured.losses]
+        if measured is not None and measured.fidelity_kl is not None:  # the measured KL replaces the format's prior
+            q = quality_of(plan, s.regime, global_batch=s.space.fixed.get("global_batch"),
+                           measured_kl=float(measured.fidelity_kl))
+            out.measured.update(accuracy_loss=q.accuracy_loss, accuracy_source=q.accuracy_source)
+        if stage.decides:
+            out.reason = self._over(report, "measured", host=False)
+        return report
+
+    def _over(self, report, source: str, *, margin: float | None = None, of_limit: bool = False,
+              host: bool = True) -> str:
+        """Why ``report``'s run peak does not fit ('' when it does): with the headroom (advisor.core.fit), or, with
+        ``margin``, only when over the usable budget by more than that margin; then its host peak."""
+        s = self.s
+        fmt = s.budget.format
+        peak = run_peak_bytes(report)
+        if margin is None:
+            if not fits(peak, s.budget.bytes, s.headroom):
+                return (f"{source} peak {fmt(peak)}{_during(report)} leaves less than {s.headroom:.0%} of "
+                        f"{fmt(s.budget.bytes)}")
+        elif peak > usable_bytes(s.budget.bytes, s.headroom) * (1 + margin):
+            return (f"{source} peak {fmt(peak)}{_during(report)} over the budget {fmt(s.budget.bytes)} less headroom"
+                    + (f" by more than the {margin:.0%} the approximation may be off" if of_limit else ""))
+        return _over_host(s, report, source, margin or 0.0) if host else ""
+
+    # -- the finalists ---------------------------------------------------------
+
+    def simulate_finalists(self) -> int:
+        """Simulate the trials whose memory the closed form only approximates (a plan it does not describe) that
+        could be the answer: the selection's answer and usual recipe, both as the records say and with every
+        approximation ``APPROX_MARGIN`` lower (a plan that may fit), until all four are simulated. What the
+        simulation finds is stored with the study (advisor.search.measured.SIMULATED_ATTR) and laid over the trial's
+        record by every reader, so the answer is the one simulating every trial gives. The number simulated."""
+        if self.study is None:
+            return 0
+        n = 0
+        while not self._stop.is_set():
+            records = self.records()
+            todo: dict[int, TrialRecord] = {}
+            for sel in (self.selection(records), self.selection([_optimistic(r) for r in records])):
+                for r in (sel.best, sel.recipe):
+                    if r is not None and r.approximate:
+                        todo.setdefault(r.duplicate_of if r.duplicate_of is not None else r.number, r)
+            if not todo:
+                return n
+            for number, r in sorted(todo.items()):
+                n += 1
+                plan = Plan.from_dict(r.plan)
+                with progress.working(f"simulating finalist {n}: #{number} {r.plan_short}"):
+                    report = self._per_gpu(get_backend("simulate").measure(self.s.model, plan, self.s.gpu), plan)
+                fields = _memory_fields(report, self.s.gpus)
+                fields["reason"] = self._over(report, "simulated")
+                with study_lock(self.storage, self.s.storage, self.s.study_name):
+                    stored = dict(self.study.user_attrs.get(SIMULATED_ATTR) or {})
+                    stored[str(number)] = fields
+                    self.study.set_user_attr(SIMULATED_ATTR, stored)
+        return n
 
 
 def _calibrate_speed(settings: TuneSettings, plan: Plan, tokens_per_s: float) -> None:
@@ -583,34 +743,7 @@ def _calibrate_speed(settings: TuneSettings, plan: Plan, tokens_per_s: float) ->
 
 
 def _shard(settings: TuneSettings, report, plan: Plan):
-    return _shard_to(report, settings.model, plan, settings.gpus, settings.sharding, settings.gpu)
-
-
-def _shard_to(report, model: ModelSpec, plan: Plan, gpus: int, sharding: str, gpu: GpuSpec):
-    if gpus == 1:
-        return report
-    from advisor.memory.sharding import shard_report
-
-    return shard_report(report, model, plan, gpus, sharding, gpu)
-
-
-def predict_change(model: ModelSpec, gpu: GpuSpec, gpus: int, sharding: str, plan: Plan,
-                   data=None) -> tuple[float | None, int | None]:
-    """A variant of the usual recipe (one change applied), predicted as a trial is: the step-time model's
-    tokens/s and the estimated run peak of one GPU (for the explanation's per-change gains). The peak comes
-    from the closed form only: a variant it cannot describe gets none (a simulation per change would cost
-    seconds each time the TUI or the report redraws the explanation)."""
-    from advisor.runtime.phases import with_phases
-
-    peak = None
-    try:
-        if closed_form_describes(model, plan)[0]:
-            rep = get_backend("estimate").measure(model, plan, gpu)
-            peak = run_peak_bytes(with_phases(model, plan, gpu, _shard_to(rep, model, plan, gpus, sharding, gpu)))
-        tps = predict_throughput(model, plan, gpu, gpus, sharding, data=data)
-    except AdvisorInputError:
-        return None, None
-    return tps.tokens_per_s * 1.0, peak
+    return shard_to(report, settings.model, plan, settings.gpus, settings.sharding, settings.gpu)
 
 
 def _during(report) -> str:
@@ -680,21 +813,44 @@ def _weights_over_budget(settings: TuneSettings, plan: Plan) -> str:
 
 def smallest_plan_report(settings: TuneSettings):
     """The most frugal plan of the space and its estimated peak (to fail fast under tiny budgets). Plans whose
-    weights alone are over the budget are not simulated (advisor.memory.closed_form.resident_weights_floor)."""
+    weights alone are over the budget are not measured (advisor.memory.closed_form.resident_weights_floor); a plan
+    the closed form does not describe is approximated by it (``approximate_report``), and simulated only where the
+    smallest approximation is within ``APPROX_MARGIN`` of the budget (the answer then hangs on it)."""
     space = settings.space
     plans = [plan_from_params(params, space, settings.model.arch or {}) for params in _frugal_candidates(space)]
     plans.sort(key=lambda p: not closed_form_describes(settings.model, p)[0])  # the closed form's answers first
-    best = None
+    found = []
     for plan in plans:
-        if plan.problems() or (best is not None and _weights_over_budget(settings, plan)):
+        if plan.problems() or (found and _weights_over_budget(settings, plan)):
             continue
+        describes = closed_form_describes(settings.model, plan)[0]
         try:
-            rep = _shard(settings, get_backend("estimate").measure(settings.model, plan, settings.gpu), plan)
+            rep = (get_backend("estimate").measure(settings.model, plan, settings.gpu) if describes
+                   else approximate_report(settings.model, plan, settings.gpu))
         except AdvisorInputError:
             continue
+        found.append((_shard(settings, rep, plan).peak_bytes, not describes, plan, _shard(settings, rep, plan)))
+    if not found:
+        return None
+    found.sort(key=lambda f: f[0])
+    budget = settings.budget.bytes
+    if not found[0][1] or not (budget / (1 + APPROX_MARGIN) < found[0][0] <= budget * (1 + APPROX_MARGIN)):
+        return found[0][2], found[0][3]
+    # the smallest is an approximation near the budget: the simulation decides, smallest approximation first
+    band = [f for f in found if f[1] and f[0] <= budget * (1 + APPROX_MARGIN)]
+    best = None
+    for i, (_, _, plan, _) in enumerate(band, 1):
+        with progress.working(f"simulating plan {i}/{len(band)}: {plan.short()} (is the smallest plan within "
+                              f"the budget?)"):
+            try:
+                rep = _shard(settings, get_backend("simulate").measure(settings.model, plan, settings.gpu), plan)
+            except AdvisorInputError:
+                continue
         if best is None or rep.peak_bytes < best[1].peak_bytes:
             best = (plan, rep)
-    return best
+        if rep.peak_bytes <= budget:
+            break
+    return best or (found[0][2], found[0][3])
 
 
 def _frugal_candidates(space: SearchSpace):

@@ -272,6 +272,14 @@ class TuneProgress:
         self._group = Group(self._progress, trials_table([], s.budget))
         self._live = Live(self._group, console=console, refresh_per_second=4, transient=True)
         self._live.start()
+        from advisor.runtime import progress
+
+        self._trial = ""
+        progress.add_listener(self._on_steps)  # a simulation inside a trial says so on the trials line
+
+    def _on_steps(self, steps: tuple[str, ...]) -> None:
+        if self._live is not None:
+            self._progress.update(self._task, description=escape(" · ".join((self._trial, *steps)).strip(" ·")))
 
     def on_event(self, event) -> None:
         if not self.enabled or self._live is None:
@@ -281,7 +289,8 @@ class TuneProgress:
         from advisor.search.tuner import TrialFinished, TrialStarted, is_polish
 
         if isinstance(event, TrialStarted):
-            self._progress.update(self._task, description=escape(f"#{event.number} {event.plan_short}"))
+            self._trial = f"#{event.number} {event.plan_short}"
+            self._progress.update(self._task, description=escape(self._trial))
         elif isinstance(event, TrialFinished):
             self.records.append(event.record)
             if is_polish(event.record):  # a polish trial is one more than the planned ones, never "41/40"
@@ -293,6 +302,9 @@ class TuneProgress:
 
     def stop(self) -> None:
         if self._live is not None:
+            from advisor.runtime import progress
+
+            progress.remove_listener(self._on_steps)
             self._live.stop()
             self._live = None
 

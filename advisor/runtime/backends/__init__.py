@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 
 from advisor.core.errors import AdvisorInputError
-from advisor.runtime.backends._base import Backend, BackendFailed, BackendOptions, FAILURE_STATUSES
+from advisor.runtime.backends._base import STAGES, Backend, BackendFailed, BackendOptions, FAILURE_STATUSES, Stage
 
 # name -> "module:class"; each class implements the Backend protocol
 _REGISTRY = {
@@ -30,8 +30,8 @@ BACKENDS: tuple[str, ...] = tuple(_REGISTRY)
 PROBES: tuple[str, ...] = ("cpu", "cuda")
 """The backends that run the plan for real (and enforce a budget)."""
 
-__all__ = ["BACKENDS", "PROBES", "FAILURE_STATUSES", "Backend", "BackendFailed", "BackendOptions", "available",
-           "get_backend", "resolve_backend"]
+__all__ = ["BACKENDS", "PROBES", "FAILURE_STATUSES", "STAGES", "Backend", "BackendFailed", "BackendOptions", "Stage",
+           "available", "get_backend", "resolve_backend", "stages_of"]
 
 
 def available() -> list[str]:
@@ -44,6 +44,11 @@ def get_backend(name: str, flag: str = "--backend") -> Backend:
         raise AdvisorInputError(flag, f"must be one of {', '.join(BACKENDS)}", name)
     module, cls = _REGISTRY[name].split(":")
     return getattr(importlib.import_module(module), cls)()
+
+
+def stages_of(name: str, flag: str = "--backend") -> tuple[Stage, ...]:
+    """The stages a tuner trial runs under the backend called ``name`` (its class's declaration)."""
+    return get_backend(name, flag).stages
 
 
 def resolve_backend(name: str, detected_gpu: object | None, flag: str = "--backend") -> str:

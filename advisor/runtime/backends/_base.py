@@ -6,7 +6,9 @@ A backend turns (model, plan, GPU, options) into a ``MemoryReport`` with every l
 - ``BackendOptions``: the typed, frozen options; an option that does not exist, or that this backend
   does not use, is an input error naming it (never silently dropped);
 - ``BackendFailed``: the one failure type, carrying the status of the run (oom, timeout, crash,
-  error) and, for a probe, its ``ProbeResult``. The tuner prunes on it; pre-flight turns it into NO-GO.
+  error) and, for a probe, its ``ProbeResult``. The tuner prunes on it; pre-flight turns it into NO-GO;
+- ``Stage``: the stages a trial goes through when the tuner runs this backend (``stages``, declared on each
+  backend class): the tuner runs what the backend declares, in order, and names no backend itself.
 
 Every backend in ``advisor.runtime.backends`` passes the same contract test (tests/test_backend_contract.py).
 """
@@ -66,6 +68,36 @@ class BackendOptions:
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
 
+STAGES = ("estimate", "simulate", "probe")
+"""The kinds of stage a trial can go through, cheapest first."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a trial under a backend: which backend measures it, and what its peak decides."""
+
+    name: str
+    """estimate, simulate or probe (``STAGES``)."""
+    backend: str
+    """The backend that measures the stage (advisor.runtime.backends.get_backend)."""
+    decides: bool
+    """Its peak decides feasibility (peak <= budget x (1 - headroom), advisor.core.fit); otherwise it only screens
+    out a plan over the budget by more than the tuner's prescreen margin, and a later stage decides."""
+    finalists_only: bool = False
+    """Only a plan that could become the answer reaches it; for any other the stage before decides."""
+    on_target_gpu: bool = False
+    """It runs on the GPU the plan is for: the budget is enforced for real and its speed calibrates the step-time
+    model."""
+
+    def __post_init__(self) -> None:
+        if self.name not in STAGES:
+            raise ValueError(f"stage must be one of {', '.join(STAGES)} (got {self.name!r})")
+
+
+ESTIMATE_SCREEN = Stage("estimate", "estimate", decides=False)
+"""The closed form first, screening out what is far over the budget, before a stage that decides."""
+
+
 class BackendFailed(Exception):
     """The plan did not run under a measuring backend: status oom, timeout, crash or error."""
 
@@ -86,6 +118,8 @@ class Backend(Protocol):
     """What its numbers are: estimated, simulated or measured."""
     accepts: frozenset[str]
     """The BackendOptions this backend uses; any other one given is an input error."""
+    stages: tuple[Stage, ...]
+    """What a tuner trial runs under this backend, in order (the last one is this backend's own)."""
 
     def measure(self, model: "ModelSpec", plan: "Plan", gpu: "GpuSpec | None" = None,
                 options: BackendOptions | None = None) -> "MemoryReport":
@@ -101,6 +135,7 @@ class BaseBackend:
     name: ClassVar[str] = ""
     source: ClassVar[str] = ""
     accepts: ClassVar[frozenset[str]] = frozenset()
+    stages: ClassVar[tuple[Stage, ...]] = ()
 
     def check(self, options: BackendOptions | None) -> BackendOptions:
         options = options or BackendOptions()
@@ -122,4 +157,5 @@ class BaseBackend:
         return f"<{self.name} backend ({self.source})>"
 
 
-__all__ = ["Backend", "BackendFailed", "BackendOptions", "BaseBackend", "FAILURE_STATUSES"]
+__all__ = ["Backend", "BackendFailed", "BackendOptions", "BaseBackend", "ESTIMATE_SCREEN", "FAILURE_STATUSES", "STAGES",
+           "Stage"]

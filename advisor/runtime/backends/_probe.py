@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from advisor.memory.ledger import CATEGORIES, MemoryReport, StepMeasurement
-from advisor.runtime.backends._base import BackendFailed, BackendOptions, BaseBackend
+from advisor.runtime.backends._base import ESTIMATE_SCREEN, BackendFailed, BackendOptions, BaseBackend, Stage
 from advisor.runtime.probe._result import ProbeResult
 
 PROBE_OPTIONS = frozenset({"budget_bytes", "steps", "warmup", "timeout", "data", "weights_dir", "num_layers", "seed"})
@@ -50,6 +50,8 @@ class CpuBackend(_ProbeBackend):
 
     name = "cpu"
     device = "cpu"
+    # every plan that fits by the simulation is probed; the CPU's memory is not the GPU's: the probe decides nothing
+    stages = (ESTIMATE_SCREEN, Stage("simulate", "simulate", decides=True), Stage("probe", "cpu", decides=False))
 
 
 class CudaBackend(_ProbeBackend):
@@ -57,6 +59,8 @@ class CudaBackend(_ProbeBackend):
 
     name = "cuda"
     device = "cuda"
+    stages = (ESTIMATE_SCREEN, Stage("simulate", "simulate", decides=True),
+              Stage("probe", "cuda", decides=True, on_target_gpu=True))
 
 
 def report_from_result(result: ProbeResult) -> MemoryReport:

@@ -16,7 +16,8 @@ from functools import lru_cache
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.memory.ledger import MemoryReport, empty
 from advisor.core.plan import DTYPE_BYTES, Plan
-from advisor.runtime.backends._base import BackendOptions, BaseBackend
+from advisor.runtime import progress
+from advisor.runtime.backends._base import ESTIMATE_SCREEN, BackendOptions, BaseBackend, Stage
 
 
 class SimulateBackend(BaseBackend):
@@ -25,6 +26,8 @@ class SimulateBackend(BaseBackend):
     name = "simulate"
     source = "simulated"
     accepts = frozenset({"layers"})
+    # the seconds of a simulation go to the plans that could win: the closed form decides the others
+    stages = (ESTIMATE_SCREEN, Stage("simulate", "simulate", decides=True, finalists_only=True))
 
     def measure(self, model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None,
                 options: BackendOptions | None = None) -> MemoryReport:
@@ -38,8 +41,12 @@ def _measure(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *, layers
     from advisor.runtime.simulate.reserved import step_reserved
 
     plan.validate()
-    traced = plan.with_(offload="none") if plan.offload != "none" else plan
-    sim = _simulation(model, traced, layers)
+    traced = traced_plan(plan)
+    if progress.busy():
+        sim = _simulation(model, traced, layers)
+    else:  # nobody said what this is: say it (a simulation takes seconds to minutes)
+        with progress.working(f"simulating {plan.short()} on {model.name}"):
+            sim = _simulation(model, traced, layers)
     notes = list(sim.notes)
     if sim.extrapolated and len(sim.layers_traced) == 2 and sim.layer_kinds == 1:
         notes.append(f"traced {sim.layers_traced[0]} and {sim.layers_traced[1]} decoder layers, "
@@ -94,10 +101,23 @@ def _measure(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *, layers
     )
 
 
-@lru_cache(maxsize=16)
+TRACE_FREE = {"offload": "none", "expandable_segments": False}
+"""Plan fields the traced step does not depend on, at the value it is traced with: offload is applied to the trace
+afterwards (``_offload``), and expandable segments only change the caching-allocator replay of its events
+(advisor.runtime.simulate.reserved), not the tensors."""
+
+
+def traced_plan(plan: Plan) -> Plan:
+    """The plan as it is traced: plans that differ only in ``TRACE_FREE`` fields share one trace."""
+    free = {k: v for k, v in TRACE_FREE.items() if getattr(plan, k) != v}
+    return plan.with_(**free) if free else plan
+
+
+@lru_cache(maxsize=32)
 def _simulation(model: ModelSpec, plan: Plan, layers: str | int):
-    """The traced step of ``plan`` (kept for the next caller: the tuner's estimate stage answers a model the
-    closed form cannot describe by this same simulation, and its simulate stage asks again)."""
+    """The traced step of ``plan`` (``traced_plan``), kept for the next caller: a plan and its variants in the
+    fields the trace does not depend on (the search's expandable-segments pairs, the finalists' and the recipe's
+    re-asks) are traced once."""
     from advisor.runtime.simulate.extrapolate import simulate
 
     return simulate(model, plan, layers=layers)

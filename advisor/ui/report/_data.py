@@ -16,7 +16,7 @@ from advisor.core.units import format_bytes
 from advisor.search.description import StudyDescription
 from advisor.search.measured import study_quality_lines
 from advisor.search.select import Selection, TrialRecord, select
-from advisor.search.tuner import predict_change
+from advisor.search.prediction import predict_change
 from advisor.ui.report._format import is_built_in_space
 from advisor.ui.report._load import StudySnapshot
 

@@ -58,7 +58,7 @@ def open_study(storage: str, name: str | None, folder: Path | None) -> StudySnap
     import optuna
 
     from advisor.search.measured import ATTR as MEASURED, WHY_ATTR, apply_measured
-    from advisor.search.tuner import record_from_trial
+    from advisor.search.select import record_from_trial
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     name = study_name(storage, name, folder)

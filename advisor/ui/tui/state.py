@@ -12,8 +12,8 @@ from typing import Any, Iterable
 from advisor.core.fit import fit_verdict
 from advisor.core.units import Budget
 from advisor.search.description import StudyDescription
-from advisor.search.select import Selection, TrialRecord, run_peak, select
-from advisor.search.tuner import is_polish, predict_change
+from advisor.search.select import Selection, TrialRecord, is_polish, run_peak, select
+from advisor.search.prediction import predict_change
 
 # (key, label shown in the status line); `s` cycles through them
 SORTS = (
