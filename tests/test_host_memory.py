@@ -292,7 +292,7 @@ def test_tune_prunes_offload_plans_over_a_small_host_budget(tmp_path, capsys):
     over = [t for t in d["trials"] if "host peak" in t["reason"]]
     assert over, [t["reason"] for t in d["trials"]]
     for t in over:
-        assert "pinned" in t["reason"] and "pageable" in t["reason"] and "16.00 GB" in t["reason"]
+        assert "pinned" in t["reason"] and "pageable" in t["reason"] and "16.00 GiB" in t["reason"]
         assert t["host_peak_bytes"] > usable
     best = d["best"]
     assert best["host_peak_bytes"] <= usable and best["host_pinned_bytes"] > 0  # an offload plan within it
@@ -322,7 +322,7 @@ def test_preflight_is_no_go_over_the_host_budget(tmp_path):
                                          host_budget="32GB"))
     host = next(f for f in small.findings if f.check == "env.host-ram")
     assert small.verdict == "NO-GO" and host.severity == "error"
-    assert "pinned" in host.evidence and "pageable" in host.evidence and "of 32.00 GB of RAM" in host.title
+    assert "pinned" in host.evidence and "pageable" in host.evidence and "of 32.00 GiB of RAM" in host.title
     assert host.data["host_pinned_bytes"] > host.data["host_usable_bytes"] and host.fixes
     big = run_preflight(PreflightInput(config=str(cfg), gpu_budget="24GB", gpu="rtx-4090", backend="estimate",
                                        host_budget="256GB"))

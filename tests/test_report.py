@@ -109,7 +109,7 @@ def test_report_shows_the_question_the_winner_and_every_trial(study):
     for line in tuned["explanation"]:
         assert html_escape(line) in html
     ledger = {r[0]: r[1] for r in cells.rows["answer"] if len(r) == 3}
-    assert ledger["Peak on the GPU"].startswith(f"{best['peak_bytes'] / 2**30:.2f} GB")
+    assert ledger["Peak on the GPU"].startswith(f"{best['peak_bytes'] / 2**30:.2f} GiB")
     assert ledger["Peak on the GPU"].endswith("[estimated]")
     # every trial, once, in number order, the winner marked
     trial_rows = [r for r in cells.rows["trials"][1:]]
@@ -179,7 +179,7 @@ def test_report_plots_are_inline_svg_with_every_trial(study):
     for t in tuned["trials"]:
         if t["peak_bytes"] and t["tokens_per_s"]:
             assert f">#{t['number']}<" in plots["pareto"]
-    assert "budget 24.00 GB" in plots["pareto"] and "budget 24.00 GB" in plots["ledger"]
+    assert "budget 24.00 GiB" in plots["pareto"] and "budget 24.00 GiB" in plots["ledger"]
     assert "No trial was probed" in html and "nothing to compare" in html
     # ids are unique across the inlined SVGs (each plot's ids are prefixed)
     ids = re.findall(r' id="([^"]+)"', html)

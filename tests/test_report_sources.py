@@ -98,7 +98,7 @@ def test_report_draws_loss_curves_and_the_comparison(probed):
     assert "simulated peak" in plots["compare"]
     assert " measured<" in plots["ledger"] and " simulated<" in plots["ledger"]
     rows = re.search(r'<section id="compare">.*?</section>', html, flags=re.S).group(0)
-    fmt = lambda n: f"{n / 2**30:.2f} GB"  # noqa: E731
+    fmt = lambda n: f"{n / 2**30:.2f} GiB"  # noqa: E731
     est = estimate_training(probed["settings"].model, QLORA, probed["settings"].gpu).peak_bytes
     assert f"{fmt(est)}<span class=\"src src-estimated\"" in rows
     assert f"{fmt(probed['measured']['peak_bytes'])}<span class=\"src src-measured\"" in rows

@@ -120,7 +120,7 @@ def test_a_mixture_of_experts_over_the_budget_names_its_weights(tmp_path, capsys
     code = main(["tune", "--gpu-budget", "24GB", "--model", "qwen30b-a3b", "--backend", "estimate",
                  "--reports-dir", str(tmp_path)])
     err = capsys.readouterr().err
-    assert code == 2 and "smallest plan" in err and "its largest part, weights, is 55.60 GB alone" in err
+    assert code == 2 and "smallest plan" in err and "its largest part, weights, is 55.60 GiB alone" in err
 
 
 @pytest.mark.parametrize("argv,flag", [

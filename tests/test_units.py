@@ -34,8 +34,10 @@ def test_bad_budgets(bad):
     assert str(e.value).startswith("--gpu-budget:") and repr(bad) in str(e.value)
 
 
-def test_printed_in_the_unit_typed():
+def test_printed_in_the_binary_unit_meant():
+    """"24GB" means 24 GiB here (as nvidia-smi and PyTorch count), and prints so, beside the host's GiB."""
     b = parse_budget("24GB")
-    assert str(b) == "24.00 GB"
-    assert b.format(12 * 2**30) == "12.00 GB"
+    assert str(b) == "24.00 GiB" and b.bytes == 24 * 2**30
+    assert b.format(12 * 2**30) == "12.00 GiB"
+    assert str(parse_budget("24000MB")) == "24,000.00 MiB" or str(parse_budget("24000MB")).endswith("MiB")
     assert format_bytes(1536 * 2**20) == "1.50 GiB"

@@ -1,4 +1,4 @@
-"""Memory sizes: parsing the budgets people type and printing bytes in the unit they typed.
+"""Memory sizes: parsing the budgets people type and printing bytes in the binary unit they mean.
 
 Convention (documented in the README): decimal and binary prefixes both mean powers of two,
 ``GB`` == ``GiB`` == 2**30 bytes, as nvidia-smi, NVML and PyTorch report GPU memory and as GPU
@@ -32,7 +32,8 @@ class Budget:
     bytes: int
     """The budget in bytes."""
     unit: str
-    """The unit to print it in: the one the user typed (``GB``, ``GiB``, ``MiB``...)."""
+    """The unit to print it in: the binary spelling of the one the user typed ("24GB" prints as GiB, what it
+    means here)."""
     text: str
     """What the user typed, for messages."""
 
@@ -78,7 +79,8 @@ def parse_budget(text: str, flag: str = "--gpu-budget", gpu_total_bytes: int | N
             )
         return Budget(int(gpu_total_bytes * pct / 100), "GiB", str(text))
     n, unit = parse_size(text, flag)
-    return Budget(n, unit, str(text))
+    # printed in the binary spelling of what it means: "24GB" is 24 GiB here, and says so beside the host's GiB
+    return Budget(n, _CANONICAL[_UNITS[unit.lower()]], str(text))
 
 
 def parse_host_budget(text: str, ram_bytes: int, flag: str = "--host-budget") -> Budget:

@@ -81,6 +81,13 @@ POLISH_MARK = "polish:"
 """The ladder label of a trial Tuner.polish added (not one of the planned --trials)."""
 
 
+def signed_pct(x: float) -> str:
+    """A relative change as the explanation prints it: "+16%", "-5%", and "0%" for what rounds to none (never
+    "-0%")."""
+    text = f"{x:+.0%}"
+    return "0%" if text in ("+0%", "-0%") else text
+
+
 def is_polish(record) -> bool:
     """A trial Tuner.polish added after the planned ones."""
     return (record.ladder or "").startswith(POLISH_MARK)
@@ -358,13 +365,15 @@ def explain(best: TrialRecord | None, runner_up: TrialRecord | None, c: _Context
     f = c.fastest
     if f is not None and f.number != best.number and time_to_quality(f) < time_to_quality(best):
         extra = changed_groups(c.moves.get(f.number, [])) - changed_groups(c.moves.get(best.number, []))
-        lines.append(f"Simpler than #{f.number} {f.plan_short}: its further changes ({', '.join(sorted(extra))}) gain "
-                     f"{time_to_quality(best) / time_to_quality(f) - 1:+.0%} in time to quality, within the step-time "
-                     f"model's {c.rules.needed_gain():.0%} median error.")
+        gain = time_to_quality(best) / time_to_quality(f) - 1
+        if extra and signed_pct(gain) != "0%":
+            lines.append(f"Simpler than #{f.number} {f.plan_short}: its further changes ({', '.join(sorted(extra))}) "
+                         f"gain {signed_pct(gain)} in time to quality, within the step-time model's "
+                         f"{c.rules.needed_gain():.0%} median error.")
     if runner_up:
-        d_ttq = (time_to_quality(runner_up) / time_to_quality(best) - 1) * 100
+        d_ttq = time_to_quality(runner_up) / time_to_quality(best) - 1
         d_mem = runner_up.peak_bytes - best.peak_bytes
-        lines.append(f"Runner-up #{runner_up.number} {runner_up.plan_short}: {d_ttq:+.0f}% time to quality, "
+        lines.append(f"Runner-up #{runner_up.number} {runner_up.plan_short}: {signed_pct(d_ttq)} time to quality, "
                      f"{'+' if d_mem >= 0 else '-'}{fmt(abs(d_mem))} memory, accuracy loss {runner_up.accuracy_loss:.3f}.")
         decided = deciding_terms(best, runner_up, c)
         if decided:
@@ -428,7 +437,7 @@ def recipe_lines(best: TrialRecord, c: _Context, fmt: Callable[[int], str]) -> l
         if better:
             t = min(better, key=time_to_quality)
             gain = time_to_quality(r) / time_to_quality(t) - 1
-            lines.append(f"The fastest departure, #{t.number} {t.plan_short}, gains {gain:+.0%} in time to quality "
+            lines.append(f"The fastest departure, #{t.number} {t.plan_short}, gains {signed_pct(gain)} in time to quality "
                          f"but changes {', '.join(d.group for d in non_exact(c.moves[t.number]))} (not exact): a "
                          f"gain within the step-time model's {c.rules.needed_gain():.0%} median error decides "
                          "nothing, so the recipe stays.")
@@ -437,7 +446,7 @@ def recipe_lines(best: TrialRecord, c: _Context, fmt: Callable[[int], str]) -> l
     moves = c.moves[best.number]
     d_acc = (best.accuracy_loss or 0.0) - (r.accuracy_loss or 0.0)
     lines = [f"The usual recipe, #{r.number} {r.plan_short}: {r.tokens_per_s:,.0f} tokens/s, peak "
-             f"{fmt(run_peak(r))}, accuracy loss {r.accuracy_loss:.3f}. The answer gains {gain:+.0%} in time to "
+             f"{fmt(run_peak(r))}, accuracy loss {r.accuracy_loss:.3f}. The answer gains {signed_pct(gain)} in time to "
              f"quality at {d_acc:+.3f} accuracy loss"
              + (", changing exact levers only (the trained model is the same)." if not non_exact(moves) else
                 f", more than the step-time model's {c.rules.needed_gain():.0%} median error.")]
@@ -456,7 +465,7 @@ def change_line(d: Departure, recipe_plan: Plan, plan: Plan, r: TrialRecord, c: 
     if variant is not None:
         tps, peak = c.measure_change(variant)
         if tps and r.tokens_per_s:
-            gains.append(f"{tps / r.tokens_per_s - 1:+.0%} tokens/s")
+            gains.append(f"{signed_pct(tps / r.tokens_per_s - 1)} tokens/s")
         if peak is not None and run_peak(r):
             delta = peak - run_peak(r)
             gains.append(f"{'+' if delta >= 0 else '-'}{fmt(abs(delta))} peak")
