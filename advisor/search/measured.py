@@ -194,14 +194,15 @@ does)."""
 
 
 def apply_simulated(records: Iterable[Any], study_attrs: dict[str, Any] | None) -> list[Any]:
-    """``records`` with the finalists' simulated memory laid over their approximation: the simulation's peak,
-    ledger and source, and pruned with its reason where it does not fit."""
+    """``records`` with the finalists' simulated memory laid over their approximation (or over an estimate-backend
+    answer at the edge of the budget): the simulation's peak, ledger and source, and pruned with its reason where
+    it does not fit."""
     sims = (study_attrs or {}).get(SIMULATED_ATTR) or {}
     out = []
     for r in records:
         number = r.duplicate_of if r.duplicate_of is not None else r.number
         fields = sims.get(str(number)) if isinstance(sims, dict) else None
-        if fields and getattr(r, "approximate", False):
+        if fields and (getattr(r, "approximate", False) or getattr(r, "source", "") == "estimated"):
             known = {k: v for k, v in fields.items() if k in r.__dataclass_fields__ and k != "reason"}
             reason = fields.get("reason") or ""
             r = replace(r, **known, approximate=False, stage="simulate", state="pruned" if reason else r.state,
