@@ -110,7 +110,7 @@ def test_report_shows_the_question_the_winner_and_every_trial(study):
         assert html_escape(line) in html
     ledger = {r[0]: r[1] for r in cells.rows["answer"] if len(r) == 3}
     assert ledger["Peak on the GPU"].startswith(f"{best['peak_bytes'] / 2**30:.2f} GiB")
-    assert ledger["Peak on the GPU"].endswith("[estimated]")
+    assert ledger["Peak on the GPU"].endswith(f"[{best['source']}]")  # an answer at the edge is simulated
     # every trial, once, in number order, the winner marked
     trial_rows = [r for r in cells.rows["trials"][1:]]
     numbers = [int(re.match(r"#(\d+)", r[0]).group(1)) for r in trial_rows]
@@ -121,7 +121,7 @@ def test_report_shows_the_question_the_winner_and_every_trial(study):
     for row, n in zip(trial_rows, numbers):
         t = by_number[n]
         peak, tps, acc = row[5], row[6], row[7]
-        assert (peak.endswith("[estimated]")) == (t["peak_bytes"] is not None), row
+        assert (peak.endswith(f"[{t['source']}]")) == (t["peak_bytes"] is not None), row
         assert (tps.endswith("[predicted]")) == bool(t["tokens_per_s"]), row
         assert (acc.endswith("[prior]")) == (t["accuracy_loss"] is not None), row
         assert row[10] == t["reason"]
@@ -167,13 +167,14 @@ def test_a_study_written_before_the_newer_settings_still_reports(study, tmp_path
 def test_report_plots_are_inline_svg_with_every_trial(study):
     html, tuned = study["html"], study["tuned"]
     plots = dict(re.findall(r'<figure id="plot-(\w+)"[^>]*>(.*?)</figure>', html, flags=re.S))
-    assert set(plots) == {"pareto", "ledger", "timeline"}  # estimate backend: no loss curves, nothing to compare
+    # estimate backend: no loss curves; the answer at the edge, simulated, is compared with its estimate
+    assert {"pareto", "ledger", "timeline"} <= set(plots) <= {"pareto", "ledger", "timeline", "compare"}
     for svg in plots.values():
         assert svg.startswith("<svg ") and 'class="plot"' in svg and "currentColor" in svg
     with_peak = [t for t in tuned["trials"] if t["peak_bytes"]]
     for t in with_peak:  # a ledger bar per trial that has a ledger, labelled with its peak and source
         assert re.search(rf">#{t['number']} (winner|complete|pruned)<", plots["ledger"]), t["number"]
-    assert plots["ledger"].count(" estimated<") == len(with_peak)
+    assert plots["ledger"].count(" estimated<") + plots["ledger"].count(" simulated<") == len(with_peak)
     for t in tuned["trials"]:  # the timeline has a row for every trial
         assert f">#{t['number']}<" in plots["timeline"]
     for t in tuned["trials"]:
@@ -212,7 +213,7 @@ def test_trials_csv_has_one_row_per_trial(study):
     assert [int(r["number"]) for r in winners] == [tuned["best"]["number"]]
     for r, t in zip(rows, tuned["trials"]):
         if t["peak_bytes"]:
-            assert int(r["peak_bytes"]) == t["peak_bytes"] and r["memory_source"] == "estimated"
+            assert int(r["peak_bytes"]) == t["peak_bytes"] and r["memory_source"] == t["source"]
             assert sum(int(r[f"ledger_{c}_bytes"]) for c in CATEGORIES) == t["peak_bytes"]
         if t["tokens_per_s"]:
             assert r["tokens_per_s_source"] == "predicted"

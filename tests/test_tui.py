@@ -130,9 +130,9 @@ def test_ledger_bars_put_the_budget_line_where_the_budget_is():
     filled = total[bar_start:].count("█")
     # bars are scaled to max(budget, peak) * 1.02: the budget line near the right, the peak at 15.72/24 of it
     assert abs(filled / budget_col - 15.72 / 24) < 0.05
-    assert "15.72 GiB" in total and "budget 24.00 GiB" in lines[-1]
+    assert "15.72 GB" in total and "budget 24.00 GB" in lines[-1]
     over = [t.plain for t in ledger_lines(sample_records()[0], BUDGET, 0.05, Budget(BUDGET, "GB", "").format, 80)]
-    assert "50.99 GiB over" in " ".join(over)
+    assert "50.99 GB over" in " ".join(over)
 
 
 def test_pareto_plot_marks_the_chosen_plan_and_the_front():
@@ -145,7 +145,7 @@ def test_pareto_plot_marks_the_chosen_plan_and_the_front():
                                                    board.info.fmt, 78, 12))
     assert "★#1" in text
     assert {f"#{r.number}" for r in sel.pareto if r.number != 1} <= set(text.replace("◆", " ").split())
-    assert "budget 24.00 GiB" in text
+    assert "budget 24.00 GB" in text
 
 
 # ----------------------------------------------------------------------------- the app

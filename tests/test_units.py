@@ -7,8 +7,8 @@ from advisor.core.units import format_bytes, parse_budget
 
 
 @pytest.mark.parametrize("text,expected,unit", [
-    ("24GB", 24 * 2**30, "GB"), ("24 GiB", 24 * 2**30, "GiB"), ("24000MiB", 24000 * 2**20, "MiB"),
-    ("0.5TB", 2**39, "TB"), ("25769803776", 24 * 2**30, "B"), ("24gb", 24 * 2**30, "gb"),
+    ("24GB", 24 * 2**30, "GiB"), ("24 GiB", 24 * 2**30, "GiB"), ("24000MiB", 24000 * 2**20, "MiB"),
+    ("0.5TB", 2**39, "TiB"), ("25769803776", 24 * 2**30, "B"), ("24gb", 24 * 2**30, "GiB"),
 ])
 def test_parse_sizes(text, expected, unit):
     b = parse_budget(text)

@@ -119,7 +119,7 @@ def kind_traces(spec: ModelSpec, kinds: list[tuple[int, ...]]) -> tuple[list[tup
     keeps (its saved activations, weights, states), as the layers the extrapolation adds. Layers are indices of the
     full model."""
     first = [k[0] for k in kinds]
-    prefix = sorted(first)  # the first layer of each kind, in the model's order (the layers between repeat a kind)
+    prefix = list(range(max(first) + 1))
     last_kind = next(k for k, ix in enumerate(kinds) if spec.num_layers - 1 in ix)
     last = kinds[last_kind][-1]
     kind_of = {i: k for k, ix in enumerate(kinds) for i in ix}
