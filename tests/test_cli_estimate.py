@@ -36,7 +36,7 @@ def test_qlora_json_contract(capsys):
 def test_budget_gives_fits(capsys):
     code, out, _ = run_cli(capsys, "estimate", "--model", "qwen7b", "--method", "full", "--gpu-budget", "24GB", "--json")
     d = json.loads(out)
-    assert code == 0 and d["fits"] is False and d["budget"]["unit"] == "GB"
+    assert code == 0 and d["fits"] is False and d["budget"]["unit"] == "GiB"
 
 
 def test_inference_kv_per_token(capsys):
@@ -50,7 +50,7 @@ def test_inference_kv_per_token(capsys):
 def test_human_ledger_table(capsys):
     code, out, _ = run_cli(capsys, "estimate", "--model", "qwen7b", "--method", "lora", "--gpu-budget", "24GB")
     assert code == 0
-    for text in ("Weights", "Saved activations", "Peak on the GPU", "GB", "r16[q,k,v,o]"):
+    for text in ("Weights", "Saved activations", "Peak on the GPU", "GiB", "r16[q,k,v,o]"):
         assert text in out  # (the plan's brackets are text, not rich markup)
     verdict = _verdict(out)
     # the verdict the table prints is the one the JSON gives for the same command

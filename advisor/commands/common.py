@@ -100,6 +100,11 @@ def add_knob_flag(g, k: Knob, plan: type = Plan) -> None:
         if k.cli.metavar:
             options["metavar"] = k.cli.metavar
         g.add_argument(k.flag, **options)
+    add_alias_flag(g, k)
+
+
+def add_alias_flag(g, k) -> None:
+    """A knob's shorthand flag (``Cli.alias``: ``--chunked-ce`` for ``--loss chunked``), as store_true."""
     if k.cli.alias:
         flag, value = k.cli.alias
         g.add_argument(flag, dest=_alias_dest(flag), action="store_true",
@@ -164,10 +169,7 @@ def add_plan_override_flags(p: argparse.ArgumentParser, plan: type = Plan) -> No
             if k.cli.metavar:
                 options["metavar"] = k.cli.metavar
             g.add_argument(k.flag, **options)
-        if k.cli.alias:
-            flag, value = k.cli.alias
-            g.add_argument(flag, dest=_alias_dest(flag), action="store_true",
-                           help=f"the same as {k.flag} {format_value(value)}")
+        add_alias_flag(g, k)
 
 
 def plan_overrides(args: argparse.Namespace, overrides: list[str] | tuple[str, ...] = (),
