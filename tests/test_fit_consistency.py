@@ -74,9 +74,13 @@ def test_estimate_verdict_and_renderer(case, capsys, which, expected):
 
 
 @pytest.mark.parametrize("which,expected", [("between", False), ("enough", True)])
-def test_tuner_prunes_and_selects_by_the_same_rule(case, tmp_path, which, expected):
+def test_tuner_prunes_and_selects_by_the_same_rule(case, tmp_path, which, expected, monkeypatch):
+    import advisor.search.tuner as tuner_module
     from advisor.commands.tune import build_settings
     from advisor.search.tuner import Tuner
+
+    # the estimate's own rule, as decided: an answer at the edge is otherwise simulated before it is given
+    monkeypatch.setattr(tuner_module, "EDGE_MARGIN", -1.0)
 
     args = build_parser().parse_args(["tune", "--model", "qwen7b", "--gpu", GPU, "--gpu-budget",
                                       str(case.budgets[which]), "--backend", "estimate", "--reports-dir",

@@ -29,7 +29,7 @@ def test_qwen7b_24gb_recommends_peft_and_rejects_full(tmp_path, capsys):
     assert d["n_trials"] == 25 and d["n_pruned"] >= 1
     best = d["best"]
     assert best["plan"]["method"] in ("lora", "qlora")
-    assert best["peak_bytes"] <= 24 * 2**30 * 0.95 and best["source"] == "estimated"
+    assert best["peak_bytes"] <= 24 * 2**30 * 0.95 and best["source"] in ("estimated", "simulated")  # an answer at the edge is simulated
     assert best["tokens_per_s"] > 0
     # the predicted step-time terms travel with the answer, and the explanation names its largest ones
     p = best["plan"]
