@@ -111,6 +111,17 @@ def add_alias_flag(g, k) -> None:
                        help=f"the same as {k.flag} {format_value(value)}")
 
 
+def _with_alias(args: argparse.Namespace, k, value):
+    """``value`` of knob ``k``, or the value its shorthand flag means when that flag was given (``--chunked-ce`` is
+    ``--loss chunked``); the shorthand beside a contradicting value is an input error naming it."""
+    if not (k.cli.alias and getattr(args, _alias_dest(k.cli.alias[0]), False)):
+        return value
+    flag, meant = k.cli.alias
+    if value not in (None, meant):
+        raise AdvisorInputError(flag, f"is {k.flag} {format_value(meant)}, which contradicts {k.flag} {value}", value)
+    return meant
+
+
 def _alias_dest(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
@@ -183,12 +194,7 @@ def plan_overrides(args: argparse.Namespace, overrides: list[str] | tuple[str, .
     out: list[str] = []
     for k in knobs(plan):
         value = getattr(args, k.name, None)
-        if k.cli.alias and getattr(args, _alias_dest(k.cli.alias[0]), False):
-            flag, meant = k.cli.alias
-            if value not in (None, meant):
-                raise AdvisorInputError(flag, f"is {k.flag} {format_value(meant)}, which contradicts {k.flag} {value}",
-                                        value)
-            value = meant
+        value = _with_alias(args, k, value)
         if value is None:
             continue
         if k.name not in search_knobs(plan) and k.name not in known_fixed_keys(plan):
@@ -217,12 +223,7 @@ def plan_from_args(args: argparse.Namespace, plan: type = Plan, card=None) -> Pl
         value = getattr(args, k.name, None)
         if value is None and k.name in CARD_DECIDED:
             value = (card or Card()).choice(k.name, values)
-        if k.cli.alias and getattr(args, _alias_dest(k.cli.alias[0]), False):
-            flag, meant = k.cli.alias
-            if value not in (None, meant):
-                raise AdvisorInputError(flag, f"is {k.flag} {format_value(meant)}, which contradicts {k.flag} {value}",
-                                        value)
-            value = meant
+        value = _with_alias(args, k, value)
         values[k.name] = k.default if value is None and not k.cli.default else value
     for k in knobs(plan):  # defaults that follow other knobs (the quantization follows the method)
         if k.cli.default and values[k.name] is None:
