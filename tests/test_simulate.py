@@ -159,6 +159,33 @@ def test_fused_linear_standin_loss_equals_the_models_own_loss():
     assert torch.allclose(model.model.embed_tokens.weight.grad, g_want, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("tokens", [64 * 9, 64 * 9 + 20])
+def test_fused_linear_loop_run_in_part_under_fake_tensors_equals_the_whole_loop(tokens, monkeypatch):
+    """Under fake tensors the stand-in runs its first two chunks and its last (the rest repeat the second): the
+    live peak and the caching allocator's replay (allocated and reserved) equal those of every chunk run."""
+    from torch._subclasses import FakeTensorMode
+
+    import advisor.runtime.simulate.fused_loss as fl
+    from advisor.memory.allocator import replay
+    from advisor.runtime.simulate.tracker import LiveBytes
+
+    def run():
+        tracker = LiveBytes()
+        with FakeTensorMode(), tracker:
+            h = torch.randn(tokens, 64, dtype=torch.bfloat16, requires_grad=True)
+            w = torch.randn(4096, 64, dtype=torch.bfloat16, requires_grad=True)
+            y = torch.randint(0, 4096, (tokens,))
+            fl.fused_linear_cross_entropy(h, w, y).backward()
+        r = replay(tracker.allocator_events())
+        return tracker.peak.bytes, r.allocated_peak_bytes, r.reserved_peak_bytes, len(tracker.records)
+
+    assert tokens // fl.liger_chunk_tokens(tokens, 64, 4096) > 3
+    part = run()
+    monkeypatch.setattr(fl, "_chunk_starts", lambda _input, n, chunk: list(range(0, n, chunk)))
+    whole = run()
+    assert part[:3] == whole[:3] and part[3] < whole[3]
+
+
 def test_liger_chunk_rule():
     """liger fused_linear_cross_entropy_forward: next_power_of_2(cdiv(BT, cdiv(V, H))), at most BT."""
     from advisor.memory.loss_dora_packing import liger_chunk_tokens  # the ledger's and the stand-in's one rule

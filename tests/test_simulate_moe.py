@@ -48,7 +48,9 @@ def test_simulation_equals_real_execution_every_method(arch, method, ckpt):
 
 EXTRAPOLATED = [("gemma3_text", 12, Plan(seq_len=64, **PLANS["lora"])),
                 ("gemma3_text", 12, Plan(seq_len=64, gradient_checkpointing=True, **PLANS["full"])),
+                ("gemma3_text", 12, Plan(seq_len=64, method="qlora", quantization="nf4")),
                 ("qwen3_next", 8, Plan(seq_len=64, **PLANS["lora"])),
+                ("qwen3_next", 8, Plan(seq_len=64, method="lora")),  # q/k/v/o: its linear layers train nothing
                 ("qwen3_next", 8, Plan(seq_len=64, gradient_checkpointing=True, **PLANS["qlora"])),
                 ("deepseek_v2", 5, Plan(seq_len=64, **PLANS["lora"])),
                 ("gpt_oss", 6, Plan(seq_len=64, gradient_checkpointing=True, **PLANS["lora"]))]
@@ -70,6 +72,25 @@ def test_a_window_longer_than_the_sequence_is_full_attention():
     spec = tiny_spec("gemma3_text", num_layers=12)  # a 16-token window, 5 sliding then 1 full
     assert len(trace_kinds(spec, Plan(seq_len=8))) == 1
     assert [len(k) for k in trace_kinds(spec, Plan(seq_len=16))] == [10, 2]
+
+
+def test_the_first_trace_holds_the_layers_up_to_the_first_that_trains():
+    """Layers before the first one that needs a gradient save nothing: they are traced as in the model; after it,
+    one layer of each kind stands for the rest, wherever it is."""
+    from advisor.runtime.simulate.extrapolate import first_trainable_layer
+
+    spec = resolve_model("qwen3-next")
+    lora = Plan(method="lora", seq_len=1024)  # q/k/v/o: only the full-attention layers (every 4th) are adapted
+    assert first_trainable_layer(spec, lora) == 3
+    assert kind_traces(spec, trace_kinds(spec, lora), lora)[0][0] == (0, 1, 2, 3, 0, 3, 47)
+    for plan in (Plan(method="lora", lora_targets="all-linear", seq_len=1024), Plan(method="full", seq_len=1024),
+                 Plan(method="lora", gradient_checkpointing=True, seq_len=1024)):
+        assert first_trainable_layer(spec, plan) == 0
+        assert kind_traces(spec, trace_kinds(spec, plan), plan)[0][0] == (0, 0, 3, 47)
+    spec = resolve_model("gemma-3-12b")
+    qlora = Plan(method="qlora", quantization="nf4", seq_len=1024)
+    assert kind_traces(spec, trace_kinds(spec, qlora), qlora)[0] == [(0, 0, 5, 47), (0, 0, 0, 5, 47),
+                                                                      (0, 5, 0, 0, 5, 47)]
 
 
 def test_the_traces_keep_the_models_first_layers_and_end_on_its_last_kind():

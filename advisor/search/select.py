@@ -72,6 +72,8 @@ class TrialRecord:
     #                               step-time term (advisor/speed), also kept when a probe measured the speed
     approximate: bool = False      # memory approximated by the closed form beyond what it describes (not yet
     #                               simulated: the tuner simulates the finalists, advisor.search.tuner)
+    closed_form_decides: bool = False  # a simulating backend left it to the closed form, which describes it and
+    #                               puts it clear of both budgets (advisor.search.tuner); simulated once it is the answer
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -108,6 +108,9 @@ class TrialOutcome:
     """What a probe measured in place of a prediction (tokens/s, losses, the accuracy of its measured KL)."""
     approximate: bool = False
     """Its memory is the closed form's approximation of a plan it does not describe: a finalist is simulated."""
+    closed_form_decides: bool = False
+    """A later stage would simulate it, but the closed form, which describes it, puts it clear of both budgets
+    (``Tuner._clear_of_the_edge``): it stands as estimated, and simulated once it is the answer."""
 
     @property
     def pruned(self) -> bool:
@@ -483,7 +486,7 @@ class Tuner:
         """The answer so far (simulated or measured trials only); None outside a study."""
         if self.study is None:
             return None
-        records = [r for r in self.records() if r.source != "estimated"]
+        records = [r for r in self.records() if r.source != "estimated" or r.closed_form_decides]
         return select(records, self.s.budget.bytes, self.s.headroom, self.s.tolerance, rules=self.s.rules).best
 
     def _cannot_win(self, plan: Plan, ttq: float) -> str:
@@ -515,7 +518,7 @@ class Tuner:
             return None
         for r in self.records():
             if is_recipe(r.ladder) and r.duplicate_of is None:
-                ok = (r.state == "complete" and r.source != "estimated" and r.tokens_per_s
+                ok = (r.state == "complete" and (r.source != "estimated" or r.closed_form_decides) and r.tokens_per_s
                       and fits(run_peak(r), self.s.budget.bytes, self.s.headroom)
                       and host_fits(host_peak(r), self.s.host_budget_bytes))
                 return r if ok else None
@@ -628,6 +631,12 @@ class Tuner:
                     if not out.reason:
                         out.note = f"not {_DONE_WORD[stage.name]}: {why_not}"
                     return out
+                if stage.name == "simulate" and stages[i - 1].name == "estimate":
+                    clear = self._clear_of_the_edge(report, plan)
+                    if clear:  # the closed form decides: the simulation could not move it across the budget
+                        out.stage, out.prediction, out.note = "estimate", prediction, f"not simulated: {clear}"
+                        out.closed_form_decides = out.memory["closed_form_decides"] = True
+                        return out
             if stage.name == "simulate":
                 report = self._per_gpu(get_backend(stage.backend).measure(s.model, plan, s.gpu), plan)
                 out.memory = _memory_fields(report, s.gpus)
@@ -641,6 +650,26 @@ class Tuner:
                     return out
         out.prediction = out.prediction or prediction
         return out
+
+    def _clear_of_the_edge(self, report, plan: Plan) -> str:
+        """Why the simulation cannot change what the closed form says of a plan it describes ('' when it might):
+        its run peak and its host peak are both more than ``EDGE_MARGIN`` under what the budgets leave usable.
+        The closed form is held within 3% of the simulation on every layer kind it describes
+        (tests/test_analytic_vs_simulate.py, tests/test_simulate_moe.py) and their allocator fragmentation within
+        5% of the budget, so a plan that far under both budgets fits by either."""
+        s = self.s
+        if not closed_form_describes(s.model, plan)[0]:
+            return ""
+        limit = usable_bytes(s.budget.bytes, s.headroom) * (1 - EDGE_MARGIN)
+        if run_peak_bytes(report) > limit:
+            return ""
+        host = s.host_budget_bytes
+        if host is not None and _host_peak(s, report) > host_usable_bytes(host) * (1 - EDGE_MARGIN):
+            return ""
+        under = 1 - run_peak_bytes(report) / usable_bytes(s.budget.bytes, s.headroom)
+        return (f"the closed form, which describes it, puts its run peak {under:.0%} under the usable budget "
+                f"(more than the {EDGE_MARGIN:.0%} where it and the simulation can disagree); the answer is "
+                f"simulated")
 
     def _estimate_stage(self, out: "TrialOutcome", plan: Plan, stage, later) -> Any:
         """The closed form: the report, or None with ``out.reason`` when the plan is screened out. A plan it does
@@ -741,7 +770,8 @@ class Tuner:
             done = self.study.user_attrs.get(SIMULATED_ATTR) or {}
             for sel in (self.selection(records), self.selection([_optimistic(r) for r in records])):
                 for r in (sel.best, sel.recipe):
-                    if r is not None and (r.approximate or self._estimated_at_the_edge(r)):
+                    if r is not None and (r.approximate or self._estimated_at_the_edge(r)
+                                          or (r is sel.best and r.closed_form_decides)):
                         number = r.duplicate_of if r.duplicate_of is not None else r.number
                         if str(number) not in done:  # each trial once, whatever its record says after
                             todo.setdefault(number, r)

@@ -1,15 +1,19 @@
 """Layer extrapolation: trace a few decoder layers, extend linearly to the full depth.
 
 Decoder layers of one kind are identical, so every phase's peak (and every category of its ledger) is an
-affine function of the number of layers L: ``m(L) = m(n2) + (L - n2) * (m(n2) - m(n1))``. Each
-phase is extrapolated on its own and the largest taken, so a peak that moves from one phase to
+affine function of the number of layers L. One trace of three layers gives it: at each phase's peak, the middle
+layer holds what one more layer adds (its parameters, gradients and states, what it saved for backward:
+``deepened``, from the tracker's layer tags), so ``m(L) = m(3) + (L - 3) * held(middle)``. Where a phase peaks
+inside the middle layer itself, a second trace of two layers gives ``m(L) = m(n2) + (L - n2) * (m(n2) - m(n1))``.
+Each phase is extrapolated on its own and the largest taken, so a peak that moves from one phase to
 another as L grows is still found. Proven against full traces in tests/test_simulate_extrapolate.py.
 
 Layers of several kinds (Gemma-3's sliding and full attention, gpt-oss's alternating window, Qwen3-Next's
 linear and full attention, DeepSeek's dense first layer; ``layer_kinds``) are each traced: memory is affine in the
-number of layers of each kind, ``m(n_1..n_K) = m(T_K) + sum_k (N_k - n_k(T_K)) * (m(T_k) - m(T_k-1))``, from
-K + 1 traces: T_0 holds the model's first layers up to one of each kind, one middle layer of each kind, and the
-layer the model ends on; T_k one more middle layer of the k-th kind than T_k-1 (``kind_traces``). Proven against
+number of layers of each kind. T_0 holds the model's first layers up to the first that trains, one middle layer of
+each kind, and the layer the model ends on (``kind_traces``); each kind's middle layer is repeated to its count
+(``deepened``). Where a phase peaks inside one of them, K more traces T_k, each one more middle layer of the k-th
+kind than T_k-1, give ``m(n_1..n_K) = m(T_K) + sum_k (N_k - n_k(T_K)) * (m(T_k) - m(T_k-1))``. Proven against
 full traces in tests/test_simulate_moe.py.
 """
 
@@ -71,12 +75,52 @@ def simulate(spec: ModelSpec, plan: Plan, *, layers: str | int = "auto", fake: b
     if len(kinds) > 1:
         return simulate_kinds(spec, plan, kinds, fake=fake, target_device=target_device, start=start)
     n1, n2 = TRACE_LAYERS
-    a = trace_step(spec, plan, fake=fake, num_layers=n1, target_device=target_device)
     b = trace_step(spec, plan, fake=fake, num_layers=n2, target_device=target_device)
+    phases = deepened(b, {MIDDLE: L - n2})
+    if phases is not None:
+        top = max(phases.values(), key=lambda p: p.bytes)
+        return Simulation(top.bytes, top.phase, top.ledger, phases, (n2,), True, time.perf_counter() - start,
+                          b.notes + [f"traced {n2} layers, the middle one repeated to {L}"],
+                          ((n2, b.events, b.event_layers, {MIDDLE: L - n2}),))
+    a = trace_step(spec, plan, fake=fake, num_layers=n1, target_device=target_device)
     phases = extrapolate_phases(a, b, L)
     top = max(phases.values(), key=lambda p: p.bytes)
     return Simulation(top.bytes, top.phase, top.ledger, phases, (n1, n2), True, time.perf_counter() - start,
                       b.notes, ((n1, a.events, a.event_layers), (n2, b.events, b.event_layers)))
+
+
+MIDDLE = 1
+"""The position of the middle layer in a trace of ``TRACE_LAYERS[1]`` layers (the first takes the embeddings'
+output, the last starts the backward)."""
+
+HELD_BY_A_LAYER = frozenset(("weights", "quant_constants", "adapter_weights", "gradients", "optimizer_states",
+                             "master_weights", "activations"))
+"""What one more decoder layer adds at a peak: what it keeps (its parameters, their gradients and optimizer states)
+and what it saved for backward. A layer's transient tensors at a forward or backward peak are in flight (the
+gradient on its way to the layer before), held once whatever the depth; at the optimizer's peak a foreach step holds
+one temporary per parameter, so there they count as well."""
+
+
+def deepened(trace: StepTrace, extras: dict[int, int]) -> dict[str, PhasePeak] | None:
+    """Each phase of the full model from one trace: its ledger at the peak plus, for each middle layer (its
+    position in the trace), ``extras[position]`` copies of what that layer holds at that moment (``PhasePeak.by_layer``,
+    ``HELD_BY_A_LAYER``). Decoder layers of one kind are identical, so this is what the same number of layers more
+    hold (tests/test_simulate_extrapolate.py and tests/test_simulate_moe.py hold it to full traces). None when a phase
+    peaks inside one of those layers, where its own temporaries would be copied too: the caller traces more
+    layers and extends by differences instead."""
+    out = {}
+    for name, ph in trace.phases.items():
+        if ph.at_layer in extras:
+            return None
+        ledger = dict(ph.ledger)
+        host = ph.host_bytes
+        for position, n in extras.items():
+            for c, v in ph.by_layer.get(position, {}).items():
+                if c in HELD_BY_A_LAYER or (name == "optimizer" and c == "transient"):
+                    ledger[c] = ledger.get(c, 0) + n * v
+            host += n * ph.host_by_layer.get(position, 0)
+        out[name] = PhasePeak(name, sum(ledger.values()), ledger, host_bytes=host)
+    return out
 
 
 def extrapolate_phases(a: StepTrace, b: StepTrace, L: int) -> dict[str, PhasePeak]:
@@ -108,18 +152,41 @@ def trace_kinds(spec: ModelSpec, plan: Plan) -> list[tuple[int, ...]]:
     return [tuple(ix) for ix in groups.values()]
 
 
-def kind_traces(spec: ModelSpec, kinds: list[tuple[int, ...]]) -> tuple[list[tuple[int, ...]], list[int], int]:
+def first_trainable_layer(spec: ModelSpec, plan: Plan) -> int | None:
+    """The first decoder layer whose input or parameters need a gradient under ``plan`` (None: not known). Every
+    layer after it has an input that needs one, so it saves for backward what a middle layer of its kind does,
+    wherever it stands. Full fine-tuning trains every layer; checkpointing the whole decoder the way Trainer does
+    makes the embeddings' output need a gradient (transformers ``activation_checkpointing_enable`` calls
+    ``enable_input_require_grads``, advisor.runtime.build); LoRA trains the first layer holding a target."""
+    if not plan.peft:
+        return 0
+    whole = plan.gradient_checkpointing and plan.checkpoint_layers is None and not plan.activation_offload
+    if whole:
+        return 0
+    from advisor.core.adapters import lora_targets
+
+    targets = set(lora_targets(spec, plan)[0])
+    for layer in spec.description.layers:
+        if any(m.name.rsplit(".", 1)[-1] in targets for m in layer.linears) or (plan.lora_experts and layer.experts):
+            return layer.index
+    return None
+
+
+def kind_traces(spec: ModelSpec, kinds: list[tuple[int, ...]], plan: Plan | None = None
+                ) -> tuple[list[tuple[int, ...]], list[int], int]:
     """(the layers of each trace T_0..T_m, the kind each later trace adds, where it adds it).
 
-    T_0 is the model's own first layers up to the first layer of every kind (so the layers before the first
-    trainable one, which save nothing for backward, are there as in the model), then one middle layer of each kind
+    T_0 is the model's own first layers up to the first one whose input or parameters need a gradient under ``plan``
+    (``first_trainable_layer``: the layers before it save nothing for backward, and are there as in the model; without
+    a plan, up to the first layer of every kind), then one middle layer of each kind
     the model has more of, then one layer of the kind the model ends on (the backward starts there). Each later
     trace adds one more layer of one of those kinds among the middle ones: with every kind already in the middle,
     the layer whose backward holds the most is in every trace, and each difference is what one more layer of a kind
     keeps (its saved activations, weights, states), as the layers the extrapolation adds. Layers are indices of the
     full model."""
     first = [k[0] for k in kinds]
-    prefix = list(range(max(first) + 1))
+    lead = first_trainable_layer(spec, plan) if plan is not None else None
+    prefix = list(range((lead if lead is not None else max(first)) + 1))
     last_kind = next(k for k, ix in enumerate(kinds) if spec.num_layers - 1 in ix)
     last = kinds[last_kind][-1]
     kind_of = {i: k for k, ix in enumerate(kinds) for i in ix}
@@ -137,11 +204,35 @@ def kind_traces(spec: ModelSpec, kinds: list[tuple[int, ...]]) -> tuple[list[tup
 
 def simulate_kinds(spec: ModelSpec, plan: Plan, kinds: list[tuple[int, ...]], *, fake: bool, target_device: str,
                    start: float) -> Simulation:
-    """Layers of several kinds: K + 1 traces, extended affinely in the number of layers of each kind."""
-    traces_layers, added, at = kind_traces(spec, kinds)
+    """Layers of several kinds: one trace with each kind's middle layer repeated, or (a phase peaking inside one of
+    them) K + 1 traces, extended affinely in the number of layers of each kind."""
+    traces_layers, added, at = kind_traces(spec, kinds, plan)
     kind_of = {i: k for k, ix in enumerate(kinds) for i in ix}
+    d = spec.description
+    names = []
+    for ix in kinds:
+        layer = d.layers[ix[0]]
+        what = layer.attention + (f"({layer.sliding_window})" if layer.sliding_window and plan.seq_len >= (
+            layer.sliding_window or 0) else "") + (" moe" if layer.num_experts else (" dense" if d.is_moe else ""))
+        names.append(f"{what} x{len(ix)}")
     try:
-        traces = [trace_step(spec, plan, fake=fake, layers=t, target_device=target_device) for t in traces_layers]
+        traces = [trace_step(spec, plan, fake=fake, layers=traces_layers[0], target_device=target_device)]
+        first = traces_layers[0]
+        middles = {}  # the middle layer of each kind the model has more of: its position in the first trace
+        for k in added:
+            position = next(p for p in range(at, len(first) - 1) if kind_of[first[p]] == k)
+            middles[position] = len(kinds[k]) - sum(1 for i in first if kind_of[i] == k)
+        phases = deepened(traces[0], middles)
+        if phases is not None:
+            top = max(phases.values(), key=lambda p: p.bytes)
+            note = (f"layers of {len(kinds)} kinds ({', '.join(names)}): traced {len(first)} layers (the model's "
+                    f"first layers, then one of each kind), each kind's middle layer repeated to {spec.num_layers}")
+            return Simulation(top.bytes, top.phase, top.ledger, phases, (len(first),), True,
+                              time.perf_counter() - start, traces[0].notes + [note],
+                              ((len(first), traces[0].events, traces[0].event_layers, middles),),
+                              layer_kinds=len(kinds))
+        traces += [trace_step(spec, plan, fake=fake, layers=t, target_device=target_device)
+                   for t in traces_layers[1:]]
     except ValueError as e:
         raise AdvisorInputError("--model", f"cannot build the layers of {spec.name} chosen for the extrapolation ({e})",
                                 spec.name, show_value=False) from e
@@ -164,13 +255,6 @@ def simulate_kinds(spec: ModelSpec, plan: Plan, kinds: list[tuple[int, ...]], *,
                                                     - traces[step].phases[name].host_bytes)
         phases[name] = PhasePeak(name, sum(ledger.values()), ledger, host_bytes=max(0, round(host)))
     top = max(phases.values(), key=lambda p: p.bytes)
-    d = spec.description
-    names = []
-    for ix in kinds:
-        layer = d.layers[ix[0]]
-        what = layer.attention + (f"({layer.sliding_window})" if layer.sliding_window and plan.seq_len >= (
-            layer.sliding_window or 0) else "") + (" moe" if layer.num_experts else (" dense" if d.is_moe else ""))
-        names.append(f"{what} x{len(ix)}")
     note = (f"layers of {len(kinds)} kinds ({', '.join(names)}): traced "
             f"{', '.join(str(len(t)) for t in traces_layers)} layers (the model's first layers, then one more of "
             f"each kind), extrapolated to {spec.num_layers}")

@@ -39,6 +39,13 @@ class PhasePeak:
     """The largest live storages at the peak: (bytes, category, op that made it, phase it was made in)."""
     host_bytes: int = 0
     """The most bytes in host memory during the phase (offloaded activations)."""
+    by_layer: dict = field(default_factory=dict)
+    """Decoder layer (its position in the traced model) -> category -> bytes it holds at the peak: what it made
+    and what is its own (weights, states; ``tag_layers``, ``tag_layer_storages``)."""
+    host_by_layer: dict = field(default_factory=dict)
+    """Decoder layer -> host bytes it holds at the peak (offloaded copies it made)."""
+    at_layer: int | None = None
+    """The decoder layer running when the peak was reached (None: outside the layers)."""
 
 
 @dataclass
@@ -165,13 +172,16 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
     forward_begin = {"clock": 0}
 
     host_peaks: dict[str, int] = {}
+    host_peak_clocks: dict[str, int] = {}
 
     def close_phase():
         if measuring["on"] and tracker.phase in PHASES:
             best = phase_peaks.get(tracker.phase)
             if best is None or tracker.peak.bytes > best[0]:
                 phase_peaks[tracker.phase] = (tracker.peak.bytes, tracker.peak.clock)
-            host_peaks[tracker.phase] = max(host_peaks.get(tracker.phase, 0), tracker.host_peak)
+            if tracker.host_peak > host_peaks.get(tracker.phase, -1):
+                host_peaks[tracker.phase] = tracker.host_peak
+                host_peak_clocks[tracker.phase] = tracker.host_peak_clock
 
     def on_grad(p):
         # gradients an update inside backward frees before zero_grad (LOMO, optimizer_in_backward)
@@ -208,7 +218,7 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
         tracker.phase = name if name in PHASES else tracker.phase
         tracker.layer = None
         tracker.reset_peak()
-        tracker.host_peak = tracker.host_bytes
+        tracker.host_peak, tracker.host_peak_clock = tracker.host_bytes, tracker.clock
         marks.setdefault(name, tracker.clock)
 
     gap = 1 if plan.optimizer in LOW_RANK_OPTIMIZERS else None
@@ -254,7 +264,20 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
                 ledger[groups.get(rec.uid, "transient")] += rec.nbytes
             largest = sorted(((r.nbytes, groups.get(r.uid, "transient"), r.op, r.phase) for r in live
                               if groups.get(r.uid) not in ("weights", "quant_constants")), reverse=True)[:LARGEST]
-            phases[phase] = PhasePeak(phase, nbytes, ledger, largest, host_peaks.get(phase, 0))
+            by_layer: dict[int, dict[str, int]] = {}
+            for rec in live:
+                if rec.layer is not None:
+                    cats = by_layer.setdefault(rec.layer, {})
+                    cat = groups.get(rec.uid, "transient")
+                    cats[cat] = cats.get(cat, 0) + rec.nbytes
+            host_by_layer: dict[int, int] = {}
+            host_clock = host_peak_clocks.get(phase)
+            for rec in tracker.host_live_at(host_clock) if host_clock is not None else ():
+                if rec.layer is not None:
+                    host_by_layer[rec.layer] = host_by_layer.get(rec.layer, 0) + rec.nbytes
+            at = next((r.layer for r in tracker.records if r.born == clock), None) if clock else None
+            phases[phase] = PhasePeak(phase, nbytes, ledger, largest, host_peaks.get(phase, 0), by_layer,
+                                      host_by_layer, at)
         notes = list(setup.notes)
         layers = len(_decoder_layers(setup.model))
         events, event_layers = tracker.allocator_events(warm_clock, layers=True)

@@ -76,6 +76,7 @@ def _make_mode_class():
             self.phantoms = PHANTOMS
             self.host_bytes = 0
             self.host_peak = 0
+            self.host_peak_clock = 0
             self._on_host = 0
 
         # -------------------------------------------------------------- bookkeeping
@@ -93,7 +94,8 @@ def _make_mode_class():
             self.records.append(rec)
             if rec.host:
                 self.host_bytes += rec.nbytes
-                self.host_peak = max(self.host_peak, self.host_bytes)
+                if self.host_bytes > self.host_peak:
+                    self.host_peak, self.host_peak_clock = self.host_bytes, rec.born
                 return rec
             self.live_bytes += rec.nbytes
             if self.live_bytes > self.peak.bytes:
