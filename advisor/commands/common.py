@@ -89,7 +89,7 @@ def add_knob_flag(g, k: Knob, plan: type = Plan) -> None:
         g.add_argument(k.flag, action="store_true", **options)
     else:
         options["default"] = None if (k.cli.default or k.cli.alias or card_decided) else k.default
-        if k.choices is not None:
+        if k.choices is not None and k.cli.parse is None:  # a knob's own parse checks its words (--task)
             options["choices"] = k.choices
         if k.cli.parse is not None:
             options["type"] = k.cli.parse
@@ -171,9 +171,11 @@ def add_plan_override_flags(p: argparse.ArgumentParser, plan: type = Plan) -> No
         if k.is_switch:
             g.add_argument(k.flag, action="store_const", const=True, **options)
         else:
-            if k.choices is not None:
+            if k.choices is not None and k.cli.parse is None:
                 options["choices"] = k.choices
-            if k.cli.parse is not None:
+            if k.cli.parse is not None and k.choices is not None:
+                options["type"] = k.cli.parse  # a word the knob's own parse reads (--task train is sft)
+            elif k.cli.parse is not None:
                 options["type"] = str  # kept as typed: the space reads set names and module lists itself
             elif k.range is not None:
                 options["type"] = range_type(k.range)

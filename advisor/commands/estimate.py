@@ -16,7 +16,6 @@ def add_parser(subs) -> None:
         "estimate", help="memory ledger of a training step (or of serving)",
         description="Where the memory of one fine-tuning step (or of serving) goes, category by category.",
         formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--task", choices=("train", "inference"), default="train", help="what the GPU will do")
     add_model_flags(p)
     add_host_budget_flag(p)
     add_plan_flags(p)
@@ -92,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     result.update(report.to_dict())
     result.update(answered_by(model, args.task, args.backend, report))
     result["ledger"] = report.device
-    if args.task == "train":
+    if args.task != "inference":
         result.update(throughput_fields(model, plan, gpu, target.gpu_assumed, args.gpus, args.sharding, report))
     if budget is not None:
         result["budget"] = {"bytes": budget.bytes, "text": budget.text, "unit": budget.unit}
@@ -100,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         # the run fits when its highest phase does (load, train, eval, generate, save): the one rule
         result["fits"] = fits(report.run_peak_bytes, budget.bytes, args.headroom)
     host_budget = target.host_budget
-    if host_budget is not None and args.task == "train":
+    if host_budget is not None and args.task != "inference":
         # the host rule (advisor.core.fit.host_fits): the host peak against the RAM less the OS reserve; the
         # ranks of --gpus share one machine
         host_peak = report.host_peak_bytes * args.gpus
@@ -114,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
 
         from advisor.ui.render import print_estimate
 
-        print_estimate(result, report, budget, args.headroom, host_budget=target.host_budget if args.task == "train"
+        print_estimate(result, report, budget, args.headroom, host_budget=target.host_budget if args.task != "inference"
                        else None, gpus=args.gpus)
         Console().print(f"[dim]answered by the {result['answered_by']}: {result['answered_by_reason']}[/]")
     return 0
