@@ -64,6 +64,10 @@ def run(args: argparse.Namespace) -> int:
         # the precision and attention not given are the card's; a plan it cannot run is refused (card_rules)
         plan = plan_from_args(args, card=Card.of(target.known_gpu, model))
         check_plan_against_model(model, plan)
+        from advisor.core.plan import rl_problems
+
+        for problem in rl_problems(plan, args.gpus):  # the GRPO rules that need the GPU count
+            raise problem
         if getattr(args, "data", None):
             from advisor.runtime.probe import data_profile
 
@@ -91,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
     result.update(report.to_dict())
     result.update(answered_by(model, args.task, args.backend, report))
     result["ledger"] = report.device
+    if report.extra.get("task") in ("grpo", "dpo"):
+        result["generation"] = report.extra.get("generation")
     if args.task != "inference":
         result.update(throughput_fields(model, plan, gpu, target.gpu_assumed, args.gpus, args.sharding, report))
     if budget is not None:
@@ -163,6 +169,16 @@ def throughput_fields(model, plan, gpu, gpu_assumed: bool, gpus: int, sharding: 
     out = {"tokens_per_s": tp.tokens_per_s, "step_seconds": tp.step_seconds, "step_terms": tp.terms,
            "throughput": {"source": tp.source, "gpu": gpu.name, "gpu_assumed": gpu_assumed, "gpus": gpus,
                           "predicted_tokens_per_s": tp.tokens_per_s}}
+    if plan.task != "sft":
+        from advisor.speed.throughput import rl_times
+
+        times = rl_times(model, plan, gpu, gpus, sharding)
+        out["throughput"]["phases"] = {name: {"seconds": sec, "share": times.shares[name]}
+                                       for name, sec in times.phases.items()}
+        out["throughput"]["tokens"] = "completion tokens" if plan.task == "grpo" else "chosen and rejected tokens"
+        out["completion_tokens_per_s" if plan.task == "grpo" else "pair_tokens_per_s"] = times.completion_tokens_per_s
+        if times.decode_step_seconds:
+            out["throughput"]["decode_step_seconds"] = times.decode_step_seconds
     measured = report.measured.tokens_per_s if report.measured is not None else None
     if measured:
         out["tokens_per_s"] = float(measured) * gpus

@@ -119,7 +119,7 @@ def effective_beta(values) -> float:
     return TRL_BETA.get(values.get("task", SFT), 0.0) if beta is None else beta
 
 
-def _with_reference(values) -> bool:
+def uses_reference(values) -> bool:
     """DPO always scores a reference (beta is its temperature); GRPO only with a KL term (TRL: beta 0 loads none)."""
     return _dpo(values) or (_grpo(values) and effective_beta(values) > 0)
 
@@ -157,7 +157,7 @@ def _generation_tag(plan: "Plan") -> str | None:
 
 
 def _reference_tag(plan: "Plan") -> str | None:
-    return f"ref-{plan.reference}" if _with_reference(vars(plan)) else None
+    return f"ref-{plan.reference}" if uses_reference(vars(plan)) else None
 
 
 def _adapter_tag(plan: "Plan") -> str | None:
@@ -169,6 +169,8 @@ def _adapter_tag(plan: "Plan") -> str | None:
 
 
 def _loss_tag(plan: "Plan") -> str | None:
+    if plan.task in RL_TASKS:
+        return None  # TRL's GRPO/DPO trainers score with their own fused head: the loss knob does not apply
     if plan.loss == "chunked":
         return "chunked-ce"  # the name short() used before the loss knob (kept: studies key on it)
     return None if plan.loss == "plain" else plan.loss + "-ce"
@@ -291,8 +293,9 @@ class Plan:
               "trl": Custom("optim")})
     """Optimizer (TrainingArguments.optim names)."""
     micro_batch: int = knob(
-        1, help="sequences per forward/backward", range=_WHOLE,
-        tag=Tag(lambda plan: f"b{plan.micro_batch}x{plan.grad_accum} s{plan.seq_len}"),
+        1, help="sequences per forward/backward (GRPO: completions per device, TRL's per_device_train_batch_size; "
+                "DPO: preference pairs, each chosen and rejected)", range=_WHOLE,
+        tag=Tag(lambda plan: f"b{plan.micro_batch}x{plan.grad_accum}" + ("" if plan.task == GRPO else f" s{plan.seq_len}")),
         search=Search(order=110, required=True, frugal=min),
         keys={"advisor": Key("training.per_device_train_batch_size", default=_TRAINING_ARGUMENTS_BATCH),
               "axolotl": Key("micro_batch_size", listed=True),
@@ -305,7 +308,8 @@ class Plan:
               "llamafactory": Key("gradient_accumulation_steps"), "trl": Key("gradient_accumulation_steps")})
     """Micro-batches per optimizer step (gradients held between them)."""
     seq_len: int = knob(
-        1024, help="tokens per sequence", range=_WHOLE, workload=Workload(required=True),
+        1024, help="tokens per sequence (DPO: TRL's max_length of each of chosen and rejected; GRPO: unused, "
+                   "--max-prompt-length + --max-completion-length)", range=_WHOLE, workload=Workload(required=True),
         keys={"advisor": Custom("advisor.max_seq_length"), "axolotl": Key("sequence_len", default=512),
               "llamafactory": Key("cutoff_len", default=2048), "trl": Key("max_length")})
     """Tokens per sequence (the padded length of the longest batch, or the packed length): the user's data, not a
@@ -476,7 +480,7 @@ class Plan:
         "adapter", help="GRPO (with --beta > 0) and DPO: the reference model: adapter (the base with the adapter "
                         "disabled, no copy; lora/qlora), copy (a frozen copy of the base) or precomputed (DPO: "
                         "precompute_ref_log_probs, log-probs computed once before training)",
-        choices=REFERENCES, applies=_with_reference,
+        choices=REFERENCES, applies=uses_reference,
         cli=Cli(default=lambda values: "copy" if values["method"] == "full" else "adapter",
                 default_means="adapter for lora/qlora, copy for full"),
         tag=Tag(lambda plan: _reference_tag(plan)),
@@ -739,7 +743,7 @@ def rl_plan_problems(plan: Plan, bad) -> None:
     if plan.task == DPO and plan.beta is not None and plan.beta <= 0:
         bad("beta", "DPO's beta is the preference temperature of its sigmoid loss: it must be greater than 0",
             plan.beta)
-    if _with_reference(values):
+    if uses_reference(values):
         if plan.reference == "adapter" and not plan.peft:
             bad("reference", "a full fine-tune has no adapter to disable: use copy or precomputed", plan.reference)
         if plan.reference == "precomputed" and plan.task == GRPO:
