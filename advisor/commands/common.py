@@ -265,7 +265,12 @@ def check_plan_against_model(model, plan) -> None:
     if plan.checkpoint_layers is not None and plan.checkpoint_layers > model.num_layers:
         raise AdvisorInputError("--checkpoint-layers", f"{model.name} has {model.num_layers} decoder layers",
                                 plan.checkpoint_layers)
-    if model.max_position_embeddings and plan.seq_len > model.max_position_embeddings:
+    if plan.task == "grpo" and model.max_position_embeddings and \
+            plan.max_prompt_length + plan.max_completion_length > model.max_position_embeddings:
+        raise AdvisorInputError("--max-completion-length", f"prompt + completion ({plan.max_prompt_length:,} + "
+                                f"{plan.max_completion_length:,}) is longer than {model.name}'s context of "
+                                f"{model.max_position_embeddings:,} tokens", plan.max_completion_length)
+    if plan.task != "grpo" and model.max_position_embeddings and plan.seq_len > model.max_position_embeddings:
         raise AdvisorInputError("--seq-len", f"longer than {model.name}'s context of {model.max_position_embeddings:,} tokens",
                                 plan.seq_len)
 

@@ -452,7 +452,7 @@ class Plan:
     """GRPO: the generation engine (GRPOConfig use_vllm, vllm_mode colocate / server)."""
     vllm_gpu_memory_utilization: float = knob(
         0.3, help="vllm-colocate: the fraction of the GPU vLLM's pool takes (weights, activations, CUDA graphs, KV "
-                  "cache)", range=Range(low=0, low_inclusive=False, high=1.0000001), applies=_colocate,
+                  "cache)", range=Range(low=0, low_inclusive=False, high=1), applies=_colocate,
         keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
               "trl": Key("vllm_gpu_memory_utilization")})
     """vllm-colocate: vLLM's gpu_memory_utilization (GRPOConfig.vllm_gpu_memory_utilization, TRL's default 0.3)."""
@@ -481,8 +481,8 @@ class Plan:
                         "disabled, no copy; lora/qlora), copy (a frozen copy of the base) or precomputed (DPO: "
                         "precompute_ref_log_probs, log-probs computed once before training)",
         choices=REFERENCES, applies=uses_reference,
-        cli=Cli(default=lambda values: "copy" if values["method"] == "full" else "adapter",
-                default_means="adapter for lora/qlora, copy for full"),
+        cli=Cli(default=lambda values: "copy" if values["method"] == "full" and values["task"] in RL_TASKS
+                else "adapter", default_means="adapter for lora/qlora, copy for full"),
         tag=Tag(lambda plan: _reference_tag(plan)),
         search=Search(ladder=prefer("adapter", "precomputed", "copy"), frugal=prefer("precomputed", "adapter")),
         keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,

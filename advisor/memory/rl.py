@@ -491,13 +491,15 @@ def rl_run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: Memor
                         peak_bytes=train.peak_bytes + add,
                         notes=(*train.notes, "with " + ", ".join(missing) + " resident beside the trainer's step"))
     rows, S = forward_rows(plan), sequence_tokens(plan)
+    gathered = gathered_for_generation(model, plan, step)
     if plan.task == GRPO:
         gen = generation_of(model, plan, gpu)
         rollout = extras.get("rollout", 0)
         colocated = plan.generation == "vllm-colocate"
         if plan.generation == "transformers":
-            phase("generate", trainer + rollout + gen.pool_bytes,
-                  f"generate(): KV cache {gen.sequences} x {S:,} tokens", gen.notes)
+            phase("generate", trainer + rollout + gen.pool_bytes + gathered,
+                  f"generate(): KV cache {gen.sequences} x {S:,} tokens" + (", every weight gathered" if gathered
+                                                                           else ""), gen.notes)
         else:
             # awake for generation: the whole pool on the training GPU when colocated
             on_gpu = gen.pool_bytes if colocated else 0
@@ -525,6 +527,8 @@ def rl_run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: Memor
             phase("sync", trainer, "no weight sync: generate() uses the policy itself", included=False)
         else:
             sync_t, what = sync_transient(model, plan)
+            if plan.peft:
+                sync_t += gathered  # PEFT under ZeRO-3 gathers the whole model before merging (_iter_named_params)
             held = gen.weights_bytes + (gen.kv_cache_bytes if plan.vllm_sleep == 0 else 0) + gen.reserve_bytes \
                 if colocated else 0
             phase("sync", trainer + held + sync_t, what)
@@ -544,6 +548,22 @@ def rl_run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: Memor
     from advisor.memory.phases import cached_across
 
     return RunPhases(cached_across({n: phases[n] for n in order}, order), base.reserved_model, tuple(notes))
+
+
+def gathered_for_generation(model: ModelSpec, plan: Plan, step: MemoryReport) -> int:
+    """Weights a sharded (ZeRO-3 / FSDP) GRPO run gathers whole on each GPU beyond its shard: for generate()
+    (GRPOConfig.ds3_gather_for_generation, on by default: unwrap_model_for_generation gathers every parameter; FSDP
+    summon_full_params) and for a PEFT policy's merge before a vLLM sync (gather_params of every parameter)."""
+    from advisor.memory.sharding import SHARDS_PARAMETERS
+    from advisor.memory.training import param_breakdown, weight_bytes
+
+    gpus, strategy = step.sharded or (1, "ddp")
+    if plan.task != GRPO or gpus == 1 or strategy not in SHARDS_PARAMETERS:
+        return 0
+    if plan.generation != "transformers" and not plan.peft:
+        return 0
+    full = sum(weight_bytes(model, plan, param_breakdown(model, plan)))
+    return int(max(0, full - step.device.get("weights", 0) - step.device.get("quant_constants", 0)))
 
 
 def sync_transient(model: ModelSpec, plan: Plan) -> tuple[int, str]:
