@@ -30,7 +30,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from advisor.core.catalog import GpuSpec, ModelSpec
-from advisor.core.plan import DPO, GRPO, Plan, generation_steps
+from advisor.core.plan import DPO, Plan, generation_steps
+from advisor.memory.sharding import DEFAULT_SHARDING
 
 RL_TERM_LABELS = {"generate": "generation (decoding)", "score": "scoring (no-grad log-prob passes)",
                   "sync": "weight sync into vLLM", "vllm_sleep": "vLLM sleep / wake",
@@ -116,7 +117,7 @@ def decode_seconds(model: ModelSpec, plan: Plan, gpu: GpuSpec, seqs: int) -> tup
     return seconds, prefill
 
 
-def predict_rl(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1, sharding: str = "zero3") -> RlTimes:
+def predict_rl(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1, sharding: str = DEFAULT_SHARDING) -> RlTimes:
     """Seconds per optimizer step of each phase of ``plan`` (GRPO or DPO) and its tokens/s."""
     from advisor.memory.rl import old_logprobs_computed, reference_kind, vllm_weight_bytes
     from advisor.speed.inputs import constants
@@ -157,7 +158,7 @@ def predict_rl(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1, shardi
     return RlTimes(phases, step, tokens / step, gens, dec, dict(tp.terms))
 
 
-def rl_terms(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1, sharding: str = "zero3"
+def rl_terms(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1, sharding: str = DEFAULT_SHARDING
              ) -> tuple[dict[str, float], RlTimes]:
     """The step's terms (seconds per optimizer step): the training step's own, and one per RL phase."""
     times = predict_rl(model, plan, gpu, gpus, sharding)
