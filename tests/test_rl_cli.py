@@ -114,6 +114,13 @@ def test_bad_input_is_one_line_naming_the_flag(capsys, argv, flag):
     assert code == 2 and len(lines) == 1 and flag in lines[0], err
 
 
+def test_numbered_levels_parse(capsys):
+    code, out, _, _ = estimate(capsys, ["--task", "grpo", "--model", "qwen0.5b", "--micro-batch", "8", "--generation",
+                                        "vllm-colocate", "--vllm-sleep", "2", "--gpu", "a100-80gb", "--json"])
+    d = json.loads(out)
+    assert code == 0 and d["plan"]["vllm_sleep"] == 2 and "vllm_weights" not in d["ledger"]
+
+
 def test_task_words(capsys):
     code, out, _, _ = estimate(capsys, ["--task", "train", "--model", "qwen0.5b", "--json"])
     assert code == 0 and json.loads(out)["plan"]["task"] == "sft"

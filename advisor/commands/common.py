@@ -91,6 +91,8 @@ def add_knob_flag(g, k: Knob, plan: type = Plan) -> None:
         options["default"] = None if (k.cli.default or k.cli.alias or card_decided) else k.default
         if k.choices is not None and k.cli.parse is None:  # a knob's own parse checks its words (--task)
             options["choices"] = k.choices
+            if _whole_choices(k):
+                options["type"] = int  # numbered levels (--vllm-sleep 0|1|2)
         if k.cli.parse is not None:
             options["type"] = k.cli.parse
         elif k.range is not None and k.range.whole:
@@ -101,6 +103,11 @@ def add_knob_flag(g, k: Knob, plan: type = Plan) -> None:
             options["metavar"] = k.cli.metavar
         g.add_argument(k.flag, **options)
     add_alias_flag(g, k)
+
+
+def _whole_choices(k: Knob) -> bool:
+    """A knob whose choices are whole numbers (vLLM's sleep levels): its flag parses an int."""
+    return all(isinstance(c, int) and not isinstance(c, bool) for c in k.choices)
 
 
 def add_alias_flag(g, k) -> None:
@@ -173,6 +180,8 @@ def add_plan_override_flags(p: argparse.ArgumentParser, plan: type = Plan) -> No
         else:
             if k.choices is not None and k.cli.parse is None:
                 options["choices"] = k.choices
+                if _whole_choices(k):
+                    options["type"] = int
             if k.cli.parse is not None and k.choices is not None:
                 options["type"] = k.cli.parse  # a word the knob's own parse reads (--task train is sft)
             elif k.cli.parse is not None:
