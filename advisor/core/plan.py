@@ -533,6 +533,12 @@ class Plan:
 
     @property
     def tokens_per_step(self) -> int:
+        """Tokens one optimizer step trains on one GPU: GRPO its completion tokens (what its tokens/s counts), DPO
+        chosen and rejected, else micro_batch x seq_len x grad_accum."""
+        if self.task == GRPO:
+            return self.micro_batch * self.max_completion_length * self.grad_accum
+        if self.task == DPO:
+            return 2 * self.micro_batch * self.seq_len * self.grad_accum
         return self.micro_batch * self.seq_len * self.grad_accum
 
     # ------------------------------------------------------------------ validation
