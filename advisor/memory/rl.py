@@ -547,13 +547,12 @@ def rl_run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: Memor
     else:
         pre = reference_kind(plan) == "precomputed"
         t, where = no_grad_forward(model, plan, rows, plan.seq_len, scored_tokens(plan))
-        ref_copy = reference_weight_bytes(model, plan.with_(reference="copy")) if plan.method == "full" else 0
-        # before training: the policy's weights and, for a full fine-tune, the reference loaded for the pass
-        # (DPOTrainer._precompute_ref_logps, then ref_model = None); no optimizer state yet
+        # before training, the policy itself (its adapter disabled for PEFT) scores the dataset: with
+        # precompute_ref_log_probs TRL loads no reference (DPOTrainer.__init__: ref_model None unless FSDP;
+        # _precompute_ref_logps uses ``self.ref_model or self.model``); no optimizer state yet
         weights = step.device.get("weights", 0) + step.device.get("quant_constants", 0) + \
             step.device.get("adapter_weights", 0)
-        phase("precompute", weights + ref_copy + t, f"reference log-probs, {rows} x {plan.seq_len:,}: {where}",
-              included=pre)
+        phase("precompute", weights + t, f"reference log-probs, {rows} x {plan.seq_len:,}: {where}", included=pre)
         phases["train"] = train
     phases["save"] = base.phases["save"]
     order = GRPO_PHASES if plan.task == GRPO else DPO_PHASES
