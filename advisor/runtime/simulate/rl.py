@@ -102,8 +102,10 @@ class Recorder:
                 self.saved.add(rec.uid)
 
     def mark_rollout(self, *tensors) -> None:
+        import torch
+
         for x in tensors:
-            rec = self.tracker.record_of(x) if x is not None else None
+            rec = self.tracker.record_of(x) if isinstance(x, torch.Tensor) else None
             if rec is not None:
                 self.rollout.add(rec.uid)
 
@@ -207,13 +209,26 @@ def identity_groups(tracker, model, ref, peft: bool, constants) -> dict[int, str
     return groups
 
 
-def trainer_checkpointing(model, args, peft: bool) -> None:
-    """What the trainer does to a model it is given, before training: TRL enables input gradients for PEFT with
-    checkpointing (grpo_trainer.py / dpo_trainer.py ``__init__``, ``enable_input_require_grads``), transformers'
-    Trainer turns activation checkpointing on (trainer.py 5.24 ``__init__``, ``activation_checkpointing_enable``)."""
+def trl_model_setup(model, args, plan: Plan) -> None:
+    """What TRL's trainer (``GRPOTrainer`` / ``DPOTrainer.__init__``, trl 1.16) and transformers' Trainer do to the
+    model after peft wraps it, before training:
+    - QLoRA: the adapter weights in bf16 ("When using QLoRA, the PEFT adapter weights are converted to bf16"; the
+      optimizer's states, made at its first step, follow);
+    - dropout off when ``disable_dropout`` (DPO's default; GRPO keeps it);
+    - PEFT with checkpointing: ``enable_input_require_grads``; then Trainer's ``activation_checkpointing_enable``
+      (trainer.py 5.24 ``__init__``)."""
+    import torch
+    from trl.trainer.utils import disable_dropout_in_model
+
+    if plan.quantized and plan.peft:
+        for name, p in model.named_parameters():
+            if p.requires_grad and "lora_magnitude_vector" not in name:
+                p.data = p.data.to(torch.bfloat16)
+    if args.disable_dropout:
+        disable_dropout_in_model(model)
     if not args.gradient_checkpointing:
         return
-    if peft:
+    if plan.peft:
         model.enable_input_require_grads()
     kwargs = dict(getattr(args, "activation_checkpointing_kwargs", None) or args.gradient_checkpointing_kwargs or {})
     kwargs.pop("every_n_layers", None)
@@ -354,6 +369,7 @@ def run_step(host, setup, ref, plan: Plan, rl: RLWorkload, rec: Recorder, refere
     if rl.task == "grpo":
         rec.phase("generate")
         batches = grpo_score(host, model, ref, rec, grpo_batch(host, plan, rl, device), reference)
+        rec.mark_rollout(*(v for b in batches for v in b.values()))
     else:
         rec.phase("generate")
         batches = [dpo_batch(plan, rl, device) for _ in range(min(plan.grad_accum, 2))]
@@ -385,10 +401,10 @@ def trace_rl_step(spec: ModelSpec, plan: Plan, rl: RLWorkload, *, fake: bool = T
     layers, or the full model's ``layers``)."""
     import torch
     from torch._subclasses import FakeTensorMode
-    from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
+    from trl.trainer.utils import add_fused_lm_head
 
     from advisor.runtime.build import build_training_setup
-    from advisor.runtime.simulate.rl_trl import host_trainer, restore_accelerate
+    from advisor.runtime.simulate.rl_trl import host_state, host_trainer
     from advisor.runtime.simulate.runner import _decoder_layers, cuda_semantics
     from advisor.runtime.simulate.standins import quant_constant_tensors
     from advisor.runtime.simulate.tracker import LiveBytes
@@ -404,10 +420,8 @@ def trace_rl_step(spec: ModelSpec, plan: Plan, rl: RLWorkload, *, fake: bool = T
     with cuda_semantics(), unpadded_masks(), fake_mode, tracker, rec.fused_head(untracked_fold=False):
         setup = build_training_setup(spec, plan, device="cpu", num_layers=num_layers, seed=0,
                                      target_device=target_device, layers=layers)
-        restore_accelerate(host)
         model = setup.model
-        disable_dropout_in_model(model)  # GRPOConfig / DPOConfig disable_dropout=True
-        trainer_checkpointing(model, host.args, plan.peft)
+        trl_model_setup(model, host.args, plan)
         base = model.get_base_model() if plan.peft else model
         outputs = ("log_probs", "entropy") if rl.task == "grpo" else ("log_probs",)
         add_fused_lm_head(base, temperature=getattr(host, "temperature", 1.0), outputs=outputs)
@@ -418,7 +432,7 @@ def trace_rl_step(spec: ModelSpec, plan: Plan, rl: RLWorkload, *, fake: bool = T
         saved_model, saved_ref = host.model, host.ref_model
         host.model, host.ref_model = model, ref
         try:
-            with torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda x: x):
+            with host_state(host), torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda x: x):
                 run_step(host, setup, ref, plan, rl, rec, reference, "cpu")  # warm-up
                 rec.measuring = True
                 run_step(host, setup, ref, plan, rl, rec, reference, "cpu")  # measured

@@ -7,12 +7,12 @@ they are handed. The simulation therefore builds the real trainer once on a tiny
 ``__init__`` sets every attribute from the real ``GRPOConfig`` / ``DPOConfig``), points its ``model`` and
 ``ref_model`` at the simulated ones, and calls those methods: the step's loss and log-prob code is TRL's, not a copy.
 
-The tiny tokenizer is a word-level one built here (``t0`` .. ``t{V-1}``, one word one id, no downloads); prompts of
-``t`` words are exactly ``max_prompt_length`` tokens, so no prompt is padded, as in the simulated step.
+The tiny tokenizer is a word-level one built here (one word one id, no downloads); prompts of words are exactly ``max_prompt_length`` tokens, so no prompt is padded, as in the simulated step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from dataclasses import dataclass
 
@@ -77,25 +77,37 @@ class RLWorkload:
         return "adapter" if peft else "copy"
 
 
+def word(i: int) -> str:
+    """The tiny tokenizer's word for id ``i``: letters only (a word with digits is split by the tokenizer)."""
+    letters = ""
+    while True:
+        i, d = divmod(i, 26)
+        letters += chr(97 + d)
+        if i == 0:
+            return "w" + letters
+
+
 def tiny_tokenizer(vocab: int):
-    """A word-level tokenizer of ``vocab`` words t0..t{vocab-1}: t1 ends a sequence, t2 pads."""
+    """A word-level tokenizer of ``vocab`` words (``word``): id 1 ends a sequence, id 2 pads, id 0 is unknown."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    tk = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tk = Tokenizer(models.WordLevel({word(i): i for i in range(vocab)}, unk_token=word(0)))
     tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="t0", eos_token=f"t{EOS}", pad_token=f"t{PAD}")
+    return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token=word(0), eos_token=word(EOS), pad_token=word(PAD))
 
 
 def _words(n: int, seed: int, vocab: int) -> str:
-    return " ".join(f"t{3 + (seed * 7 + j * 13) % (vocab - 3)}" for j in range(n))
+    return " ".join(word(3 + (seed * 7 + j * 13) % (vocab - 3)) for j in range(n))
 
 
 def trl_args(plan, rl: RLWorkload, output_dir: str, **extra):
     """The GRPOConfig / DPOConfig of ``plan`` and ``rl`` on the CPU (TRL's defaults for everything else)."""
     from trl import DPOConfig, GRPOConfig
 
-    common = dict(output_dir=output_dir, per_device_train_batch_size=plan.micro_batch,
+    from advisor.core.optimizers import optimizer as optimizer_declaration
+
+    common = dict(output_dir=output_dir, optim=optimizer_declaration(plan.optimizer).name, per_device_train_batch_size=plan.micro_batch,
                   gradient_accumulation_steps=plan.grad_accum, gradient_checkpointing=plan.gradient_checkpointing,
                   bf16=plan.compute_dtype == "bf16", fp16=plan.compute_dtype == "fp16", report_to=[], use_cpu=True,
                   save_strategy="no", logging_steps=10**6, dataloader_num_workers=0, max_grad_norm=1.0)
@@ -135,8 +147,9 @@ def reward_length(completions, **_kwargs):
 
 
 def make_trainer(model, plan, rl: RLWorkload, output_dir: str, *, vocab: int, optimizer=None, ref_model=None,
-                 steps: int = 2, tokenizer=None):
-    """The real TRL trainer of ``rl`` over ``model`` (a Plan-built model), with ``optimizer`` when given."""
+                 steps: int = 2, tokenizer=None, peft_config=None):
+    """The real TRL trainer of ``rl`` over ``model`` (a Plan-built model; its base with ``peft_config`` for the trainer
+    to wrap, as TRL's examples pass it), with ``optimizer`` when given (else the trainer builds ``plan.optimizer``)."""
     from trl import DPOTrainer, GRPOTrainer
 
     tok = tokenizer or tiny_tokenizer(vocab)
@@ -146,10 +159,11 @@ def make_trainer(model, plan, rl: RLWorkload, output_dir: str, *, vocab: int, op
         per_step = plan.micro_batch * (rl.steps_per_generation or plan.grad_accum)
         prompts = max(1, (per_step // rl.num_generations)) * (steps + 1)
         return GRPOTrainer(model=model, reward_funcs=reward_length, args=args, processing_class=tok,
-                           train_dataset=grpo_dataset(rl, prompts, vocab), optimizers=optimizers)
+                           train_dataset=grpo_dataset(rl, prompts, vocab), optimizers=optimizers,
+                           peft_config=peft_config)
     rows = plan.micro_batch * plan.grad_accum * (steps + 1)
     return DPOTrainer(model=model, ref_model=ref_model, args=args, processing_class=tok,
-                      train_dataset=dpo_dataset(rl, rows, vocab), optimizers=optimizers)
+                      train_dataset=dpo_dataset(rl, rows, vocab), optimizers=optimizers, peft_config=peft_config)
 
 
 _HOSTS: dict = {}
@@ -188,9 +202,18 @@ def _accelerate_state():
     return [(cls, dict(cls._shared_state)) for cls in (PartialState, AcceleratorState, GradientState)]
 
 
-def restore_accelerate(host) -> None:
-    """accelerate keeps one process-wide state, which building ``TrainingArguments`` (the optimizer of a Plan)
-    resets; the host trainer's autocast and gather read it: put its state back."""
+@contextlib.contextmanager
+def host_state(host):
+    """accelerate keeps one process-wide state (its mixed precision, which ``accelerator.autocast`` reads), which
+    building ``TrainingArguments`` (a Plan's optimizer) or another trainer resets: the host trainer's state while
+    its methods run, the one before afterwards."""
+    before = _accelerate_state()
     for cls, state in host._accelerate_state:
-        if not cls._shared_state:
+        cls._shared_state.clear()
+        cls._shared_state.update(state)
+    try:
+        yield
+    finally:
+        for cls, state in before:
+            cls._shared_state.clear()
             cls._shared_state.update(state)
