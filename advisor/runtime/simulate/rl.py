@@ -423,12 +423,20 @@ def trace_rl_step(spec: ModelSpec, plan: Plan, rl: RLWorkload, *, fake: bool = T
         model = setup.model
         trl_model_setup(model, host.args, plan)
         base = model.get_base_model() if plan.peft else model
-        outputs = ("log_probs", "entropy") if rl.task == "grpo" else ("log_probs",)
-        add_fused_lm_head(base, temperature=getattr(host, "temperature", 1.0), outputs=outputs)
+        # the fused LM head as each trainer adds it (GRPOTrainer / DPOTrainer __init__, trl 1.16)
+        if rl.task == "grpo":
+            head = dict(temperature=host.temperature, cast_lm_head_to_fp32=host.args.cast_lm_head_to_fp32,
+                        outputs=("log_probs", "entropy"))
+            ref_head = dict(temperature=host.temperature, cast_lm_head_to_fp32=host.args.cast_lm_head_to_fp32)
+        else:
+            outputs = ("log_probs", "entropy", "mean_logits", "is_top1")
+            head = dict(outputs=outputs + (("log_sum_sq_probs",) if host.use_weighting else ()))
+            ref_head = {}
+        add_fused_lm_head(base, **head)
         ref = None
         if reference == "copy":
             ref = make_reference(spec, plan, num_layers, "cpu", layers)
-            add_fused_lm_head(ref, temperature=getattr(host, "temperature", 1.0))
+            add_fused_lm_head(ref, **ref_head)
         saved_model, saved_ref = host.model, host.ref_model
         host.model, host.ref_model = model, ref
         try:
