@@ -38,7 +38,7 @@ def dpo(reference: str = "auto") -> RLWorkload:
 # DPO: the disabled adapter, a frozen copy, log-probs computed before training
 CASES = [(m, ckpt, rl) for m, ckpt in itertools.product(METHODS, (False, True)) for rl in (
     [grpo(0.0), grpo(0.04)] + [dpo(), dpo("precomputed")] if m != "full" else [grpo(0.0), grpo(0.04), dpo()])]
-FAST = {("lora", False, "grpo", 0.04), ("full", True, "dpo", 0.1)}
+FAST = {("lora", False, "grpo", 0.04)}
 
 
 def case_id(case) -> str:

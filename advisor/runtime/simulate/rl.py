@@ -275,6 +275,48 @@ def unpadded_masks():
         masking_utils._ignore_causal_mask_sdpa = original
 
 
+def completion_masks(completion_length: int):
+    """Boolean indexing by a completion mask (DPOTrainer's metrics: ``chosen_mean_logits[chosen_mask.bool()]``) has
+    an output as long as the mask's true values, which a fake mask does not have. Every completion of the simulated
+    step is ``completion_length`` long and every other position is prompt, so a mask of r rows holds
+    r x completion_length true values (at most its size): index with that many positions, made as ``nonzero``
+    makes them (one int64 per position and dimension)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CompletionMasks(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.ops.aten.index.Tensor and any(
+                    isinstance(i, FakeTensor) and i.dtype == torch.bool for i in args[1] if i is not None):
+                indices = []
+                for i in args[1]:
+                    if isinstance(i, FakeTensor) and i.dtype == torch.bool:
+                        rows = i.numel() // i.shape[-1] if i.dim() else 1
+                        count = min(i.numel(), rows * completion_length)
+                        positions = torch.zeros((count, max(i.dim(), 1)), dtype=torch.long, device=i.device)
+                        indices += list(positions.unbind(1))
+                    else:
+                        indices.append(i)
+                return func(args[0], indices)
+            return func(*args, **kwargs)
+
+    return CompletionMasks()
+
+
+def prepared(host, model, ref) -> None:
+    """What ``accelerator.prepare`` does to the models on one device: with mixed precision (TRL's default bf16=True)
+    their forward runs under autocast, outputs in fp32 (accelerate ``Accelerator.prepare_model``; Trainer prepares
+    the policy when training starts, TRL's trainers the reference in ``__init__``). The host's accelerator does it
+    (no device placement: the tensors stay where they are) and forgets the models again."""
+    acc = host.accelerator
+    acc.prepare_model(model, device_placement=False)
+    if ref is not None:
+        acc.prepare_model(ref, device_placement=False, evaluation_mode=True)
+    acc._models[:] = [m for m in acc._models if m is not model and m is not ref]
+
+
 def _fake(model) -> bool:
     from advisor.runtime.tensors import is_fake
 
@@ -417,37 +459,40 @@ def trace_rl_step(spec: ModelSpec, plan: Plan, rl: RLWorkload, *, fake: bool = T
     rec = Recorder(tracker)
     fake_mode = FakeTensorMode() if fake else contextlib.nullcontext()
     notes = []
-    with cuda_semantics(), unpadded_masks(), fake_mode, tracker, rec.fused_head(untracked_fold=False):
+    masks = completion_masks(rl.max_completion_length) if fake else contextlib.nullcontext()
+    with cuda_semantics(), unpadded_masks(), fake_mode, tracker, masks, rec.fused_head(untracked_fold=False):
         setup = build_training_setup(spec, plan, device="cpu", num_layers=num_layers, seed=0,
                                      target_device=target_device, layers=layers)
         model = setup.model
         trl_model_setup(model, host.args, plan)
         base = model.get_base_model() if plan.peft else model
-        # the fused LM head as each trainer adds it (GRPOTrainer / DPOTrainer __init__, trl 1.16)
-        if rl.task == "grpo":
-            head = dict(temperature=host.temperature, cast_lm_head_to_fp32=host.args.cast_lm_head_to_fp32,
-                        outputs=("log_probs", "entropy"))
-            ref_head = dict(temperature=host.temperature, cast_lm_head_to_fp32=host.args.cast_lm_head_to_fp32)
-        else:
-            outputs = ("log_probs", "entropy", "mean_logits", "is_top1")
-            head = dict(outputs=outputs + (("log_sum_sq_probs",) if host.use_weighting else ()))
-            ref_head = {}
-        add_fused_lm_head(base, **head)
-        ref = None
-        if reference == "copy":
-            ref = make_reference(spec, plan, num_layers, "cpu", layers)
-            add_fused_lm_head(ref, **ref_head)
-        saved_model, saved_ref = host.model, host.ref_model
-        host.model, host.ref_model = model, ref
-        try:
-            with host_state(host), torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda x: x):
-                run_step(host, setup, ref, plan, rl, rec, reference, "cpu")  # warm-up
-                rec.measuring = True
-                run_step(host, setup, ref, plan, rl, rec, reference, "cpu")  # measured
-                rec.phase("done")
-                rec.measuring = False
-        finally:
-            host.model, host.ref_model = saved_model, saved_ref
+        with host_state(host):
+            # the fused LM head as each trainer adds it (GRPOTrainer / DPOTrainer __init__, trl 1.16)
+            if rl.task == "grpo":
+                head = dict(temperature=host.temperature, cast_lm_head_to_fp32=host.args.cast_lm_head_to_fp32,
+                            outputs=("log_probs", "entropy"))
+                ref_head = dict(temperature=host.temperature, cast_lm_head_to_fp32=host.args.cast_lm_head_to_fp32)
+            else:
+                outputs = ("log_probs", "entropy", "mean_logits", "is_top1")
+                head = dict(outputs=outputs + (("log_sum_sq_probs",) if host.use_weighting else ()))
+                ref_head = {}
+            add_fused_lm_head(base, **head)
+            ref = None
+            if reference == "copy":
+                ref = make_reference(spec, plan, num_layers, "cpu", layers)
+                add_fused_lm_head(ref, **ref_head)
+            prepared(host, model, ref)
+            saved_model, saved_ref = host.model, host.ref_model
+            host.model, host.ref_model = model, ref
+            try:
+                with torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda x: x):
+                    run_step(host, setup, ref, plan, rl, rec, reference, "cpu")  # warm-up
+                    rec.measuring = True
+                    run_step(host, setup, ref, plan, rl, rec, reference, "cpu")  # measured
+                    rec.phase("done")
+                    rec.measuring = False
+            finally:
+                host.model, host.ref_model = saved_model, saved_ref
         groups = identity_groups(tracker, model, ref, plan.peft, quant_constant_tensors(model))
         if ref is not None:
             for t in quant_constant_tensors(ref):

@@ -109,7 +109,7 @@ def trl_args(plan, rl: RLWorkload, output_dir: str, **extra):
 
     common = dict(output_dir=output_dir, optim=optimizer_declaration(plan.optimizer).name, per_device_train_batch_size=plan.micro_batch,
                   gradient_accumulation_steps=plan.grad_accum, gradient_checkpointing=plan.gradient_checkpointing,
-                  bf16=plan.compute_dtype == "bf16", fp16=plan.compute_dtype == "fp16", report_to=[], use_cpu=True,
+                  bf16=plan.activation_dtype == "bf16", fp16=plan.activation_dtype == "fp16", report_to=[], use_cpu=True,
                   save_strategy="no", logging_steps=10**6, dataloader_num_workers=0, max_grad_norm=1.0)
     common.update(extra)
     if rl.task == "grpo":
@@ -176,7 +176,8 @@ def host_trainer(plan, rl: RLWorkload):
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    key = (rl.task, plan.micro_batch, plan.grad_accum, plan.gradient_checkpointing, plan.compute_dtype, rl)
+    key = (rl.task, plan.micro_batch, plan.grad_accum, plan.gradient_checkpointing, plan.activation_dtype,
+           plan.optimizer, rl)
     if key in _HOSTS:
         return _HOSTS[key]
     cfg = Qwen2Config(vocab_size=HOST_VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
