@@ -29,8 +29,11 @@ from advisor.speed.throughput import predict_throughput
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = resolve_model("qwen0.5b")
 GPU = resolve_gpu("a100-80gb")
-BASES = (Plan(method="lora"), Plan(method="full"), Plan(method="qlora", quantization="nf4"))
-"""A value is tried on the first of these where its knob applies and the plan is valid."""
+BASES = (Plan(method="lora"), Plan(method="full"), Plan(method="qlora", quantization="nf4"),
+         Plan(task="grpo", method="lora"), Plan(task="grpo", method="lora", generation="vllm-colocate"),
+         Plan(task="dpo", method="lora"))
+"""A value is tried on the first of these where its knob applies and the plan is valid (the GRPO and DPO levers
+on the task's plans)."""
 
 
 def plan_with(name: str, value) -> Plan:
@@ -56,6 +59,11 @@ def load_peak(plan: Plan) -> int:
 
 def terms(plan: Plan) -> dict[str, float]:
     return predict_throughput(MODEL, plan, GPU).terms
+
+
+def gen(report: MemoryReport) -> dict:
+    """The GRPO generation engine's memory (advisor.memory.rl.Generation) beside the step."""
+    return report.extra["generation"]
 
 
 def _stateful(plan: Plan, r: MemoryReport, ref: MemoryReport) -> bool:
@@ -102,6 +110,28 @@ MEMORY = {
         "zero3_cpu": lambda p, r, ref: dev(r, "optimizer_states") == 0 and r.host.get("weights", 0) > 0
         and dev(r, "weights") < dev(ref, "weights"),
     },
+    # GRPO / DPO (advisor.memory.rl): what each value keeps on the training GPU during the training step
+    "generation": {  # generate()'s cache lives in the generate phase only; a colocated vLLM stays awake by default
+        "transformers": lambda p, r, ref: gen(r)["weights_bytes"] == 0 and gen(r)["kv_cache_bytes"] > 0
+        and dev(r, "kv_cache") == 0 and dev(r, "vllm_weights") == 0,
+        "vllm-colocate": lambda p, r, ref: dev(r, "vllm_weights") > 0 and dev(r, "kv_cache") > 0
+        and dev(r, "vllm_reserve") > 0,
+        "vllm-server": lambda p, r, ref: dev(r, "vllm_weights") == 0 and dev(r, "vllm_reserve") == 0
+        and gen(r)["weights_bytes"] > 0 and gen(r)["kv_cache_bytes"] > 0,
+    },
+    "vllm_sleep": {
+        0: lambda p, r, ref: dev(r, "vllm_weights") > 0 and dev(r, "kv_cache") > 0,
+        1: lambda p, r, ref: dev(r, "vllm_weights") == 0 and dev(r, "kv_cache") == 0
+        and r.host.get("vllm_weights", 0) == gen(r)["weights_bytes"] > 0,
+        2: lambda p, r, ref: dev(r, "vllm_weights") == 0 and dev(r, "kv_cache") == 0
+        and r.host.get("vllm_weights", 0) == 0 and dev(r, "vllm_reserve") > 0,
+    },
+    "reference": {
+        "adapter": lambda p, r, ref: dev(r, "reference_weights") == 0
+        and r.tensor_peak_bytes >= memory(p.with_(reference="precomputed")).tensor_peak_bytes,
+        "copy": lambda p, r, ref: dev(r, "reference_weights") > dev(ref, "weights") / 2,
+        "precomputed": lambda p, r, ref: dev(r, "reference_weights") == 0 and r.tensor_peak_bytes <= ref.tensor_peak_bytes,
+    },
     "loss": {
         "plain": lambda p, r, ref: dev(r, "transient") > 0,
         "chunked": lambda p, r, ref: dev(r, "transient") < dev(ref, "transient"),
@@ -138,6 +168,21 @@ SPEED = {
     },
     "offload": {"none": lambda p, t, ref: t["offload"] == 0,
                 **{o: (lambda p, t, ref: t["offload"] > 0 and t["optimizer"] == 0) for o in ("zero2_cpu", "zero3_cpu")}},
+    "generation": {
+        "transformers": lambda p, t, ref: t["generate"] > 0 and t["sync"] == 0,
+        "vllm-colocate": lambda p, t, ref: 0 < t["generate"] < ref["generate"] and t["sync"] > 0,
+        "vllm-server": lambda p, t, ref: t["generate"] > 0 and t["sync"] > 0,
+    },
+    "vllm_sleep": {
+        0: lambda p, t, ref: t["vllm_sleep"] == 0,
+        1: lambda p, t, ref: t["vllm_sleep"] > 0,  # weights to host and back each generation
+        2: lambda p, t, ref: 0 < t["vllm_sleep"] < terms(p.with_(vllm_sleep=1))["vllm_sleep"],
+    },
+    "reference": {
+        "adapter": lambda p, t, ref: t["reference_forward"] > 0,
+        "copy": lambda p, t, ref: t["reference_forward"] == ref["reference_forward"],
+        "precomputed": lambda p, t, ref: t["reference_forward"] == 0,
+    },
     "loss": {
         "plain": lambda p, t, ref: t["loss"] > 0,
         "chunked": lambda p, t, ref: t["chunked_loss_recompute"] > 0,
@@ -252,7 +297,8 @@ def test_one_dtype_table():
 def test_the_workload_is_declared_on_its_knobs_and_the_space_reads_it():
     from advisor.search.space import fixed_knobs, load_space, plan_from_params
 
-    assert set(fixed_knobs(Plan)) == {"seq_len", "eval_batch", "max_new_tokens"}
+    assert set(fixed_knobs(Plan)) == {"seq_len", "eval_batch", "max_new_tokens", "task", "num_generations",
+                                      "max_prompt_length", "max_completion_length", "beta"}
     assert all(knob_of(Plan, n).role == "workload" and knob_of(Plan, n).search is None for n in fixed_knobs(Plan))
     assert knob_of(Plan, "micro_batch").role == "lever"
     space = load_space("default", ["seq_len=2048", "max_new_tokens=64"])

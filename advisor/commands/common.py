@@ -89,8 +89,10 @@ def add_knob_flag(g, k: Knob, plan: type = Plan) -> None:
         g.add_argument(k.flag, action="store_true", **options)
     else:
         options["default"] = None if (k.cli.default or k.cli.alias or card_decided) else k.default
-        if k.choices is not None:
+        if k.choices is not None and k.cli.parse is None:  # a knob's own parse checks its words (--task)
             options["choices"] = k.choices
+            if _whole_choices(k):
+                options["type"] = int  # numbered levels (--vllm-sleep 0|1|2)
         if k.cli.parse is not None:
             options["type"] = k.cli.parse
         elif k.range is not None and k.range.whole:
@@ -101,6 +103,11 @@ def add_knob_flag(g, k: Knob, plan: type = Plan) -> None:
             options["metavar"] = k.cli.metavar
         g.add_argument(k.flag, **options)
     add_alias_flag(g, k)
+
+
+def _whole_choices(k: Knob) -> bool:
+    """A knob whose choices are whole numbers (vLLM's sleep levels): its flag parses an int."""
+    return all(isinstance(c, int) and not isinstance(c, bool) for c in k.choices)
 
 
 def add_alias_flag(g, k) -> None:
@@ -171,9 +178,13 @@ def add_plan_override_flags(p: argparse.ArgumentParser, plan: type = Plan) -> No
         if k.is_switch:
             g.add_argument(k.flag, action="store_const", const=True, **options)
         else:
-            if k.choices is not None:
+            if k.choices is not None and k.cli.parse is None:
                 options["choices"] = k.choices
-            if k.cli.parse is not None:
+                if _whole_choices(k):
+                    options["type"] = int
+            if k.cli.parse is not None and k.choices is not None:
+                options["type"] = k.cli.parse  # a word the knob's own parse reads (--task train is sft)
+            elif k.cli.parse is not None:
                 options["type"] = str  # kept as typed: the space reads set names and module lists itself
             elif k.range is not None:
                 options["type"] = range_type(k.range)
@@ -263,7 +274,12 @@ def check_plan_against_model(model, plan) -> None:
     if plan.checkpoint_layers is not None and plan.checkpoint_layers > model.num_layers:
         raise AdvisorInputError("--checkpoint-layers", f"{model.name} has {model.num_layers} decoder layers",
                                 plan.checkpoint_layers)
-    if model.max_position_embeddings and plan.seq_len > model.max_position_embeddings:
+    if plan.task == "grpo" and model.max_position_embeddings and \
+            plan.max_prompt_length + plan.max_completion_length > model.max_position_embeddings:
+        raise AdvisorInputError("--max-completion-length", f"prompt + completion ({plan.max_prompt_length:,} + "
+                                f"{plan.max_completion_length:,}) is longer than {model.name}'s context of "
+                                f"{model.max_position_embeddings:,} tokens", plan.max_completion_length)
+    if plan.task != "grpo" and model.max_position_embeddings and plan.seq_len > model.max_position_embeddings:
         raise AdvisorInputError("--seq-len", f"longer than {model.name}'s context of {model.max_position_embeddings:,} tokens",
                                 plan.seq_len)
 

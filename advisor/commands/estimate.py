@@ -16,7 +16,6 @@ def add_parser(subs) -> None:
         "estimate", help="memory ledger of a training step (or of serving)",
         description="Where the memory of one fine-tuning step (or of serving) goes, category by category.",
         formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--task", choices=("train", "inference"), default="train", help="what the GPU will do")
     add_model_flags(p)
     add_host_budget_flag(p)
     add_plan_flags(p)
@@ -65,6 +64,10 @@ def run(args: argparse.Namespace) -> int:
         # the precision and attention not given are the card's; a plan it cannot run is refused (card_rules)
         plan = plan_from_args(args, card=Card.of(target.known_gpu, model))
         check_plan_against_model(model, plan)
+        from advisor.core.plan import rl_problems
+
+        for problem in rl_problems(plan, args.gpus):  # the GRPO rules that need the GPU count
+            raise problem
         if getattr(args, "data", None):
             from advisor.runtime.probe import data_profile
 
@@ -92,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
     result.update(report.to_dict())
     result.update(answered_by(model, args.task, args.backend, report))
     result["ledger"] = report.device
-    if args.task == "train":
+    if report.extra.get("task") in ("grpo", "dpo"):
+        result["generation"] = report.extra.get("generation")
+    if args.task != "inference":
         result.update(throughput_fields(model, plan, gpu, target.gpu_assumed, args.gpus, args.sharding, report))
     if budget is not None:
         result["budget"] = {"bytes": budget.bytes, "text": budget.text, "unit": budget.unit}
@@ -100,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         # the run fits when its highest phase does (load, train, eval, generate, save): the one rule
         result["fits"] = fits(report.run_peak_bytes, budget.bytes, args.headroom)
     host_budget = target.host_budget
-    if host_budget is not None and args.task == "train":
+    if host_budget is not None and args.task != "inference":
         # the host rule (advisor.core.fit.host_fits): the host peak against the RAM less the OS reserve; the
         # ranks of --gpus share one machine
         host_peak = report.host_peak_bytes * args.gpus
@@ -114,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
 
         from advisor.ui.render import print_estimate
 
-        print_estimate(result, report, budget, args.headroom, host_budget=target.host_budget if args.task == "train"
+        print_estimate(result, report, budget, args.headroom, host_budget=target.host_budget if args.task != "inference"
                        else None, gpus=args.gpus)
         Console().print(f"[dim]answered by the {result['answered_by']}: {result['answered_by_reason']}[/]")
     return 0
@@ -164,6 +169,16 @@ def throughput_fields(model, plan, gpu, gpu_assumed: bool, gpus: int, sharding: 
     out = {"tokens_per_s": tp.tokens_per_s, "step_seconds": tp.step_seconds, "step_terms": tp.terms,
            "throughput": {"source": tp.source, "gpu": gpu.name, "gpu_assumed": gpu_assumed, "gpus": gpus,
                           "predicted_tokens_per_s": tp.tokens_per_s}}
+    if plan.task != "sft":
+        from advisor.speed.throughput import rl_times
+
+        times = rl_times(model, plan, gpu, gpus, sharding)
+        out["throughput"]["phases"] = {name: {"seconds": sec, "share": times.shares[name]}
+                                       for name, sec in times.phases.items()}
+        out["throughput"]["tokens"] = "completion tokens" if plan.task == "grpo" else "chosen and rejected tokens"
+        out["completion_tokens_per_s" if plan.task == "grpo" else "pair_tokens_per_s"] = times.completion_tokens_per_s
+        if times.decode_step_seconds:
+            out["throughput"]["decode_step_seconds"] = times.decode_step_seconds
     measured = report.measured.tokens_per_s if report.measured is not None else None
     if measured:
         out["tokens_per_s"] = float(measured) * gpus

@@ -28,8 +28,6 @@ def add_parser(subs, settings_cls: type | None = None) -> None:
     p.add_argument("--export", metavar="DIR", help="write the winner's configs (advisor.yaml, DeepSpeed, train.py...)")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
     p.add_argument("--tui", action="store_true", help="run the study inside the Textual app")
-    p.add_argument("--task", choices=("train", "inference"), default="train",
-                   help="train: fine-tuning plans; inference: serving plans (vLLM / transformers exports)")
     p.add_argument("--context-len", type=positive_int, help="inference: tokens per sequence (default: searched)")
     p.add_argument("--concurrency", type=positive_int, help="inference: sequences at once (default: the most that fit)")
     p.add_argument("--no-work", action="store_true",
@@ -90,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         from advisor.commands._inference import refuse_study_flags, run_inference
 
         refuse_study_flags(args)
-        fixed = plan_overrides(args)
+        fixed = [f for f in plan_overrides(args) if not f.startswith("task=")]  # --task inference itself
         if fixed:
             from advisor.core.errors import AdvisorInputError
 

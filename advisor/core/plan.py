@@ -34,6 +34,20 @@ LOSSES = ("plain", "chunked", "fused-linear")
 """plain: the model's own loss over all logits; chunked: the output projection and loss over chunks of
 tokens, each recomputed in backward; fused-linear: the projection fused with cross-entropy, gradients
 computed in the forward (Liger's fused linear cross-entropy, Apple's cut cross-entropy)."""
+SFT, GRPO, DPO = "sft", "grpo", "dpo"
+TASKS = (SFT, GRPO, DPO)
+"""What a plan trains: supervised fine-tuning, GRPO or DPO (TRL's SFTTrainer, GRPOTrainer, DPOTrainer)."""
+TASK_WORDS = ("train", SFT, GRPO, DPO, "inference")
+"""What ``--task`` takes: train is sft's alias; inference is the serving ledger of estimate and tune (no Plan)."""
+RL_TASKS = (GRPO, DPO)
+GENERATIONS = ("transformers", "vllm-colocate", "vllm-server")
+"""GRPO's generation engines: generate() on the policy, vLLM on the training GPU (colocate), vLLM on other GPUs."""
+VLLM_SLEEP_LEVELS = (0, 1, 2)
+"""vLLM's sleep mode (LLM.sleep(level)): 0 awake; 1 weights offloaded to host, KV cache discarded; 2 both discarded."""
+REFERENCES = ("adapter", "copy", "precomputed")
+"""Where the reference log-probs come from: the adapter disabled, a frozen copy of the base, computed once (DPO)."""
+TRL_BETA = {GRPO: 0.0, DPO: 0.1}
+"""TRL's default beta per task (GRPOConfig.beta, DPOConfig.beta)."""
 ALL_LINEAR = "all-linear"
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 """The Plan's default LoRA targets: the attention projections. On a model whose attention has other linears
@@ -75,6 +89,77 @@ def _checkpointing(values) -> bool:
     return bool(values.get("gradient_checkpointing"))
 
 
+def _grpo(values) -> bool:
+    return values.get("task", SFT) == GRPO
+
+
+def _dpo(values) -> bool:
+    return values.get("task", SFT) == DPO
+
+
+def _rl(values) -> bool:
+    return values.get("task", SFT) in RL_TASKS
+
+
+def _not_rl(values) -> bool:
+    return not _rl(values)
+
+
+def _colocate(values) -> bool:
+    return _grpo(values) and values.get("generation") == "vllm-colocate"
+
+
+def _server(values) -> bool:
+    return _grpo(values) and values.get("generation") == "vllm-server"
+
+
+def effective_beta(values) -> float:
+    """The plan's beta, or TRL's default for its task (None: TRL's)."""
+    beta = values.get("beta")
+    return TRL_BETA.get(values.get("task", SFT), 0.0) if beta is None else beta
+
+
+def uses_reference(values) -> bool:
+    """DPO always scores a reference (beta is its temperature); GRPO only with a KL term (TRL: beta 0 loads none)."""
+    return _dpo(values) or (_grpo(values) and effective_beta(values) > 0)
+
+
+def parse_task(text: str) -> str:
+    """``--task``: train is sft; inference is kept for the commands that serve (estimate, tune)."""
+    import argparse
+
+    word = text.strip().lower()
+    if word not in TASK_WORDS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(TASK_WORDS)} (got {text!r})")
+    return SFT if word == "train" else word
+
+
+def _task_tag(plan: "Plan") -> str | None:
+    if plan.task == GRPO:
+        beta = effective_beta(vars(plan))
+        return (f"grpo g{plan.num_generations} p{plan.max_prompt_length}+c{plan.max_completion_length}"
+                + (f" beta{beta:g}" if beta else ""))
+    if plan.task == DPO:
+        beta = effective_beta(vars(plan))
+        return "dpo" + ("" if beta == TRL_BETA[DPO] else f" beta{beta:g}")
+    return None
+
+
+def _generation_tag(plan: "Plan") -> str | None:
+    if plan.task != GRPO:
+        return None
+    if plan.generation == "vllm-colocate":
+        return f"vllm@{plan.vllm_gpu_memory_utilization:g}" + (f"+sleep{plan.vllm_sleep}" if plan.vllm_sleep else "")
+    if plan.generation == "vllm-server":
+        return f"vllm-server x{plan.vllm_gpus}"
+    spg = plan.steps_per_generation
+    return "generate()" + (f" spg{spg}" if spg is not None else "")
+
+
+def _reference_tag(plan: "Plan") -> str | None:
+    return f"ref-{plan.reference}" if uses_reference(vars(plan)) else None
+
+
 def _adapter_tag(plan: "Plan") -> str | None:
     if not plan.peft:
         return None
@@ -84,6 +169,8 @@ def _adapter_tag(plan: "Plan") -> str | None:
 
 
 def _loss_tag(plan: "Plan") -> str | None:
+    if plan.task in RL_TASKS:
+        return None  # TRL's GRPO/DPO trainers score with their own fused head: the loss knob does not apply
     if plan.loss == "chunked":
         return "chunked-ce"  # the name short() used before the loss knob (kept: studies key on it)
     return None if plan.loss == "plain" else plan.loss + "-ce"
@@ -99,6 +186,9 @@ _ZERO_OR_MORE = Range(low=0, whole=True)
 _IN_BACKWARD = Refused("it has no optimizer step inside backward (torchtune optimizer_in_bwd); use lomo/adalomo, "
                        "or the advisor.yaml + train.py export")
 _NOT_RUN = Unkeyed("the exported run does not evaluate: the generation-based evaluation sizes the prediction only")
+_RL_ADVISOR = Refused("advisor.yaml's train.py runs supervised fine-tuning only: export GRPO/DPO to TRL")
+_RL_AXOLOTL = Refused("the axolotl rl: export of GRPO/DPO is not written yet")
+_RL_LLAMAFACTORY = Refused("the LLaMA-Factory GRPO/DPO export is not written yet")
 _ENV = Unkeyed("an environment variable: the header's launch command sets PYTORCH_CUDA_ALLOC_CONF")
 
 
@@ -203,8 +293,9 @@ class Plan:
               "trl": Custom("optim")})
     """Optimizer (TrainingArguments.optim names)."""
     micro_batch: int = knob(
-        1, help="sequences per forward/backward", range=_WHOLE,
-        tag=Tag(lambda plan: f"b{plan.micro_batch}x{plan.grad_accum} s{plan.seq_len}"),
+        1, help="sequences per forward/backward (GRPO: completions per device, TRL's per_device_train_batch_size; "
+                "DPO: preference pairs, each chosen and rejected)", range=_WHOLE,
+        tag=Tag(lambda plan: f"b{plan.micro_batch}x{plan.grad_accum}" + ("" if plan.task == GRPO else f" s{plan.seq_len}")),
         search=Search(order=110, required=True, frugal=min),
         keys={"advisor": Key("training.per_device_train_batch_size", default=_TRAINING_ARGUMENTS_BATCH),
               "axolotl": Key("micro_batch_size", listed=True),
@@ -217,14 +308,15 @@ class Plan:
               "llamafactory": Key("gradient_accumulation_steps"), "trl": Key("gradient_accumulation_steps")})
     """Micro-batches per optimizer step (gradients held between them)."""
     seq_len: int = knob(
-        1024, help="tokens per sequence", range=_WHOLE, workload=Workload(required=True),
+        1024, help="tokens per sequence (DPO: TRL's max_length of each of chosen and rejected; GRPO: unused, "
+                   "--max-prompt-length + --max-completion-length)", range=_WHOLE, workload=Workload(required=True),
         keys={"advisor": Custom("advisor.max_seq_length"), "axolotl": Key("sequence_len", default=512),
               "llamafactory": Key("cutoff_len", default=2048), "trl": Key("max_length")})
     """Tokens per sequence (the padded length of the longest batch, or the packed length): the user's data, not a
     lever."""
     packing: bool = knob(
         False, help="pack documents into full sequences of --seq-len (no padding; position_ids per document)",
-        tag=Tag("packed", after="loss"), search=Search(order=160, ladder=prefer(False), frugal=first),
+        tag=Tag("packed", after="loss"), search=Search(order=160, ladder=prefer(False), frugal=first), applies=_not_rl,
         keys={"advisor": Key("advisor.packing"), "axolotl": Key("sample_packing"), "llamafactory": Custom("packing"),
               "trl": Custom("packing")})
     """Pack several documents into each sequence of seq_len tokens (position_ids restart per document:
@@ -246,7 +338,7 @@ class Plan:
         "plain", help="plain (all logits), chunked (chunks recomputed in backward) or fused-linear (Liger's fused "
                       "linear cross-entropy: no logits)", choices=LOSSES,
         renamed_from=("chunked_ce", lambda chunked: "chunked" if chunked else "plain"),
-        cli=Cli(alias=("--chunked-ce", "chunked")), tag=Tag(_loss_tag),
+        cli=Cli(alias=("--chunked-ce", "chunked")), tag=Tag(_loss_tag), applies=_not_rl,
         search=Search(order=150, ladder=prefer("plain"), frugal=prefer("fused-linear", "chunked")),
         keys={"advisor": Custom("advisor.loss"), "axolotl": Custom("chunked_cross_entropy"),
               "llamafactory": Custom("enable_liger_kernel"), "trl": Custom("loss_type")})
@@ -312,6 +404,97 @@ class Plan:
               "llamafactory": Refused("it has no activation offloading key"), "trl": Custom("activation_offloading")})
     """Keep saved activations in pinned host memory (with checkpointing: the checkpointed layer inputs,
     transformers' activation_checkpointing_kwargs offload; without: TRL/torchtune activation offloading)."""
+    # ---- the task: supervised fine-tuning, or GRPO / DPO on TRL's trainers (the workload), and their levers
+    task: str = knob(
+        SFT, help="sft (train is its alias), grpo (TRL GRPOTrainer: generate, score, train) or dpo (TRL DPOTrainer: "
+                  "chosen and rejected through the policy and a reference); estimate and tune also take inference",
+        choices=TASKS, workload=Workload(), cli=Cli(parse=lambda text: parse_task(text), metavar="{" + ",".join(
+            TASK_WORDS) + "}"),
+        tag=Tag(lambda plan: _task_tag(plan)),
+        keys={"advisor": _RL_ADVISOR, "axolotl": Refused("the axolotl rl: export of GRPO/DPO is not written yet"),
+              "llamafactory": Refused("the LLaMA-Factory stage: dpo export is not written yet"),
+              "trl": Refused("the TRL GRPOConfig/DPOConfig export is not written yet")})
+    """What the run trains: sft (supervised: the loss over the sequence), grpo (TRL GRPOTrainer: each step generates
+    ``num_generations`` completions per prompt, scores them, and trains on them) or dpo (TRL DPOTrainer: chosen and
+    rejected through the policy, and through a reference). The user's workload, never searched."""
+    num_generations: int = knob(
+        8, help="GRPO: completions per prompt (TRL num_generations; the group its advantages are relative to)",
+        range=Range(low=2, whole=True), applies=_grpo, workload=Workload(),
+        keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
+              "trl": Key("num_generations")})
+    """GRPO: completions generated per prompt (GRPOConfig.num_generations, at least 2)."""
+    max_prompt_length: int = knob(
+        512, help="GRPO: tokens of the longest prompt (TRL 1.16 does not truncate prompts: the dataset's)",
+        range=_WHOLE, applies=_grpo, workload=Workload(),
+        keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
+              "trl": Unkeyed("TRL 1.16's GRPOConfig has no max_prompt_length: the prompts are the dataset's")})
+    """GRPO: tokens of the longest prompt (the ledger sizes every sequence at prompt + completion)."""
+    max_completion_length: int = knob(
+        512, help="GRPO: tokens generated per completion at most (TRL max_completion_length)", range=_WHOLE,
+        applies=_grpo, workload=Workload(),
+        keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
+              "trl": Key("max_completion_length")})
+    """GRPO: the longest completion (the step that OOMs after N steps is the one whose completions all reach it)."""
+    beta: float | None = knob(
+        None, help="the KL weight: GRPO's KL to the reference (0: no reference model) or DPO's temperature",
+        range=Range(low=0), applies=_rl, workload=Workload(), cli=Cli(default_means="TRL's: grpo 0, dpo 0.1"),
+        keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
+              "trl": Custom("beta")})
+    """GRPO: the KL coefficient (0: TRL loads no reference model); DPO: the preference temperature. None: TRL's default
+    for the task (GRPOConfig.beta 0.0, DPOConfig.beta 0.1)."""
+    generation: str = knob(
+        "transformers", help="GRPO: how completions are generated: transformers (generate() with its KV cache), "
+                             "vllm-colocate (vLLM on the training GPU) or vllm-server (vLLM on --vllm-gpus other GPUs)",
+        choices=GENERATIONS, applies=_grpo, tag=Tag(lambda plan: _generation_tag(plan)),
+        search=Search(ladder=prefer("vllm-colocate", "transformers"), frugal=prefer("transformers")),
+        keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
+              "trl": Custom("use_vllm")})
+    """GRPO: the generation engine (GRPOConfig use_vllm, vllm_mode colocate / server)."""
+    vllm_gpu_memory_utilization: float = knob(
+        0.3, help="vllm-colocate: the fraction of the GPU vLLM's pool takes (weights, activations, CUDA graphs, KV "
+                  "cache)", range=Range(low=0, low_inclusive=False, high=1), applies=_colocate,
+        keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
+              "trl": Key("vllm_gpu_memory_utilization")})
+    """vllm-colocate: vLLM's gpu_memory_utilization (GRPOConfig.vllm_gpu_memory_utilization, TRL's default 0.3)."""
+    vllm_sleep: int = knob(
+        0, help="vllm-colocate: vLLM sleep mode during the training step: 0 off, 1 weights to host and KV cache "
+                "discarded, 2 both discarded (TRL's vllm_enable_sleep_mode is level 2)",
+        choices=VLLM_SLEEP_LEVELS, applies=_colocate, search=Search(frugal=max),
+        keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
+              "trl": Custom("vllm_enable_sleep_mode")})
+    """vllm-colocate: what vLLM holds while the trainer scores and trains (LLM.sleep(level)); 0: its whole pool."""
+    vllm_gpus: int = knob(
+        1, help="vllm-server: GPUs the vLLM server runs on, apart from the training GPUs (trl vllm-serve)",
+        range=_WHOLE, applies=_server,
+        keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
+              "trl": Unkeyed("the vllm-serve command's --tensor-parallel-size / --data-parallel-size, not GRPOConfig")})
+    """vllm-server: GPUs of the separate vLLM server (trl vllm-serve); the training GPUs hold none of its memory."""
+    steps_per_generation: int | None = knob(
+        None, help="GRPO: micro-batches trained per generation batch (TRL steps_per_generation)", range=_WHOLE,
+        applies=_grpo, cli=Cli(default_means="the gradient accumulation, TRL's: one generation per optimizer step"),
+        keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
+              "trl": Key("steps_per_generation")})
+    """GRPO: micro-batches per generation batch (GRPOConfig.steps_per_generation; None: grad_accum, TRL's default).
+    The generation batch is micro_batch x GPUs x steps_per_generation completions."""
+    reference: str = knob(
+        "adapter", help="GRPO (with --beta > 0) and DPO: the reference model: adapter (the base with the adapter "
+                        "disabled, no copy; lora/qlora), copy (a frozen copy of the base) or precomputed (DPO: "
+                        "precompute_ref_log_probs, log-probs computed once before training)",
+        choices=REFERENCES, applies=uses_reference,
+        cli=Cli(default=lambda values: "copy" if values["method"] == "full" and values["task"] in RL_TASKS
+                else "adapter", default_means="adapter for lora/qlora, copy for full"),
+        tag=Tag(lambda plan: _reference_tag(plan)),
+        search=Search(ladder=prefer("adapter", "precomputed", "copy"), frugal=prefer("precomputed", "adapter")),
+        keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
+              "trl": Custom("precompute_ref_log_probs")})
+    """Where the reference log-probs come from: the PEFT model with its adapter disabled (TRL's choice for a PEFT
+    policy), a frozen copy of the base (TRL's for a full fine-tune), or computed once (DPO precompute_ref_log_probs)."""
+    padding_free: bool = knob(
+        False, help="DPO: padding-free batches (chosen and rejected flattened into one row, position_ids per sequence)",
+        applies=_dpo, tag=Tag("padfree"), search=Search(ladder=prefer(True, False), frugal=prefer(True, False)),
+        keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
+              "trl": Key("padding_free", omit_default=True)})
+    """DPO: padding-free batches (DPOConfig.padding_free; TRL 1.16 warns and falls back to padding)."""
 
     # ------------------------------------------------------------------ derived
 
@@ -405,6 +588,7 @@ class Plan:
                 bad("offload", "ZeRO-3 parameter offload of 4-bit bitsandbytes weights is not planned here; "
                     "use zero2_cpu with qlora", self.offload)
         optimizer_problems(self, bad)
+        rl_plan_problems(self, bad)
         if self.precision in ("fp16",) and self.method == "full":
             bad("precision", "pure fp16 full fine-tuning diverges (no fp32 master weights): use mixed_fp16 or bf16",
                 self.precision)
@@ -548,6 +732,53 @@ def optimizer_problems(plan: Plan, bad) -> None:
     if plan.checkpoint_layers is not None and not plan.gradient_checkpointing:
         bad("checkpoint_layers", f"checkpointing k layers needs {flag_of('gradient_checkpointing')} on",
             plan.checkpoint_layers)
+
+
+def rl_plan_problems(plan: Plan, bad) -> None:
+    """The rules of GRPO and DPO on TRL's trainers that the plan alone decides; each broken rule is reported
+    through ``bad(key, rule, value)`` (the ones that need the GPU count: ``rl_problems``)."""
+    if plan.task not in RL_TASKS:
+        return
+    values = vars(plan)
+    if plan.task == DPO and plan.beta is not None and plan.beta <= 0:
+        bad("beta", "DPO's beta is the preference temperature of its sigmoid loss: it must be greater than 0",
+            plan.beta)
+    if uses_reference(values):
+        if plan.reference == "adapter" and not plan.peft:
+            bad("reference", "a full fine-tune has no adapter to disable: use copy or precomputed", plan.reference)
+        if plan.reference == "precomputed" and plan.task == GRPO:
+            bad("reference", "GRPO scores new completions every step: its reference log-probs cannot be computed "
+                "before training (precompute_ref_log_probs is DPO's); use adapter or copy", plan.reference)
+        if plan.reference == "copy" and plan.task == GRPO and plan.peft:
+            bad("reference", "TRL's GRPOTrainer scores a PEFT policy's reference with its adapter disabled and loads no "
+                "copy: use adapter", plan.reference)
+    if plan.task == GRPO and plan.generation.startswith("vllm") and plan.quantization == "int8":
+        bad("generation", "vLLM does not load bitsandbytes 8-bit weights in flight (TRL VLLMGeneration refuses "
+            "Linear8bitLt): use transformers generation, or nf4", plan.generation)
+    if plan.padding_free and plan.task == DPO and plan.attn_impl != "flash_attention_2":
+        bad("padding_free", "padding-free batches keep sequences apart by position_ids, which only "
+            "flash_attention_2 honours: use --attn-impl flash_attention_2", plan.padding_free)
+
+
+def rl_problems(plan: Plan, gpus: int = 1) -> list[AdvisorInputError]:
+    """The GRPO rules that need the data-parallel GPU count (TRL GRPOConfig.__post_init__): the generation batch,
+    micro_batch x gpus x steps_per_generation completions, holds whole groups of num_generations."""
+    if plan.task != GRPO:
+        return []
+    spg = generation_steps(plan)
+    batch = plan.micro_batch * gpus * spg
+    if batch % plan.num_generations:
+        what = (f"{flag_of('micro_batch')} {plan.micro_batch} x {gpus} GPU(s) x {spg} step(s) per generation"
+                f" ({flag_of('steps_per_generation')}, default {flag_of('grad_accum')})")
+        return [AdvisorInputError(flag_of("num_generations"), f"TRL's generation batch ({what} = {batch} completions) "
+                                  f"must be divisible by num_generations", plan.num_generations)]
+    return []
+
+
+def generation_steps(plan: Plan) -> int:
+    """Micro-batches trained per generation batch: steps_per_generation, or TRL's default, the gradient
+    accumulation (GRPOConfig.__post_init__)."""
+    return plan.steps_per_generation if plan.steps_per_generation is not None else plan.grad_accum
 
 
 def checkpoint_depth_problems(plan: Plan, num_layers: int) -> list[AdvisorInputError]:

@@ -33,6 +33,10 @@ LABELS = {
     "overhead": "Framework overhead",
     "kv_cache": "KV cache",
     "cuda_graphs": "CUDA graphs (reserve)",
+    "reference_weights": "Reference model (frozen copy)",
+    "vllm_weights": "vLLM weights",
+    "vllm_reserve": "vLLM CUDA graphs and non-torch",
+    "rollout": "Generation batch (ids, log-probs)",
 }
 
 

@@ -189,7 +189,7 @@ def largest_gathered_module(model: ModelSpec, plan: Plan) -> int:
 
 def run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: MemoryReport, *,
                load: tuple[int, int, str, Sequence[tuple[int, int]] | None] | None = None,
-               source: str | None = None, evaluates: bool | None = None) -> RunPhases:
+               source: str | None = None, evaluates: bool | None = None, rl: bool = True) -> RunPhases:
     """The phases of the run of ``plan``, from its training-step report at the longest batch.
 
     ``evaluates``: whether the run evaluates (a Trainer with an eval strategy); its eval phase is shown
@@ -199,8 +199,16 @@ def run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: MemoryRe
 
     ``load``: (live peak, live at the end, what, allocation events) of a simulated load; without it the
     closed form (``load_estimate``) is used.
+
+    A GRPO or DPO plan has its task's phases instead (advisor.memory.rl.rl_run_phases: generate, score, train,
+    sync; precompute, train), unless ``rl`` is False (rl_run_phases asks for the load and save this way).
     """
     from advisor.memory.overhead import outside_allocator_bytes
+
+    if rl and plan.task != "sft":
+        from advisor.memory.rl import rl_run_phases
+
+        return rl_run_phases(model, plan, gpu, step, load=load, source=source)
 
     src = source or step.source
     outside = outside_allocator_bytes(gpu)
@@ -288,10 +296,10 @@ def run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: MemoryRe
     for n, h in hows.items():
         groups.setdefault(h, []).append(n)
     how = "; ".join(f"{h} ({', '.join(ns)})" for h, ns in groups.items()) if len(groups) > 1 else next(iter(groups))
-    return RunPhases(_cached_across(phases), how, tuple(notes))
+    return RunPhases(cached_across(phases), how, tuple(notes))
 
 
-def _cached_across(phases: dict[str, PhaseMemory]) -> dict[str, PhaseMemory]:
+def cached_across(phases: dict[str, PhaseMemory], order: Sequence[str] = PHASES) -> dict[str, PhaseMemory]:
     """Reserved memory carried from one phase to the next.
 
     The caching allocator keeps freed blocks in its segments until ``torch.cuda.empty_cache()``, which
@@ -304,7 +312,7 @@ def _cached_across(phases: dict[str, PhaseMemory]) -> dict[str, PhaseMemory]:
     """
     out: dict[str, PhaseMemory] = {}
     reserved_so_far = live_so_far = 0
-    for name in PHASES:
+    for name in order:
         p = phases[name]
         carried = reserved_so_far + max(0, p.live_bytes - live_so_far) if reserved_so_far else 0
         reserved = max(p.reserved_bytes, carried)

@@ -72,6 +72,8 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
         gathered = max(2 * layer, model.embedding_params) * p
         d["weights"] = d.get("weights", 0) // gpus + gathered
         d["quant_constants"] = d.get("quant_constants", 0) // gpus
+        if "reference_weights" in d:  # a frozen reference is prepared by the same engine (trl prepare_deepspeed)
+            d["reference_weights"] = d["reference_weights"] // gpus
     tensor_peak = sum(d.values())
     overhead, parts = framework_overhead(tensor_peak, gpu, expandable_segments=plan.expandable_segments,
                                          loss_transient_bytes=max(logits_bytes(model, plan)))

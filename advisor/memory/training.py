@@ -419,7 +419,12 @@ def offload_stash(model: ModelSpec, plan: Plan, last: LayerDescription) -> int:
 
 
 def logits_bytes(model: ModelSpec, plan: Plan) -> tuple[int, int]:
-    """(forward, backward) transient of the logits and the loss."""
+    """(forward, backward) transient of the logits and the loss (GRPO / DPO: TRL's fused log-prob head,
+    advisor.memory.rl)."""
+    if plan.task != "sft":
+        from advisor.memory.rl import head_bytes
+
+        return head_bytes(model, plan)
     if plan.loss == "fused-linear":
         return loss_dora_packing.fused_linear_loss_bytes(model, plan)
     p = DTYPE_BYTES[plan.activation_dtype]
@@ -461,7 +466,21 @@ def _add_lever_phases(phases: dict, model: ModelSpec, plan: Plan, pb: ParamBreak
 def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) -> MemoryReport:
     """The analytic ledger of one measured step (after warm-up: optimizer states exist), dense or a mixture of
     experts: the layers' terms (layer_terms: advisor.memory.experts for routed experts and latent attention), the
-    same phases for both."""
+    same phases for both. A GRPO or DPO plan's step is advisor.memory.rl's (this ledger with TRL's head and what the
+    task keeps resident)."""
+    if plan.task != "sft":
+        from advisor.memory.rl import estimate_rl_step
+
+        return estimate_rl_step(model, plan, gpu)
+    return estimate_step(model, plan, gpu)
+
+
+def estimate_step(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *,
+                  head: tuple[int, int] | None = None, reference_forward: int = 0) -> MemoryReport:
+    """``estimate_training``'s ledger of a supervised step. ``head``: the (forward, backward) transient of the
+    output head and loss instead of ``logits_bytes``' (TRL's fused log-prob head of a GRPO/DPO step);
+    ``reference_forward``: a no-grad forward of a reference model run after the forward and before backward, every
+    saved activation alive (DPOTrainer._compute_loss), its peak transient."""
     plan.validate()
     pb = param_breakdown(model, plan)
     weights, consts = weight_bytes(model, plan, pb)
@@ -514,7 +533,7 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
         acts = sum(lt.saved) + final_norm + head_input
         recomputed = 0
     acts += _packing_dora_activation_bytes(model, plan, pb)
-    logits_fwd, logits_bwd = logits_bytes(model, plan)
+    logits_fwd, logits_bwd = head if head is not None else logits_bytes(model, plan)
 
     # the largest dequantized weight of a 4/8-bit layer exists during its matmul (bitsandbytes dequantize_4bit)
     dequant = max((m.in_features * m.out_features for layer in model.description.layers for m in layer.linears
@@ -565,6 +584,10 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
     if plan.updates_in_backward:
         apply_update_in_backward(model, plan, pb, phases)
     _add_lever_phases(phases, model, plan, pb)
+    if reference_forward:
+        # the policy's head output and saved tensors stay while the reference runs (DPOTrainer._compute_loss)
+        phases["reference-forward"] = dict(gradients=grads_held, activations=acts,
+                                           transient=logits_fwd + reference_forward + autocast_cache)
     peak_phase, at_peak = max(phases.items(), key=lambda kv: sum(kv[1].values()))
 
     device = empty()

@@ -50,7 +50,7 @@ GLOBAL_BATCH = ("as-asked", "changed")
 user asked for (a plan that changes it changes the dynamics)."""
 CLASSES: dict[str, tuple[str, ...]] = {
     "lora_targets": TARGET_CLASSES, "lora_alpha": ("2r", "other"), "lora_dropout": ("0-0.1", "other"),
-    "checkpoint_layers": ("all", "some"),
+    "checkpoint_layers": ("all", "some"), "steps_per_generation": ("on-policy", "off-policy"),
 }
 """Levers whose values quality.yaml prices by class (``value_key``), not one by one."""
 
@@ -464,6 +464,9 @@ def value_key(plan: Plan, lever: str) -> str:
         return "2r" if math.isclose(plan.lora_alpha, 2 * plan.lora_r) else "other"
     if lever == "lora_dropout":
         return "0-0.1" if 0 <= plan.lora_dropout <= 0.1 else "other"
+    if lever == "steps_per_generation":  # each generation trained within one optimizer step (TRL: no old log-probs)
+        spg = plan.steps_per_generation
+        return "on-policy" if spg is None or plan.grad_accum % spg == 0 else "off-policy"
     if LEVER_VALUES[lever] == ANY:
         return "any"
     return _key(getattr(plan, lever))
@@ -471,7 +474,7 @@ def value_key(plan: Plan, lever: str) -> str:
 
 def setting_of(plan: Plan, lever: str, value: str) -> str:
     """The plan's own value of ``lever`` where its quality key is a class or a range, else ""."""
-    if lever in ("lora_alpha", "lora_dropout", "checkpoint_layers") or value == "any":
+    if lever in ("lora_alpha", "lora_dropout", "checkpoint_layers", "steps_per_generation") or value == "any":
         return str(getattr(plan, lever))
     return ""
 

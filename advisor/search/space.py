@@ -268,8 +268,8 @@ def _check(data: dict, fixed: dict, search: dict, plan: type = Plan) -> list[Adv
             errs.append(AdvisorInputError(f"fixed.{key}", "is required", None, show_value=False))
             continue
         v = fixed.get(key, k.default)
-        if k.range is not None and not k.range.holds(v):
-            errs.append(AdvisorInputError(f"fixed.{key}", k.range.rule, v))
+        if k.range is not None and not (v is None and k.default is None) and not k.range.holds(v):
+            errs.append(AdvisorInputError(f"fixed.{key}", k.range.rule, v))  # None: a knob's "the tool's default"
         elif k.choices is not None and v not in k.choices:
             errs.append(AdvisorInputError(f"fixed.{key}", f"must be one of {', '.join(map(str, k.choices))}", v))
     for key, kind in FIXED_KEYS.items():

@@ -96,8 +96,10 @@ class ThroughputPrediction:
 
 
 def term_labels() -> dict[str, str]:
-    """name -> the label a person reads."""
-    return {t.name: t.label for t in TERMS}
+    """name -> the label a person reads (the GRPO/DPO phases' too: advisor.speed.rl)."""
+    from advisor.speed.rl import RL_TERM_LABELS
+
+    return {**{t.name: t.label for t in TERMS}, **RL_TERM_LABELS}
 
 
 def step_flops(model: ModelSpec, plan: Plan, s: StepInputs | None = None) -> float:
@@ -159,7 +161,13 @@ def predict_throughput(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1
     constants of throughput.yaml and ``stack`` states another software stack's differences (both
     for the published-runs benchmark). ``data`` (a data profile: ``lengths``, ``expected_padded``,
     ``mean_tokens``) counts real tokens only: an average batch is padded to its longest document
-    unless packed, and packed attention runs over each document's own block."""
+    unless packed, and packed attention runs over each document's own block.
+
+    A GRPO or DPO plan is timed phase by phase (advisor.speed.rl): its terms are the training step's and one per
+    phase (generate, score, sync, vllm_sleep; reference_forward), its tokens/s GRPO's completion tokens (DPO's chosen
+    and rejected tokens)."""
+    if plan.task != "sft":
+        return _rl_prediction(model, plan, gpu, gpus, sharding)
     frac, stack = 1.0, dict(stack or {})
     if data is not None:
         if plan.packing:
@@ -187,6 +195,29 @@ def predict_throughput(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1
         offload_seconds=sum(terms[n] for n in OFFLOAD if n in terms), gpu=gpu.name,
         comm_seconds=terms.get("collectives", 0.0), source=source, terms=terms,
         real_token_fraction=frac)
+
+
+def _rl_prediction(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int, sharding: str) -> ThroughputPrediction:
+    from advisor.memory.rl import step_plan
+    from advisor.speed.rl import rl_terms
+
+    terms, times = rl_terms(model, plan, gpu, gpus, sharding)
+    inner = step_plan(plan)
+    train = {n: terms.get(n, 0.0) for n in terms if n not in times.phases}
+    return ThroughputPrediction(
+        tokens_per_s=times.completion_tokens_per_s, step_seconds=times.step_seconds,
+        flops_per_step=step_flops(model, inner), compute_seconds=sum(train.get(n, 0.0) for n in COMPUTE),
+        memory_seconds=sum(train.get(n, 0.0) for n in MEMORY), dequant_seconds=train.get("dequant", 0.0),
+        optimizer_seconds=sum(train.get(n, 0.0) for n in OPTIMIZER),
+        offload_seconds=sum(train.get(n, 0.0) for n in OFFLOAD), gpu=gpu.name,
+        comm_seconds=train.get("collectives", 0.0), source="predicted", terms=terms)
+
+
+def rl_times(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1, sharding: str = DEFAULT_SHARDING):
+    """The phases' seconds of a GRPO / DPO step (advisor.speed.rl.RlTimes)."""
+    from advisor.speed.rl import predict_rl
+
+    return predict_rl(model, plan, gpu, gpus, sharding)
 
 
 def packed_attention_scale(lengths: list[int], seq_len: int) -> float:

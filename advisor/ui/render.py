@@ -113,11 +113,31 @@ def print_estimate(result: dict[str, Any], report: MemoryReport, budget: Budget 
         console.print(line)
     for note in report.notes:
         console.print(f"[dim]note: {note}[/]")
+    for line in generation_lines(result.get("generation"), budget):
+        console.print(line)
     if "kv_cache_bytes_per_token" in report.extra:
         console.print(f"KV cache: {report.extra['kv_cache_bytes_per_token']:,} bytes per token, "
                       f"{report.extra['tokens_in_flight']:,} tokens in flight")
     for line in throughput_lines(result):
         console.print(line)
+
+
+def generation_lines(gen: dict[str, Any] | None, budget: Budget | None = None) -> list[str]:
+    """GRPO's generation engine: vLLM's pool and what is in it, or generate()'s KV cache (advisor.memory.rl)."""
+    if not gen:
+        return []
+    if gen["engine"] == "transformers":
+        line = (f"Generation: generate() on the policy, {gen['sequences']} x {gen['sequence_tokens']:,} tokens: KV cache "
+                f"{_fmt(gen['kv_cache_bytes'], budget)} + transient {_fmt(gen['transient_bytes'], budget)}")
+    else:
+        where = "on the training GPU" if gen["engine"] == "vllm-colocate" else f"on each of {gen['gpus']} server GPU(s)"
+        line = (f"Generation: vLLM pool {_fmt(gen['pool_bytes'], budget)} {where}: weights "
+                f"{_fmt(gen['weights_bytes'], budget)}, activations {_fmt(gen['activation_bytes'], budget)}, CUDA graphs "
+                f"{_fmt(gen['cuda_graph_bytes'], budget)}, non-torch {_fmt(gen['non_torch_bytes'], budget)}, KV cache "
+                f"{_fmt(gen['kv_cache_bytes'], budget)} = {gen['kv_tokens']:,} tokens "
+                + ("(holds the generation batch of " if gen["holds_batch"] else "([yellow]short of[/] the batch's ")
+                + f"{gen['batch_tokens']:,})")
+    return [line] + [f"[dim]note: {escape(n)}[/]" for n in gen.get("notes", [])]
 
 
 def throughput_lines(result: dict[str, Any], n: int = 4) -> list[str]:
@@ -134,6 +154,10 @@ def throughput_lines(result: dict[str, Any], n: int = 4) -> list[str]:
         where += f" x {info['gpus']}"
     lines = [f"Throughput: [bold]{result['tokens_per_s']:,.0f} tokens/s[/] ({info['source']}), "
              f"{result['step_seconds']:.3f} s per optimizer step{escape(where)}"]
+    phases = info.get("phases")
+    if phases:
+        lines.append(f"Phases of the step ({info.get('tokens', 'tokens')}/s above): " + ", ".join(
+            f"{name} {p['seconds']:.2f} s ({p['share']:.0%})" for name, p in phases.items() if p["seconds"] > 0))
     terms = result.get("step_terms") or {}
     total = sum(terms.values())
     if total > 0:

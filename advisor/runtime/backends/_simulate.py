@@ -32,6 +32,11 @@ class SimulateBackend(BaseBackend):
     def measure(self, model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None,
                 options: BackendOptions | None = None) -> MemoryReport:
         o = self.check(options)
+        if plan.task != "sft":
+            from advisor.core.errors import AdvisorInputError
+
+            raise AdvisorInputError("--task", f"the simulation runs supervised steps only; {plan.task}'s TRL step is "
+                                    "answered by --backend estimate (the closed form)", plan.task)
         return _measure(model, plan, gpu, layers="auto" if o.layers is None else o.layers)
 
 
