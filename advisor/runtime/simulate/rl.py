@@ -342,7 +342,7 @@ def grpo_batch(host, plan: Plan, rl: RLWorkload, device: str):
     return prompt_ids, prompt_mask, completion_ids, completion_mask
 
 
-def grpo_score(host, model, ref, rec: Recorder, batch, reference: str):
+def grpo_score(host, model, ref, rec: Recorder, batch, reference: str, rl: RLWorkload):
     """The scoring lines of ``GRPOTrainer._generate_and_score_completions`` (trl/trainer/grpo_trainer.py 1.16,
     "Concatenate prompt_mask with completion_mask" through "Compute the per-token log probabilities for the reference
     model"), then the batch as ``_prepare_inputs`` buffers it (``shuffle_sequence_dict``, ``split_tensor_dict``)."""
@@ -358,11 +358,14 @@ def grpo_score(host, model, ref, rec: Recorder, batch, reference: str):
     logits_to_keep = completion_ids.size(1)
     batch_size = args.per_device_train_batch_size
     rec.mark_rollout(num_items_in_batch, prompt_completion_ids, attention_mask)
-    rec.phase("score")
     old_per_token_logps = ref_per_token_logps = None
+    generate_every = args.steps_per_generation * host.num_iterations
+    # with vLLM, TRL also scores them for its importance-sampling correction (vllm_importance_sampling_correction)
+    old_scored = args.gradient_accumulation_steps % generate_every != 0 or rl.vllm_sampling
+    if old_scored or host.beta != 0.0:
+        rec.phase("score")  # (nothing to score on-policy without a reference: no phase)
     with torch.no_grad(), disable_gradient_checkpointing(host.model, args.gradient_checkpointing_kwargs):
-        generate_every = args.steps_per_generation * host.num_iterations
-        if args.gradient_accumulation_steps % generate_every != 0:
+        if old_scored:
             old_per_token_logps, _, _ = host._get_per_token_logps_and_entropies(
                 host.model, prompt_completion_ids, attention_mask, logits_to_keep, batch_size=batch_size)
             rec.mark_rollout(old_per_token_logps)
@@ -381,6 +384,10 @@ def grpo_score(host, model, ref, rec: Recorder, batch, reference: str):
               "completion_mask": completion_mask, "advantages": advantages, "num_items_in_batch": num_items_in_batch}
     if old_per_token_logps is not None:
         output["old_per_token_logps"] = old_per_token_logps
+    if rl.vllm_sampling:
+        # vLLM's sampling log-probs and the importance-sampling ratio from them (fp32, one per completion token)
+        output["sampling_per_token_logps"] = torch.zeros_like(old_per_token_logps)
+        output["importance_sampling_ratio"] = torch.ones_like(old_per_token_logps)
     if ref_per_token_logps is not None:
         output["ref_per_token_logps"] = ref_per_token_logps
     output = shuffle_sequence_dict(output)
@@ -410,7 +417,7 @@ def run_step(host, setup, ref, plan: Plan, rl: RLWorkload, rec: Recorder, refere
     model = setup.model
     if rl.task == "grpo":
         rec.phase("generate")
-        batches = grpo_score(host, model, ref, rec, grpo_batch(host, plan, rl, device), reference)
+        batches = grpo_score(host, model, ref, rec, grpo_batch(host, plan, rl, device), reference, rl)
         rec.mark_rollout(*(v for b in batches for v in b.values()))
     else:
         rec.phase("generate")
@@ -443,6 +450,10 @@ def trace_rl_step(spec: ModelSpec, plan: Plan, rl: RLWorkload, *, fake: bool = T
     layers, or the full model's ``layers``)."""
     import torch
     from torch._subclasses import FakeTensorMode
+
+    from advisor.runtime.simulate.rl_trl import import_trl
+
+    import_trl()
     from trl.trainer.utils import add_fused_lm_head
 
     from advisor.runtime.build import build_training_setup
@@ -504,3 +515,119 @@ def trace_rl_step(spec: ModelSpec, plan: Plan, rl: RLWorkload, *, fake: bool = T
     top = max(phases.values(), key=lambda p: p.bytes)
     return RLTrace(num_layers=n, peak_bytes=top.bytes, peak_phase=top.phase, ledger=top.ledger, phases=phases,
                    seconds=time.perf_counter() - start, fake=fake, reference=reference, notes=notes)
+
+
+# --------------------------------------------------------------------------- a Plan's simulation, at full depth
+
+
+def workload_of(plan: Plan) -> RLWorkload:
+    """The RL workload of a GRPO / DPO Plan. DPO's ``seq_len`` is DPOConfig.max_length of each of chosen and
+    rejected: its first half is taken as prompt, the rest as completion (what the loss scores)."""
+    from advisor.core.plan import DPO, effective_beta, generation_steps, uses_reference
+
+    values = vars(plan)
+    beta = effective_beta(values)
+    reference = plan.reference if uses_reference(values) else "none"
+    if plan.task == DPO:
+        prompt = plan.seq_len // 2
+        return RLWorkload(task="dpo", max_prompt_length=prompt, max_completion_length=plan.seq_len - prompt,
+                          beta=beta, reference=reference)
+    return RLWorkload(task="grpo", max_prompt_length=plan.max_prompt_length,
+                      max_completion_length=plan.max_completion_length, num_generations=plan.num_generations,
+                      beta=beta, reference=reference, steps_per_generation=generation_steps(plan),
+                      vllm_sampling=plan.generation != "transformers")
+
+
+@dataclass
+class RLSimulation:
+    """The simulated step of the full model: every measured phase, traced or extrapolated in depth."""
+
+    phases: dict[str, RLPhase]
+    peak_phase: str
+    layers_traced: tuple[int, ...]
+    extrapolated: bool
+    seconds: float
+    reference: str
+    notes: list[str]
+
+
+def simulate_rl(spec: ModelSpec, plan: Plan, rl: RLWorkload | None = None, *, layers: str | int = "auto",
+                target_device: str = "cuda") -> RLSimulation:
+    """Trace the GRPO / DPO step of ``plan`` on ``spec``: whole for shallow models (or ``layers`` of them), else at
+    two and three decoder layers, each phase's ledger extended affinely to the full depth (decoder layers are
+    identical: advisor.runtime.simulate.extrapolate). Models whose layers are of several kinds are traced whole."""
+    from advisor.runtime.simulate.extrapolate import FULL_UP_TO, TRACE_LAYERS, trace_kinds
+
+    rl = rl or workload_of(plan)
+    start = time.perf_counter()
+    L = spec.num_layers
+    whole = layers == "full" or (layers == "auto" and L <= FULL_UP_TO) or isinstance(layers, int)
+    notes: list[str] = []
+    if not whole and len(trace_kinds(spec, plan)) > 1:
+        whole = True
+        notes.append(f"layers of several kinds: all {L} traced")
+    if whole:
+        n = layers if isinstance(layers, int) and not isinstance(layers, bool) else L
+        t = trace_rl_step(spec, plan, rl, num_layers=n, target_device=target_device)
+        return RLSimulation(t.phases, t.peak_phase, (n,), False, time.perf_counter() - start, t.reference,
+                            t.notes + notes)
+    n1, n2 = TRACE_LAYERS
+    a = trace_rl_step(spec, plan, rl, num_layers=n1, target_device=target_device)
+    b = trace_rl_step(spec, plan, rl, num_layers=n2, target_device=target_device)
+    k = (L - n2) / (n2 - n1)
+    phases = {}
+    for name, pb in b.phases.items():
+        pa = a.phases.get(name)
+        if pa is None:
+            continue
+        ledger = {c: max(0, round(pb.ledger[c] + k * (pb.ledger[c] - pa.ledger[c]))) for c in pb.ledger}
+        phases[name] = RLPhase(name, sum(ledger.values()), ledger)
+    top = max(phases.values(), key=lambda p: p.bytes)
+    notes.append(f"traced {n1} and {n2} decoder layers, extrapolated to {L}")
+    return RLSimulation(phases, top.phase, (n1, n2), True, time.perf_counter() - start, b.reference, b.notes + notes)
+
+
+REPORT_CATEGORY = {"reference": "reference_weights", "logits": "transient"}
+"""Where the simulation's own categories go in a MemoryReport's ledger (advisor.memory.rl names the reference's
+weights ``reference_weights``; the fused head's tile is the step's transient, as the closed form counts it)."""
+
+
+def rl_report(spec: ModelSpec, plan: Plan, gpu=None, *, layers: str | int = "auto"):
+    """The simulate backend's answer for a GRPO / DPO plan: the traced step's peak phase as the ledger, with what
+    the trace does not hold added as the closed form counts it (a colocated vLLM's pool during training:
+    advisor.memory.rl.vllm_during_training), the GPU's overheads (advisor.memory.overhead), and every traced
+    phase's ledger in ``extra["rl_phases"]``."""
+    from advisor.memory.ledger import MemoryReport, empty
+    from advisor.memory.overhead import overhead_of
+    from advisor.memory.rl import generation_of, vllm_during_training
+
+    plan.validate()
+    sim = simulate_rl(spec, plan, layers=layers)
+    device = {**empty()}
+    for c, v in sim.phases[sim.peak_phase].ledger.items():
+        key = REPORT_CATEGORY.get(c, c)
+        device[key] = device.get(key, 0) + v
+    device.pop("overhead", None)
+    gen = generation_of(spec, plan, gpu)
+    resident = vllm_during_training(gen, plan)
+    for c, v in resident.items():
+        device[c] = device.get(c, 0) + v
+    tensor_peak = sum(device.values())
+    over = overhead_of(tensor_peak, gpu)
+    device["overhead"] = over.total
+    notes = [f"simulated TRL {'GRPO' if plan.task == 'grpo' else 'DPO'}Trainer step (trl 1.16's own loss and fused "
+             f"log-prob head, fake tensors), peak in {sim.peak_phase}; reference: {sim.reference}",
+             "generation is not traced: its phase is the closed form's (advisor.memory.rl)"] + sim.notes
+    if resident:
+        notes.append("vLLM's pool during the step from the closed form: " + ", ".join(resident))
+    notes += over.notes()
+    extra = {"simulation_seconds": round(sim.seconds, 3), "layers_traced": list(sim.layers_traced),
+             "extrapolated": sim.extrapolated, "task": plan.task, "reference": sim.reference,
+             "phase_peaks": {k: v.bytes for k, v in sim.phases.items()},
+             "rl_phases": {k: {"bytes": v.bytes, "ledger": {c: b for c, b in v.ledger.items() if b}}
+                           for k, v in sim.phases.items()},
+             "generation": gen.to_dict() if gen is not None else None,
+             "overhead_parts": over.parts, "overhead_source": over.source}
+    return MemoryReport(source="simulated", backend="simulate", device=device, host={**empty()},
+                        tensor_peak_bytes=int(tensor_peak), peak_bytes=int(tensor_peak + over.total),
+                        peak_phase=sim.peak_phase, notes=tuple(notes), extra=extra)

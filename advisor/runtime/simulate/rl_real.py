@@ -56,6 +56,8 @@ def measure_trl_step(spec: ModelSpec, plan: Plan, rl: RLWorkload, *, num_layers:
         setup = build_training_setup(spec, plan, device="cpu", num_layers=num_layers, seed=0, target_device="cpu",
                                      apply_peft=False)
         model = setup.model
+        if plan.quantized:
+            _hf_quantizer(model, plan)
         ref = None
         if rl.task == "grpo" and reference == "copy":
             # TRL loads the reference from the policy's checkpoint (create_model_from_path)
@@ -80,6 +82,23 @@ def measure_trl_step(spec: ModelSpec, plan: Plan, rl: RLWorkload, *, num_layers:
     return RLTrace(num_layers=n, peak_bytes=top.bytes, peak_phase=top.phase, ledger=top.ledger, phases=phases,
                    seconds=time.perf_counter() - start, fake=False, reference=reference,
                    notes=[f"TRL {type(trainer).__name__}, two steps on the CPU, the second measured"])
+
+
+def _hf_quantizer(model, plan: Plan) -> None:
+    """The quantizer ``from_pretrained(quantization_config=BitsAndBytesConfig(...))`` attaches to the model it loads,
+    which transformers' Trainer asks whether the quantization trains (trainer_utils.validate_quantization_for_training);
+    the Plan's model is quantized in place (advisor.runtime.simulate.standins.quantize_model), so attach it here."""
+    import torch
+    from transformers import BitsAndBytesConfig
+    from transformers.quantizers import AutoHfQuantizer
+
+    from advisor.runtime.build import torch_dtype
+
+    config = BitsAndBytesConfig(load_in_4bit=plan.four_bit, load_in_8bit=not plan.four_bit,
+                                bnb_4bit_quant_type=plan.quantization if plan.four_bit else "nf4",
+                                bnb_4bit_use_double_quant=plan.double_quant,
+                                bnb_4bit_compute_dtype=torch_dtype(plan.compute_dtype) or torch.bfloat16)
+    model.hf_quantizer = AutoHfQuantizer.from_config(config)
 
 
 def _mark_methods(trainer, rec: Recorder) -> None:

@@ -51,6 +51,9 @@ class RLWorkload:
     steps_per_generation: int | None = None
     """GRPO: micro-batches generated at once (TRL's default: gradient_accumulation_steps)."""
     temperature: float = 1.0
+    vllm_sampling: bool = False
+    """GRPO with vLLM generation: TRL always scores the old log-probs (its importance-sampling correction against
+    vLLM's sampling log-probs, which ride along in the batch)."""
 
     def validate(self) -> None:
         if self.task not in TASKS:
@@ -75,6 +78,16 @@ class RLWorkload:
         if self.task == "grpo" and self.beta == 0:
             return "none"
         return "adapter" if peft else "copy"
+
+
+def import_trl() -> None:
+    """Import TRL and its trainers with stdout sent to stderr: deepspeed, which they import, logs its accelerator
+    detection on stdout (a handler made at import holds the stream), and stdout is the JSON of ``--json``."""
+    import sys
+
+    with contextlib.redirect_stdout(sys.stderr):
+        import trl.trainer.dpo_trainer  # noqa: F401
+        import trl.trainer.grpo_trainer  # noqa: F401
 
 
 def word(i: int) -> str:
@@ -176,6 +189,7 @@ def host_trainer(plan, rl: RLWorkload):
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    import_trl()
     key = (rl.task, plan.micro_batch, plan.grad_accum, plan.gradient_checkpointing, plan.activation_dtype,
            plan.optimizer, rl)
     if key in _HOSTS:
@@ -187,11 +201,16 @@ def host_trainer(plan, rl: RLWorkload):
         tiny = Qwen2ForCausalLM(cfg)
     tiny = get_peft_model(tiny, LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM"))
     host_rl = rl if rl.reference != "precomputed" else RLWorkload(**{**rl.__dict__, "reference": "adapter"})
-    with tempfile.TemporaryDirectory() as tmp:
+    import sys
+
+    # stdout to stderr: deepspeed, imported while the trainer is built, logs on stdout (the JSON of --json)
+    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(sys.stderr):
         trainer = make_trainer(tiny, plan, host_rl, tmp, vocab=HOST_VOCAB, steps=1)
     trainer.current_gradient_accumulation_steps = plan.grad_accum  # set by Trainer's training loop
     if rl.task == "dpo":
         trainer.precompute_ref_logps = rl.reference == "precomputed"
+    else:
+        trainer.use_vllm = rl.vllm_sampling  # the loss weighs each token by vLLM's importance-sampling ratio
     trainer._accelerate_state = _accelerate_state()
     _HOSTS[key] = trainer
     return trainer
