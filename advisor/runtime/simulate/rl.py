@@ -300,9 +300,62 @@ def completion_masks(completion_length: int):
                     else:
                         indices.append(i)
                 return func(args[0], indices)
+            if func in (torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
+                        torch.ops.aten._index_put_impl_.default) and any(
+                    isinstance(i, FakeTensor) and i.dtype == torch.bool for i in args[1] if i is not None):
+                # the backward of the compact head's hidden_states[mask]: scatter into zeros at the true positions
+                values = args[2]
+                count = values.shape[0] if values.dim() else 1
+                indices = []
+                for i in args[1]:
+                    if isinstance(i, FakeTensor) and i.dtype == torch.bool:
+                        positions = torch.zeros((count, max(i.dim(), 1)), dtype=torch.long, device=i.device)
+                        indices += list(positions.unbind(1))
+                    else:
+                        indices.append(i)
+                return func(args[0], indices, *args[2:], **kwargs)
+            if func is torch.ops.aten.masked_select.default and isinstance(args[1], FakeTensor):
+                # the backward of new_zeros(mask.shape).masked_scatter(mask, x): the gradient at the true positions
+                mask = args[1]
+                rows = mask.numel() // mask.shape[-1] if mask.dim() else 1
+                return args[0].new_empty((min(mask.numel(), rows * completion_length),))
             return func(*args, **kwargs)
 
     return CompletionMasks()
+
+
+@contextlib.contextmanager
+def cuda_head(on: bool, rec: "Recorder"):
+    """TRL's fused head as it runs on CUDA (``on``), where it differs from the CPU in memory:
+    - only the positions with a label are scored (``add_fused_lm_head``: ``compact = _use_triton(device)``,
+      ``hidden_states[mask]``): the completion tokens, not every position of the prompt too;
+    - the per-tile fold is a Triton kernel writing in place (no temporaries; its torch twin runs untracked:
+      ``Recorder.fused_head(untracked_fold=True)``);
+    - the fp32 gradient GEMMs accumulate straight into fp32 (``_addmm_fp32``: ``torch.addmm(..., out_dtype=float32)``
+      on CUDA; on the CPU it copies both factors to fp32 first): run untracked too.
+    Off: the CPU's own path, which the real CPU run takes (the proof against TRL's trainers)."""
+    from trl.kernels import chunked_logprob as kernel
+    from trl.trainer import utils
+
+    if not on:
+        yield
+        return
+    use_triton, addmm = utils._use_triton, kernel._addmm_fp32
+
+    def untracked_addmm(acc, a, b):
+        rec.tracker.paused += 1
+        try:
+            addmm(acc, a, b)
+        finally:
+            rec.tracker.paused -= 1
+
+    utils._use_triton = lambda device: True
+    kernel._addmm_fp32 = untracked_addmm
+    try:
+        with rec.fused_head(untracked_fold=True):
+            yield
+    finally:
+        utils._use_triton, kernel._addmm_fp32 = use_triton, addmm
 
 
 def prepared(host, model, ref) -> None:
@@ -471,7 +524,11 @@ def trace_rl_step(spec: ModelSpec, plan: Plan, rl: RLWorkload, *, fake: bool = T
     fake_mode = FakeTensorMode() if fake else contextlib.nullcontext()
     notes = []
     masks = completion_masks(rl.max_completion_length) if fake else contextlib.nullcontext()
-    with cuda_semantics(), unpadded_masks(), fake_mode, tracker, masks, rec.fused_head(untracked_fold=False):
+    on_cuda = target_device.startswith("cuda")
+    if on_cuda and not fake:
+        raise ValueError("the CUDA head (compact positions) runs under fake tensors only: target_device='cpu' for a "
+                         "real run")
+    with cuda_semantics(), unpadded_masks(), fake_mode, tracker, masks, rec.fused_head(), cuda_head(on_cuda, rec):
         setup = build_training_setup(spec, plan, device="cpu", num_layers=num_layers, seed=0,
                                      target_device=target_device, layers=layers)
         model = setup.model
