@@ -70,3 +70,59 @@ def test_simulated_rl_step_equals_trl(case):
     # what the case is about is there: a copy's weights, the fused head's tile, the rollout's tensors
     assert (sim.ledger["reference"] > 0) == (sim.reference == "copy")
     assert sim.phases["train"].ledger["logits"] > 0
+
+
+def test_cuda_head_scores_only_the_completion_tokens():
+    """On a GPU target the fused head scores the labelled positions only (add_fused_lm_head's compact path) and its
+    Triton fold allocates nothing: the train phase's logits are one bf16 tile of micro_batch x completion rows by
+    32,768 columns and a few per-token vectors; on the CPU every position of prompt and completion is scored."""
+    rl = grpo(0.04)
+    plan = Plan(seq_len=32, micro_batch=4, **METHODS["lora"])
+    cuda = trace_rl_step(SPEC, plan, rl, fake=True, target_device="cuda").phases["train"].ledger["logits"]
+    cpu = trace_rl_step(SPEC, plan, rl, fake=True, target_device="cpu").phases["train"].ledger["logits"]
+    tile = plan.micro_batch * rl.max_completion_length * 32768 * 2
+    assert 0 <= cuda - tile < 32 * 1024, (cuda, tile)
+    assert cpu > (rl.max_prompt_length + rl.max_completion_length - 1) / rl.max_completion_length * tile
+
+
+def test_simulate_backend_answers_a_grpo_plan():
+    from advisor.memory.ledger import CATEGORIES
+    from advisor.runtime.backends import get_backend
+
+    plan = Plan(task="grpo", method="lora", micro_batch=4, num_generations=4, max_prompt_length=16,
+                max_completion_length=16, beta=0.04)
+    report = get_backend("simulate")(SPEC, plan)
+    assert report.source == "simulated" and report.peak_phase == "train"
+    assert set(CATEGORIES) <= set(report.device) and report.device["rollout"] > 0
+    assert report.tensor_peak_bytes == sum(v for k, v in report.device.items() if k != "overhead")
+    assert set(report.extra["rl_phases"]) == {"score", "train", "optimizer"}
+    assert report.tensor_peak_bytes == report.extra["phase_peaks"]["train"]
+
+
+@pytest.mark.slow
+def test_extrapolated_rl_step_equals_the_full_trace():
+    """Two traces (2 and 3 decoder layers) extended to 6 equal a trace of all 6, phase by phase."""
+    from advisor.runtime.simulate.rl import simulate_rl
+
+    spec = tiny_spec("qwen2", num_layers=6)
+    plan = Plan(seq_len=32, micro_batch=4, gradient_checkpointing=True, **METHODS["lora"])
+    rl = grpo(0.04)
+    ext = simulate_rl(spec, plan, rl)
+    full = simulate_rl(spec, plan, rl, layers="full")
+    assert ext.extrapolated and not full.extrapolated
+    for name, phase in full.phases.items():
+        assert abs(ext.phases[name].bytes - phase.bytes) <= 4 * 512, (name, ext.phases[name].bytes, phase.bytes)
+
+
+@pytest.mark.slow
+def test_cli_simulates_a_dpo_plan(capsys):
+    import json
+
+    from advisor.cli import main
+
+    args = ["estimate", "--task", "dpo", "--model", "qwen0.5b", "--method", "lora", "--seq-len", "256",
+            "--gradient-checkpointing", "--json"]
+    assert main(args + ["--backend", "simulate"]) == 0
+    sim = json.loads(capsys.readouterr().out)
+    assert sim["source"] == "simulated" and "train" in sim["phases"] and sim["extra"]["reference"] == "adapter"
+    assert set(sim["extra"]["rl_phases"]) == {"train", "optimizer"}
