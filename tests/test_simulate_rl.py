@@ -35,9 +35,10 @@ def dpo(reference: str = "auto") -> RLWorkload:
 
 
 # GRPO: beta 0 (no reference), the PEFT base with the adapter disabled, a frozen copy (full fine-tuning)
-# DPO: the disabled adapter, a frozen copy, log-probs computed before training
+# DPO: the disabled adapter, a frozen copy (full fine-tuning, and once beside LoRA), log-probs computed before training
 CASES = [(m, ckpt, rl) for m, ckpt in itertools.product(METHODS, (False, True)) for rl in (
     [grpo(0.0), grpo(0.04)] + [dpo(), dpo("precomputed")] if m != "full" else [grpo(0.0), grpo(0.04), dpo()])]
+CASES.append(("lora", False, dpo("copy")))  # DPOTrainer given a frozen copy beside a PEFT policy
 FAST = {("lora", False, "grpo", 0.04)}
 
 
