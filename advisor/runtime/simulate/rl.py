@@ -466,35 +466,33 @@ def dpo_batch(plan: Plan, rl: RLWorkload, device: str):
 
 
 def run_step(host, setup, ref, plan: Plan, rl: RLWorkload, rec: Recorder, reference: str, device: str) -> None:
-    """One optimizer step of ``rl``: GRPO's rollout, scoring and ``grad_accum`` micro-batches; DPO's micro-batches."""
+    """One optimizer step of ``rl``, as transformers' Trainer drives it (trainer.py 5.24 ``_inner_training_loop``,
+    ``training_step``): GRPO's rollout and scoring, then ``grad_accum`` micro-batches of ``compute_loss`` and
+    backward (DPO: the accumulation window's batches fetched together, ``get_batch_samples``), clipping, the step,
+    ``model.zero_grad()``."""
+    import torch
+
     model = setup.model
+    rec.phase("generate")
     if rl.task == "grpo":
-        rec.phase("generate")
         batches = grpo_score(host, model, ref, rec, grpo_batch(host, plan, rl, device), reference, rl)
         rec.mark_rollout(*(v for b in batches for v in b.values()))
     else:
-        rec.phase("generate")
-        batches = [dpo_batch(plan, rl, device) for _ in range(min(plan.grad_accum, 2))]
+        batches = [dpo_batch(plan, rl, device) for _ in range(plan.grad_accum)]
     rec.phase("train")
     for i in range(plan.grad_accum):
-        inputs = batches[i % len(batches)]
         rec.forward()
-        if rl.task == "grpo":
-            loss = host.compute_loss(host.model, inputs)
-        else:
-            loss = host.compute_loss(host.model, inputs)
+        loss = host.compute_loss(host.model, batches[i % len(batches)])
         rec.backward()
-        loss.backward()
+        loss.backward()  # Trainer: accelerator.backward(loss)
         del loss
     rec.phase("optimizer")
-    import torch
-
     params = [p for g in setup.optimizer.param_groups for p in g["params"]]
     torch.nn.utils.clip_grad_norm_(params, host.args.max_grad_norm)  # Trainer: accelerator.clip_grad_norm_
     setup.optimizer.step()
     rec.mark_grads_and_states(model, setup.optimizer)
     rec.phase("zero_grad")
-    model.zero_grad(set_to_none=True)  # Trainer: model.zero_grad() after the step
+    model.zero_grad(set_to_none=True)
 
 
 def trace_rl_step(spec: ModelSpec, plan: Plan, rl: RLWorkload, *, fake: bool = True, num_layers: int | None = None,
@@ -518,6 +516,11 @@ def trace_rl_step(spec: ModelSpec, plan: Plan, rl: RLWorkload, *, fake: bool = T
     rl.validate()
     start = time.perf_counter()
     reference = rl.reference_kind(plan.peft)
+    if rl.task == "grpo" and reference == "copy" and plan.peft:
+        from advisor.core.errors import AdvisorInputError
+
+        raise AdvisorInputError("reference", "TRL's GRPOTrainer scores a PEFT policy's reference with its adapter "
+                                "disabled and loads no copy: use adapter", reference)
     host = host_trainer(plan, rl)
     tracker = LiveBytes()
     rec = Recorder(tracker)

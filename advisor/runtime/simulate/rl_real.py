@@ -12,7 +12,6 @@ states. Phases are marked on the trainer's own methods: ``_generate_single_turn`
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 import time
 
