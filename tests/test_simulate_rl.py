@@ -39,6 +39,9 @@ def dpo(reference: str = "auto") -> RLWorkload:
 CASES = [(m, ckpt, rl) for m, ckpt in itertools.product(METHODS, (False, True)) for rl in (
     [grpo(0.0), grpo(0.04)] + [dpo(), dpo("precomputed")] if m != "full" else [grpo(0.0), grpo(0.04), dpo()])]
 CASES.append(("lora", False, dpo("copy")))  # DPOTrainer given a frozen copy beside a PEFT policy
+ACCUMULATED = [grpo(0.04), dpo()]
+"""Two micro-batches per optimizer step: GRPO's generation batch of two micro-batches, shuffled and split
+(steps_per_generation = gradient_accumulation_steps, TRL's default); DPO's accumulation window."""
 FAST = {("lora", False, "grpo", 0.04)}
 
 
@@ -47,17 +50,26 @@ def case_id(case) -> str:
     return f"{rl.task}-{m}-{'ckpt' if ckpt else 'nockpt'}-beta{rl.beta}-{rl.reference_kind(m != 'full')}"
 
 
-def plan_of(method: str, ckpt: bool, rl: RLWorkload) -> Plan:
+def plan_of(method: str, ckpt: bool, rl: RLWorkload, grad_accum: int = 1) -> Plan:
     micro = 4 if rl.task == "grpo" else 2
     return Plan(seq_len=rl.max_prompt_length + rl.max_completion_length, micro_batch=micro, precision="fp32"
-                if method != "qlora" else "bf16", gradient_checkpointing=ckpt, **METHODS[method])
+                if method != "qlora" else "bf16", gradient_checkpointing=ckpt, grad_accum=grad_accum, **METHODS[method])
 
 
 @pytest.mark.parametrize("case", [c if (c[0], c[1], c[2].task, c[2].beta) in FAST else
                                   pytest.param(c, marks=pytest.mark.slow) for c in CASES], ids=case_id)
 def test_simulated_rl_step_equals_trl(case):
     method, ckpt, rl = case
-    plan = plan_of(method, ckpt, rl)
+    check(plan_of(method, ckpt, rl), rl)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rl", ACCUMULATED, ids=lambda rl: rl.task)
+def test_accumulated_rl_step_equals_trl(rl):
+    check(plan_of("lora", True, rl, grad_accum=2), rl)
+
+
+def check(plan: Plan, rl: RLWorkload) -> None:
     sim = trace_rl_step(SPEC, plan, rl, fake=True, target_device="cpu")
     real = measure_trl_step(SPEC, plan, rl)
     scored = rl.task == "grpo" and rl.beta > 0
@@ -70,7 +82,7 @@ def test_simulated_rl_step_equals_trl(case):
     assert sim.peak_phase == real.peak_phase
     # what the case is about is there: a copy's weights, the fused head's tile, the rollout's tensors
     assert (sim.ledger["reference"] > 0) == (sim.reference == "copy")
-    assert sim.phases["train"].ledger["logits"] > 0
+    assert sim.phases["train"].ledger["logits"] > 0 and sim.phases["train"].ledger["rollout"] > 0
 
 
 def test_cuda_head_scores_only_the_completion_tokens():
