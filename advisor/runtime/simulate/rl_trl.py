@@ -2,12 +2,13 @@
 real one-step run on a tiny model that the simulation is proven against.
 
 TRL 1.16's ``GRPOTrainer._compute_loss`` / ``_get_per_token_logps_and_entropies`` and ``DPOTrainer._compute_loss``
-read only the trainer's settings (beta, loss type, epsilon, the accelerator's autocast, the reference) and the model
-they are handed. The simulation therefore builds the real trainer once on a tiny model (``host_trainer``: its
+read only the trainer's settings (beta, loss type, epsilon, the accelerator's autocast, the reference) and the models
+it holds or is handed. The simulation therefore builds the real trainer once on a tiny model (``host_trainer``: its
 ``__init__`` sets every attribute from the real ``GRPOConfig`` / ``DPOConfig``), points its ``model`` and
 ``ref_model`` at the simulated ones, and calls those methods: the step's loss and log-prob code is TRL's, not a copy.
 
-The tiny tokenizer is a word-level one built here (one word one id, no downloads); prompts of words are exactly ``max_prompt_length`` tokens, so no prompt is padded, as in the simulated step.
+The tiny tokenizer is a word-level one built here (one word one id, no downloads); prompts are exactly
+``max_prompt_length`` words, so no prompt is padded, as in the simulated step.
 """
 
 from __future__ import annotations
