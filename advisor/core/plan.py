@@ -446,7 +446,6 @@ class Plan:
         "transformers", help="GRPO: how completions are generated: transformers (generate() with its KV cache), "
                              "vllm-colocate (vLLM on the training GPU) or vllm-server (vLLM on --vllm-gpus other GPUs)",
         choices=GENERATIONS, applies=_grpo, tag=Tag(lambda plan: _generation_tag(plan)),
-        search=Search(ladder=prefer("vllm-colocate", "transformers"), frugal=prefer("transformers")),
         keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
               "trl": Custom("use_vllm")})
     """GRPO: the generation engine (GRPOConfig use_vllm, vllm_mode colocate / server)."""
@@ -459,7 +458,7 @@ class Plan:
     vllm_sleep: int = knob(
         0, help="vllm-colocate: vLLM sleep mode during the training step: 0 off, 1 weights to host and KV cache "
                 "discarded, 2 both discarded (TRL's vllm_enable_sleep_mode is level 2)",
-        choices=VLLM_SLEEP_LEVELS, applies=_colocate, search=Search(frugal=max),
+        choices=VLLM_SLEEP_LEVELS, applies=_colocate,
         keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
               "trl": Custom("vllm_enable_sleep_mode")})
     """vllm-colocate: what vLLM holds while the trainer scores and trains (LLM.sleep(level)); 0: its whole pool."""
@@ -484,14 +483,13 @@ class Plan:
         cli=Cli(default=lambda values: "copy" if values["method"] == "full" and values["task"] in RL_TASKS
                 else "adapter", default_means="adapter for lora/qlora, copy for full"),
         tag=Tag(lambda plan: _reference_tag(plan)),
-        search=Search(ladder=prefer("adapter", "precomputed", "copy"), frugal=prefer("precomputed", "adapter")),
         keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
               "trl": Custom("precompute_ref_log_probs")})
     """Where the reference log-probs come from: the PEFT model with its adapter disabled (TRL's choice for a PEFT
     policy), a frozen copy of the base (TRL's for a full fine-tune), or computed once (DPO precompute_ref_log_probs)."""
     padding_free: bool = knob(
         False, help="DPO: padding-free batches (chosen and rejected flattened into one row, position_ids per sequence)",
-        applies=_dpo, tag=Tag("padfree"), search=Search(ladder=prefer(True, False), frugal=prefer(True, False)),
+        applies=_dpo, tag=Tag("padfree"),
         keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
               "trl": Key("padding_free", omit_default=True)})
     """DPO: padding-free batches (DPOConfig.padding_free; TRL 1.16 warns and falls back to padding)."""
@@ -533,6 +531,12 @@ class Plan:
 
     @property
     def tokens_per_step(self) -> int:
+        """Tokens one optimizer step trains on one GPU: GRPO its completion tokens (what its tokens/s counts), DPO
+        chosen and rejected, else micro_batch x seq_len x grad_accum."""
+        if self.task == GRPO:
+            return self.micro_batch * self.max_completion_length * self.grad_accum
+        if self.task == DPO:
+            return 2 * self.micro_batch * self.seq_len * self.grad_accum
         return self.micro_batch * self.seq_len * self.grad_accum
 
     # ------------------------------------------------------------------ validation

@@ -303,6 +303,14 @@ def _vllm(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, seqs: int, S: int) 
     if not starts:
         notes.append(f"vLLM cannot start: its pool of {util:g} x the card leaves {_gib(kv)} for the KV cache on {where}, "
                      f"less than one sequence of {S:,} tokens: raise --vllm-gpu-memory-utilization or shorten the lengths")
+    held = trainer_at_vllm_start(model, plan, gpu) if colocate and gpu is not None else 0
+    if held and held + pool > total:
+        # vLLM refuses a pool larger than the free memory at its start (vllm/v1/worker/gpu_worker.py init_device:
+        # "Free memory on device ... is less than desired GPU memory utilization")
+        starts = False
+        notes.append(f"vLLM cannot start: the trainer holds {_gib(held)} when GRPOTrainer starts vLLM, and its pool of "
+                     f"{_gib(pool)} needs more than the {_gib(max(0, total - held))} left free: lower "
+                     "--vllm-gpu-memory-utilization")
     holds = tokens >= need
     if starts and not holds:
         notes.append(f"vLLM's KV cache holds {tokens:,} tokens, fewer than the generation batch's {need:,} "
@@ -316,6 +324,18 @@ def _vllm(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, seqs: int, S: int) 
                       cuda_graph_bytes=int(graphs), non_torch_bytes=int(non_torch), max_model_len=S,
                       max_num_seqs=max_seqs, gpus=tp, batch_tokens=need, holds_batch=holds, starts=starts,
                       notes=tuple(notes))
+
+
+def trainer_at_vllm_start(model: ModelSpec, plan: Plan, gpu: GpuSpec | None) -> int:
+    """What the training process holds when GRPOTrainer.__init__ starts a colocated vLLM: the policy's weights,
+    constants and adapters and the reference copy (loaded before it), no optimizer state yet, and the CUDA context."""
+    from advisor.memory.overhead import outside_allocator_bytes
+    from advisor.memory.training import param_breakdown, weight_bytes
+
+    pb = param_breakdown(model, plan)
+    adapters = pb.adapter * 4 if plan.peft else 0
+    return int(sum(weight_bytes(model, plan, pb)) + adapters + reference_weight_bytes(model, plan)
+               + outside_allocator_bytes(gpu))
 
 
 def _gib(n: float) -> str:
@@ -505,15 +525,7 @@ def rl_run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: Memor
             on_gpu = gen.pool_bytes if colocated else 0
             what = (f"vLLM pool {plan.vllm_gpu_memory_utilization:g} x the card (KV {gen.kv_tokens:,} tokens)"
                     if colocated else f"vLLM on {gen.gpus} server GPU(s); the trainer waits")
-            gen_notes = gen.notes
-            if colocated and gpu is not None and base.phases["load"].live_bytes + outside + gen.pool_bytes > gpu.memory_bytes:
-                # vLLM refuses a pool larger than the free memory at its start (vllm/v1/worker/gpu_worker.py
-                # init_device: "Free memory on device ... is less than desired GPU memory utilization")
-                gen_notes = (*gen_notes, f"vLLM cannot start: the trainer holds {_gib(base.phases['load'].live_bytes + outside)} "
-                             f"when it starts, and its pool of {_gib(gen.pool_bytes)} needs more than the "
-                             f"{_gib(gpu.memory_bytes - base.phases['load'].live_bytes - outside)} left free: lower "
-                             "--vllm-gpu-memory-utilization")
-            phase("generate", trainer + rollout + on_gpu, what, gen_notes)
+            phase("generate", trainer + rollout + on_gpu, what, gen.notes)
         during = sum(vllm_during_training(gen, plan).values())
         score_t, where = no_grad_forward(model, plan, rows, S, scored_tokens(plan))
         passes = [w for w, on in (("old log-probs", old_logprobs_computed(plan)),
@@ -535,13 +547,12 @@ def rl_run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: Memor
     else:
         pre = reference_kind(plan) == "precomputed"
         t, where = no_grad_forward(model, plan, rows, plan.seq_len, scored_tokens(plan))
-        ref_copy = reference_weight_bytes(model, plan.with_(reference="copy")) if plan.method == "full" else 0
-        # before training: the policy's weights and, for a full fine-tune, the reference loaded for the pass
-        # (DPOTrainer._precompute_ref_logps, then ref_model = None); no optimizer state yet
+        # before training, the policy itself (its adapter disabled for PEFT) scores the dataset: with
+        # precompute_ref_log_probs TRL loads no reference (DPOTrainer.__init__: ref_model None unless FSDP;
+        # _precompute_ref_logps uses ``self.ref_model or self.model``); no optimizer state yet
         weights = step.device.get("weights", 0) + step.device.get("quant_constants", 0) + \
             step.device.get("adapter_weights", 0)
-        phase("precompute", weights + ref_copy + t, f"reference log-probs, {rows} x {plan.seq_len:,}: {where}",
-              included=pre)
+        phase("precompute", weights + t, f"reference log-probs, {rows} x {plan.seq_len:,}: {where}", included=pre)
         phases["train"] = train
     phases["save"] = base.phases["save"]
     order = GRPO_PHASES if plan.task == GRPO else DPO_PHASES

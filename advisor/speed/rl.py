@@ -128,7 +128,7 @@ def predict_rl(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1, shardi
     if plan.task == DPO:
         ref = plan.grad_accum * micro if reference_kind(plan) != "precomputed" else 0.0
         step = train + ref
-        tokens = gpus * 2 * plan.micro_batch * plan.seq_len * plan.grad_accum
+        tokens = gpus * plan.tokens_per_step  # chosen and rejected
         return RlTimes({"train": train, "reference_forward": ref}, step, tokens / step, 0.0, 0.0, dict(tp.terms))
     spg = generation_steps(plan)
     gens = plan.grad_accum / spg
@@ -154,7 +154,7 @@ def predict_rl(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1, shardi
     phases = {"train": train, "generate": gens * generate, "score": gens * score, "sync": gens * sync,
               "vllm_sleep": gens * sleep}
     step = sum(phases.values())
-    tokens = gpus * plan.micro_batch * plan.grad_accum * plan.max_completion_length
+    tokens = gpus * plan.tokens_per_step  # completion tokens
     return RlTimes(phases, step, tokens / step, gens, dec, dict(tp.terms))
 
 

@@ -35,6 +35,12 @@ class EstimateBackend(BaseBackend):
         describes, why = closed_form_describes(model, plan)
         if describes:
             return estimate_training(model, plan, gpu)
+        if plan.task != "sft":
+            from advisor.core.errors import AdvisorInputError
+
+            raise AdvisorInputError("--model", f"the closed form does not describe {model.name} ({why}), and the "
+                                    f"simulation of {plan.task}'s TRL step is not written yet", model.name,
+                                    show_value=False)
         from advisor.runtime.backends._simulate import SimulateBackend
 
         report = SimulateBackend().measure(model, plan, gpu)
