@@ -413,7 +413,7 @@ class Plan:
         tag=Tag(lambda plan: _task_tag(plan)),
         keys={"advisor": _RL_ADVISOR, "axolotl": Refused("the axolotl rl: export of GRPO/DPO is not written yet"),
               "llamafactory": Refused("the LLaMA-Factory stage: dpo export is not written yet"),
-              "trl": Refused("the TRL GRPOConfig/DPOConfig export is not written yet")})
+              "trl": Custom()})  # the trainer: SFTConfig, GRPOConfig or DPOConfig fields (advisor.configs._trl_rl)
     """What the run trains: sft (supervised: the loss over the sequence), grpo (TRL GRPOTrainer: each step generates
     ``num_generations`` completions per prompt, scores them, and trains on them) or dpo (TRL DPOTrainer: chosen and
     rejected through the policy, and through a reference). The user's workload, never searched."""
