@@ -201,3 +201,137 @@ def test_train_dpo_runs_one_dpotrainer_step_on_cpu(tiny_model, qwen7b, tmp_path)
     assert s["steps"] == 1 and math.isfinite(s["train_loss"]) and s["train_loss"] > 0
     assert s["max_length"] == 32 and s["beta"] == 0.1 and s["precompute_ref_log_probs"] is False
     assert s["lora_modules"] == 2 * 4 and s["reference_model"] is False
+
+
+# --------------------------------------------------------------------------- axolotl rl:, LLaMA-Factory stage: dpo
+
+THIRDPARTY = [("grpo", GRPO_PLANS["qlora-vllm-sleep"]), ("grpo", GRPO_PLANS["lora-generate-beta"]),
+              ("dpo", DPO_PLANS["lora"]), ("dpo", DPO_PLANS["qlora-precomputed"])]
+
+
+def _tool_python(var: str, module: str) -> str:
+    python = os.environ.get(var)
+    if not python:
+        if os.environ.get("CI"):
+            pytest.fail(f"{var} is not set: .ci/run builds it with .ci/thirdparty-envs.sh")
+        pytest.skip(f"{var} is not set (eval \"$(bash .ci/thirdparty-envs.sh)\")")
+    return python
+
+
+def _tool_env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the tool's own packages, not ours
+    return dict(env, CUDA_VISIBLE_DEVICES="", PYTHONWARNINGS="ignore", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                DO_NOT_TRACK="1", AXOLOTL_DO_NOT_TRACK="1", **extra)
+
+
+def _tool_run(python: str, script: str, env: dict, paths: list[Path], cwd: Path) -> list[dict]:
+    cwd.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([python, "-c", script, *map(str, paths)], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+def test_axolotl_and_llamafactory_write_what_they_can_say(qwen7b, tmp_path):
+    documented = {fmt: {ln.strip() for ln in (Path(__file__).parent / "data" / f"{fmt}_fields.txt").read_text()
+                        .splitlines() if ln.strip() and not ln.startswith("#")} for fmt in ("axolotl", "llamafactory")}
+    documented["axolotl"] |= {ln.strip() for ln in (Path(__file__).parent / "data" / "axolotl_liger_fields.txt")
+                              .read_text().splitlines() if ln.strip() and not ln.startswith("#")}
+    for i, (task, plan) in enumerate(THIRDPARTY):
+        written = export_plan(qwen7b, plan, tmp_path / str(i))
+        ax = yaml.safe_load(written["axolotl"].read_text())
+        assert ax["rl"] == task and set(ax) <= documented["axolotl"]
+        assert ax["trl"]["beta"] == float(plan.beta if plan.beta is not None else {"grpo": 0.0, "dpo": 0.1}[task])
+        if task == "grpo":
+            assert "llamafactory" not in written and "no GRPO stage" in written.skipped["llamafactory"]
+            assert (tmp_path / str(i) / "axolotl_rewards.py").is_file()
+            py_compile.compile(str(tmp_path / str(i) / "axolotl_rewards.py"), doraise=True)
+        else:
+            assert ax["sequence_len"] == plan.seq_len
+            if plan.reference == "precomputed":
+                assert ax["precompute_ref_log_probs"] is True
+                assert "precomputed reference" in written.skipped["llamafactory"]
+            else:
+                lf = yaml.safe_load(written["llamafactory"].read_text())
+                assert lf["stage"] == "dpo" and lf["pref_loss"] == "sigmoid" and set(lf) <= documented["llamafactory"]
+        for fmt in ("axolotl", "llamafactory"):
+            if fmt in written:
+                _, read, _ = read_config(written[fmt])
+                mine, theirs = canonical(plan.validate()).to_dict(), read.to_dict()
+                assert {k: (mine[k], theirs[k]) for k in mine if mine[k] != theirs[k]} == {}, fmt
+
+
+AXOLOTL_RL_CHECK = """
+import json, sys, yaml
+import torch
+from axolotl.utils.config import prepare_plugins, validate_config
+from axolotl.utils.dict import DictDefault
+out = []
+for path in sys.argv[1:]:
+    cfg = DictDefault(yaml.safe_load(open(path)))
+    cfg.axolotl_config_path = path
+    prepare_plugins(cfg)
+    caps = {"bf16": True, "fp8": False, "tf32": True, "n_gpu": 1, "compute_capability": "sm_90"}
+    m = validate_config(cfg, capabilities=caps, env_capabilities={"torch_version": torch.__version__.split("+")[0]})
+    trl, vllm = m.trl, m.vllm
+    out.append({"rl": str(getattr(m.rl, "value", m.rl)), "sequence_len": m.sequence_len, "beta": trl.beta,
+                "num_generations": trl.num_generations, "max_completion_length": trl.max_completion_length,
+                "use_vllm": trl.use_vllm, "vllm_mode": trl.vllm_mode,
+                "sleep": getattr(trl, "vllm_enable_sleep_mode", None),
+                "gpu_memory_utilization": vllm.gpu_memory_utilization if vllm else None,
+                "precompute_ref_log_probs": m.precompute_ref_log_probs, "micro_batch_size": m.micro_batch_size})
+print("RESULT " + json.dumps(out))
+"""
+
+LLAMAFACTORY_DPO_CHECK = """
+import json, sys, yaml
+import torch
+from llamafactory.hparams import parser
+if not torch.cuda.is_available():
+    parser.is_torch_bf16_gpu_available = lambda: True
+out = []
+for path in sys.argv[1:]:
+    cfg = yaml.safe_load(open(path))
+    if not torch.cuda.is_available():
+        cfg["use_cpu"] = True
+    m, d, t, f, g = parser.get_train_args(cfg)
+    out.append({"stage": f.stage, "pref_beta": f.pref_beta, "pref_loss": f.pref_loss, "cutoff_len": d.cutoff_len,
+                "finetuning_type": f.finetuning_type, "lora_rank": f.lora_rank})
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.timeout(900)
+def test_axolotl_validates_the_rl_exports(qwen7b, tmp_path):
+    python = _tool_python("ADVISOR_AXOLOTL_PYTHON", "axolotl.utils.config")
+    paths = [export_plan(qwen7b, plan, tmp_path / str(i), ["axolotl"])["axolotl"]
+             for i, (_, plan) in enumerate(THIRDPARTY)]
+    results = _tool_run(python, AXOLOTL_RL_CHECK, _tool_env(), paths, tmp_path / "elsewhere")
+    for (task, plan), got in zip(THIRDPARTY, results):
+        assert got["rl"] == task and got["micro_batch_size"] == plan.micro_batch
+        assert got["beta"] == (plan.beta if plan.beta is not None else {"grpo": 0.0, "dpo": 0.1}[task])
+        if task == "grpo":
+            assert got["num_generations"] == plan.num_generations
+            assert got["max_completion_length"] == plan.max_completion_length
+            assert got["use_vllm"] == (plan.generation != "transformers")
+            if plan.generation == "vllm-colocate":
+                assert got["vllm_mode"] == "colocate" and got["sleep"] == (plan.vllm_sleep == 2)
+                assert got["gpu_memory_utilization"] == plan.vllm_gpu_memory_utilization
+        else:
+            assert got["sequence_len"] == plan.seq_len
+            assert bool(got["precompute_ref_log_probs"]) == (plan.reference == "precomputed")
+
+
+@pytest.mark.timeout(900)
+def test_llamafactory_parses_the_dpo_export(qwen7b, tmp_path):
+    python = _tool_python("ADVISOR_LLAMAFACTORY_PYTHON", "llamafactory.hparams.parser")
+    plan = DPO_PLANS["lora"]
+    path = export_plan(qwen7b, plan, tmp_path, ["llamafactory"])["llamafactory"]
+    env = _tool_env(LOCAL_RANK="0", RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(29500 + os.getpid() % 1000), DISABLE_VERSION_CHECK="0")
+    (got,) = _tool_run(python, LLAMAFACTORY_DPO_CHECK, env, [path], tmp_path / "elsewhere")
+    assert got["stage"] == "dpo" and got["pref_loss"] == "sigmoid" and got["pref_beta"] == 0.1
+    assert got["cutoff_len"] == plan.seq_len and got["finetuning_type"] == "lora" and got["lora_rank"] == plan.lora_r
+    with pytest.raises(Unsupported, match="no GRPO stage"):
+        export_plan(qwen7b, GRPO_PLANS["lora-generate-beta"], tmp_path / "g", ["llamafactory"])

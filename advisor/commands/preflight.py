@@ -46,7 +46,7 @@ def run_preflight_cmd(args: argparse.Namespace) -> int:
         config=args.config, gpu_budget=args.gpu_budget, gpu=args.gpu, data=args.data, probe=args.probe,
         max_seq_len=args.max_seq_len, headroom=args.headroom, epochs=args.epochs,
         trust_remote_code=args.trust_remote_code, backend=args.backend, host_budget=args.host_budget))
-    who = memory_answered_by(result.model, result.plan, args.backend)
+    who = memory_answered_by(result.model, result.plan, result.extra.get("backend", args.backend))
     if args.json:
         print(json.dumps({**result.to_dict(), **who}, indent=2, default=str))
     else:

@@ -187,8 +187,9 @@ _IN_BACKWARD = Refused("it has no optimizer step inside backward (torchtune opti
                        "or the advisor.yaml + train.py export")
 _NOT_RUN = Unkeyed("the exported run does not evaluate: the generation-based evaluation sizes the prediction only")
 _RL_ADVISOR = Refused("advisor.yaml's train.py runs supervised fine-tuning only: export GRPO/DPO to TRL")
-_RL_AXOLOTL = Refused("the axolotl rl: export of GRPO/DPO is not written yet")
-_RL_LLAMAFACTORY = Refused("the LLaMA-Factory GRPO/DPO export is not written yet")
+_RL_AXOLOTL = Custom()  # rl: grpo|dpo with its trl: and vllm: sections (advisor.configs._rl_tools)
+_RL_LLAMAFACTORY = Refused("LLaMA-Factory has no GRPO stage (its stages: pt, sft, rm, ppo, dpo, kto)")
+_DPO_LLAMAFACTORY = Custom()  # stage: dpo, pref_beta (advisor.configs._rl_tools)
 _ENV = Unkeyed("an environment variable: the header's launch command sets PYTORCH_CUDA_ALLOC_CONF")
 
 
@@ -411,8 +412,7 @@ class Plan:
         choices=TASKS, workload=Workload(), cli=Cli(parse=lambda text: parse_task(text), metavar="{" + ",".join(
             TASK_WORDS) + "}"),
         tag=Tag(lambda plan: _task_tag(plan)),
-        keys={"advisor": _RL_ADVISOR, "axolotl": Refused("the axolotl rl: export of GRPO/DPO is not written yet"),
-              "llamafactory": Refused("the LLaMA-Factory stage: dpo export is not written yet"),
+        keys={"advisor": _RL_ADVISOR, "axolotl": Custom("rl"), "llamafactory": Custom("stage"),
               "trl": Custom()})  # the trainer: SFTConfig, GRPOConfig or DPOConfig fields (advisor.configs._trl_rl)
     """What the run trains: sft (supervised: the loss over the sequence), grpo (TRL GRPOTrainer: each step generates
     ``num_generations`` completions per prompt, scores them, and trains on them) or dpo (TRL DPOTrainer: chosen and
@@ -438,7 +438,7 @@ class Plan:
     beta: float | None = knob(
         None, help="the KL weight: GRPO's KL to the reference (0: no reference model) or DPO's temperature",
         range=Range(low=0), applies=_rl, workload=Workload(), cli=Cli(default_means="TRL's: grpo 0, dpo 0.1"),
-        keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
+        keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _DPO_LLAMAFACTORY,
               "trl": Custom("beta")})
     """GRPO: the KL coefficient (0: TRL loads no reference model); DPO: the preference temperature. None: TRL's default
     for the task (GRPOConfig.beta 0.0, DPOConfig.beta 0.1)."""
@@ -483,14 +483,14 @@ class Plan:
         cli=Cli(default=lambda values: "copy" if values["method"] == "full" and values["task"] in RL_TASKS
                 else "adapter", default_means="adapter for lora/qlora, copy for full"),
         tag=Tag(lambda plan: _reference_tag(plan)),
-        keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
+        keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _DPO_LLAMAFACTORY,
               "trl": Custom("precompute_ref_log_probs")})
     """Where the reference log-probs come from: the PEFT model with its adapter disabled (TRL's choice for a PEFT
     policy), a frozen copy of the base (TRL's for a full fine-tune), or computed once (DPO precompute_ref_log_probs)."""
     padding_free: bool = knob(
         False, help="DPO: padding-free batches (chosen and rejected flattened into one row, position_ids per sequence)",
         applies=_dpo, tag=Tag("padfree"),
-        keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
+        keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _DPO_LLAMAFACTORY,
               "trl": Key("padding_free", omit_default=True)})
     """DPO: padding-free batches (DPOConfig.padding_free; TRL 1.16 warns and falls back to padding)."""
 
