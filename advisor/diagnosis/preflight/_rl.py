@@ -67,9 +67,11 @@ def generation_findings(report: MemoryReport, plan: Plan, budget: Budget | None)
             f"{fmt(gen['reserve_bytes'])}")
     notes = "; ".join(gen.get("notes") or ())
     if not gen["starts"]:
+        first = ("raise vllm_gpu_memory_utilization: the pool holds no KV cache beyond vLLM's weights and reserve"
+                 if gen["kv_cache_bytes"] <= 0 else
+                 "lower vllm_gpu_memory_utilization so the pool fits beside what the trainer holds at vLLM's start")
         return [Finding("memory.vllm-start", "error", "vLLM cannot start: " + held, notes,
-                        ("lower --vllm-gpu-memory-utilization (vllm_gpu_memory_utilization) so the pool fits beside "
-                         "the trainer", "set vllm_max_model_length to prompt + completion",
+                        (first, "set vllm_max_model_length to prompt + completion",
                          "or run vLLM as a server on other GPUs (vllm_mode: server)"), "memory", {"generation": gen})]
     if not gen["holds_batch"]:
         return [Finding("memory.vllm-kv", "warning",
