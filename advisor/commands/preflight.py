@@ -95,7 +95,12 @@ def run_doctor_cmd(args: argparse.Namespace) -> int:
         from advisor.configs.read import read_config
 
         name, plan, _ = read_config(args.config)
-        report = get_backend("estimate").measure(resolve_model(name), plan, None)
+        model = resolve_model(name)
+        report = get_backend("estimate").measure(model, plan, None)
+        if plan.task != "sft":  # GRPO/DPO: the run's phases (generate, score, train) for the RL entries
+            from advisor.runtime.phases import with_phases
+
+            report = with_phases(model, plan, None, report)
     findings = diagnose(text, report, plan)
     if args.json:
         print(json.dumps({"findings": [f.to_dict() for f in findings]}, indent=2))
