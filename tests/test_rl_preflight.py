@@ -40,13 +40,17 @@ def test_grpo_trl_export_is_go_with_its_phases_named(qwen7b, tmp_path):
     assert r.verdict == "GO", [(f.severity, f.title) for f in r.findings]
     assert r.extra["backend"] == "estimate" and r.plan.task == "grpo"
     (phases,) = _by_check(r, "memory.phases")
-    assert set(phases.data["phases"]) == {"generate", "score", "train"}
-    assert phases.data["step_peak_phase"] == "generate"  # the colocated pool beside the trainer's weights
-    assert "generate sets the step's peak" in phases.title
+    peaks = phases.data["phases"]
+    assert set(peaks) == {"generate", "score", "train", "sync"}
+    top = phases.data["step_peak_phase"]
+    assert peaks[top]["live_bytes"] == max(p["live_bytes"] for p in peaks.values())
+    assert f"{top} sets the step's peak" in phases.title
+    # the colocated pool beside the trainer's weights: generation and the sync (vLLM's weights woken) are the highest
+    assert top in ("generate", "sync") and peaks["generate"]["live_bytes"] > peaks["train"]["live_bytes"]
     (gen,) = _by_check(r, "memory.generation")
     assert "vLLM pool" in gen.title and "KV cache" in gen.title and "tokens" in gen.title
     d = r.to_dict()
-    assert d["step_peak_phase"] == "generate" and d["peak_phase"] in d["memory"]["phases"]
+    assert d["step_peak_phase"] == top and d["peak_phase"] in d["memory"]["phases"]
     (fit,) = _by_check(r, "memory.fit")
     assert "every completion at max_completion_length (256 + 256 tokens)" in fit.title
 

@@ -14,8 +14,9 @@ from advisor.core.units import Budget, format_bytes
 from advisor.diagnosis.findings import Finding
 from advisor.memory.ledger import MemoryReport
 
-RL_PHASES = ("generate", "score", "train")
-"""The phases of a step a GRPO/DPO preflight names (DPO's step is train; its reference forward runs inside it)."""
+RL_PHASES = ("generate", "score", "train", "sync")
+"""The phases of a step a GRPO/DPO preflight names (DPO's step is train; its reference forward runs inside it; sync:
+the weights pushed into vLLM after each optimizer step)."""
 LR_RANGE = {"peft": (1e-7, 1e-4), "full": (1e-8, 1e-5)}
 """Usual GRPO/DPO learning rates, 10x beyond each side: TRL's GRPOConfig/DPOConfig default 1e-6 (full), its PEFT
 examples' 1e-5 (adapters); SFT's 2e-4 for LoRA is far too high for a policy-gradient or preference step."""
@@ -33,7 +34,7 @@ def phase_peaks(report: MemoryReport) -> dict[str, dict[str, Any]]:
 
 
 def step_peak_phase(report: MemoryReport) -> str | None:
-    """Which of generate / score / train holds the most live memory (the step's own peak phase)."""
+    """Which of generate / score / train / sync holds the most live memory (the step's own peak phase)."""
     peaks = phase_peaks(report)
     return max(peaks, key=lambda n: peaks[n]["live_bytes"]) if peaks else None
 
