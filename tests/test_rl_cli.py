@@ -102,7 +102,6 @@ def test_the_text_output_shows_the_phase_table_and_vllm(capsys):
     (["--task", "dpo", "--model", "qwen0.5b", "--padding-free"], "--padding-free"),
     (["--task", "grpo", "--model", "qwen0.5b", "--micro-batch", "8", "--max-completion-length", "40000"],
      "--max-completion-length"),
-    (["--task", "grpo", "--model", "qwen0.5b", "--micro-batch", "8", "--backend", "simulate"], "--task"),
 ])
 def test_bad_input_is_one_line_naming_the_flag(capsys, argv, flag):
     try:

@@ -216,8 +216,8 @@ def fused_linear_loss(model, input_ids, labels, device: str, target: str, positi
 def build_training_setup(spec: ModelSpec, plan: Plan, *, device: str = "cpu", num_layers: int | None = None,
                          quant_impl: str = "auto", weights_dir: str | None = None, seed: int = 0,
                          target_device: str | None = None, checkpoint_set: tuple[int, ...] | None = None,
-                         on_grad=None, proj_gap: int | None = None, layers: tuple[int, ...] | None = None
-                         ) -> TrainingSetup:
+                         on_grad=None, proj_gap: int | None = None, layers: tuple[int, ...] | None = None,
+                         apply_peft: bool = True) -> TrainingSetup:
     """The model of ``spec`` with ``plan`` applied, and its optimizer, on ``device``.
 
     Under an active ``FakeTensorMode`` every tensor is fake (shapes and dtypes only) and
@@ -227,6 +227,8 @@ def build_training_setup(spec: ModelSpec, plan: Plan, *, device: str = "cpu", nu
     layers are checkpointed (layer extrapolation of partial checkpointing); ``on_grad`` is called with
     each parameter once its gradient is accumulated (the tracker's gradient marks). ``layers`` builds the decoder
     layers of the full model at these indices instead (layers of several kinds: ``select_layers``).
+    ``apply_peft=False``: for lora / qlora, the base model as it is before peft wraps it, and no optimizer (a trainer
+    given ``lora_config(spec, plan)`` wraps it and builds the optimizer itself, as TRL's trainers do).
     """
     import torch
 
@@ -260,6 +262,10 @@ def build_training_setup(spec: ModelSpec, plan: Plan, *, device: str = "cpu", nu
             enable_checkpointing(model, spec, plan, checkpoint_set)
     if plan.activation_offload and not plan.gradient_checkpointing:
         offload_decoder_activations(model)
+    if plan.peft and not apply_peft:
+        model.train()
+        return TrainingSetup(model=model, optimizer=None, plan=plan, spec=spec, device=device, target_device=target,
+                             notes=notes)
     if plan.peft:
         model = _apply_lora(model, spec, plan, fake, notes)
     model.train()
@@ -413,8 +419,9 @@ def lora_targets(spec: ModelSpec, plan: Plan) -> tuple[list[str], list[str]]:
     return resolved(spec, plan)
 
 
-def _apply_lora(model, spec: ModelSpec, plan: Plan, fake: bool, notes: list[str] | None = None):
-    from peft import LoraConfig, get_peft_model
+def lora_config(spec: ModelSpec, plan: Plan, notes: list[str] | None = None):
+    """The peft ``LoraConfig`` of ``plan`` on ``spec`` (what a run passes to peft, or to a TRL trainer)."""
+    from peft import LoraConfig
 
     from advisor.core.adapters import expert_problems, target_parameters
 
@@ -426,9 +433,15 @@ def _apply_lora(model, spec: ModelSpec, plan: Plan, fake: bool, notes: list[str]
         notes += more
     # LoRA on the stacked experts: peft target_parameters, one lora.ParamWrapper per stack (peft/tuners/lora/layer.py)
     parameters = target_parameters(spec) if plan.lora_experts else None
-    config = LoraConfig(r=plan.lora_r, lora_alpha=plan.lora_alpha, lora_dropout=plan.lora_dropout,
-                        target_modules=targets or None, target_parameters=parameters, bias="none",
-                        task_type="CAUSAL_LM", use_dora=plan.dora)
+    return LoraConfig(r=plan.lora_r, lora_alpha=plan.lora_alpha, lora_dropout=plan.lora_dropout,
+                      target_modules=targets or None, target_parameters=parameters, bias="none",
+                      task_type="CAUSAL_LM", use_dora=plan.dora)
+
+
+def _apply_lora(model, spec: ModelSpec, plan: Plan, fake: bool, notes: list[str] | None = None):
+    from peft import get_peft_model
+
+    config = lora_config(spec, plan, notes)
     with _module_to_is_noop() if fake else contextlib.nullcontext():
         peft_model = get_peft_model(model, config)
     if fake:

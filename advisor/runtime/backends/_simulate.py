@@ -33,10 +33,13 @@ class SimulateBackend(BaseBackend):
                 options: BackendOptions | None = None) -> MemoryReport:
         o = self.check(options)
         if plan.task != "sft":
-            from advisor.core.errors import AdvisorInputError
+            # TRL's GRPO / DPO step, its own loss and log-prob code on fake tensors (advisor.runtime.simulate.rl)
+            from advisor.runtime.simulate.rl import rl_report
 
-            raise AdvisorInputError("--task", f"the simulation runs supervised steps only; {plan.task}'s TRL step is "
-                                    "answered by --backend estimate (the closed form)", plan.task)
+            if progress.busy():
+                return rl_report(model, plan, gpu, layers="auto" if o.layers is None else o.layers)
+            with progress.working(f"simulating TRL's {plan.task} step of {plan.short()} on {model.name}"):
+                return rl_report(model, plan, gpu, layers="auto" if o.layers is None else o.layers)
         return _measure(model, plan, gpu, layers="auto" if o.layers is None else o.layers)
 
 
