@@ -27,6 +27,7 @@ def qwen7b():
 
 
 def _check(path, gpu="rtx-4090", **kw):
+    kw.setdefault("backend", "estimate")  # the closed form, instant; the simulation is tested once below
     return run_preflight(PreflightInput(config=str(path), gpu=gpu, host_budget="64GB", **kw))
 
 
@@ -36,7 +37,7 @@ def _by_check(result, name):
 
 def test_grpo_trl_export_is_go_with_its_phases_named(qwen7b, tmp_path):
     path = export_plan(qwen7b, GRPO_VLLM, tmp_path, ["trl"])["trl"]
-    r = _check(path)  # the default backend is the simulation's: GRPO is answered by the closed form instead
+    r = _check(path)
     assert r.verdict == "GO", [(f.severity, f.title) for f in r.findings]
     assert r.extra["backend"] == "estimate" and r.plan.task == "grpo"
     (phases,) = _by_check(r, "memory.phases")
@@ -100,3 +101,15 @@ def test_an_sft_learning_rate_in_a_grpo_config_is_risky(qwen7b, tmp_path):
     path.write_text(yaml.safe_dump(cfg))
     r = _check(path)
     assert r.verdict == "RISKY" and _by_check(r, "config.learning-rate")
+
+
+@pytest.mark.slow
+def test_the_simulation_answers_a_grpo_preflight_too(qwen7b, tmp_path):
+    path = export_plan(qwen7b, GRPO_VLLM, tmp_path, ["trl"])["trl"]
+    sim = _check(path, backend="simulate")
+    est = _check(path)
+    assert sim.extra["backend"] == "simulate" and sim.report.source == "simulated"
+    assert sim.verdict == est.verdict == "GO"
+    (phases,) = _by_check(sim, "memory.phases")
+    assert {"generate", "score", "train"} <= set(phases.data["phases"])
+    assert sim.report.run_peak_bytes == pytest.approx(est.report.run_peak_bytes, rel=0.15)

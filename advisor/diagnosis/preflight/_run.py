@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from advisor.core.catalog import GpuSpec, ModelSpec
+from advisor.core.errors import AdvisorInputError
 from advisor.core.data_files import load_data_file
 from advisor.core.fit import HEADROOM, fit_verdict, fits
 from advisor.core.target import Target, resolve_target
@@ -96,7 +97,6 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
     model_section = dict(sections.get("model") or {})
     backend = inp.backend
     if _rl.is_rl(plan):
-        backend = "estimate"  # the closed form answers GRPO/DPO (the simulation runs supervised steps only)
         if not training:  # a flat TRL / axolotl / LLaMA-Factory file: its training keys are at the top
             from advisor.configs._base import load_mapping
 
@@ -124,7 +124,13 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
         mem_plan = mem_plan.with_(eval_batch=int(training.get("per_device_eval_batch_size") or 8))
     report = None
     if not any(f.severity == "error" and f.area == "config" for f in findings):
-        report = _memory(model, mem_plan, gpu, evaluates, backend)
+        try:
+            report = _memory(model, mem_plan, gpu, evaluates, backend)
+        except AdvisorInputError:
+            if backend == "estimate" or not _rl.is_rl(plan):
+                raise
+            backend = "estimate"  # a GRPO/DPO step the simulation does not run: the closed form answers it
+            report = _memory(model, mem_plan, gpu, evaluates, backend)
         findings += memory_findings(report, budget, inp.headroom, seq, stats, mem_plan)
         if _rl.is_rl(plan):
             findings += _rl.phase_finding(report, budget) + _rl.generation_findings(report, mem_plan, budget)
