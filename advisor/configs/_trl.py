@@ -210,7 +210,7 @@ def _write_rl(ctx: ExportContext, out_dir: Path, cfg: dict) -> Path:
         "fields, flat).",
         *plan_summary(ctx),
         "",
-        *_trl_rl.header_lines(ctx, FILENAME),
+        *_trl_rl.header_lines(ctx),
         *([f"deepspeed: {ctx.deepspeed_path} (by its absolute path: edit it if the folder moves)."]
           if ctx.zero_stage is not None else []),
     ])

@@ -105,7 +105,7 @@ def template_text(task: str) -> str:
     return resources.files("advisor.configs.export.templates").joinpath(SCRIPTS[task]).read_text(encoding="utf-8")
 
 
-def header_lines(ctx: ExportContext, config_file: str) -> list[str]:
+def header_lines(ctx: ExportContext) -> list[str]:
     """What the header of an RL trl.yaml says: how to run it, and what TRL does that the plan does not set."""
     plan = ctx.plan
     script = SCRIPTS[plan.task]
