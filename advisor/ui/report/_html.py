@@ -273,7 +273,8 @@ def render_html(d: ReportData, plots: dict[str, str]) -> str:
     body = [
         f"<header><h1>{escape(title)}</h1><p class=muted>{escape(d.description.model.name)} on "
         f"{escape(d.description.budget.text)} · {len(d.records)} trials · generated {now}</p>",
-        '<nav><a href="#question">Question</a><a href="#answer">Answer</a><a href="#pareto">Pareto</a>'
+        '<nav><a href="#question">Question</a><a href="#answer">Answer</a>'
+        + ('<a href="#phases">Phases</a>' if d.phases is not None else "") + '<a href="#pareto">Pareto</a>'
         '<a href="#ledger">Ledger</a><a href="#trials">Trials</a><a href="#losses">Loss</a>'
         '<a href="#compare">Predicted vs measured</a><a href="#environment">Environment</a></nav></header>',
         f'<p class="muted" style="margin-top:14px">Where each number comes from: {legend}</p>',
