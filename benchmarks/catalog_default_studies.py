@@ -201,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     for key in keys:
         print(f"{key}: running `tune --gpu-budget {args.budget}` ...", file=sys.stderr, flush=True)
         row = run_model(key, args.budget, Path(args.root), args.timeout)
-        print(f"{key}: {row.get('wall_s')} s, {row.get('status')}, {row.get('answer')}", file=sys.stderr, flush=True)
+        print(f"{key}: {row.get('wall_s')} s wall, {row.get('cpu_s')} s CPU, {row.get('status')}, {row.get('answer')}",
+              file=sys.stderr, flush=True)
         rows.append(row)
         if args.json_out:  # after every model: a run stopped half-way keeps what it measured
             Path(args.json_out).write_text(json.dumps(rows, indent=1))

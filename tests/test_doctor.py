@@ -115,3 +115,55 @@ def test_cli_doctor(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "advisor", "doctor", str(tmp_path / "nope.log")],
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "logfile" in missing.stderr
+
+
+GRPO_LONG_OOM = """  File "/usr/lib/python3/site-packages/trl/trainer/grpo_trainer.py", line 1650, in _generate_and_score_completions
+    old_per_token_logps, _ = self._get_per_token_logps_and_entropies(
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.32 GiB. GPU 0 has a total capacity of 47.53 GiB \
+of which 1.10 GiB is free.
+"""
+DPO_OOM = """  File "/usr/lib/python3/site-packages/trl/trainer/dpo_trainer.py", line 1402, in concatenated_forward
+    outputs = model(input_ids, **model_kwargs)
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.64 GiB.
+"""
+LOGITS_OOM = """  File "trl/trainer/utils.py", line 1712, in selective_log_softmax
+    logsumexp_values = torch.stack([torch.logsumexp(lg, dim=-1) for lg in logits])
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 9.28 GiB.
+"""
+NVIDIA_SMI_FLAT = "Changing QLoRA to LoRA or num_generations 4 to 8: nvidia-smi stays the same at 21 GB " \
+                  "(gpu_memory_utilization 0.5)"
+
+
+@pytest.mark.parametrize("log,check", [
+    (GRPO_LONG_OOM, "log.rl-long-completion-oom"), (DPO_OOM, "log.rl-dpo-vs-sft"),
+    (LOGITS_OOM, "log.rl-vocabulary-logits"), (NVIDIA_SMI_FLAT, "log.rl-vllm-reserved"),
+])
+def test_rl_failure_patterns(log, check):
+    found = {f.check: f for f in diagnose(log)}
+    assert check in found and found[check].fixes
+    others = {"log.rl-long-completion-oom", "log.rl-dpo-vs-sft", "log.rl-vocabulary-logits"} - {check}
+    assert not others & set(found), sorted(found)  # each failure recognised as itself
+    assert ("log.cuda-oom" in found) == (check != "log.rl-vllm-reserved")
+
+
+def test_rl_vllm_reserved_is_information_not_an_error():
+    (f,) = [f for f in diagnose(NVIDIA_SMI_FLAT) if f.check == "log.rl-vllm-reserved"]
+    assert f.severity == "info" and "max_memory_allocated" in " ".join(f.fixes)
+
+
+def test_rl_fixes_leave_out_what_the_grpo_config_does_and_add_the_advisors_numbers(tmp_path):
+    from advisor.configs.export import export_plan
+
+    plan = Plan(task="grpo", method="qlora", quantization="nf4", gradient_checkpointing=True, micro_batch=1,
+                generation="vllm-colocate", vllm_sleep=2, max_completion_length=2048)
+    path = export_plan(resolve_model("qwen7b"), plan, tmp_path, ["trl"])["trl"]
+    log = tmp_path / "train.log"
+    log.write_text(GRPO_LONG_OOM)
+    proc = subprocess.run([sys.executable, "-m", "advisor", "doctor", str(log), "--config", str(path), "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    (f,) = [f for f in json.loads(proc.stdout)["findings"] if f["check"] == "log.rl-long-completion-oom"]
+    fixes = " | ".join(f["fixes"])
+    assert "sleep" not in fixes and "gradient checkpointing" not in fixes and "per_device" not in fixes
+    assert "max_completion_length" in fixes
+    assert "every completion at max_completion_length 2,048" in f["evidence"] and "vLLM's pool" in f["evidence"]

@@ -46,7 +46,7 @@ def run_preflight_cmd(args: argparse.Namespace) -> int:
         config=args.config, gpu_budget=args.gpu_budget, gpu=args.gpu, data=args.data, probe=args.probe,
         max_seq_len=args.max_seq_len, headroom=args.headroom, epochs=args.epochs,
         trust_remote_code=args.trust_remote_code, backend=args.backend, host_budget=args.host_budget))
-    who = memory_answered_by(result.model, result.plan, args.backend)
+    who = memory_answered_by(result.model, result.plan, result.extra.get("backend", args.backend))
     if args.json:
         print(json.dumps({**result.to_dict(), **who}, indent=2, default=str))
     else:
@@ -95,7 +95,12 @@ def run_doctor_cmd(args: argparse.Namespace) -> int:
         from advisor.configs.read import read_config
 
         name, plan, _ = read_config(args.config)
-        report = get_backend("estimate").measure(resolve_model(name), plan, None)
+        model = resolve_model(name)
+        report = get_backend("estimate").measure(model, plan, None)
+        if plan.task != "sft":  # GRPO/DPO: the run's phases (generate, score, train) for the RL entries
+            from advisor.runtime.phases import with_phases
+
+            report = with_phases(model, plan, None, report)
     findings = diagnose(text, report, plan)
     if args.json:
         print(json.dumps({"findings": [f.to_dict() for f in findings]}, indent=2))

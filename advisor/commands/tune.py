@@ -140,10 +140,15 @@ def run(args: argparse.Namespace) -> int:
     result = tune_result(settings, records, selection, exports, quality,
                          tuner.study.user_attrs.get(WHY_ATTR, ""))
     result.update(screened_by(settings, selection))
+    result["rl"] = rl_of(settings, selection.best)
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     else:
         print_tune_result(settings, records, selection, exports)
+        from advisor.search.rl_answer import rl_answer_lines
+
+        for line in rl_answer_lines(result["rl"], settings.budget.format):
+            print(line)
         if result["answered_by"] != "closed form":
             print(f"the estimate stage was answered by the {result['answered_by']}: {result['answered_by_reason']}")
     return 0 if selection.best is not None else 1
@@ -170,6 +175,19 @@ def measure_quality(tuner, quiet: bool = False):
         why = why_not_measured(s.backend, s.weights, s.data) or "the study has no finalist"
         tuner.study.set_user_attr(WHY_ATTR, why)
     return quality
+
+
+def rl_of(settings, best) -> dict | None:
+    """A GRPO/DPO answer's generation settings beside its training ones, its phases and what vLLM holds
+    (advisor.search.rl_answer); None for a supervised answer or none."""
+    if best is None or not best.plan or best.plan.get("task", "sft") == "sft":
+        return None
+    from advisor.core.plan import Plan
+    from advisor.search.rl_answer import rl_answer
+    from advisor.search.tuner import train_gpus
+
+    plan = Plan.from_dict(best.plan)
+    return rl_answer(settings.model, plan, settings.gpu, train_gpus(settings.gpus, plan), settings.sharding)
 
 
 def screened_by(settings, selection) -> dict:

@@ -33,10 +33,12 @@ from advisor.configs._base import (ADAM, Collect, ExportContext, LR_SCHEDULER, O
                                    TORCH_DTYPE, TORCH_TO_PLAN, Unsupported, WARMUP_STEPS, comment_block, dump_yaml,
                                    env_note, env_prefix, plan_summary, require_int_alpha, training_hyperparameters,
                                    write_text)
+from advisor.configs import _rl_tools
 from advisor.configs._deepspeed import read_offload
+from advisor.configs._trl_rl import RL_LEARNING_RATE
 from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_unexpressible
 from advisor.configs._training_args import GALORE_TARGETS, all_layers_only, optim_args, read_optim_args
-from advisor.core.plan import ALL_LINEAR, ATTENTION, LOW_RANK_OPTIMIZERS, compute_dtype_for
+from advisor.core.plan import ALL_LINEAR, ATTENTION, LOW_RANK_OPTIMIZERS, RL_TASKS, compute_dtype_for
 
 FILENAME = FORMATS["axolotl"].filename
 FORMAT = "axolotl"
@@ -111,7 +113,12 @@ def axolotl_config(ctx: ExportContext) -> dict[str, Any]:
     cfg["save_steps"] = 500
     refuse_unexpressible(plan, FORMAT)
     cfg.update(_memory_lever_fields(plan, ctx.spec))
-    return fill(cfg, plan, FORMAT)
+    cfg = fill(cfg, plan, FORMAT)
+    if plan.task in RL_TASKS:  # rl: grpo|dpo (advisor.configs._rl_tools)
+        cfg = _rl_tools.axolotl_rl(cfg, ctx)
+        if "why" not in training_hyperparameters(plan):
+            cfg["learning_rate"] = RL_LEARNING_RATE[plan.method]
+    return cfg
 
 
 LIGER_PLUGIN = "axolotl.integrations.liger.LigerPlugin"
@@ -155,11 +162,14 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
         "",
         f"Run:  {_launch(ctx)}",
         *env_note(ctx.plan, "axolotl.yaml"),
-        "Replace `datasets` with yours (here: data.jsonl, one {\"text\": ...} per line). pad_to_sequence_len",
-        "keeps every batch at sequence_len tokens, the length the memory plan was sized for.",
+        *(_rl_tools.axolotl_header(ctx) if ctx.plan.task in RL_TASKS else [
+            "Replace `datasets` with yours (here: data.jsonl, one {\"text\": ...} per line). pad_to_sequence_len",
+            "keeps every batch at sequence_len tokens, the length the memory plan was sized for."]),
         *([f"deepspeed: {ctx.deepspeed_path} (by its absolute path: edit it if the folder moves)."]
           if ctx.zero_stage is not None else []),
     ])
+    if ctx.plan.task == "grpo":  # the reward module trl.reward_funcs names
+        write_text(out_dir / _rl_tools.REWARDS_FILE, _rl_tools.REWARDS_TEMPLATE)
     return write_text(out_dir / FILENAME, dump_yaml(cfg, header))
 
 
@@ -214,6 +224,7 @@ def read(data: dict, c: Collect, plan_type: type) -> tuple[str | None, dict, dic
         c.bad("adapter", "load_in_4bit / load_in_8bit need an adapter (axolotl refuses them for full fine-tuning)",
               adapter)
     read_declared(c, plan_type, FORMAT, flat(data), f)
+    _rl_tools.read_axolotl_rl(data, c, f)
     if f["method"] != "full":
         f["lora_alpha"] = float(c.get(data, "lora_alpha", "lora_alpha", "num", 16))  # axolotl's default
         if data.get("lora_target_linear"):

@@ -46,10 +46,12 @@ from advisor.configs.formats import FORMATS
 from advisor.configs._base import (Collect, ExportContext, HF_OPTIM_DEFAULT, LR_SCHEDULER,
                                    OPTIM_ALIASES, Unsupported, WARMUP_STEPS, comment_block, dump_yaml, env_note,
                                    env_prefix, plan_summary, require_int_alpha, training_hyperparameters, write_text)
+from advisor.configs import _rl_tools
 from advisor.configs._deepspeed import read_offload
+from advisor.configs._trl_rl import RL_LEARNING_RATE
 from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_unexpressible
 from advisor.configs._training_args import all_layers_only, read_optim_args
-from advisor.core.plan import compute_dtype_for
+from advisor.core.plan import RL_TASKS, compute_dtype_for
 
 FILENAME = FORMATS["llamafactory"].filename
 FORMAT = "llamafactory"
@@ -131,7 +133,12 @@ def llamafactory_config(ctx: ExportContext) -> dict[str, Any]:
         cfg["deepspeed"] = ctx.deepspeed_path
     refuse_unexpressible(plan, FORMAT)
     cfg.update(_low_rank_fields(plan, ctx.spec))
-    return fill(cfg, plan, FORMAT)
+    cfg = fill(cfg, plan, FORMAT)
+    if plan.task in RL_TASKS:  # stage: dpo (advisor.configs._rl_tools); GRPO refused
+        cfg = _rl_tools.llamafactory_rl(cfg, ctx)
+        if "why" not in training_hyperparameters(plan):
+            cfg["learning_rate"] = RL_LEARNING_RATE[plan.method]
+    return cfg
 
 
 LF_GALORE_OPTIM = {"galore_adamw": "adamw_torch", "galore_adamw_8bit": "adamw_8bit",
@@ -220,6 +227,7 @@ def read(data: dict, c: Collect, plan_type: type) -> tuple[str | None, dict, dic
         f["compute_dtype"] = compute_dtype_for(f.get("precision") or plan_type.precision)
     f["method"] = "full" if full else ("qlora" if f["quantization"] in ("nf4", "fp4") else "lora")
     read_declared(c, plan_type, FORMAT, flat(data), f)
+    _rl_tools.read_llamafactory_rl(data, c, f)
     if not full:
         alpha = c.get(data, "lora_alpha", "lora_alpha", "num", None)
         f["lora_alpha"] = float(alpha if alpha is not None else 2 * f["lora_r"])  # LF: rank * 2

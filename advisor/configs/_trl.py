@@ -36,12 +36,13 @@ from advisor.configs._base import (ADAM, Collect, ExportContext, LR_SCHEDULER, P
                                    TORCH_DTYPE, TORCH_TO_PLAN, Unsupported, WARMUP_STEPS, comment_block, dump_yaml,
                                    env_prefix, parallel_fields, plan_summary, require_int_alpha,
                                    training_hyperparameters, write_text)
+from advisor.configs import _trl_rl
 from advisor.configs._deepspeed import check_batch, read_offload
 from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_unexpressible
 from advisor.configs._training_args import (checkpoint_layers_of, every_n, read_checkpointing, read_optimizer,
                                             read_precision, training_arguments_fields)
 from advisor.core.adapters import export_parameters, export_targets
-from advisor.core.plan import ALL_LINEAR, checkpointed_layers, knob_of
+from advisor.core.plan import ALL_LINEAR, RL_TASKS, checkpointed_layers, knob_of
 
 FILENAME = FORMATS["trl"].filename
 SCRIPT = "train_trl.py"
@@ -129,7 +130,10 @@ def trl_config(ctx: ExportContext) -> dict[str, Any]:
     refuse_unexpressible(ctx.plan, FORMAT)
     # the optimizer's arguments, checkpointing kwargs and activation offloading, refused where TRL cannot say them
     out.update(_memory_lever_fields(ctx.plan, ctx.spec))
-    return fill(out, ctx.plan, FORMAT)
+    out = fill(out, ctx.plan, FORMAT)
+    if ctx.plan.task in RL_TASKS:  # GRPOConfig / DPOConfig instead of SFTConfig (advisor.configs._trl_rl)
+        out = _trl_rl.rl_config(out, ctx)
+    return out
 
 
 def _memory_lever_fields(plan, spec) -> dict[str, Any]:
@@ -179,6 +183,8 @@ def template_text() -> str:
 
 def write(ctx: ExportContext, out_dir: Path) -> Path:
     cfg = trl_config(ctx)
+    if ctx.plan.task in RL_TASKS:
+        return _write_rl(ctx, out_dir, cfg)
     header = comment_block([
         "TRL SFTTrainer config written by vram-advisor (SFTConfig + ModelConfig fields, flat).",
         *plan_summary(ctx),
@@ -192,6 +198,24 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
     ])
     path = write_text(out_dir / FILENAME, dump_yaml(cfg, header))
     script = write_text(out_dir / SCRIPT, template_text())
+    script.chmod(0o755)
+    return path
+
+
+def _write_rl(ctx: ExportContext, out_dir: Path, cfg: dict) -> Path:
+    """trl.yaml as GRPOConfig / DPOConfig + ModelConfig fields, and the task's script (train_grpo.py, train_dpo.py)."""
+    task = ctx.plan.task
+    header = comment_block([
+        f"TRL {_trl_rl.CONFIG_CLASS[task]} config written by vram-advisor ({_trl_rl.CONFIG_CLASS[task]} + ModelConfig "
+        "fields, flat).",
+        *plan_summary(ctx),
+        "",
+        *_trl_rl.header_lines(ctx),
+        *([f"deepspeed: {ctx.deepspeed_path} (by its absolute path: edit it if the folder moves)."]
+          if ctx.zero_stage is not None else []),
+    ])
+    path = write_text(out_dir / FILENAME, dump_yaml(cfg, header))
+    script = write_text(out_dir / _trl_rl.SCRIPTS[task], _trl_rl.template_text(task))
     script.chmod(0o755)
     return path
 
@@ -237,6 +261,9 @@ def read(data: dict, c: Collect, plan_type: type) -> tuple[str | None, dict, dic
         f["lora_experts"] = c.expert_parameters(data.get("lora_target_parameters"), "lora_target_parameters")
     else:
         f["method"] = "full"
+    task = _trl_rl.task_of(data)
+    if task is not None:
+        _trl_rl.read_rl(data, task, c, f)
     read_declared(c, plan_type, FORMAT, flat(data), f)
     check_batch(c, ds, f, "")
     f["activation_offload"] = bool(ckpt["kwargs"].get("offload")) or c.get(

@@ -58,7 +58,9 @@ def _llamafactory(data: dict) -> bool:
     return "model_name_or_path" in data and any(k in data for k in ("finetuning_type", "stage", "cutoff_len"))
 
 
-TRL_MARKERS = ("use_peft", "dataset_text_field", "max_length", "packing_strategy", "lora_target_modules")
+TRL_MARKERS = ("use_peft", "dataset_text_field", "max_length", "packing_strategy", "lora_target_modules",
+               "num_generations", "max_completion_length", "use_vllm", "beta", "precompute_ref_log_probs")
+"""Keys of a flat TRL config (ModelConfig; SFTConfig, GRPOConfig or DPOConfig)."""
 TRAINING_MARKERS = ("per_device_train_batch_size", "gradient_accumulation_steps", "output_dir", "optim")
 
 
@@ -85,9 +87,10 @@ FORMATS: dict[str, Format] = {f.name: f for f in [
     Format("llamafactory", "llamafactory.yaml", "llamafactory.yaml", "advisor.configs._llamafactory:write",
            "advisor.configs._llamafactory:read", _llamafactory, names_deepspeed=True, keys="llamafactory",
            help="llamafactory.yaml (LLaMA-Factory)"),
-    Format("trl", "trl.yaml", "trl.yaml + train_trl.py (TRL SFTTrainer)", "advisor.configs._trl:write",
+    Format("trl", "trl.yaml", "trl.yaml + train_trl.py (TRL SFTTrainer; GRPO/DPO: train_grpo.py, train_dpo.py)",
+           "advisor.configs._trl:write",
            "advisor.configs._trl:read", _trl, names_deepspeed=True, keys="trl",
-           help="trl.yaml + train_trl.py (TRL SFTTrainer)"),
+           help="trl.yaml + train_trl.py (TRL SFTTrainer), or GRPOConfig/DPOConfig + train_grpo.py/train_dpo.py"),
     # read only: the same sections as advisor.yaml without its advisor section, or a flat TrainingArguments file
     Format("hf", reader="advisor.configs._advisor_yaml:read_hf", detect=_hf, keys="advisor",
            check="advisor.configs._advisor_yaml:unknown_keys"),

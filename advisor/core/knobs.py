@@ -137,6 +137,13 @@ class Search:
     one of the rungs' own levers; None: the rungs leave it to the space's default."""
     frugal: Callable[[Sequence], Any] | None = None
     """The value the most frugal plan takes (advisor.search.tuner.smallest_plan_report); None: the Plan's default."""
+    within: Callable[[Values], bool] | None = None
+    """The workloads whose spaces search the knob (a test of the space's fixed values: a GRPO lever's task); None:
+    every one. A space of another workload holds no entry for it (an SFT space lists no GRPO lever), so its
+    choices, its identity and its study name stay those it had before the knob existed."""
+
+    def searched_within(self, workload: Values) -> bool:
+        return self.within is None or bool(self.within(workload))
 
 
 LEVER, WORKLOAD = "lever", "workload"

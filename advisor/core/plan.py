@@ -187,8 +187,9 @@ _IN_BACKWARD = Refused("it has no optimizer step inside backward (torchtune opti
                        "or the advisor.yaml + train.py export")
 _NOT_RUN = Unkeyed("the exported run does not evaluate: the generation-based evaluation sizes the prediction only")
 _RL_ADVISOR = Refused("advisor.yaml's train.py runs supervised fine-tuning only: export GRPO/DPO to TRL")
-_RL_AXOLOTL = Refused("the axolotl rl: export of GRPO/DPO is not written yet")
-_RL_LLAMAFACTORY = Refused("the LLaMA-Factory GRPO/DPO export is not written yet")
+_RL_AXOLOTL = Custom()  # rl: grpo|dpo with its trl: and vllm: sections (advisor.configs._rl_tools)
+_RL_LLAMAFACTORY = Refused("LLaMA-Factory has no GRPO stage (its stages: pt, sft, rm, ppo, dpo, kto)")
+_DPO_LLAMAFACTORY = Custom()  # stage: dpo, pref_beta (advisor.configs._rl_tools)
 _ENV = Unkeyed("an environment variable: the header's launch command sets PYTORCH_CUDA_ALLOC_CONF")
 
 
@@ -411,9 +412,8 @@ class Plan:
         choices=TASKS, workload=Workload(), cli=Cli(parse=lambda text: parse_task(text), metavar="{" + ",".join(
             TASK_WORDS) + "}"),
         tag=Tag(lambda plan: _task_tag(plan)),
-        keys={"advisor": _RL_ADVISOR, "axolotl": Refused("the axolotl rl: export of GRPO/DPO is not written yet"),
-              "llamafactory": Refused("the LLaMA-Factory stage: dpo export is not written yet"),
-              "trl": Refused("the TRL GRPOConfig/DPOConfig export is not written yet")})
+        keys={"advisor": _RL_ADVISOR, "axolotl": Custom("rl"), "llamafactory": Custom("stage"),
+              "trl": Custom()})  # the trainer: SFTConfig, GRPOConfig or DPOConfig fields (advisor.configs._trl_rl)
     """What the run trains: sft (supervised: the loss over the sequence), grpo (TRL GRPOTrainer: each step generates
     ``num_generations`` completions per prompt, scores them, and trains on them) or dpo (TRL DPOTrainer: chosen and
     rejected through the policy, and through a reference). The user's workload, never searched."""
@@ -438,7 +438,7 @@ class Plan:
     beta: float | None = knob(
         None, help="the KL weight: GRPO's KL to the reference (0: no reference model) or DPO's temperature",
         range=Range(low=0), applies=_rl, workload=Workload(), cli=Cli(default_means="TRL's: grpo 0, dpo 0.1"),
-        keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
+        keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _DPO_LLAMAFACTORY,
               "trl": Custom("beta")})
     """GRPO: the KL coefficient (0: TRL loads no reference model); DPO: the preference temperature. None: TRL's default
     for the task (GRPOConfig.beta 0.0, DPOConfig.beta 0.1)."""
@@ -446,31 +446,34 @@ class Plan:
         "transformers", help="GRPO: how completions are generated: transformers (generate() with its KV cache), "
                              "vllm-colocate (vLLM on the training GPU) or vllm-server (vLLM on --vllm-gpus other GPUs)",
         choices=GENERATIONS, applies=_grpo, tag=Tag(lambda plan: _generation_tag(plan)),
+        search=Search(ladder=prefer("vllm-colocate", "transformers"), frugal=prefer("transformers"), within=_grpo),
         keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
               "trl": Custom("use_vllm")})
     """GRPO: the generation engine (GRPOConfig use_vllm, vllm_mode colocate / server)."""
     vllm_gpu_memory_utilization: float = knob(
         0.3, help="vllm-colocate: the fraction of the GPU vLLM's pool takes (weights, activations, CUDA graphs, KV "
                   "cache)", range=Range(low=0, low_inclusive=False, high=1), applies=_colocate,
+        search=Search(ladder=prefer(0.3), within=_grpo),
         keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
               "trl": Key("vllm_gpu_memory_utilization")})
     """vllm-colocate: vLLM's gpu_memory_utilization (GRPOConfig.vllm_gpu_memory_utilization, TRL's default 0.3)."""
     vllm_sleep: int = knob(
         0, help="vllm-colocate: vLLM sleep mode during the training step: 0 off, 1 weights to host and KV cache "
                 "discarded, 2 both discarded (TRL's vllm_enable_sleep_mode is level 2)",
-        choices=VLLM_SLEEP_LEVELS, applies=_colocate,
+        choices=VLLM_SLEEP_LEVELS, applies=_colocate, search=Search(frugal=max, within=_grpo),
         keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
               "trl": Custom("vllm_enable_sleep_mode")})
     """vllm-colocate: what vLLM holds while the trainer scores and trains (LLM.sleep(level)); 0: its whole pool."""
     vllm_gpus: int = knob(
         1, help="vllm-server: GPUs the vLLM server runs on, apart from the training GPUs (trl vllm-serve)",
-        range=_WHOLE, applies=_server,
+        range=_WHOLE, applies=_server, search=Search(ladder=min, within=_grpo),
         keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
               "trl": Unkeyed("the vllm-serve command's --tensor-parallel-size / --data-parallel-size, not GRPOConfig")})
     """vllm-server: GPUs of the separate vLLM server (trl vllm-serve); the training GPUs hold none of its memory."""
     steps_per_generation: int | None = knob(
         None, help="GRPO: micro-batches trained per generation batch (TRL steps_per_generation)", range=_WHOLE,
         applies=_grpo, cli=Cli(default_means="the gradient accumulation, TRL's: one generation per optimizer step"),
+        search=Search(ladder=prefer(None), within=_grpo),
         keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
               "trl": Key("steps_per_generation")})
     """GRPO: micro-batches per generation batch (GRPOConfig.steps_per_generation; None: grad_accum, TRL's default).
@@ -483,14 +486,15 @@ class Plan:
         cli=Cli(default=lambda values: "copy" if values["method"] == "full" and values["task"] in RL_TASKS
                 else "adapter", default_means="adapter for lora/qlora, copy for full"),
         tag=Tag(lambda plan: _reference_tag(plan)),
-        keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
+        search=Search(ladder=prefer("adapter", "copy"), frugal=prefer("precomputed", "adapter"), within=_rl),
+        keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _DPO_LLAMAFACTORY,
               "trl": Custom("precompute_ref_log_probs")})
     """Where the reference log-probs come from: the PEFT model with its adapter disabled (TRL's choice for a PEFT
     policy), a frozen copy of the base (TRL's for a full fine-tune), or computed once (DPO precompute_ref_log_probs)."""
     padding_free: bool = knob(
         False, help="DPO: padding-free batches (chosen and rejected flattened into one row, position_ids per sequence)",
-        applies=_dpo, tag=Tag("padfree"),
-        keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _RL_LLAMAFACTORY,
+        applies=_dpo, tag=Tag("padfree"), search=Search(ladder=prefer(False, True), within=_dpo),
+        keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _DPO_LLAMAFACTORY,
               "trl": Key("padding_free", omit_default=True)})
     """DPO: padding-free batches (DPOConfig.padding_free; TRL 1.16 warns and falls back to padding)."""
 

@@ -76,10 +76,29 @@ def diagnose(text: str, report=None, plan=None) -> list[Finding]:
                 over = ledger_over(report, numbers.get("total"))
                 if over:
                     evidence += f"; advisor ledger: {over}"
-        findings.append(Finding(check=f"log.{entry['id']}", severity="error", title=f"{entry['symptom']}: {entry['cause']}",
+        if entry["id"].startswith("rl-") and report is not None:
+            evidence += rl_evidence(report, plan)
+        findings.append(Finding(check=f"log.{entry['id']}", severity=entry.get("severity", "error"), title=f"{entry['symptom']}: {entry['cause']}",
                                 evidence=evidence, fixes=tuple(fixes), area="log",
                                 data={**data, "source": entry.get("source", "")}))
     return findings
+
+
+def rl_evidence(report, plan) -> str:
+    """The advisor's view of a GRPO/DPO run for its RL entries: the run's peak with every completion at its
+    longest, the phase that sets it, and vLLM's pool (advisor.memory.rl)."""
+    phases = report.run_phases.phases if getattr(report, "run_phases", None) is not None else {}
+    if not phases:
+        return ""
+    out = f"; advisor: the run peaks at {format_bytes(report.run_peak_bytes)} ({report.source}) during " \
+          f"{report.run_peak_phase}"
+    if plan is not None and plan.task == "grpo":
+        out += f", every completion at max_completion_length {plan.max_completion_length:,}"
+    gen = report.extra.get("generation") if isinstance(report.extra, dict) else None
+    if gen and gen.get("engine") != "transformers":
+        out += (f"; vLLM's pool {format_bytes(gen['pool_bytes'])} (weights {format_bytes(gen['weights_bytes'])}, KV "
+                f"cache {format_bytes(gen['kv_cache_bytes'])})")
+    return out
 
 
 def ledger_over(report, capacity: int | None, fmt=format_bytes) -> str:

@@ -29,6 +29,11 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "attention": ("attn_impl",),
     "allocator": ("expandable_segments",),
     "evaluation": ("eval_batch", "max_new_tokens"),
+    # GRPO / DPO (TRL): the engine with the settings that only mean something with it (vLLM's pool, sleep, GPUs)
+    "generation": ("generation", "vllm_gpu_memory_utilization", "vllm_sleep", "vllm_gpus"),
+    "generation batch": ("steps_per_generation",),
+    "reference": ("reference",),
+    "padding-free": ("padding_free",),
 }
 """Levers that change together (a QLoRA base is method, quantization and its constants at once): one change
 each, so that the recipe with one change applied is a valid plan."""

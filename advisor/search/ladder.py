@@ -25,8 +25,8 @@ def ladder(space: SearchSpace, fits_with_micro_batch: Callable[[dict[str, Any]],
     """(rung name, params) in priority order, restricted to the space."""
     s = space.search
     # every knob the rungs do not turn takes the value its declaration prefers for the ladder (Search.ladder)
-    base = {k.name: k.search.ladder(s.get(k.name, [k.default])) for k in search_knobs(space.plan).values()
-            if k.search.ladder is not None}
+    base = {k.name: k.search.ladder(s[k.name]) for k in search_knobs(space.plan).values()
+            if k.search.ladder is not None and k.name in s}
     rungs: list[tuple[str, dict]] = []
     methods = space.methods()
 
@@ -67,6 +67,11 @@ def ladder(space: SearchSpace, fits_with_micro_batch: Callable[[dict[str, Any]],
         # recomputation first (Liger / cut cross-entropy in TRL, axolotl, LLaMA-Factory)
         for method in ("lora", "qlora"):
             add(f"4 fused linear loss ({method})", method, gradient_checkpointing=ckpt_off, loss="fused-linear")
+    if "vllm-colocate" in s.get("generation", ()) and 2 in s.get("vllm_sleep", ()):
+        # GRPO: vLLM beside the trainer, its pool dropped while the step trains (TRL's vllm_enable_sleep_mode)
+        for method in ("lora", "qlora"):
+            add(f"5 vLLM colocated, asleep while training ({method})", method, gradient_checkpointing=True,
+                generation="vllm-colocate", vllm_sleep=2)
     return rungs
 
 

@@ -10,6 +10,12 @@ that does not fit; a full fine-tune when it fits. In the advisor's terms:
   TrainingArguments.optim);
 - else **QLoRA**: the same over an nf4 base with double quantization (Dettmers et al. 2023, §3-4).
 
+For GRPO and DPO (TRL's trainers) the recipe is TRL's defaults for the task with LoRA, QLoRA when that does not fit
+(no full fine-tune: TRL's examples and docs train adapters on one card): gradient checkpointing on
+(GRPOConfig / DPOConfig.gradient_checkpointing defaults to True), completions by ``generate()`` (use_vllm False),
+one generation per optimizer step (steps_per_generation = the accumulation), the reference the disabled adapter;
+the vLLM knobs at TRL's values (gpu_memory_utilization 0.3, no sleep) should the space pin vLLM.
+
 Each without gradient checkpointing when it fits so, else with it; the micro-batch is the largest of the
 space's that fits (with the space's global batch: the rest is gradient accumulation, which trains the same).
 Every other knob takes the value its declaration prefers for the ladder (the space's choice). Pure: the
@@ -20,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from advisor.core.plan import ALL_LINEAR
+from advisor.core.plan import ALL_LINEAR, RL_TASKS
 from advisor.search.space import SearchSpace, search_knobs
 
 RECIPE_RUNG = "recipe"
@@ -28,6 +34,12 @@ RECIPE_RUNG = "recipe"
 RECIPE_RANK = 16
 RECIPE_OPTIMIZER = "adamw_torch_fused"
 """TrainingArguments.optim's default in transformers 5 (training_args.py: OptimizerNames.ADAMW_TORCH_FUSED)."""
+
+RL_DEFAULTS = {"generation": "transformers", "vllm_gpu_memory_utilization": 0.3, "vllm_sleep": 0, "vllm_gpus": 1,
+               "steps_per_generation": None, "reference": "adapter", "padding_free": False}
+"""TRL 1.16's defaults for the GRPO/DPO levers (GRPOConfig: use_vllm False, vllm_gpu_memory_utilization 0.3,
+vllm_enable_sleep_mode False, steps_per_generation None; a PEFT policy's reference is the disabled adapter;
+DPOConfig.padding_free False)."""
 
 Fits = Callable[[dict[str, Any]], bool]
 
@@ -53,18 +65,21 @@ def usual_recipe(space: SearchSpace, precision: str, fits: Fits) -> tuple[str, d
     micro-batch (the baseline that did not fit: the selection says so).
     """
     s = space.search
-    base = {k.name: k.search.ladder(s.get(k.name, [k.default])) for k in search_knobs(space.plan).values()
-            if k.search.ladder is not None}
+    base = {k.name: k.search.ladder(s[k.name]) for k in search_knobs(space.plan).values()
+            if k.search.ladder is not None and k.name in s}
     base.update(optimizer=RECIPE_OPTIMIZER, loss="plain", offload="none", activation_offload=False,
                 optimizer_in_backward=False, checkpoint_layers=None, expandable_segments=False)
+    rl = space.workload.get("task") in RL_TASKS
+    if rl:
+        base.update({k: v for k, v in RL_DEFAULTS.items() if k in s})
     sizes = sorted(s["micro_batch"])
     last = None
     for method, knobs in _method_points(space, precision):
-        if method not in space.methods():
+        if method not in space.methods() or (rl and method == "full"):
             continue
         point = {**base, **knobs}
         point = {k: (v if k not in s or v in s[k] else s[k][0]) for k, v in point.items()}
-        for checkpointing in (False, True):
+        for checkpointing in ((True, False) if rl else (False, True)):  # TRL: checkpointing on by default
             if checkpointing not in s["gradient_checkpointing"]:
                 continue
             candidate = {**point, "gradient_checkpointing": checkpointing}

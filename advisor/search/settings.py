@@ -135,7 +135,7 @@ class Resolving:
     def space(self) -> SearchSpace:
         from advisor.search.space import load_space
 
-        return load_space(self.flag("space") or "default", list(self.overrides))
+        return load_space(space_for_task(self.flag("space") or "default", self.overrides), list(self.overrides))
 
     @cached_property
     def data(self):
@@ -144,6 +144,19 @@ class Resolving:
         from advisor.runtime.probe import data_profile
 
         return data_profile(self.flag("data"), self.target.model.path)
+
+
+def space_for_task(name: str, overrides: tuple[str, ...]) -> str:
+    """The space a study searches: ``--task grpo|dpo`` with the default space asks for that task's space
+    (advisor/data/spaces/grpo.yaml, dpo.yaml: its levers and its workload), any other space as named."""
+    from advisor.core.plan import RL_TASKS, parse_task
+
+    tasks = [o.split("=", 1)[1].strip() for o in overrides if o.split("=", 1)[0].strip() == "task"]
+    try:
+        task = parse_task(tasks[-1]) if tasks else None
+    except ValueError:  # argparse.ArgumentTypeError: the space's own check names the bad value
+        task = None
+    return task if name == "default" and task in RL_TASKS else name
 
 
 def _space(r: Resolving) -> SearchSpace:

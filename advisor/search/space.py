@@ -50,6 +50,11 @@ def fixed_knobs(plan_type: type = Plan) -> Mapping[str, Knob]:
     return MappingProxyType({k.name: k for k in workload_knobs(plan_type)})
 
 
+def workload_of(fixed: Mapping[str, Any], plan_type: type = Plan) -> dict[str, Any]:
+    """The workload knobs' values a space's ``fixed`` states, the others at their defaults."""
+    return {name: fixed.get(name, k.default) for name, k in fixed_knobs(plan_type).items()}
+
+
 def known_fixed_keys(plan_type: type = Plan) -> tuple[str, ...]:
     """Every key a space's ``fixed`` may hold."""
     return (*fixed_knobs(plan_type), *FIXED_KEYS)
@@ -112,6 +117,12 @@ class SearchSpace:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "trials": self.trials, "fixed": self.fixed, "search": self.search,
                 "source": self.source, "overrides": list(self.overrides)}
+
+    @property
+    def workload(self) -> dict[str, Any]:
+        """The user's workload the space states (its ``fixed`` workload knobs, the others at their defaults): what
+        a knob's ``applies`` reads beside the knobs chosen (the task, for a GRPO lever)."""
+        return workload_of(self.fixed, self.plan)
 
     def conditions(self, arch: dict[str, Any] | None = None, check: "Check | None" = None) -> "Conditions":
         """The plan rules applied to this space's knobs (for one model's ``arch``)."""
@@ -211,9 +222,6 @@ def load_space(ref: str = "default", overrides: list[str] | tuple[str, ...] = ()
     knob_of = search_knobs(plan)
     fixed = dict(data.get("fixed") or {})
     search = _renamed_knobs(dict(data.get("search") or {}), knob_of)
-    for k in knob_of.values():  # a space written before the knob existed: the knob's default
-        if not k.search.required:
-            search.setdefault(k.name, [k.default])
     errors: list[AdvisorInputError] = []
     renamed = _renames(knob_of)
     for text, key, value in parsed_overrides(overrides, errors):
@@ -229,6 +237,10 @@ def load_space(ref: str = "default", overrides: list[str] | tuple[str, ...] = ()
         else:
             errors.append(AdvisorInputError(key, f"unknown key; knobs: {', '.join(knob_of)}; "
                                                  f"fixed: {', '.join(known_fixed_keys(plan))}", text))
+    workload = workload_of(fixed, plan)
+    for k in knob_of.values():  # a space written before the knob existed: the knob's default (a lever of its task)
+        if not k.search.required and k.search.searched_within(workload):
+            search.setdefault(k.name, [k.default])
     errors += _check(data, fixed, search, plan)
     if len(errors) == 1:
         raise errors[0]
@@ -283,11 +295,17 @@ def _check(data: dict, fixed: dict, search: dict, plan: type = Plan) -> list[Adv
             errs.append(AdvisorInputError(f"fixed.{key}", "must be in [0, 1)", v))
         if kind == "positive" and (not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0):
             errs.append(AdvisorInputError(f"fixed.{key}", "must be greater than 0", v))
+    workload = workload_of(fixed, plan)
     for key in search:
         if key not in knob_of:
             errs.append(AdvisorInputError(f"search.{key}", f"unknown knob (known: {', '.join(knob_of)})", key,
                                           show_value=False))
+        elif not knob_of[key].search.searched_within(workload):
+            errs.append(AdvisorInputError(f"search.{key}", f"not a lever of --task {workload.get('task')} (a space "
+                                          "for another task searches it)", key, show_value=False))
     for key, k in knob_of.items():
+        if not k.search.searched_within(workload):
+            continue
         values = search.get(key)
         if not isinstance(values, list) or not values:
             errs.append(AdvisorInputError(f"search.{key}", "must be a non-empty list of choices", values))
@@ -353,10 +371,11 @@ def point_of(plan: Plan, space: SearchSpace, arch: dict[str, Any]) -> dict[str, 
     The inverse of plan_from_params, for proposing a plan the tuner made itself (a simpler variant of an
     answer) through the sampler's own parameters."""
     point: dict[str, Any] = {}
+    workload = space.workload
     for name, k in search_knobs(space.plan).items():
         if name not in space.search:
             continue
-        if not k.applies_to(point):
+        if not k.applies_to({**workload, **point}):
             point[name] = k.inactive
             continue
         want = getattr(plan, name)
@@ -438,6 +457,7 @@ class Conditions:
         self.knobs = search_knobs(space.plan)
         self.order = [k for k in self.knobs if k in space.search]
         self._flag_field = {k.flag: k.name for k in knobs(space.plan)}
+        self.workload = space.workload
         self._breaks: dict[frozenset, bool] = {}
         self._offered: dict[tuple, list] = {}
         self._complete: dict[tuple, bool] = {}
@@ -448,7 +468,7 @@ class Conditions:
 
     def applies(self, knob: str, params: dict[str, Any]) -> bool:
         """Does ``knob`` mean anything for the point chosen so far?"""
-        return self.knobs[knob].applies_to(params)
+        return self.knobs[knob].applies_to({**self.workload, **params})
 
     def inactive(self, knob: str) -> Any:
         """The value ``knob`` holds where it does not apply."""

@@ -23,7 +23,7 @@ from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.errors import AdvisorInputError
 from advisor.core.fit import HEADROOM, fits, host_fits, host_overshoot, host_usable_bytes, overshoot, usable_bytes
 from advisor.core.adapters import attention_linears
-from advisor.core.plan import Plan, checkpoint_depth_problems, lora_target_modules
+from advisor.core.plan import Plan, checkpoint_depth_problems, lora_target_modules, rl_problems
 from advisor.core.target import Target
 from advisor.memory.closed_form import closed_form_describes, resident_weights_floor
 from advisor.memory.phases import run_peak_bytes
@@ -406,7 +406,8 @@ class Tuner:
                       self.s.tolerance, self.s.budget.unit, self.s.rules, measure_change=self._measure_change)
 
     def _measure_change(self, plan: Plan) -> tuple[float | None, int | None]:
-        return predict_change(self.s.model, self.s.gpu, self.s.gpus, self.s.sharding, plan, data=self.s.data)
+        return predict_change(self.s.model, self.s.gpu, train_gpus(self.s.gpus, plan), self.s.sharding, plan,
+                              data=self.s.data)
 
 
     # -- one trial -----------------------------------------------------------
@@ -415,10 +416,11 @@ class Tuner:
     def conditions(self) -> Conditions:
         """The space's knobs under the plan rules and this model's modules (one per tuner: it memoizes)."""
         if getattr(self, "_conditions", None) is None:
-            rules, settings = model_rules(self.s.model, self.s.card), self.s.rules
+            rules, settings, gpus = model_rules(self.s.model, self.s.card), self.s.rules, self.s.gpus
 
-            def check(plan: Plan):  # the model's and card's rules, then no lever without quality evidence
-                return rules(plan) or quality_problems(plan, settings.regime, global_batch=settings.global_batch)
+            def check(plan: Plan):  # the model's and card's rules, the GPU count's, then quality evidence
+                return (rules(plan) or gpu_count_problems(plan, gpus)
+                        or quality_problems(plan, settings.regime, global_batch=settings.global_batch))
 
             self._conditions = Conditions(self.s.space, self.s.model.arch or {}, check)
         return self._conditions
@@ -571,7 +573,7 @@ class Tuner:
         """Why ``plan`` is not a plan this study may pick ('' when it is): its rules, this model's modules and
         depth, quality evidence, and levers that change training dynamics where something else fits."""
         s = self.s
-        problems = plan.problems()
+        problems = plan.problems() or gpu_count_problems(plan, s.gpus)
         if problems:
             return f"invalid: {problems[0].rule}"
         try:
@@ -612,7 +614,7 @@ class Tuner:
                 report = self._estimate_stage(out, plan, stage, stages[i + 1:])
                 if out.reason or report is None:
                     return out
-                tps = predict_throughput(s.model, plan, s.gpu, s.gpus, s.sharding, data=s.data)
+                tps = predict_throughput(s.model, plan, s.gpu, train_gpus(s.gpus, plan), s.sharding, data=s.data)
                 prediction = dict(tokens_per_s=tps.tokens_per_s, tokens_per_s_source=tps.source, step_terms=tps.terms,
                                   accuracy_loss=quality.accuracy_loss, accuracy_source=quality.accuracy_source,
                                   token_factor=quality.token_factor)
@@ -806,6 +808,21 @@ class Tuner:
         return run_peak(r) > usable_bytes(self.s.budget.bytes, self.s.headroom) * (1 - EDGE_MARGIN)
 
 
+def train_gpus(gpus: int, plan: Plan) -> int:
+    """The GPUs that train, of the run's ``gpus``: all of them, less those a vLLM server takes (``--vllm-gpus``:
+    trl vllm-serve runs on GPUs of its own, the trainer on the rest)."""
+    return gpus - plan.vllm_gpus if plan.task == "grpo" and plan.generation == "vllm-server" else gpus
+
+
+def gpu_count_problems(plan: Plan, gpus: int) -> list[AdvisorInputError]:
+    """The rules that need the run's GPU count: a vLLM server leaves at least one GPU to train, and TRL's
+    generation batch on the GPUs that train holds whole groups (advisor.core.plan.rl_problems)."""
+    if plan.task == "grpo" and plan.generation == "vllm-server" and plan.vllm_gpus >= gpus:
+        return [AdvisorInputError("--vllm-gpus", f"a vLLM server on {plan.vllm_gpus} of the run's {gpus} GPU(s) "
+                                  "leaves none to train (vllm-server needs --gpus above --vllm-gpus)", plan.vllm_gpus)]
+    return rl_problems(plan, train_gpus(gpus, plan))
+
+
 def _calibrate_speed(settings: TuneSettings, plan: Plan, tokens_per_s: float) -> None:
     """Measured beats predicted: a real probe also refits this GPU model's step-time scales
     (advisor/speed/calibration.py), so later predictions on it say "calibrated (N probes)"."""
@@ -819,7 +836,7 @@ def _calibrate_speed(settings: TuneSettings, plan: Plan, tokens_per_s: float) ->
 
 
 def _shard(settings: TuneSettings, report, plan: Plan):
-    return shard_to(report, settings.model, plan, settings.gpus, settings.sharding, settings.gpu)
+    return shard_to(report, settings.model, plan, train_gpus(settings.gpus, plan), settings.sharding, settings.gpu)
 
 
 def _during(report) -> str:
@@ -936,14 +953,15 @@ def _frugal_candidates(space: SearchSpace):
 
     s = space.search
     ks = search_knobs(space.plan)
-    frugal = {k.name: k.search.frugal(s.get(k.name, [k.default])) for k in ks.values() if k.search.frugal is not None}
+    frugal = {k.name: k.search.frugal(s[k.name]) for k in ks.values() if k.search.frugal is not None and k.name in s}
+    workload = space.workload  # what the knobs' applies read beside the point (a GRPO lever: the task)
     for method in space.methods():
         for quant in space.quantizations_for(method):
             for offload in s["offload"]:
                 for opt in s["optimizer"]:
                     point = {**frugal, "method": method, "quantization": quant, "optimizer": opt, "offload": offload}
                     # a frugal value where its knob does not apply (double quantization of int8 weights) is left out
-                    yield {k: v for k, v in point.items() if k not in frugal or ks[k].applies_to(point)}
+                    yield {k: v for k, v in point.items() if k not in frugal or ks[k].applies_to({**workload, **point})}
 
 
 def settings_from_study(storage_url: str, study_name: str, backend: str | None = None,

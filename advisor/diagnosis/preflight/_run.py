@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from advisor.core.catalog import GpuSpec, ModelSpec
+from advisor.core.errors import AdvisorInputError
 from advisor.core.data_files import load_data_file
 from advisor.core.fit import HEADROOM, fit_verdict, fits
 from advisor.core.target import Target, resolve_target
@@ -13,7 +14,7 @@ from advisor.diagnosis.doctor import ledger_over
 from advisor.diagnosis.findings import Finding, verdict
 from advisor.memory.ledger import LABELS, MemoryReport
 from advisor.core.plan import Plan
-from advisor.diagnosis.preflight import _config, _env
+from advisor.diagnosis.preflight import _config, _env, _rl
 from advisor.diagnosis.preflight._data import DataStats, data_stats
 from advisor.core.units import Budget, format_bytes
 
@@ -66,6 +67,9 @@ class PreflightResult:
             "host_budget": {"bytes": self.host_budget.bytes, "text": self.host_budget.text}
             if self.host_budget else None,
             "memory": _memory_dict(self.report),
+            "peak_phase": self.report.run_peak_phase if self.report is not None else None,
+            "step_peak_phase": _rl.step_peak_phase(self.report) if self.report is not None and _rl.is_rl(self.plan)
+            else None,
             "data": self.data.__dict__ if self.data else None, "hours": self.hours,
             "findings": [f.to_dict() for f in self.findings],
         }
@@ -91,11 +95,17 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
     sections = extras.get("sections", extras) if isinstance(extras, dict) else {}
     training = dict(sections.get("training") or {})
     model_section = dict(sections.get("model") or {})
+    backend = inp.backend
+    if _rl.is_rl(plan):
+        if not training:  # a flat TRL / axolotl / LLaMA-Factory file: its training keys are at the top
+            from advisor.configs._base import load_mapping
+
+            training = load_mapping(inp.config)
 
     findings: list[Finding] = []
     findings += _config.check_plan_rules(plan)
     findings += _config.check_targets(model, plan)
-    findings += _config.check_learning_rate(plan, training)
+    findings += (_rl.check_learning_rate if _rl.is_rl(plan) else _config.check_learning_rate)(plan, training)
     findings += _config.check_use_cache(plan, model_section, model)
     findings += _config.check_pad_token(model)
     findings += _env.check_versions(plan)
@@ -104,7 +114,7 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
 
     stats = data_stats(inp.data, model.path) if inp.data else None
     seq = inp.max_seq_len or plan.seq_len
-    if stats is not None and stats.longest_tokens and not plan.packing:
+    if stats is not None and stats.longest_tokens and not plan.packing and plan.task != "grpo":
         # padded batches: the longest one sets the peak; packed rows are always seq_len tokens
         seq = min(seq, max(1, stats.longest_tokens))
     evaluates = str(training.get("eval_strategy") or training.get("evaluation_strategy") or "no") != "no"
@@ -114,8 +124,16 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
         mem_plan = mem_plan.with_(eval_batch=int(training.get("per_device_eval_batch_size") or 8))
     report = None
     if not any(f.severity == "error" and f.area == "config" for f in findings):
-        report = _memory(model, mem_plan, gpu, evaluates, inp.backend)
+        try:
+            report = _memory(model, mem_plan, gpu, evaluates, backend)
+        except AdvisorInputError:
+            if backend == "estimate" or not _rl.is_rl(plan):
+                raise
+            backend = "estimate"  # a GRPO/DPO step the simulation does not run: the closed form answers it
+            report = _memory(model, mem_plan, gpu, evaluates, backend)
         findings += memory_findings(report, budget, inp.headroom, seq, stats, mem_plan)
+        if _rl.is_rl(plan):
+            findings += _rl.phase_finding(report, budget) + _rl.generation_findings(report, mem_plan, budget)
         if inp.probe:
             findings += _probe(model, mem_plan, target, inp.headroom)
         ckpt = _checkpoint_bytes(model, plan, report)
@@ -128,7 +146,7 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
     order = {"error": 0, "warning": 1, "info": 2, "ok": 3}
     findings.sort(key=lambda f: order[f.severity])
     return PreflightResult(verdict(findings), findings, model, plan, budget, gpu, report, stats, hours,
-                           gpu_assumed=target.gpu_assumed, host_budget=target.host_budget)
+                           extra={"backend": backend}, gpu_assumed=target.gpu_assumed, host_budget=target.host_budget)
 
 
 def _memory(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, evaluates: bool = True,
@@ -150,6 +168,9 @@ def memory_findings(report: MemoryReport, budget: Budget | None, headroom: float
     top = sorted(((k, v) for k, v in report.device.items() if v >= 0.02 * budget.bytes), key=lambda kv: -kv[1])
     ledger = ", ".join(f"{LABELS.get(k, k).lower()} {budget.format(v)}" for k, v in top)
     where = f"at seq {seq:,}" + (" (the longest sequence in the data)" if stats else "")
+    if plan is not None and plan.task == "grpo":  # the step that OOMs after N steps: every completion at its longest
+        where = (f"with every completion at max_completion_length ({plan.max_prompt_length:,} + "
+                 f"{plan.max_completion_length:,} tokens)")
     if phase != "train":
         where = f"during {phase} ({report.run_phases.phases[phase].what}); the training step {where} peaks at " \
                 f"{budget.format(report.peak_bytes)}"
@@ -158,7 +179,10 @@ def memory_findings(report: MemoryReport, budget: Budget | None, headroom: float
     fit = fit_verdict(peak, budget.bytes, headroom)
     if fit == "over":
         over = ledger_over(report, budget.bytes, budget.format).replace("the card's", "the budget of")
-        fixes = _memory_fixes(report) if phase == "train" else _phase_fixes(phase)
+        if plan is not None and _rl.is_rl(plan):
+            fixes = _rl.phase_fixes(phase, plan) or _phase_fixes(phase)
+        else:
+            fixes = _memory_fixes(report) if phase == "train" else _phase_fixes(phase)
         return [Finding("memory.fit", "error",
                         f"does not fit: peak {budget.format(peak)} ({report.source}) > {budget} {where}",
                         f"ledger: {ledger}. {over}", fixes, "memory", data)]

@@ -61,6 +61,9 @@ class ReportData:
     """The `advisor tune` command that makes the same study."""
     notes: list[str] = field(default_factory=list)
     """Caveats a reader must see (assumed GPU, only estimates...)."""
+    phases: Any = None
+    """GRPO/DPO: the winner's step phases as a picture's data (advisor.ui.phase_view.PhasePicture, by the closed
+    form); None for supervised fine-tuning or no winner."""
 
     # -- conveniences for the renderers ----------------------------------------
 
@@ -114,7 +117,16 @@ def gather(snap: StudySnapshot) -> ReportData:
     return ReportData(
         study=snap.name, storage=snap.storage, description=d, records=list(snap.records), selection=selection,
         timeline=timeline(snap), comparisons=comparisons(snap.records, d), exports=list(snap.exports),
-        environment=environment(d), reproduce=reproduce_command(d, snap.name), notes=notes)
+        environment=environment(d), reproduce=reproduce_command(d, snap.name), notes=notes,
+        phases=_winner_phases(selection, d))
+
+
+def _winner_phases(selection: Selection, description: StudyDescription):
+    """The GRPO/DPO winner's phase picture (None for SFT or no winner)."""
+    from advisor.ui.phase_view import picture_of_record
+
+    best = selection.best
+    return picture_of_record(best, description) if best is not None else None
 
 
 def timeline(snap: StudySnapshot) -> list[dict[str, Any]]:

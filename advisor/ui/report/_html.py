@@ -142,6 +142,56 @@ def answer(d: ReportData) -> str:
             f"{_ledger_table(d, best)}</div></div>{exports}</section>")
 
 
+SEGMENT_COLOR = {"resident": "#4c72b0", "vllm": "#dd8452", "phase": "#55a868"}
+SEGMENT_LABEL = {"resident": "trainer's resident state (weights, adapters, optimizer)", "vllm": "what vLLM holds",
+                 "phase": "what the phase adds (KV cache, activations, log-prob head, merge)"}
+
+
+def phases_section(d: ReportData) -> str:
+    """GRPO/DPO: one stacked bar per phase of the winner's step against the budget, the phase that sets the peak
+    marked, and what vLLM's pool holds (advisor.ui.phase_view's numbers, rendered here)."""
+    pic = d.phases
+    if pic is None:
+        return ""
+    scale = pic.scale(d.budget_bytes)
+    budget_at = 100 * d.budget_bytes / scale
+    rows = []
+    for bar in pic.bars:
+        cells = "".join(
+            f'<span title="{escape(SEGMENT_LABEL[k])}: {escape(d.fmt(v))}" style="display:inline-block;height:18px;'
+            f'width:{100 * v / scale:.2f}%;background:{SEGMENT_COLOR[k]}"></span>'
+            for k, v in bar.segments.items() if v > 0)
+        name = f"<b>{escape(bar.name)} ◀ peak</b>" if bar.peak else escape(bar.name)
+        rows.append(f'<tr><td>{name}</td><td style="width:60%"><div style="position:relative;white-space:nowrap">'
+                    f'{cells}<span style="position:absolute;left:{budget_at:.2f}%;top:-3px;height:24px;'
+                    f'border-left:2px dashed #c44e52" title="budget"></span></div></td>'
+                    f'<td class=num>{escape(d.fmt(bar.live_bytes))}{src("estimated")}</td>'
+                    f"<td class=muted>{escape(bar.what)}</td></tr>")
+    legend = " ".join(f'<span style="display:inline-block;width:10px;height:10px;background:{SEGMENT_COLOR[k]}">'
+                      f"</span> {escape(SEGMENT_LABEL[k])}" for k in SEGMENT_COLOR)
+    out = [f'<section id="phases"><h2>The {escape(pic.task.upper())} step, phase by phase</h2>',
+           f"<p>{escape(pic.step_peak_phase)} sets the step's peak; the run peaks at "
+           f"<b>{escape(d.fmt(pic.run_peak_bytes))}</b>{src('estimated')} during {escape(pic.run_peak_phase)}. "
+           f"Dashed: the budget ({escape(d.fmt(d.budget_bytes))}).</p>",
+           f'<table><tr><th>Phase</th><th>Live memory</th><th>Bytes</th><th>What sets it</th></tr>{"".join(rows)}'
+           f'</table><p class=muted>{legend}</p>']
+    v = pic.vllm
+    if v is not None:
+        parts = "".join(f'<span title="{escape(k)}: {escape(d.fmt(n))}" style="display:inline-block;height:18px;'
+                        f'width:{100 * n / max(v.pool_bytes, 1):.2f}%;background:{c}"></span>'
+                        for (k, n), c in zip(v.parts.items(), ("#dd8452", "#8172b3", "#937860")) if n > 0)
+        where = "on each server GPU" if v.engine == "vllm-server" else "on the training GPU"
+        state = ("it cannot start" if not v.starts else
+                 "it holds one generation batch" if v.holds_batch else "short of one generation batch: it preempts")
+        out.append(f"<h3>What vLLM holds</h3><p>Its pool, {escape(d.fmt(v.pool_bytes))} {where}: weights "
+                   f"{escape(d.fmt(v.weights_bytes))}, KV cache {escape(d.fmt(v.kv_cache_bytes))} "
+                   f"({v.kv_tokens:,} tokens for a batch of {v.batch_tokens:,}: {state}), CUDA graphs and reserve "
+                   f"{escape(d.fmt(v.reserve_bytes))}"
+                   + ("; asleep while the trainer scores and trains" if v.asleep_while_training else "")
+                   + f'.</p><div style="width:60%;white-space:nowrap">{parts}</div>')
+    return "".join(out) + "</section>"
+
+
 def _exports(d: ReportData) -> str:
     if not d.exports:
         return ("<h3>Exports</h3><p class=muted>No exported configs beside the study. To write them (advisor.yaml, "
@@ -223,12 +273,13 @@ def render_html(d: ReportData, plots: dict[str, str]) -> str:
     body = [
         f"<header><h1>{escape(title)}</h1><p class=muted>{escape(d.description.model.name)} on "
         f"{escape(d.description.budget.text)} · {len(d.records)} trials · generated {now}</p>",
-        '<nav><a href="#question">Question</a><a href="#answer">Answer</a><a href="#pareto">Pareto</a>'
+        '<nav><a href="#question">Question</a><a href="#answer">Answer</a>'
+        + ('<a href="#phases">Phases</a>' if d.phases is not None else "") + '<a href="#pareto">Pareto</a>'
         '<a href="#ledger">Ledger</a><a href="#trials">Trials</a><a href="#losses">Loss</a>'
         '<a href="#compare">Predicted vs measured</a><a href="#environment">Environment</a></nav></header>',
         f'<p class="muted" style="margin-top:14px">Where each number comes from: {legend}</p>',
         f'<ul class="notes">{notes}</ul>' if notes else "",
-        question(d), answer(d),
+        question(d), answer(d), phases_section(d),
         '<section id="pareto"><h2>Memory against throughput</h2>'
         + _figure(plots, "pareto", "Every trial with a peak and a throughput. ◆ in the table: on the Pareto front "
                   "(throughput, accuracy loss and memory together, so a front point may look dominated here when it "

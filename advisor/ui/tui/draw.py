@@ -161,3 +161,42 @@ def pareto_lines(records: list[TrialRecord], pareto: list[TrialRecord], best: Tr
         x_lab.append("  peak →")
     lines.append(x_lab)
     return lines
+
+
+SEGMENT_STYLE = {"resident": "blue", "vllm": "dark_orange", "phase": "green"}
+SEGMENT_NAME = {"resident": "resident", "vllm": "vLLM", "phase": "phase"}
+
+
+def phase_lines(picture, budget_bytes: int, fmt, width: int) -> list[Text]:
+    """GRPO/DPO: one stacked bar per phase of the step (the trainer's resident state, what vLLM holds, what the phase
+    adds) against the budget line, the peak phase marked, and what vLLM's pool holds (advisor.ui.phase_view)."""
+    if picture is None:
+        return []
+    val_w = len(fmt(max(budget_bytes, picture.scale(budget_bytes)))) + 1
+    bar_w = max(10, width - LABEL_W - val_w - 2)
+    scale = picture.scale(budget_bytes) * 1.02
+    budget_col = min(bar_w - 1, int(budget_bytes / scale * bar_w))
+    lines = [Text.assemble((f"{picture.task.upper()} step by phase", "bold"), f": {picture.step_peak_phase} sets the "
+                           f"step's peak; run peak {fmt(picture.run_peak_bytes)} during {picture.run_peak_phase}")]
+    for bar in picture.bars:
+        label = (bar.name + (" ◀ peak" if bar.peak else ""))[:LABEL_W]
+        row = Text(f"{label:<{LABEL_W}} ", style="bold" if bar.peak else "")
+        used = 0
+        for key, n in bar.segments.items():
+            start, end = round(used / scale * bar_w), round((used + n) / scale * bar_w)
+            row.append("█" * max(0, min(end, bar_w) - start), style=SEGMENT_STYLE[key])
+            used += n
+        for col in range(len(row.plain) - LABEL_W - 1, bar_w):
+            row.append("│" if col == budget_col else " ", style="bold red")
+        row.append(f" {fmt(bar.live_bytes):>{val_w}}")
+        lines.append(row)
+    lines.append(Text("  ".join(f"█ {SEGMENT_NAME[k]}" for k in SEGMENT_STYLE), style="dim"))
+    v = picture.vllm
+    if v is not None:
+        state = ("cannot start" if not v.starts else "holds one generation batch" if v.holds_batch
+                 else "preempts: short of one generation batch")
+        lines.append(Text(f"vLLM pool {fmt(v.pool_bytes)}: weights {fmt(v.weights_bytes)}, KV {fmt(v.kv_cache_bytes)} "
+                          f"({v.kv_tokens:,} tokens; {state}), graphs+reserve {fmt(v.reserve_bytes)}"
+                          + ("; asleep while training" if v.asleep_while_training else ""),
+                          style="dark_orange"))
+    return lines

@@ -6,7 +6,8 @@ from rich.console import Group
 from textual.widget import Widget
 
 from advisor.search.select import TrialRecord
-from advisor.ui.tui.draw import ledger_lines
+from advisor.ui.phase_view import picture_of_record
+from advisor.ui.tui.draw import ledger_lines, phase_lines
 from advisor.ui.tui.state import StudyInfo
 
 
@@ -28,7 +29,16 @@ class LedgerBars(Widget):
 
             return [Text("no trial selected", style="dim")]
         i = self.info
-        return ledger_lines(self.record, i.budget.bytes, i.headroom, i.fmt, width)
+        lines = ledger_lines(self.record, i.budget.bytes, i.headroom, i.fmt, width)
+        picture = self._picture()
+        return lines + phase_lines(picture, i.budget.bytes, i.fmt, width) if picture is not None else lines
+
+    def _picture(self):
+        """The GRPO/DPO phase picture of the selected trial, computed once per trial (advisor.ui.phase_view)."""
+        key = (self.record.number, id(self.record))
+        if getattr(self, "_picture_key", None) != key:
+            self._picture_key, self._picture_value = key, picture_of_record(self.record, self.info.description)
+        return self._picture_value
 
     def get_content_height(self, container, viewport, width: int) -> int:
         return len(self.lines(width))
