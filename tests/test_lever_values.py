@@ -22,7 +22,7 @@ from advisor.core.optimizers import optimizer, optimizer_aliases, optimizers, pa
 from advisor.core.plan import Plan
 from advisor.memory.ledger import MemoryReport
 from advisor.memory.phases import run_phases
-from advisor.memory.training import estimate_training
+from advisor.memory.rl import step_ledger as estimate_training
 from advisor.search.quality import quality_data, quality_of
 from advisor.speed.throughput import predict_throughput
 

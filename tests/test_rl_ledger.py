@@ -9,10 +9,10 @@ from advisor.core.catalog import resolve_gpu, resolve_model
 from advisor.core.errors import AdvisorInputError
 from advisor.core.plan import Plan, canonical, rl_problems
 from advisor.memory.inference import kv_cache_bytes_per_token
-from advisor.memory.phases import run_phases
+from advisor.memory.rl import rl_run_phases
 from advisor.memory.rl import fused_head_bytes, generation_of, step_plan
 from advisor.memory.sharding import shard_report
-from advisor.memory.training import estimate_training
+from advisor.memory.rl import step_ledger as estimate_training
 
 QWEN05 = resolve_model("qwen0.5b")
 QWEN7 = resolve_model("qwen7b")
@@ -24,7 +24,7 @@ DPO = Plan(task="dpo", method="lora", seq_len=1024, micro_batch=2)
 
 
 def phases(model, plan, gpu):
-    return run_phases(model, plan, gpu, estimate_training(model, plan, gpu)).phases
+    return rl_run_phases(model, plan, gpu, estimate_training(model, plan, gpu)).phases
 
 
 def dev(report, category):

@@ -207,7 +207,7 @@ def test_mxfp4_is_offered_where_vllm_runs_it():
 
 def test_decode_reads_only_the_experts_a_step_picks():
     from advisor.core.catalog import resolve_gpu
-    from advisor.search.serve_grid import decode_throughput
+    from advisor.speed.decode import decode_throughput
 
     moe, gpu = resolve_model("qwen3-30b-a3b"), resolve_gpu("h100-sxm")
     one = decode_throughput(moe, ServePlan(concurrency=1, context_len=2048), gpu)

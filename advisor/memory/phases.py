@@ -189,7 +189,7 @@ def largest_gathered_module(model: ModelSpec, plan: Plan) -> int:
 
 def run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: MemoryReport, *,
                load: tuple[int, int, str, Sequence[tuple[int, int]] | None] | None = None,
-               source: str | None = None, evaluates: bool | None = None, rl: bool = True) -> RunPhases:
+               source: str | None = None, evaluates: bool | None = None) -> RunPhases:
     """The phases of the run of ``plan``, from its training-step report at the longest batch.
 
     ``evaluates``: whether the run evaluates (a Trainer with an eval strategy); its eval phase is shown
@@ -201,14 +201,10 @@ def run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: MemoryRe
     closed form (``load_estimate``) is used.
 
     A GRPO or DPO plan has its task's phases instead (advisor.memory.rl.rl_run_phases: generate, score, train,
-    sync; precompute, train), unless ``rl`` is False (rl_run_phases asks for the load and save this way).
+    sync; precompute, train), which asks this function for the load and the save (``advisor.runtime.phases``
+    chooses between the two).
     """
     from advisor.memory.overhead import outside_allocator_bytes
-
-    if rl and plan.task != "sft":
-        from advisor.memory.rl import rl_run_phases
-
-        return rl_run_phases(model, plan, gpu, step, load=load, source=source)
 
     src = source or step.source
     outside = outside_allocator_bytes(gpu)

@@ -422,7 +422,7 @@ def logits_bytes(model: ModelSpec, plan: Plan) -> tuple[int, int]:
     """(forward, backward) transient of the logits and the loss (GRPO / DPO: TRL's fused log-prob head,
     advisor.memory.rl)."""
     if plan.task != "sft":
-        from advisor.memory.rl import head_bytes
+        from advisor.memory.rl_head import head_bytes
 
         return head_bytes(model, plan)
     if plan.loss == "fused-linear":
@@ -466,12 +466,11 @@ def _add_lever_phases(phases: dict, model: ModelSpec, plan: Plan, pb: ParamBreak
 def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) -> MemoryReport:
     """The analytic ledger of one measured step (after warm-up: optimizer states exist), dense or a mixture of
     experts: the layers' terms (layer_terms: advisor.memory.experts for routed experts and latent attention), the
-    same phases for both. A GRPO or DPO plan's step is advisor.memory.rl's (this ledger with TRL's head and what the
-    task keeps resident)."""
+    same phases for both. A GRPO or DPO plan's step is advisor.memory.rl's (``step_ledger``: this ledger with TRL's
+    head and what the task keeps resident)."""
     if plan.task != "sft":
-        from advisor.memory.rl import estimate_rl_step
-
-        return estimate_rl_step(model, plan, gpu)
+        raise ValueError(f"estimate_training counts a supervised step; a {plan.task} plan's is "
+                         "advisor.memory.rl.step_ledger's")
     return estimate_step(model, plan, gpu)
 
 

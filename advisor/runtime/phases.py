@@ -25,6 +25,10 @@ def measure_run(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, report: Memor
         trace = simulate_load(model, plan)
         what = f"16-bit {trace.peak_tensor} being quantized" if plan.quantized else "weights"
         load = (trace.live_peak_bytes, trace.final_bytes, what, trace.events)
+    if plan.task != "sft":  # GRPO / DPO: generate, score, train, sync (or precompute, train) around load and save
+        from advisor.memory.rl import rl_run_phases
+
+        return rl_run_phases(model, plan, gpu, report, load=load)
     return run_phases(model, plan, gpu, report, load=load, evaluates=evaluates)
 
 

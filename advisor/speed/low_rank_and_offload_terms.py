@@ -53,7 +53,7 @@ def activation_offload(s: StepInputs) -> float:
     plan = s.plan
     if not plan.activation_offload:
         return 0.0
-    from advisor.memory.training import estimate_training
+    from advisor.memory.rl import step_ledger as estimate_training
 
     # what the ledger moves to the host: the checkpointed layers' inputs, or every saved activation of
     # 1 KiB or more (the weight views matmul saves and the loss's log-softmax included)
@@ -75,7 +75,7 @@ def paged_spill(s: StepInputs) -> float:
         return 0.0
     if s.pb.trainable * 4 < 0.2 * s.gpu.memory_bytes:
         return 0.0  # states far smaller than the card (LoRA, small models): nothing spills; skip the ledger
-    from advisor.memory.training import estimate_training
+    from advisor.memory.rl import step_ledger as estimate_training
 
     spilled = estimate_training(s.model, plan, s.gpu).host.get("optimizer_states", 0)
     return 2 * spilled / s.host_link

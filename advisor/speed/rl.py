@@ -7,7 +7,7 @@
 - **train**: the SFT step-time model (advisor.speed.throughput) of the step the ledger counts (advisor.memory.rl
   ``step_plan``: micro_batch completions of prompt + completion tokens, or DPO's 2 x micro_batch rows), with the
   fused head's loss term (TRL scores through its own fused head; advisor.speed.terms' fused-linear loss).
-- **generate**: the serving side's decode roofline (advisor.search.serve_grid.decode_throughput: each decode step
+- **generate**: the serving side's decode roofline (advisor.speed.decode.decode_throughput: each decode step
   reads every weight byte and each sequence's cache, Pope et al. 2022 §2) for max_completion_length steps at the
   local generation batch, plus its prefill (2 FLOPs per weight per prompt token, Kaplan et al. 2020 §2.1). vLLM
   reads its weights in its format; transformers' ``generate()`` runs eagerly (each decode step dispatches every
@@ -70,14 +70,6 @@ def forward_share(plan: Plan) -> float:
     return 1 / 3 if plan.method == "full" else 1 / 2
 
 
-def _train(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int, sharding: str):
-    from advisor.memory.rl import step_plan
-    from advisor.speed.throughput import predict_throughput
-
-    inner = step_plan(plan).with_(loss="fused-linear")
-    return predict_throughput(model, inner, gpu, gpus, sharding)
-
-
 def micro_forward_seconds(plan: Plan, terms: dict[str, float]) -> float:
     """A no-grad forward of one micro-batch from the training step's terms (per optimizer step of grad_accum
     micro-batches): the forward's share of the matmuls, attention, elementwise work, LoRA and dequantization, and the
@@ -91,7 +83,7 @@ def decode_seconds(model: ModelSpec, plan: Plan, gpu: GpuSpec, seqs: int) -> tup
     """(one decode step of ``seqs`` sequences, the prefill of their prompts) for the plan's generation engine."""
     from advisor.core.serve_priors import load_priors
     from advisor.memory.inference import ServePlan
-    from advisor.search.serve_grid import decode_throughput
+    from advisor.speed.decode import decode_throughput
     from advisor.speed.inputs import constants
 
     S = plan.max_prompt_length + plan.max_completion_length
@@ -117,12 +109,13 @@ def decode_seconds(model: ModelSpec, plan: Plan, gpu: GpuSpec, seqs: int) -> tup
     return seconds, prefill
 
 
-def predict_rl(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1, sharding: str = DEFAULT_SHARDING) -> RlTimes:
-    """Seconds per optimizer step of each phase of ``plan`` (GRPO or DPO) and its tokens/s."""
+def predict_rl(model: ModelSpec, plan: Plan, gpu: GpuSpec, tp, gpus: int = 1,
+               sharding: str = DEFAULT_SHARDING) -> RlTimes:
+    """Seconds per optimizer step of each phase of ``plan`` (GRPO or DPO) and its tokens/s. ``tp``: the SFT
+    step-time model's prediction of the step the ledger counts (advisor.speed.throughput.rl_train_step)."""
     from advisor.memory.rl import old_logprobs_computed, reference_kind, vllm_weight_bytes
     from advisor.speed.inputs import constants
 
-    tp = _train(model, plan, gpu, gpus, sharding)
     train = tp.step_seconds
     micro = micro_forward_seconds(plan, tp.terms)
     if plan.task == DPO:
@@ -158,10 +151,10 @@ def predict_rl(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1, shardi
     return RlTimes(phases, step, tokens / step, gens, dec, dict(tp.terms))
 
 
-def rl_terms(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1, sharding: str = DEFAULT_SHARDING
+def rl_terms(model: ModelSpec, plan: Plan, gpu: GpuSpec, tp, gpus: int = 1, sharding: str = DEFAULT_SHARDING
              ) -> tuple[dict[str, float], RlTimes]:
-    """The step's terms (seconds per optimizer step): the training step's own, and one per RL phase."""
-    times = predict_rl(model, plan, gpu, gpus, sharding)
+    """The step's terms (seconds per optimizer step): the training step's own (``tp``), and one per RL phase."""
+    times = predict_rl(model, plan, gpu, tp, gpus, sharding)
     terms = dict(times.train_terms)
     terms.update({k: v for k, v in times.phases.items() if k != "train"})
     return terms, times

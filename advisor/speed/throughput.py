@@ -201,7 +201,7 @@ def _rl_prediction(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int, shardi
     from advisor.memory.rl import step_plan
     from advisor.speed.rl import rl_terms
 
-    terms, times = rl_terms(model, plan, gpu, gpus, sharding)
+    terms, times = rl_terms(model, plan, gpu, rl_train_step(model, plan, gpu, gpus, sharding), gpus, sharding)
     inner = step_plan(plan)
     train = {n: terms.get(n, 0.0) for n in terms if n not in times.phases}
     return ThroughputPrediction(
@@ -217,7 +217,15 @@ def rl_times(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1, sharding
     """The phases' seconds of a GRPO / DPO step (advisor.speed.rl.RlTimes)."""
     from advisor.speed.rl import predict_rl
 
-    return predict_rl(model, plan, gpu, gpus, sharding)
+    return predict_rl(model, plan, gpu, rl_train_step(model, plan, gpu, gpus, sharding), gpus, sharding)
+
+
+def rl_train_step(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int, sharding: str) -> ThroughputPrediction:
+    """The training step of a GRPO / DPO plan as the SFT step-time model times it: the rows and tokens the ledger
+    counts (advisor.memory.rl_head.step_plan), TRL's fused head priced as the fused-linear loss."""
+    from advisor.memory.rl_head import step_plan
+
+    return predict_throughput(model, step_plan(plan).with_(loss="fused-linear"), gpu, gpus, sharding)
 
 
 def packed_attention_scale(lengths: list[int], seq_len: int) -> float:

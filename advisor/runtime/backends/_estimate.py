@@ -8,7 +8,7 @@ from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.plan import Plan
 from advisor.memory.closed_form import SIMULATION, closed_form_describes
 from advisor.memory.ledger import MemoryReport
-from advisor.memory.training import estimate_training
+from advisor.memory.rl import step_ledger as estimate_training
 from advisor.runtime.backends._base import BackendOptions, BaseBackend, Stage
 
 
