@@ -232,6 +232,65 @@ def layer_saved_tensors(model: ModelSpec, plan: Plan, layer: LayerDescription, m
     return [x for x in out if x]
 
 
+# --------------------------------------------------------------------------- an offload's copies per save
+
+
+def norm_copies(model: ModelSpec, plan: Plan, layer: LayerDescription) -> list[int]:
+    """Each RMSNorm saves its fp32 input and its rsqrt twice, pow and mean-then-rsqrt's mul both keeping them
+    (transformers ``*RMSNorm.forward``: ``hidden_states.pow(2)`` saves the input, ``hidden_states *
+    torch.rsqrt(variance + eps)`` saves both): a second copy of norm_saved's two."""
+    T = tokens(plan)
+    out = []
+    for n in layer.norms:
+        width = n.params
+        if n.is_qk_norm:
+            width = model.q_dim if n.name.rsplit(".", 1)[-1].startswith(("q", "query")) else model.kv_dim
+        out += [4 * T * width, 4 * T * (width // n.params)]
+    return out
+
+
+def rope_copies(model: ModelSpec, plan: Plan, layer: LayerDescription) -> list[int]:
+    """RoPE's cos and sin, made once before the layers, saved by each of the four multiplies of q and k
+    (transformers ``apply_rotary_pos_emb``: ``q * cos + rotate_half(q) * sin``, the same for k), b x s x head_dim."""
+    if layer.attention in ("linear",):
+        return []
+    return [DTYPE_BYTES[plan.activation_dtype] * tokens(plan) * model.head_dim] * 4
+
+
+def lora_copies(plan: Plan, layer: LayerDescription, modules: list[str]) -> list[int]:
+    """lora_A's and lora_B's transposed fp32 weights, views that F.linear saves for the input's gradient (aten
+    linear: ``mm(input, weight.t())``), not Parameters, so the offload copies them (peft Linear.forward)."""
+    return [4 * plan.lora_r * width for m in layer.linears if m.short in modules
+            for width in (m.in_features, m.out_features)]
+
+
+def trained_linear_copies(model: ModelSpec, plan: Plan, layer: LayerDescription) -> list[int]:
+    """Full fine-tuning: each nn.Linear saves its input (aten linear backward, for its weight's gradient), so an
+    input read by several linears (q/k/v, gate/up: linear_inputs) is saved once by each, and o_proj saves the
+    attention output that sdpa / flash saved as well (eager's output is a fresh ``.contiguous()`` copy only
+    o_proj saves)."""
+    if plan.method != "full":
+        return []
+    from advisor.memory.training import linear_input_of
+
+    p, T = DTYPE_BYTES[plan.activation_dtype], tokens(plan)
+    out, seen = [], set()
+    for m in layer.linears:
+        if linear_input_of(m) in seen:
+            out.append(p * T * m.in_features)
+        seen.add(linear_input_of(m))
+    if effective_attention(model, plan) != "eager" and any(m.short == "o_proj" for m in layer.linears):
+        out.append(p * T * model.q_dim)
+    return out
+
+
+def offload_copies(model: ModelSpec, plan: Plan, layer: LayerDescription, modules: list[str]) -> list[int]:
+    """What an offload copies beyond layer_saved_tensors' storages in a layer with routed experts, latent attention
+    or attention sinks, one entry per extra save."""
+    return norm_copies(model, plan, layer) + rope_copies(model, plan, layer) + lora_copies(plan, layer, modules) \
+        + trained_linear_copies(model, plan, layer)
+
+
 def layer_backward_transient(model: ModelSpec, plan: Plan, layer: LayerDescription, modules: list[str]) -> int:
     """The most one layer's backward holds beyond the tensors it saved: the larger of two moments (traced).
 

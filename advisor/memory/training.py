@@ -208,13 +208,20 @@ def _largest_trainable(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
 def linear_inputs(layer: LayerDescription) -> list[tuple[str, int]]:
     """The distinct inputs of a layer's nn.Linears, (what reads it, its width): linears fed the same tensor share
     one (q/k/v and MLA's q_proj / kv_a_proj read the normed hidden state, gate and up the MLP's input)."""
-    first = ("q_proj", "k_proj", "v_proj", "qkv_proj", "kv_a_proj_with_mqa", "q_a_proj", "gate_proj", "up_proj",
-             "gate_up_proj", "w1", "w3")
-    seen: dict[tuple[str, str], int] = {}
+    seen: dict[str, int] = {}
     for m in layer.linears:
-        prefix = m.name.rsplit(".", 1)[0]
-        seen.setdefault((prefix, "in" if m.short in first else m.short), m.in_features)
-    return [(f"{prefix}.{what}", width) for (prefix, what), width in seen.items()]
+        seen.setdefault(linear_input_of(m), m.in_features)
+    return list(seen.items())
+
+
+SHARED_INPUT = ("q_proj", "k_proj", "v_proj", "qkv_proj", "kv_a_proj_with_mqa", "q_a_proj", "gate_proj", "up_proj",
+                "gate_up_proj", "w1", "w3")
+"""Linears that read their block's input (the normed hidden state) rather than a tensor of their own."""
+
+
+def linear_input_of(m) -> str:
+    """The name of the tensor a linear reads: ``<block>.in`` for those of SHARED_INPUT, else ``<block>.<name>``."""
+    return f"{m.name.rsplit('.', 1)[0]}.{'in' if m.short in SHARED_INPUT else m.short}"
 
 
 def int8_held_inputs(model: ModelSpec, plan: Plan, layer: LayerDescription | None = None) -> list[int]:
@@ -903,15 +910,34 @@ def offloaded_activation_blocks(model: ModelSpec, plan: Plan, pb: ParamBreakdown
     lt = lt or layer_terms(model, plan, pb)
     total = 0
     for layer, indices in model.description.layer_kinds():
-        ix = indices[0]
-        per_layer = [int(t) for t in lt.tensors[ix] if t >= OFFLOAD_MIN_BYTES]
-        for held in lt.int8_inputs[ix]:  # never offloaded: held on the int8 linears' ctx
-            if held in per_layer:
-                per_layer.remove(held)
-        if not plan.quantized:
-            per_layer += [m.in_features * m.out_features * p for m in layer.linears]
-        total += len(indices) * pinned_bytes_of(per_layer)
+        total += len(indices) * pinned_bytes_of(offloaded_layer_copies(model, plan, pb, layer, lt, indices[0]))
     return total
+
+
+def offloaded_layer_copies(model: ModelSpec, plan: Plan, pb: ParamBreakdown, layer: LayerDescription,
+                           lt: LayerTerms, ix: int) -> list[int]:
+    """The host copies one layer's offload makes, one per save (the hook copies a tensor each time an op saves
+    it, advisor.runtime.build.offload_hooks): the layer's saved tensors of at least 1 KiB but the inputs LLM.int8
+    holds on its context, the transposed weight views, and offload_copies (the tensors saved more than once or
+    made outside the layer)."""
+    p = DTYPE_BYTES[plan.activation_dtype]
+    per_layer = [int(t) for t in lt.tensors[ix] if t >= OFFLOAD_MIN_BYTES]
+    for held in lt.int8_inputs[ix]:  # never offloaded: held on the int8 linears' ctx
+        if held in per_layer:
+            per_layer.remove(held)
+    if not plan.quantized:
+        per_layer += [m.in_features * m.out_features * p for m in layer.linears]
+    return per_layer + [x for x in offload_copies(model, plan, layer, list(pb.lora_modules)) if x >= OFFLOAD_MIN_BYTES]
+
+
+def offload_copies(model: ModelSpec, plan: Plan, layer: LayerDescription, modules: list[str]) -> list[int]:
+    """What an offload copies beyond the layer's saved storages (layer_saved_tensors), one entry per extra save;
+    the GPU holds each storage once, so only the host count reads these. Routed experts, latent attention or
+    attention sinks: advisor.memory.experts.offload_copies."""
+    if layer.num_experts or layer.attention == "mla" or model.is_moe:
+        return experts.offload_copies(model, plan, layer, modules)
+    return experts.norm_copies(model, plan, layer) + experts.rope_copies(model, plan, layer) \
+        + experts.lora_copies(plan, layer, modules) + experts.trained_linear_copies(model, plan, layer)
 
 
 def apply_activation_levers(phases: dict, lv: dict, grads_held: int, temp: int) -> None:
