@@ -238,7 +238,10 @@ def layer_saved_tensors(model: ModelSpec, plan: Plan, layer: LayerDescription, m
 def norm_copies(model: ModelSpec, plan: Plan, layer: LayerDescription) -> list[int]:
     """Each RMSNorm saves its fp32 input and its rsqrt twice, pow and mean-then-rsqrt's mul both keeping them
     (transformers ``*RMSNorm.forward``: ``hidden_states.pow(2)`` saves the input, ``hidden_states *
-    torch.rsqrt(variance + eps)`` saves both): a second copy of norm_saved's two."""
+    torch.rsqrt(variance + eps)`` saves both): a second copy of norm_saved's two; Gemma's norms save their fp32
+    ``1 + weight`` as well (Gemma3RMSNorm.forward)."""
+    from advisor.memory.training import FP32_NORM_WEIGHT
+
     T = tokens(plan)
     out = []
     for n in layer.norms:
@@ -246,6 +249,8 @@ def norm_copies(model: ModelSpec, plan: Plan, layer: LayerDescription) -> list[i
         if n.is_qk_norm:
             width = model.q_dim if n.name.rsplit(".", 1)[-1].startswith(("q", "query")) else model.kv_dim
         out += [4 * T * width, 4 * T * (width // n.params)]
+        if model.model_type in FP32_NORM_WEIGHT:
+            out.append(4 * n.params)  # Gemma's fp32 (1 + weight), saved by ``output * (1.0 + self.weight.float())``
     return out
 
 
@@ -262,6 +267,28 @@ def lora_copies(plan: Plan, layer: LayerDescription, modules: list[str]) -> list
     linear: ``mm(input, weight.t())``), not Parameters, so the offload copies them (peft Linear.forward)."""
     return [4 * plan.lora_r * width for m in layer.linears if m.short in modules
             for width in (m.in_features, m.out_features)]
+
+
+def attention_copies(model: ModelSpec, plan: Plan, layer: LayerDescription) -> tuple[list[int], list[int]]:
+    """Where the attention's saves differ from its storages (attention_saved / the dense list): (copied, not
+    copied). k and v are saved expanded to every head (repeat_kv) by eager attention, and by sdpa under an
+    explicit mask (transformers sdpa_attention.use_gqa_in_sdpa: sdpa's enable_gqa only without one), in place of
+    the unexpanded k and v; eager saves no logsumexp, and its output, a fresh ``.contiguous()`` copy, only where
+    o_proj saves it (its weight trains)."""
+    from advisor.memory.training import sliding_mask_bytes
+
+    if layer.attention in ("mla", "linear") or any(name.endswith("sinks") for name, _ in layer.other_params):
+        return [], []
+    b, s, T, p = plan.micro_batch, plan.seq_len, tokens(plan), DTYPE_BYTES[plan.activation_dtype]
+    qd, kvd = model.q_dim, model.kv_dim
+    if effective_attention(model, plan) == "eager":
+        skipped = [p * T * kvd, p * T * kvd, p * T * (qd - kvd), p * T * (qd - kvd), 4 * b * model.num_heads * s]
+        if plan.method != "full":
+            skipped.append(p * T * qd)
+        return [p * T * qd] * 2, skipped
+    if sliding_mask_bytes(model, plan, layer) and kvd < qd:
+        return [p * T * qd] * 2, [p * T * kvd] * 2
+    return [], []
 
 
 def trained_linear_copies(model: ModelSpec, plan: Plan, layer: LayerDescription) -> list[int]:
@@ -288,7 +315,50 @@ def offload_copies(model: ModelSpec, plan: Plan, layer: LayerDescription, module
     """What an offload copies beyond layer_saved_tensors' storages in a layer with routed experts, latent attention
     or attention sinks, one entry per extra save."""
     return norm_copies(model, plan, layer) + rope_copies(model, plan, layer) + lora_copies(plan, layer, modules) \
-        + trained_linear_copies(model, plan, layer)
+        + trained_linear_copies(model, plan, layer) + attention_copies(model, plan, layer)[0]
+
+
+def final_norm_copies(model: ModelSpec, plan: Plan) -> list[int]:
+    """The decoder's final norm runs inside the offloaded decoder (its forward hooks wrap ``model.model``): its
+    fp32 input and rsqrt, each saved twice, Gemma's fp32 ``1 + weight``, and the normalized input when its
+    weight trains (transformers ``*RMSNorm.forward``, as norm_saved)."""
+    from advisor.memory.training import FP32_NORM_WEIGHT, normalized_bytes
+
+    T, h = tokens(plan), model.hidden_size
+    out = [4 * T * h, 4 * T] * 2
+    if model.model_type in FP32_NORM_WEIGHT:
+        out.append(4 * h)
+    if plan.method == "full":
+        out.append(normalized_bytes(model, plan) * T * h)
+    return out
+
+
+def first_layer_uncopied(model: ModelSpec, plan: Plan, layer: LayerDescription, modules: list[str]) -> list[int]:
+    """What the first decoder layer does not save when its input needs no gradient (a frozen embedding: every
+    plan but full fine-tuning; trl/peft enable input gradients only for checkpointing): the saves kept for the
+    input's gradient up to the first trainable weights, its input norm's fp32 input and rsqrt (both saves) and,
+    for the linears that read the normed input, the frozen weights' transposed views, the adapters' dropout masks
+    and lora_A's transposed weight (autograd saves for an input's gradient only when the input requires one)."""
+    if plan.method == "full":
+        return []
+    from advisor.memory.training import linear_input_of
+
+    T, p = tokens(plan), DTYPE_BYTES[plan.activation_dtype]
+    first = next((n for n in layer.norms if not n.is_qk_norm), None)
+    out = [4 * T * first.params, 4 * T] * 2 if first else []
+    readers = [m for m in layer.linears if linear_input_of(m) == linear_input_of(layer.linears[0])] \
+        if layer.linears else []
+    for m in readers:
+        if not plan.quantized:
+            out.append(p * m.in_features * m.out_features)
+        if m.short in modules:
+            out += [4 * plan.lora_r * m.in_features] + ([T * m.in_features] if plan.lora_dropout > 0 else [])
+    return out
+
+
+def offload_skipped(model: ModelSpec, plan: Plan, layer: LayerDescription) -> list[int]:
+    """Storages of layer_saved_tensors that no hook copies as such (attention_copies' second list)."""
+    return attention_copies(model, plan, layer)[1]
 
 
 def layer_backward_transient(model: ModelSpec, plan: Plan, layer: LayerDescription, modules: list[str]) -> int:

@@ -910,8 +910,20 @@ def offloaded_activation_blocks(model: ModelSpec, plan: Plan, pb: ParamBreakdown
     lt = lt or layer_terms(model, plan, pb)
     total = 0
     for layer, indices in model.description.layer_kinds():
-        total += len(indices) * pinned_bytes_of(offloaded_layer_copies(model, plan, pb, layer, lt, indices[0]))
-    return total
+        copies = offloaded_layer_copies(model, plan, pb, layer, lt, indices[0])
+        total += len(indices) * pinned_bytes_of(copies)
+        if 0 in indices:  # the first layer's input needs no gradient: what it saves for one is not made
+            uncopied = experts.first_layer_uncopied(model, plan, layer, list(pb.lora_modules))
+            total -= pinned_bytes_of(copies) - pinned_bytes_of(_present_without(copies, uncopied))
+    return total + pinned_bytes_of(x for x in experts.final_norm_copies(model, plan) if x >= OFFLOAD_MIN_BYTES)
+
+
+def _present_without(values: list[int], remove: list[int]) -> list[int]:
+    left = list(values)
+    for v in remove:
+        if v in left:
+            left.remove(v)
+    return left
 
 
 def offloaded_layer_copies(model: ModelSpec, plan: Plan, pb: ParamBreakdown, layer: LayerDescription,
@@ -922,9 +934,8 @@ def offloaded_layer_copies(model: ModelSpec, plan: Plan, pb: ParamBreakdown, lay
     made outside the layer)."""
     p = DTYPE_BYTES[plan.activation_dtype]
     per_layer = [int(t) for t in lt.tensors[ix] if t >= OFFLOAD_MIN_BYTES]
-    for held in lt.int8_inputs[ix]:  # never offloaded: held on the int8 linears' ctx
-        if held in per_layer:
-            per_layer.remove(held)
+    # never offloaded: what the int8 linears hold on their ctx, and the storages saved in another shape
+    per_layer = _present_without(per_layer, list(lt.int8_inputs[ix]) + offload_skipped(model, plan, layer))
     if not plan.quantized:
         per_layer += [m.in_features * m.out_features * p for m in layer.linears]
     return per_layer + [x for x in offload_copies(model, plan, layer, list(pb.lora_modules)) if x >= OFFLOAD_MIN_BYTES]
@@ -932,12 +943,15 @@ def offloaded_layer_copies(model: ModelSpec, plan: Plan, pb: ParamBreakdown, lay
 
 def offload_copies(model: ModelSpec, plan: Plan, layer: LayerDescription, modules: list[str]) -> list[int]:
     """What an offload copies beyond the layer's saved storages (layer_saved_tensors), one entry per extra save;
-    the GPU holds each storage once, so only the host count reads these. Routed experts, latent attention or
-    attention sinks: advisor.memory.experts.offload_copies."""
-    if layer.num_experts or layer.attention == "mla" or model.is_moe:
-        return experts.offload_copies(model, plan, layer, modules)
-    return experts.norm_copies(model, plan, layer) + experts.rope_copies(model, plan, layer) \
-        + experts.lora_copies(plan, layer, modules) + experts.trained_linear_copies(model, plan, layer)
+    the GPU holds each storage once, so only the host count reads these (dense and routed layers alike:
+    advisor.memory.experts.offload_copies, beside the per-part lists it corrects)."""
+    return experts.offload_copies(model, plan, layer, modules)
+
+
+def offload_skipped(model: ModelSpec, plan: Plan, layer: LayerDescription) -> list[int]:
+    """The entries of layer_saved_tensors an offload does not copy as such (advisor.memory.experts.offload_skipped:
+    k and v saved expanded, eager attention's logsumexp and output)."""
+    return experts.offload_skipped(model, plan, layer)
 
 
 def apply_activation_levers(phases: dict, lv: dict, grads_held: int, temp: int) -> None:
