@@ -53,6 +53,9 @@ class Router:
     gate_tensors: int
     """S x moe_intermediate tensors the experts' gated activation saves (besides the gate_up output)."""
     source: str
+    gate_halves_saved: int = 2
+    """Under an offload, the S x moe_intermediate copies in place of the gate_up output's one storage: its gate and
+    up halves (views, each copied on its own) and any tensor saved twice (gpt-oss's clamped gate)."""
 
 
 ROUTERS = {
@@ -64,7 +67,8 @@ ROUTERS = {
     "deepseek_v2": Router(True, False, True, True, 1, "deepseek_v2/modeling_deepseek_v2.py:98-117 (greedy top-k of "
                           "an fp32 softmax, scaled, fp32)"),
     "gpt_oss": Router(False, False, False, False, 4, "gpt_oss/modeling_gpt_oss.py:126-130 (top-k of the logits, "
-                      "softmax over k in their dtype); :82-88 _apply_gate saves the clamped gate, sigmoid, glu and up+1"),
+                      "softmax over k in their dtype); :82-88 _apply_gate saves the clamped gate, sigmoid, glu and up+1",
+                      3),
 }
 
 
@@ -256,10 +260,18 @@ def norm_copies(model: ModelSpec, plan: Plan, layer: LayerDescription) -> list[i
 
 def rope_copies(model: ModelSpec, plan: Plan, layer: LayerDescription) -> list[int]:
     """RoPE's cos and sin, made once before the layers, saved by each of the four multiplies of q and k
-    (transformers ``apply_rotary_pos_emb``: ``q * cos + rotate_half(q) * sin``, the same for k), b x s x head_dim."""
-    if layer.attention in ("linear",):
+    (transformers ``apply_rotary_pos_emb``: ``q * cos + rotate_half(q) * sin``, the same for k), b x s x head_dim;
+    gpt-oss rotates the two halves apart (``_apply_rotary_emb``: four multiplies each of q and k, by half-width cos
+    and sin); latent attention multiplies q and k by one complex64 ``freqs_cis`` of rope_dim / 2 (DeepSeek-V2
+    ``apply_rotary_emb``)."""
+    T, p = tokens(plan), DTYPE_BYTES[plan.activation_dtype]
+    if layer.attention == "linear":
         return []
-    return [DTYPE_BYTES[plan.activation_dtype] * tokens(plan) * model.head_dim] * 4
+    if layer.attention == "mla":
+        return [8 * T * (model.description.mla.qk_rope_head_dim // 2)] * 2
+    if model.model_type == "gpt_oss":
+        return [p * T * (model.head_dim // 2)] * 8
+    return [p * T * model.head_dim] * 4
 
 
 def lora_copies(plan: Plan, layer: LayerDescription, modules: list[str]) -> list[int]:
@@ -277,9 +289,15 @@ def attention_copies(model: ModelSpec, plan: Plan, layer: LayerDescription) -> t
     o_proj saves it (its weight trains)."""
     from advisor.memory.training import sliding_mask_bytes
 
-    if layer.attention in ("mla", "linear") or any(name.endswith("sinks") for name, _ in layer.other_params):
-        return [], []
     b, s, T, p = plan.micro_batch, plan.seq_len, tokens(plan), DTYPE_BYTES[plan.activation_dtype]
+    if layer.attention == "mla":
+        # sdpa's math path: the fp32 probabilities saved by the softmax and by their matmul with v
+        return [4 * b * model.num_heads * s * s], []
+    if any(name.endswith("sinks") for name, _ in layer.other_params):
+        # gpt-oss: the probabilities without the sink's column (``probs[..., :-1]``, a view) saved by the matmul
+        return [p * b * model.num_heads * s * s], []
+    if layer.attention == "linear":
+        return [], []
     qd, kvd = model.q_dim, model.kv_dim
     if effective_attention(model, plan) == "eager":
         skipped = [p * T * kvd, p * T * kvd, p * T * (qd - kvd), p * T * (qd - kvd), 4 * b * model.num_heads * s]
@@ -311,11 +329,29 @@ def trained_linear_copies(model: ModelSpec, plan: Plan, layer: LayerDescription)
     return out
 
 
+def routed_copies(model: ModelSpec, plan: Plan, layer: LayerDescription) -> tuple[list[int], list[int]]:
+    """Routed experts under an offload, (copied, not copied): the router weight's transposed view (F.linear saves
+    ``weight.t()``, not a Parameter); each stacked expert weight stored (experts, out, in), which grouped_mm reads
+    through ``transpose(-1, -2)``, a view it saves (integrations/moe.py ``_grouped_linear``; gpt-oss stores them
+    (experts, in, out) and saves the Parameters themselves; a LoRA-folded stack is already counted); and the
+    gate_up output's halves in place of the output (Router.gate_halves_saved)."""
+    if not layer.num_experts:
+        return [], []
+    T, p = tokens(plan), DTYPE_BYTES[plan.activation_dtype]
+    router = ROUTERS[model.model_type]
+    S, width = T * layer.experts_per_token, moe_intermediate(layer)
+    out = [(4 if layer.router_dtype == "float32" else p) * layer.num_experts * model.hidden_size]
+    if not (plan.peft and plan.lora_experts):
+        out += [p * e.numel for e in layer.experts if e.in_features and not e.transposed]
+    return out + [p * S * width] * router.gate_halves_saved, [p * S * 2 * width]
+
+
 def offload_copies(model: ModelSpec, plan: Plan, layer: LayerDescription, modules: list[str]) -> list[int]:
-    """What an offload copies beyond layer_saved_tensors' storages in a layer with routed experts, latent attention
-    or attention sinks, one entry per extra save."""
+    """What an offload copies beyond layer_saved_tensors' storages, one entry per extra save (the hook copies a
+    tensor each time an op saves it; the GPU holds the storage once)."""
     return norm_copies(model, plan, layer) + rope_copies(model, plan, layer) + lora_copies(plan, layer, modules) \
-        + trained_linear_copies(model, plan, layer) + attention_copies(model, plan, layer)[0]
+        + trained_linear_copies(model, plan, layer) + attention_copies(model, plan, layer)[0] \
+        + routed_copies(model, plan, layer)[0]
 
 
 def final_norm_copies(model: ModelSpec, plan: Plan) -> list[int]:
@@ -357,8 +393,9 @@ def first_layer_uncopied(model: ModelSpec, plan: Plan, layer: LayerDescription, 
 
 
 def offload_skipped(model: ModelSpec, plan: Plan, layer: LayerDescription) -> list[int]:
-    """Storages of layer_saved_tensors that no hook copies as such (attention_copies' second list)."""
-    return attention_copies(model, plan, layer)[1]
+    """Storages of layer_saved_tensors that no hook copies as such (attention_copies', routed_copies' second
+    lists)."""
+    return attention_copies(model, plan, layer)[1] + routed_copies(model, plan, layer)[1]
 
 
 def layer_backward_transient(model: ModelSpec, plan: Plan, layer: LayerDescription, modules: list[str]) -> int:
