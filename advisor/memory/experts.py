@@ -380,7 +380,8 @@ def first_layer_uncopied(model: ModelSpec, plan: Plan, layer: LayerDescription, 
     from advisor.memory.training import linear_input_of
 
     T, p = tokens(plan), DTYPE_BYTES[plan.activation_dtype]
-    first = next((n for n in layer.norms if not n.is_qk_norm), None)
+    # the layer's own input norm (input_layernorm), not one inside the attention (q/k norms, MLA's kv_a_layernorm)
+    first = next((n for n in layer.norms if "." not in n.name), None)
     out = [4 * T * first.params, 4 * T] * 2 if first else []
     readers = [m for m in layer.linears if linear_input_of(m) == linear_input_of(layer.linears[0])] \
         if layer.linears else []
