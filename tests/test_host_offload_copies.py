@@ -38,7 +38,8 @@ def _host(spec, plan: Plan) -> tuple[int, int]:
 
 # seq 64 > the tiny Gemma-3's and gpt-oss's window of 16: their sliding layers build an explicit mask
 TINY_CASES = [("qwen2", "lora"), ("gemma3_text", "full"), ("qwen3_moe", "qlora-nf4"), ("gpt_oss", "lora"),
-              pytest.param("llama", "int8", marks=pytest.mark.slow), pytest.param("qwen2", "full", marks=pytest.mark.slow),
+              pytest.param("llama", "int8", marks=pytest.mark.slow),
+              pytest.param("qwen2", "full", marks=pytest.mark.slow),
               pytest.param("gemma3_text", "lora", marks=pytest.mark.slow),
               pytest.param("olmoe", "full", marks=pytest.mark.slow),
               pytest.param("deepseek_v2", "lora", marks=pytest.mark.slow)]

@@ -67,8 +67,8 @@ ROUTERS = {
     "deepseek_v2": Router(True, False, True, True, 1, "deepseek_v2/modeling_deepseek_v2.py:98-117 (greedy top-k of "
                           "an fp32 softmax, scaled, fp32)"),
     "gpt_oss": Router(False, False, False, False, 4, "gpt_oss/modeling_gpt_oss.py:126-130 (top-k of the logits, "
-                      "softmax over k in their dtype); :82-88 _apply_gate saves the clamped gate, sigmoid, glu and up+1",
-                      3),
+                      "softmax over k in their dtype); :82-88 _apply_gate saves the clamped gate, sigmoid, glu and "
+                      "up+1", gate_halves_saved=3),
 }
 
 

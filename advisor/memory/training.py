@@ -896,10 +896,10 @@ def offloaded_weight_views(model: ModelSpec, plan: Plan) -> int:
 
 
 def offloaded_activation_blocks(model: ModelSpec, plan: Plan, pb: ParamBreakdown, lt: LayerTerms | None = None) -> int:
-    """Pinned host bytes of an activation offload, one power-of-two block per tensor (advisor.memory.host):
-    with checkpointing, each checkpointed layer's input (save_on_cpu around checkpoint); without, every saved
-    tensor of the decoder of at least 1 KiB and the transposed weight views (TRL's rule, as
-    ``activation_levers`` counts them)."""
+    """Pinned host bytes of an activation offload, one power-of-two block per copy (advisor.memory.host): with
+    checkpointing, each checkpointed layer's input (save_on_cpu around checkpoint); without, a copy each time a
+    decoder op saves a tensor of at least 1 KiB that is not a Parameter (TRL's rule): offloaded_layer_copies per
+    layer, the first layer's saves for an input gradient it does not need left out, and the final norm's."""
     if not plan.activation_offload:
         return 0
     L = model.num_layers
