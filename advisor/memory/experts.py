@@ -53,6 +53,9 @@ class Router:
     gate_tensors: int
     """S x moe_intermediate tensors the experts' gated activation saves (besides the gate_up output)."""
     source: str
+    gate_halves_saved: int = 2
+    """Under an offload, the S x moe_intermediate copies in place of the gate_up output's one storage: its gate and
+    up halves (views, each copied on its own) and any tensor saved twice (gpt-oss's clamped gate)."""
 
 
 ROUTERS = {
@@ -64,7 +67,8 @@ ROUTERS = {
     "deepseek_v2": Router(True, False, True, True, 1, "deepseek_v2/modeling_deepseek_v2.py:98-117 (greedy top-k of "
                           "an fp32 softmax, scaled, fp32)"),
     "gpt_oss": Router(False, False, False, False, 4, "gpt_oss/modeling_gpt_oss.py:126-130 (top-k of the logits, "
-                      "softmax over k in their dtype); :82-88 _apply_gate saves the clamped gate, sigmoid, glu and up+1"),
+                      "softmax over k in their dtype); :82-88 _apply_gate saves the clamped gate, sigmoid, glu and "
+                      "up+1", gate_halves_saved=3),
 }
 
 
@@ -230,6 +234,169 @@ def layer_saved_tensors(model: ModelSpec, plan: Plan, layer: LayerDescription, m
     if layer.num_experts:
         out += routed_saved(model, plan, layer)
     return [x for x in out if x]
+
+
+# --------------------------------------------------------------------------- an offload's copies per save
+
+
+def norm_copies(model: ModelSpec, plan: Plan, layer: LayerDescription) -> list[int]:
+    """Each RMSNorm saves its fp32 input and its rsqrt twice, pow and mean-then-rsqrt's mul both keeping them
+    (transformers ``*RMSNorm.forward``: ``hidden_states.pow(2)`` saves the input, ``hidden_states *
+    torch.rsqrt(variance + eps)`` saves both): a second copy of norm_saved's two; Gemma's norms save their fp32
+    ``1 + weight`` as well (Gemma3RMSNorm.forward)."""
+    from advisor.memory.training import FP32_NORM_WEIGHT
+
+    T = tokens(plan)
+    out = []
+    for n in layer.norms:
+        width = n.params
+        if n.is_qk_norm:
+            width = model.q_dim if n.name.rsplit(".", 1)[-1].startswith(("q", "query")) else model.kv_dim
+        out += [4 * T * width, 4 * T * (width // n.params)]
+        if model.model_type in FP32_NORM_WEIGHT:
+            out.append(4 * n.params)  # Gemma's fp32 (1 + weight), saved by ``output * (1.0 + self.weight.float())``
+    return out
+
+
+def rope_copies(model: ModelSpec, plan: Plan, layer: LayerDescription) -> list[int]:
+    """RoPE's cos and sin, made once before the layers, saved by each of the four multiplies of q and k
+    (transformers ``apply_rotary_pos_emb``: ``q * cos + rotate_half(q) * sin``, the same for k), b x s x head_dim;
+    gpt-oss rotates the two halves apart (``_apply_rotary_emb``: four multiplies each of q and k, by half-width cos
+    and sin); latent attention multiplies q and k by one complex64 ``freqs_cis`` of rope_dim / 2 (DeepSeek-V2
+    ``apply_rotary_emb``)."""
+    T, p = tokens(plan), DTYPE_BYTES[plan.activation_dtype]
+    if layer.attention == "linear":
+        return []
+    if layer.attention == "mla":
+        return [8 * T * (model.description.mla.qk_rope_head_dim // 2)] * 2
+    if model.model_type == "gpt_oss":
+        return [p * T * (model.head_dim // 2)] * 8
+    return [p * T * model.head_dim] * 4
+
+
+def lora_copies(plan: Plan, layer: LayerDescription, modules: list[str]) -> list[int]:
+    """lora_A's and lora_B's transposed fp32 weights, views that F.linear saves for the input's gradient (aten
+    linear: ``mm(input, weight.t())``), not Parameters, so the offload copies them (peft Linear.forward)."""
+    return [4 * plan.lora_r * width for m in layer.linears if m.short in modules
+            for width in (m.in_features, m.out_features)]
+
+
+def attention_copies(model: ModelSpec, plan: Plan, layer: LayerDescription) -> tuple[list[int], list[int]]:
+    """Where the attention's saves differ from its storages (attention_saved / the dense list): (copied, not
+    copied). k and v are saved expanded to every head (repeat_kv) by eager attention, and by sdpa under an
+    explicit mask (transformers sdpa_attention.use_gqa_in_sdpa: sdpa's enable_gqa only without one), in place of
+    the unexpanded k and v; eager saves no logsumexp, and its output, a fresh ``.contiguous()`` copy, only where
+    o_proj saves it (its weight trains)."""
+    from advisor.memory.training import sliding_mask_bytes
+
+    b, s, T, p = plan.micro_batch, plan.seq_len, tokens(plan), DTYPE_BYTES[plan.activation_dtype]
+    if layer.attention == "mla":
+        # sdpa's math path: the fp32 probabilities saved by the softmax and by their matmul with v
+        return [4 * b * model.num_heads * s * s], []
+    if any(name.endswith("sinks") for name, _ in layer.other_params):
+        # gpt-oss: the probabilities without the sink's column (``probs[..., :-1]``, a view) saved by the matmul
+        return [p * b * model.num_heads * s * s], []
+    if layer.attention == "linear":
+        return [], []
+    qd, kvd = model.q_dim, model.kv_dim
+    if effective_attention(model, plan) == "eager":
+        skipped = [p * T * kvd, p * T * kvd, p * T * (qd - kvd), p * T * (qd - kvd), 4 * b * model.num_heads * s]
+        if plan.method != "full":
+            skipped.append(p * T * qd)
+        return [p * T * qd] * 2, skipped
+    if sliding_mask_bytes(model, plan, layer) and kvd < qd:
+        return [p * T * qd] * 2, [p * T * kvd] * 2
+    return [], []
+
+
+def trained_linear_copies(model: ModelSpec, plan: Plan, layer: LayerDescription) -> list[int]:
+    """Full fine-tuning: each nn.Linear saves its input (aten linear backward, for its weight's gradient), so an
+    input read by several linears (q/k/v, gate/up: linear_inputs) is saved once by each, and o_proj saves the
+    attention output that sdpa / flash saved as well (eager's output is a fresh ``.contiguous()`` copy only
+    o_proj saves)."""
+    if plan.method != "full":
+        return []
+    from advisor.memory.training import linear_input_of
+
+    p, T = DTYPE_BYTES[plan.activation_dtype], tokens(plan)
+    out, seen = [], set()
+    for m in layer.linears:
+        if linear_input_of(m) in seen:
+            out.append(p * T * m.in_features)
+        seen.add(linear_input_of(m))
+    if effective_attention(model, plan) != "eager" and any(m.short == "o_proj" for m in layer.linears):
+        out.append(p * T * model.q_dim)
+    return out
+
+
+def routed_copies(model: ModelSpec, plan: Plan, layer: LayerDescription) -> tuple[list[int], list[int]]:
+    """Routed experts under an offload, (copied, not copied): the router weight's transposed view (F.linear saves
+    ``weight.t()``, not a Parameter); each stacked expert weight stored (experts, out, in), which grouped_mm reads
+    through ``transpose(-1, -2)``, a view it saves (integrations/moe.py ``_grouped_linear``; gpt-oss stores them
+    (experts, in, out) and saves the Parameters themselves; a LoRA-folded stack is already counted); and the
+    gate_up output's halves in place of the output (Router.gate_halves_saved)."""
+    if not layer.num_experts:
+        return [], []
+    T, p = tokens(plan), DTYPE_BYTES[plan.activation_dtype]
+    router = ROUTERS[model.model_type]
+    S, width = T * layer.experts_per_token, moe_intermediate(layer)
+    out = [(4 if layer.router_dtype == "float32" else p) * layer.num_experts * model.hidden_size]
+    if not (plan.peft and plan.lora_experts):
+        out += [p * e.numel for e in layer.experts if e.in_features and not e.transposed]
+    return out + [p * S * width] * router.gate_halves_saved, [p * S * 2 * width]
+
+
+def offload_copies(model: ModelSpec, plan: Plan, layer: LayerDescription, modules: list[str]) -> list[int]:
+    """What an offload copies beyond layer_saved_tensors' storages, one entry per extra save (the hook copies a
+    tensor each time an op saves it; the GPU holds the storage once)."""
+    return norm_copies(model, plan, layer) + rope_copies(model, plan, layer) + lora_copies(plan, layer, modules) \
+        + trained_linear_copies(model, plan, layer) + attention_copies(model, plan, layer)[0] \
+        + routed_copies(model, plan, layer)[0]
+
+
+def final_norm_copies(model: ModelSpec, plan: Plan) -> list[int]:
+    """The decoder's final norm runs inside the offloaded decoder (its forward hooks wrap ``model.model``): its
+    fp32 input and rsqrt, each saved twice, Gemma's fp32 ``1 + weight``, and the normalized input when its
+    weight trains (transformers ``*RMSNorm.forward``, as norm_saved)."""
+    from advisor.memory.training import FP32_NORM_WEIGHT, normalized_bytes
+
+    T, h = tokens(plan), model.hidden_size
+    out = [4 * T * h, 4 * T] * 2
+    if model.model_type in FP32_NORM_WEIGHT:
+        out.append(4 * h)
+    if plan.method == "full":
+        out.append(normalized_bytes(model, plan) * T * h)
+    return out
+
+
+def first_layer_uncopied(model: ModelSpec, plan: Plan, layer: LayerDescription, modules: list[str]) -> list[int]:
+    """What the first decoder layer does not save when its input needs no gradient (a frozen embedding: every
+    plan but full fine-tuning; trl/peft enable input gradients only for checkpointing): the saves kept for the
+    input's gradient up to the first trainable weights, its input norm's fp32 input and rsqrt (both saves) and,
+    for the linears that read the normed input, the frozen weights' transposed views, the adapters' dropout masks
+    and lora_A's transposed weight (autograd saves for an input's gradient only when the input requires one)."""
+    if plan.method == "full":
+        return []
+    from advisor.memory.training import linear_input_of
+
+    T, p = tokens(plan), DTYPE_BYTES[plan.activation_dtype]
+    # the layer's own input norm (input_layernorm), not one inside the attention (q/k norms, MLA's kv_a_layernorm)
+    first = next((n for n in layer.norms if "." not in n.name), None)
+    out = [4 * T * first.params, 4 * T] * 2 if first else []
+    readers = [m for m in layer.linears if linear_input_of(m) == linear_input_of(layer.linears[0])] \
+        if layer.linears else []
+    for m in readers:
+        if not plan.quantized:
+            out.append(p * m.in_features * m.out_features)
+        if m.short in modules:
+            out += [4 * plan.lora_r * m.in_features] + ([T * m.in_features] if plan.lora_dropout > 0 else [])
+    return out
+
+
+def offload_skipped(model: ModelSpec, plan: Plan, layer: LayerDescription) -> list[int]:
+    """Storages of layer_saved_tensors that no hook copies as such (attention_copies', routed_copies' second
+    lists)."""
+    return attention_copies(model, plan, layer)[1] + routed_copies(model, plan, layer)[1]
 
 
 def layer_backward_transient(model: ModelSpec, plan: Plan, layer: LayerDescription, modules: list[str]) -> int:

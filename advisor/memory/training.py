@@ -208,13 +208,20 @@ def _largest_trainable(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
 def linear_inputs(layer: LayerDescription) -> list[tuple[str, int]]:
     """The distinct inputs of a layer's nn.Linears, (what reads it, its width): linears fed the same tensor share
     one (q/k/v and MLA's q_proj / kv_a_proj read the normed hidden state, gate and up the MLP's input)."""
-    first = ("q_proj", "k_proj", "v_proj", "qkv_proj", "kv_a_proj_with_mqa", "q_a_proj", "gate_proj", "up_proj",
-             "gate_up_proj", "w1", "w3")
-    seen: dict[tuple[str, str], int] = {}
+    seen: dict[str, int] = {}
     for m in layer.linears:
-        prefix = m.name.rsplit(".", 1)[0]
-        seen.setdefault((prefix, "in" if m.short in first else m.short), m.in_features)
-    return [(f"{prefix}.{what}", width) for (prefix, what), width in seen.items()]
+        seen.setdefault(linear_input_of(m), m.in_features)
+    return list(seen.items())
+
+
+SHARED_INPUT = ("q_proj", "k_proj", "v_proj", "qkv_proj", "kv_a_proj_with_mqa", "q_a_proj", "gate_proj", "up_proj",
+                "gate_up_proj", "w1", "w3")
+"""Linears that read their block's input (the normed hidden state) rather than a tensor of their own."""
+
+
+def linear_input_of(m) -> str:
+    """The name of the tensor a linear reads: ``<block>.in`` for those of SHARED_INPUT, else ``<block>.<name>``."""
+    return f"{m.name.rsplit('.', 1)[0]}.{'in' if m.short in SHARED_INPUT else m.short}"
 
 
 def int8_held_inputs(model: ModelSpec, plan: Plan, layer: LayerDescription | None = None) -> list[int]:
@@ -888,10 +895,10 @@ def offloaded_weight_views(model: ModelSpec, plan: Plan) -> int:
 
 
 def offloaded_activation_blocks(model: ModelSpec, plan: Plan, pb: ParamBreakdown, lt: LayerTerms | None = None) -> int:
-    """Pinned host bytes of an activation offload, one power-of-two block per tensor (advisor.memory.host):
-    with checkpointing, each checkpointed layer's input (save_on_cpu around checkpoint); without, every saved
-    tensor of the decoder of at least 1 KiB and the transposed weight views (TRL's rule, as
-    ``activation_levers`` counts them)."""
+    """Pinned host bytes of an activation offload, one power-of-two block per copy (advisor.memory.host): with
+    checkpointing, each checkpointed layer's input (save_on_cpu around checkpoint); without, a copy each time a
+    decoder op saves a tensor of at least 1 KiB that is not a Parameter (TRL's rule): offloaded_layer_copies per
+    layer, the first layer's saves for an input gradient it does not need left out, and the final norm's."""
     if not plan.activation_offload:
         return 0
     L = model.num_layers
@@ -902,15 +909,48 @@ def offloaded_activation_blocks(model: ModelSpec, plan: Plan, pb: ParamBreakdown
     lt = lt or layer_terms(model, plan, pb)
     total = 0
     for layer, indices in model.description.layer_kinds():
-        ix = indices[0]
-        per_layer = [int(t) for t in lt.tensors[ix] if t >= OFFLOAD_MIN_BYTES]
-        for held in lt.int8_inputs[ix]:  # never offloaded: held on the int8 linears' ctx
-            if held in per_layer:
-                per_layer.remove(held)
-        if not plan.quantized:
-            per_layer += [m.in_features * m.out_features * p for m in layer.linears]
-        total += len(indices) * pinned_bytes_of(per_layer)
-    return total
+        copies = offloaded_layer_copies(model, plan, pb, layer, lt, indices[0])
+        total += len(indices) * pinned_bytes_of(copies)
+        if 0 in indices:  # the first layer's input needs no gradient: what it saves for one is not made
+            uncopied = experts.first_layer_uncopied(model, plan, layer, list(pb.lora_modules))
+            total -= pinned_bytes_of(copies) - pinned_bytes_of(_present_without(copies, uncopied))
+    return total + pinned_bytes_of(x for x in experts.final_norm_copies(model, plan) if x >= OFFLOAD_MIN_BYTES)
+
+
+def _present_without(values: list[int], remove: list[int]) -> list[int]:
+    left = list(values)
+    for v in remove:
+        if v in left:
+            left.remove(v)
+    return left
+
+
+def offloaded_layer_copies(model: ModelSpec, plan: Plan, pb: ParamBreakdown, layer: LayerDescription,
+                           lt: LayerTerms, ix: int) -> list[int]:
+    """The host copies one layer's offload makes, one per save (the hook copies a tensor each time an op saves
+    it, advisor.runtime.build.offload_hooks): the layer's saved tensors of at least 1 KiB but the inputs LLM.int8
+    holds on its context, the transposed weight views, and offload_copies (the tensors saved more than once or
+    made outside the layer)."""
+    p = DTYPE_BYTES[plan.activation_dtype]
+    per_layer = [int(t) for t in lt.tensors[ix] if t >= OFFLOAD_MIN_BYTES]
+    # never offloaded: what the int8 linears hold on their ctx, and the storages saved in another shape
+    per_layer = _present_without(per_layer, list(lt.int8_inputs[ix]) + offload_skipped(model, plan, layer))
+    if not plan.quantized:
+        per_layer += [m.in_features * m.out_features * p for m in layer.linears]
+    return per_layer + [x for x in offload_copies(model, plan, layer, list(pb.lora_modules)) if x >= OFFLOAD_MIN_BYTES]
+
+
+def offload_copies(model: ModelSpec, plan: Plan, layer: LayerDescription, modules: list[str]) -> list[int]:
+    """What an offload copies beyond the layer's saved storages (layer_saved_tensors), one entry per extra save;
+    the GPU holds each storage once, so only the host count reads these (dense and routed layers alike:
+    advisor.memory.experts.offload_copies, beside the per-part lists it corrects)."""
+    return experts.offload_copies(model, plan, layer, modules)
+
+
+def offload_skipped(model: ModelSpec, plan: Plan, layer: LayerDescription) -> list[int]:
+    """The entries of layer_saved_tensors an offload does not copy as such (advisor.memory.experts.offload_skipped:
+    k and v saved expanded, eager attention's logsumexp and output)."""
+    return experts.offload_skipped(model, plan, layer)
 
 
 def apply_activation_levers(phases: dict, lv: dict, grads_held: int, temp: int) -> None:

@@ -657,14 +657,11 @@ class Tuner:
         """Why the simulation cannot change what the closed form says of a plan it describes ('' when it might):
         its run peak and its host peak are both more than ``EDGE_MARGIN`` under what the budgets leave usable.
         The closed form is held within 3% of the simulation on every layer kind it describes
-        (tests/test_analytic_vs_simulate.py, tests/test_simulate_moe.py) and their allocator fragmentation within
+        (tests/test_analytic_vs_simulate.py, tests/test_simulate_moe.py), its host count of an activation offload
+        with them (tests/test_host_offload_copies.py), and their allocator fragmentation within
         5% of the budget, so a plan that far under both budgets fits by either."""
         s = self.s
         if not closed_form_describes(s.model, plan)[0]:
-            return ""
-        if plan.activation_offload and not plan.gradient_checkpointing:
-            # TRL's offload copies a tensor each time it is saved, and the closed form counts each tensor once: its
-            # host figure is 7-23% low (LoRA on Qwen2.5-0.5B to Gemma-3), so the simulation decides the host
             return ""
         limit = usable_bytes(s.budget.bytes, s.headroom) * (1 - EDGE_MARGIN)
         if run_peak_bytes(report) > limit:
