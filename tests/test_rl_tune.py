@@ -133,3 +133,22 @@ def test_an_invalid_pinned_grpo_plan_is_an_invalid_trial_with_the_reason(tmp_pat
     tuner = Tuner(build_settings(args))
     plan = Plan(task="grpo", method="lora", micro_batch=1, grad_accum=8, steps_per_generation=1)
     assert "divisible by num_generations" in tuner._invalid(plan, quality_of(plan, None))
+
+
+@pytest.mark.parametrize("name", ["grpo", "dpo"])
+def test_every_point_of_a_pinned_rl_space_is_a_valid_plan(name):
+    """The SFT levers pinned (the full grid is tests/test_space.py's, slow): the task's levers' grid holds only valid
+    plans, each knob asked where it applies."""
+    from advisor.core.catalog import resolve_model
+    from advisor.search.space import plan_from_params
+
+    pins = ["method=[lora,qlora]", "quantization=[nf4,none]", "double_quant=true", "lora_r=16", "lora_targets=all-linear",
+            "optimizer=adamw_torch_fused", "offload=none", "activation_offload=false", "expandable_segments=false",
+            "beta=0.04"]
+    space = load_space(name, pins)
+    arch = resolve_model("qwen7b").arch
+    points = list(space.grid())
+    assert points and all(not plan_from_params(p, space, arch).problems() for p in points)
+    if name == "grpo":
+        assert {p["generation"] for p in points} == {"vllm-colocate", "transformers", "vllm-server"}
+        assert all(p["vllm_sleep"] == 0 for p in points if p["generation"] != "vllm-colocate")  # not asked: inactive
