@@ -703,8 +703,21 @@ class Tuner:
         if stage.decides and not later:
             out.reason = self._over(report, "estimated", margin=0.0)
             return None if out.reason else report
-        margin = PRESCREEN_MARGIN if describes else (1 + PRESCREEN_MARGIN) * (1 + APPROX_MARGIN) - 1
         peak = run_peak_bytes(report)
+        if describes and any(st.name == "simulate" for st in later) and not any(st.name == "probe" for st in later):
+            # the simulation decides what the closed form, which describes the plan, puts within EDGE_MARGIN of the
+            # budgets; beyond it above, as beyond it below (_clear_of_the_edge), the closed form decides
+            limit = usable_bytes(s.budget.bytes, s.headroom)
+            if peak > limit * (1 + EDGE_MARGIN):
+                out.reason = (f"estimated peak {fmt(peak)}{_during(report)} over the budget {fmt(s.budget.bytes)}: "
+                              f"{peak / limit - 1:.0%} over what it leaves usable, beyond the {EDGE_MARGIN:.0%} where "
+                              f"the closed form (which describes it) and the simulation can disagree")
+                return None
+            host = s.host_budget_bytes
+            if host is not None and _host_peak(s, report) > host_usable_bytes(host) * (1 + EDGE_MARGIN):
+                out.reason = _over_host(s, report, "estimated")
+                return None
+        margin = PRESCREEN_MARGIN if describes else (1 + PRESCREEN_MARGIN) * (1 + APPROX_MARGIN) - 1
         if peak > s.budget.bytes * (1 + margin):
             out.reason = f"estimated peak {fmt(peak)}{_during(report)} over the budget {fmt(s.budget.bytes)}"
             return None
