@@ -244,7 +244,6 @@ def norm_copies(model: ModelSpec, plan: Plan, layer: LayerDescription) -> list[i
     (transformers ``*RMSNorm.forward``: ``hidden_states.pow(2)`` saves the input, ``hidden_states *
     torch.rsqrt(variance + eps)`` saves both): a second copy of norm_saved's two; Gemma's norms save their fp32
     ``1 + weight`` as well (Gemma3RMSNorm.forward)."""
-    from advisor.memory.training import FP32_NORM_WEIGHT
 
     T = tokens(plan)
     out = []
@@ -287,7 +286,6 @@ def attention_copies(model: ModelSpec, plan: Plan, layer: LayerDescription) -> t
     explicit mask (transformers sdpa_attention.use_gqa_in_sdpa: sdpa's enable_gqa only without one), in place of
     the unexpanded k and v; eager saves no logsumexp, and its output, a fresh ``.contiguous()`` copy, only where
     o_proj saves it (its weight trains)."""
-    from advisor.memory.training import sliding_mask_bytes
 
     b, s, T, p = plan.micro_batch, plan.seq_len, tokens(plan), DTYPE_BYTES[plan.activation_dtype]
     if layer.attention == "mla":
@@ -316,7 +314,6 @@ def trained_linear_copies(model: ModelSpec, plan: Plan, layer: LayerDescription)
     o_proj saves)."""
     if plan.method != "full":
         return []
-    from advisor.memory.training import linear_input_of
 
     p, T = DTYPE_BYTES[plan.activation_dtype], tokens(plan)
     out, seen = [], set()
@@ -358,7 +355,6 @@ def final_norm_copies(model: ModelSpec, plan: Plan) -> list[int]:
     """The decoder's final norm runs inside the offloaded decoder (its forward hooks wrap ``model.model``): its
     fp32 input and rsqrt, each saved twice, Gemma's fp32 ``1 + weight``, and the normalized input when its
     weight trains (transformers ``*RMSNorm.forward``, as norm_saved)."""
-    from advisor.memory.training import FP32_NORM_WEIGHT, normalized_bytes
 
     T, h = tokens(plan), model.hidden_size
     out = [4 * T * h, 4 * T] * 2
@@ -377,7 +373,6 @@ def first_layer_uncopied(model: ModelSpec, plan: Plan, layer: LayerDescription, 
     and lora_A's transposed weight (autograd saves for an input's gradient only when the input requires one)."""
     if plan.method == "full":
         return []
-    from advisor.memory.training import linear_input_of
 
     T, p = tokens(plan), DTYPE_BYTES[plan.activation_dtype]
     # the layer's own input norm (input_layernorm), not one inside the attention (q/k norms, MLA's kv_a_layernorm)
@@ -470,3 +465,41 @@ def router_note(model: ModelSpec) -> str:
            "router logits are kept past their layer")
     return (f"mixture of experts: {moe.num_experts} experts, top-{moe.experts_per_token}; the routed activations are "
             f"tokens x {moe.experts_per_token} rows (grouped_mm, whatever the routing); {aux}")
+
+
+SHARED_INPUT = ("q_proj", "k_proj", "v_proj", "qkv_proj", "kv_a_proj_with_mqa", "q_a_proj", "gate_proj", "up_proj",
+                "gate_up_proj", "w1", "w3")
+"""Linears that read their block's input (the normed hidden state) rather than a tensor of their own."""
+
+
+def linear_input_of(m) -> str:
+    """The name of the tensor a linear reads: ``<block>.in`` for those of SHARED_INPUT, else ``<block>.<name>``."""
+    return f"{m.name.rsplit('.', 1)[0]}.{'in' if m.short in SHARED_INPUT else m.short}"
+
+
+FP32_NORM_WEIGHT = ("gemma", "gemma2", "gemma3", "gemma3_text")
+"""Model types whose RMSNorm multiplies by (1 + weight) in fp32 before casting back (transformers
+Gemma3RMSNorm.forward: ``output * (1.0 + self.weight.float())``, then ``.type_as(x)``): the normalized input a
+trained norm weight saves is fp32."""
+
+
+def normalized_bytes(model: ModelSpec, plan: Plan) -> int:
+    """Bytes per element of the normalized input a norm saves when its weight trains (full fine-tuning)."""
+    return 4 if model.model_type in FP32_NORM_WEIGHT else DTYPE_BYTES[plan.activation_dtype]
+
+
+def sliding_window_applies(plan: Plan, layer: LayerDescription) -> bool:
+    """A sliding-window layer whose window the sequence reaches: its mask is no longer the plain causal one, so
+    transformers builds it explicitly (masking_utils.sliding_window_causal_mask; _ignore_causal_mask_sdpa skips
+    only a causal mask, and a window shorter than the sequence is not)."""
+    return layer.attention == "sliding" and bool(layer.sliding_window) and plan.seq_len >= layer.sliding_window
+
+
+def sliding_mask_bytes(model: ModelSpec, plan: Plan, layer: LayerDescription) -> int:
+    """What a sliding-window layer under sdpa saves for its explicit mask: the boolean mask made an additive bias
+    in the compute dtype, b x 1 x s x s (aten scaled_dot_product_attention: ``where(mask, 0, -inf)`` in
+    convert_boolean_attn_mask, saved by the kernel for backward; traced on Gemma-3). Eager adds its float mask
+    to the scores, which saves nothing (eager_attention_forward)."""
+    if effective_attention(model, plan) == "eager" or plan.packing or not sliding_window_applies(plan, layer):
+        return 0  # packed documents: every layer's explicit mask is loss_dora_packing.packed_layer_bytes
+    return DTYPE_BYTES[plan.activation_dtype] * plan.micro_batch * plan.seq_len ** 2

@@ -24,6 +24,8 @@ from advisor.memory.overhead import overhead_of as framework_overhead_of
 from advisor.core.plan import DTYPE_BYTES, Plan, checkpointed_layers
 from advisor.core.adapters import adapted_modules
 from advisor.memory import experts, loss_dora_packing, tensors
+from advisor.memory.experts import (FP32_NORM_WEIGHT, SHARED_INPUT, linear_input_of, normalized_bytes,  # noqa: F401
+                                     sliding_mask_bytes, sliding_window_applies)
 from advisor.memory.host import OFFLOAD_MIN_BYTES, host_memory, pinned_block_bytes, pinned_bytes_of
 
 NF4_BLOCK = 64
@@ -214,16 +216,6 @@ def linear_inputs(layer: LayerDescription) -> list[tuple[str, int]]:
     return list(seen.items())
 
 
-SHARED_INPUT = ("q_proj", "k_proj", "v_proj", "qkv_proj", "kv_a_proj_with_mqa", "q_a_proj", "gate_proj", "up_proj",
-                "gate_up_proj", "w1", "w3")
-"""Linears that read their block's input (the normed hidden state) rather than a tensor of their own."""
-
-
-def linear_input_of(m) -> str:
-    """The name of the tensor a linear reads: ``<block>.in`` for those of SHARED_INPUT, else ``<block>.<name>``."""
-    return f"{m.name.rsplit('.', 1)[0]}.{'in' if m.short in SHARED_INPUT else m.short}"
-
-
 def int8_held_inputs(model: ModelSpec, plan: Plan, layer: LayerDescription | None = None) -> list[int]:
     """The inputs LLM.int8 linears hold as plain attributes of their autograd context (bitsandbytes
     MatMul8bitLt.forward: ``ctx.tensors = (CAt, subA, A)``), not through save_for_backward, so that saved-tensor
@@ -328,34 +320,6 @@ def dense_layer_saved_tensors(model: ModelSpec, plan: Plan, pb: ParamBreakdown, 
     saved.append(loss_dora_packing.dora_layer_activation_bytes(model, plan, pb.lora_modules))
     saved.append(loss_dora_packing.packed_layer_bytes(model, plan))
     return [x for x in saved if x]
-
-
-FP32_NORM_WEIGHT = ("gemma", "gemma2", "gemma3", "gemma3_text")
-"""Model types whose RMSNorm multiplies by (1 + weight) in fp32 before casting back (transformers
-Gemma3RMSNorm.forward: ``output * (1.0 + self.weight.float())``, then ``.type_as(x)``): the normalized input a
-trained norm weight saves is fp32."""
-
-
-def normalized_bytes(model: ModelSpec, plan: Plan) -> int:
-    """Bytes per element of the normalized input a norm saves when its weight trains (full fine-tuning)."""
-    return 4 if model.model_type in FP32_NORM_WEIGHT else DTYPE_BYTES[plan.activation_dtype]
-
-
-def sliding_window_applies(plan: Plan, layer: LayerDescription) -> bool:
-    """A sliding-window layer whose window the sequence reaches: its mask is no longer the plain causal one, so
-    transformers builds it explicitly (masking_utils.sliding_window_causal_mask; _ignore_causal_mask_sdpa skips
-    only a causal mask, and a window shorter than the sequence is not)."""
-    return layer.attention == "sliding" and bool(layer.sliding_window) and plan.seq_len >= layer.sliding_window
-
-
-def sliding_mask_bytes(model: ModelSpec, plan: Plan, layer: LayerDescription) -> int:
-    """What a sliding-window layer under sdpa saves for its explicit mask: the boolean mask made an additive bias
-    in the compute dtype, b x 1 x s x s (aten scaled_dot_product_attention: ``where(mask, 0, -inf)`` in
-    convert_boolean_attn_mask, saved by the kernel for backward; traced on Gemma-3). Eager adds its float mask
-    to the scores, which saves nothing (eager_attention_forward)."""
-    if experts.effective_attention(model, plan) == "eager" or plan.packing or not sliding_window_applies(plan, layer):
-        return 0  # packed documents: every layer's explicit mask is loss_dora_packing.packed_layer_bytes
-    return DTYPE_BYTES[plan.activation_dtype] * plan.micro_batch * plan.seq_len ** 2
 
 
 def layer_backward_transient(model: ModelSpec, plan: Plan, pb: ParamBreakdown, layer: LayerDescription) -> int:

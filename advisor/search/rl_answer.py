@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from advisor.core.plan import GRPO, RL_TASKS, Plan, effective_beta, generation_steps
+from advisor.memory.sharding import DEFAULT_SHARDING
 
 GENERATION_KEYS = ("engine", "pool_bytes", "weights_bytes", "kv_cache_bytes", "kv_tokens", "batch_tokens",
                    "holds_batch", "starts", "notes")
@@ -39,7 +40,7 @@ def generation_settings(plan: Plan, gpus: int = 1) -> dict[str, Any]:
     return out
 
 
-def rl_answer(model, plan: Plan, gpu, gpus: int = 1, sharding: str = "zero3") -> dict[str, Any] | None:
+def rl_answer(model, plan: Plan, gpu, gpus: int = 1, sharding: str = DEFAULT_SHARDING) -> dict[str, Any] | None:
     """The answer's settings, phases, vLLM's pool and step shares (None for a supervised plan). ``gpus``: the GPUs
     that train (a vLLM server's are apart)."""
     if plan.task not in RL_TASKS:

@@ -15,6 +15,7 @@ Measurement protocol (written down, as nanoGPT's bench.py does):
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -308,39 +309,45 @@ def optimizer_state_tensors(optimizer) -> list:
     """Every tensor an optimizer keeps between steps: its states, the inner tensors of torchao's quantized
     state subclasses, GaLore / APOLLO projection matrices, the per-parameter optimizers of layer-wise GaLore
     and of an update inside backward."""
-    import torch
-
-    opts = [optimizer]
-    inner = getattr(optimizer, "optimizer_dict", None) or getattr(optimizer, "optimizers", None)
-    if isinstance(inner, dict):
-        opts = list(inner.values())
     out = []
-
-    def add(v):
-        if isinstance(v, torch.Tensor):
-            if hasattr(v, "__tensor_flatten__") and type(v) is not torch.Tensor and not _is_fake_tensor(v):
-                names, _ = v.__tensor_flatten__()
-                for n in names:
-                    add(getattr(v, n))
-            else:
-                out.append(v)
-        elif hasattr(v, "ortho_matrix"):
-            add(v.ortho_matrix)
-        elif isinstance(v, (list, tuple)):
-            for x in v:
-                add(x)
-
-    for opt in opts:
+    for opt in _optimizers(optimizer):
         for state in getattr(opt, "state", {}).values():
             for v in state.values():
-                add(v)
+                out += state_tensors(v)
         # AdaLomo keeps its factored second moments as attributes, name -> tensor (lomo_optim/adalomo.py)
-        for attr in ("exp_avg_sq", "exp_avg_sq_row", "exp_avg_sq_col"):
+        for attr in ADALOMO_STATES:
             held = getattr(opt, attr, None)
             if isinstance(held, dict):
                 for v in held.values():
-                    add(v)
+                    out += state_tensors(v)
     return out
+
+
+ADALOMO_STATES = ("exp_avg_sq", "exp_avg_sq_row", "exp_avg_sq_col")
+"""AdaLomo's factored second moments: attributes of the optimizer, parameter name -> tensor (lomo_optim/adalomo.py)."""
+
+
+def _optimizers(optimizer) -> list:
+    """The optimizer, or the per-parameter ones it holds (layer-wise GaLore, an update inside backward)."""
+    inner = getattr(optimizer, "optimizer_dict", None) or getattr(optimizer, "optimizers", None)
+    return list(inner.values()) if isinstance(inner, dict) else [optimizer]
+
+
+def state_tensors(v) -> list:
+    """The plain tensors of one optimizer state value: the inner tensors of torchao's quantized state subclasses,
+    a GaLore / APOLLO projector's matrix, each tensor of a list."""
+    import torch
+
+    if isinstance(v, torch.Tensor):
+        if hasattr(v, "__tensor_flatten__") and type(v) is not torch.Tensor and not _is_fake_tensor(v):
+            names, _ = v.__tensor_flatten__()
+            return [t for n in names for t in state_tensors(getattr(v, n))]
+        return [v]
+    if hasattr(v, "ortho_matrix"):
+        return state_tensors(v.ortho_matrix)
+    if isinstance(v, (list, tuple)):
+        return [t for x in v for t in state_tensors(x)]
+    return []
 
 
 def _is_fake_tensor(t) -> bool:
@@ -382,21 +389,31 @@ def tag_layer_storages(layers, tracker, optimizer) -> None:
     """What a layer keeps from step to step is the layer's too: its parameters, buffers, quantization
     constants and its parameters' optimizer states (made before the trace's clock or in the untagged
     optimizer step)."""
-    import torch
-
     from advisor.runtime.simulate.standins import quant_constant_tensors
 
-    states = getattr(optimizer, "state", None) or {}
+    opts = _optimizers(optimizer) if optimizer is not None else []
     for index, layer in enumerate(layers):
         params = list(layer.parameters())
         tensors = [*params, *layer.buffers(), *quant_constant_tensors(layer)]
-        for p in params:
-            state = states.get(p) if hasattr(states, "get") else None
-            tensors += [v for v in (state or {}).values() if isinstance(v, torch.Tensor)]
+        for opt in opts:
+            states = getattr(opt, "state", None) or {}
+            for p in params:
+                state = states.get(p) if hasattr(states, "get") else None
+                tensors += [t for v in (state or {}).values() for t in state_tensors(v)]
         for t in tensors:
             rec = tracker.record_of(t)
             if rec is not None:
                 rec.layer = index
+    # AdaLomo keys its states by parameter name: "...layers.<index>...."
+    for opt in opts:
+        for attr in ADALOMO_STATES:
+            held = getattr(opt, attr, None)
+            for name, v in (held.items() if isinstance(held, dict) else ()):
+                found = re.search(r"layers\.(\d+)\.", name)
+                for t in state_tensors(v) if found else ():
+                    rec = tracker.record_of(t)
+                    if rec is not None:
+                        rec.layer = int(found.group(1))
 
 
 def _decoder_layers(model):
