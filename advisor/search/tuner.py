@@ -303,9 +303,8 @@ class Tuner:
                 if proposed:
                     self.study.set_user_attr("polish_trials", self.study.user_attrs.get("polish_trials", 0) + proposed)
             if not proposed:
-                break
+                return
             self.run()
-        self.simulate_finalists(answer=True)  # the answer the closed form decided, once polish has settled it
 
     def _propose_simpler(self) -> int:
         """Enqueue the answer with each non-exact change undone (one at a time), and each exact change that gains
@@ -771,15 +770,13 @@ class Tuner:
 
     # -- the finalists ---------------------------------------------------------
 
-    def simulate_finalists(self, answer: bool = False) -> int:
+    def simulate_finalists(self) -> int:
         """Simulate the trials whose memory the closed form only approximates (a plan it does not describe), or,
         when no stage of the backend simulates, estimates within ``EDGE_MARGIN`` of the usable budget, that could
         be the answer (pre-flight checks the export by simulation, so an answer at the edge is simulated first): the selection's answer and usual recipe, both as the records say and with every
         approximation ``APPROX_MARGIN`` lower (a plan that may fit), until all four are simulated. What the
         simulation finds is stored with the study (advisor.search.measured.SIMULATED_ATTR) and laid over the trial's
-        record by every reader, so the answer is the one simulating every trial gives. ``answer``: also the answer
-        the closed form decided clear of the budgets (``TrialOutcome.closed_form_decides``), once the search and
-        polish are done (``polish``). The number simulated."""
+        record by every reader, so the answer is the one simulating every trial gives. The number simulated."""
         if self.study is None:
             return 0
         n = 0
@@ -790,7 +787,7 @@ class Tuner:
             for sel in (self.selection(records), self.selection([_optimistic(r) for r in records])):
                 for r in (sel.best, sel.recipe):
                     if r is not None and (r.approximate or self._estimated_at_the_edge(r)
-                                          or (answer and r is sel.best and r.closed_form_decides)):
+                                          or (r is sel.best and r.closed_form_decides)):
                         number = r.duplicate_of if r.duplicate_of is not None else r.number
                         if str(number) not in done:  # each trial once, whatever its record says after
                             todo.setdefault(number, r)
