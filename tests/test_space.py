@@ -15,14 +15,17 @@ def test_required_spaces_exist():
     assert {"default", "qlora", "throughput", "low-memory"} <= set(list_spaces())
 
 
-# the default space: its grid (over 100k plans) and its sampled proposals take tens of seconds each; the GRPO and
-# DPO spaces hold every SFT lever beside their own (tests/test_rl_tune.py walks a pinned part of each)
+# the default space: its grid (over 100k plans) and its sampled proposals take tens of seconds each
 SPACES = [pytest.param(n, marks=pytest.mark.slow) if n in ("default", "grpo", "dpo") else n for n in list_spaces()]
+# the GRPO and DPO spaces hold every SFT lever beside their own: their whole grids (millions of plans) take minutes
+# each, so the SFT levers that no RL lever's rule reads are pinned (the default space walks those in full)
+PINNED = {rl: ["lora_r=[16]", "double_quant=[true]", "lora_targets=[all-linear]", "expandable_segments=[false]",
+               "optimizer=[adamw_torch_fused, paged_adamw_8bit, adamw_torch_8bit]"] for rl in ("grpo", "dpo")}
 
 
 @pytest.mark.parametrize("name", SPACES)
 def test_space_loads_and_every_grid_point_builds_a_plan(name):
-    space = load_space(name)
+    space = load_space(name, PINNED.get(name, []))
     text = (SPACES_DIR / f"{name}.yaml").read_text()
     assert text.startswith("#") and "advisor tune" in text.split("name:")[0], "header: purpose and how to run it"
     arch = resolve_model("qwen7b").arch
@@ -101,7 +104,8 @@ def test_every_sampled_proposal_is_a_valid_plan(name, model):
     import warnings
 
     spec = resolve_model(model)
-    space = load_space(name).on_card(Card.of(None, spec))  # as the tuner binds it: `auto` is the model's attention
+    # as the tuner binds it: `auto` is the model's attention
+    space = load_space(name, PINNED.get(name, [])).on_card(Card.of(None, spec))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         tpe = optuna.samplers.TPESampler(seed=0, multivariate=True, group=True, n_startup_trials=8)
