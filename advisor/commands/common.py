@@ -261,9 +261,12 @@ def target_from_args(args: argparse.Namespace, **rules: Any):
 def check_plan_against_model(model, plan) -> None:
     """Model-dependent rules (LoRA targets that exist, sequence within the model's context)."""
     from advisor.core.adapters import attention_linears
-    from advisor.core.plan import lora_target_modules
+    from advisor.core.plan import lora_target_modules, vision_model_problems
 
     lora_target_modules(plan, list(model.linear_shapes()), attention_linears(model))
+    problems = vision_model_problems(plan, model.vision is not None, model.name)
+    if problems:
+        raise problems[0]
     if plan.checkpoint_layers is not None and plan.checkpoint_layers > model.num_layers:
         raise AdvisorInputError("--checkpoint-layers", f"{model.name} has {model.num_layers} decoder layers",
                                 plan.checkpoint_layers)
