@@ -88,3 +88,33 @@ def test_bad_image_sizes_name_the_flag():
     assert Plan(image_sizes=("1024x",)).problems()[0].where == "--image-size"
     with pytest.raises(AdvisorInputError, match="--image-size"):
         count_image(resolve_model("qwen2.5-vl-7b"), 10000, 20)  # an aspect ratio beyond 200: smart_resize refuses
+
+
+@pytest.mark.parametrize("width, height", [(1024, 768), (448, 448), (3840, 2160), (500, 2000)])
+def test_internvl_tiles_match_the_processor(width, height):
+    """InternVL's 448-pixel tiles plus a thumbnail (GotOcr2ImageProcessor crop_to_patches), 256 tokens each."""
+    from PIL import Image
+
+    spec = resolve_model("OpenGVLab/InternVL3-8B-hf")
+    s = spec.processor["image"]
+    proc = _processor_class(s["class"])(size={"height": 448, "width": 448}, crop_to_patches=True,
+                                        min_patches=s["min_patches"], max_patches=s["max_patches"])
+    out = proc(images=[Image.new("RGB", (width, height))], return_tensors="np")
+    counted = count_image(spec, width, height)
+    assert counted.crops == int(out["num_patches"][0]) == out["pixel_values"].shape[0]
+    assert counted.tokens == 256 * counted.crops and counted.vision_tokens == 1025 * counted.crops
+
+
+@pytest.mark.parametrize("width, height", [(1024, 768), (448, 448), (500, 2000)])
+def test_llama_vision_tiles_match_the_processor_and_stay_out_of_the_text(width, height):
+    """Llama 3.2 Vision: up to 4 tiles of 560 pixels read by cross-attention; the text holds one <|image|> token."""
+    from PIL import Image
+
+    spec = resolve_model("meta-llama/Llama-3.2-11B-Vision-Instruct")
+    proc = _processor_class("MllamaImageProcessor")(size={"height": 560, "width": 560}, max_image_tiles=4)
+    out = proc(images=[[Image.new("RGB", (width, height))]], return_tensors="np")
+    counted = count_image(spec, width, height)
+    assert counted.crops == int(out["num_tiles"][0][0])
+    assert out["pixel_values"].shape[2] == 4 and counted.vision_tokens == 4 * 1601  # every tile slot runs
+    assert counted.tokens == 1
+    assert spec.vision.cross_attention_layers == (3, 8, 13, 18, 23, 28, 33, 38)

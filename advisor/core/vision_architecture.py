@@ -126,6 +126,8 @@ class VisionFacts:
 def _int(cfg, *names: str, default: int = 0) -> int:
     for name in names:
         value = getattr(cfg, name, None)
+        if isinstance(value, (list, tuple)) and value:  # InternViT's [448, 448] and [14, 14]
+            value = value[0]
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     return default
@@ -196,7 +198,7 @@ def describe_vision(model, config) -> VisionFacts | None:
     intermediate = mlp[0].out_features if mlp else _int(vcfg, "intermediate_size")
     full_blocks = getattr(vcfg, "fullatt_block_indexes", None)
     window = getattr(vcfg, "window_size", None) if full_blocks else None
-    image_size = getattr(vcfg, "image_size", None)
+    image_size = _int(vcfg, "image_size", default=0) or None
     dynamic = hasattr(vcfg, "spatial_merge_size") or hasattr(vcfg, "temporal_patch_size")
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     cross = tuple(getattr(text, "cross_attention_layers", None) or ())

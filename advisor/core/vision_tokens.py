@@ -174,8 +174,41 @@ def count_image(spec, width: int, height: int, *, min_pixels: int | None = None,
         patch = spec.vision.patch_size
         return ImageTokens(size=(width, height), resized=(side, side), grid=(1, side // patch, side // patch),
                            vision_tokens=(side // patch) ** 2, tokens=int(s["tokens_per_image"]))
+    if cls == "GotOcr2ImageProcessor":  # InternVL: 448-pixel tiles by the aspect ratio, plus a thumbnail
+        side = int(s["size"])
+        proc = _tile_processor(cls, side, int(s["min_patches"]), int(s["max_patches"]), bool(s["crop_to_patches"]))
+        tiles = int(proc.get_number_of_image_patches(height, width, {}))
+        patch = spec.vision.patch_size
+        per_tile = (side // patch) ** 2 + 1  # InternViT's patches and its CLS token
+        return ImageTokens(size=(width, height), resized=(side, side), grid=(tiles, side // patch, side // patch),
+                           vision_tokens=tiles * per_tile, tokens=tiles * int(s["tokens_per_image"]), crops=tiles)
+    if cls == "MllamaImageProcessor":  # Llama 3.2 Vision: up to max_image_tiles 560-pixel tiles, read by cross-attention
+        side, most = int(s["size"]), int(s["max_image_tiles"])
+        used = _mllama_tiles(cls, side, most, width, height)
+        patch = spec.vision.patch_size
+        per_tile = (side // patch) ** 2 + 1  # 40 x 40 patches and a CLS token
+        # the tower runs every tile slot, the unused ones padded (MllamaVisionModel: batch x images x max tiles)
+        return ImageTokens(size=(width, height), resized=(side, side), grid=(most, side // patch, side // patch),
+                           vision_tokens=most * per_tile, tokens=int(s["tokens_per_image"]), crops=used)
     raise AdvisorInputError("--image-size", f"the {cls} of {spec.name} has no token count here", spec.name,
                             show_value=False)
+
+
+@lru_cache(maxsize=16)
+def _tile_processor(cls: str, side: int, lo: int, hi: int, crop: bool):
+    return _processor_class(cls)(size={"height": side, "width": side}, min_patches=lo, max_patches=hi,
+                                 crop_to_patches=crop)
+
+
+@lru_cache(maxsize=256)
+def _mllama_tiles(cls: str, side: int, most: int, width: int, height: int) -> int:
+    """Tiles Llama 3.2 Vision's processor cuts an image into: its own ``get_optimal_tiled_canvas``."""
+    import importlib
+
+    module = importlib.import_module(_processor_class(cls).__module__)
+    canvas_h, canvas_w = module.get_optimal_tiled_canvas(image_height=height, image_width=width,
+                                                         max_image_tiles=most, tile_size=side)
+    return int(canvas_h // side) * int(canvas_w // side)
 
 
 def _qwen_resize(height: int, width: int, factor: int, lo: int, hi: int) -> tuple[int, int]:
