@@ -88,11 +88,22 @@ def build_vl_model(spec, plan, device: str, num_layers: int | None, attn: str, d
     import torch
     from transformers import AutoModelForImageTextToText
 
+    from transformers import initialization
+
     cfg = vl_config(spec, num_layers, tower_layers)
     cfg.use_cache = False
     cfg.get_text_config().use_cache = False
-    with torch.device(device):
-        return AutoModelForImageTextToText.from_config(cfg, dtype=dtype, attn_implementation=attn)
+    init = initialization.TORCH_INIT_FUNCTIONS
+    original = init["trunc_normal_"]
+    # SigLIP's lecun_normal_ draws by rejection (torch.nn.init._no_grad_trunc_normal_ loops while ``mask.any()``),
+    # which a fake tensor, whose ``any`` answers True, never leaves; the values are never read: draw and clamp
+    init["trunc_normal_"] = lambda t, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None: t.normal_(
+        mean, std, generator=generator).clamp_(a, b)
+    try:
+        with torch.device(device):
+            return AutoModelForImageTextToText.from_config(cfg, dtype=dtype, attn_implementation=attn)
+    finally:
+        init["trunc_normal_"] = original
 
 
 def vl_config(spec, num_layers: int | None = None, tower_layers: int | None = None):
@@ -296,6 +307,8 @@ def processor_batch(spec, plan, settings: VisionSettings, seed: int = 0) -> dict
     out.update(input_ids=ids, labels=labels)
     if mt == "gemma3":
         out["token_type_ids"] = (ids == image_token).long()
+    if mt in QWEN:  # the processor's mm_token_type_ids: 1 at image placeholders (2 at video ones)
+        out["mm_token_type_ids"] = (ids == image_token).long()
     if mt == "mllama":
         from transformers.models.mllama.processing_mllama import (convert_sparse_cross_attention_mask_to_dense,
                                                                   get_cross_attention_token_mask)

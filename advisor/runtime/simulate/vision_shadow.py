@@ -13,6 +13,9 @@ activations and weights) never get shadows: their memory is the fake tensors', t
 from __future__ import annotations
 
 ATTR = "_advisor_shadow"
+FACTORY_LIMIT = 1 << 20
+"""Elements up to which a tensor made from shapes alone (``arange``, ``linspace``, ``zeros``) gets a shadow: index
+metadata is that small; a buffer the size of the activations made so is never read in Python."""
 
 
 def shadow_of(t):
@@ -39,13 +42,8 @@ def _make_mode_class():
 
     LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
 
-    def _makes_integers(func, kwargs):
-        # a factory (arange, zeros, full) of an integer dtype: its values are known
-        dtype = kwargs.get("dtype")
-        if dtype is None and func in (torch.ops.aten.arange.default, torch.ops.aten.arange.start,
-                                      torch.ops.aten.arange.start_step):
-            return True  # arange of integers defaults to int64 (a float bound gives a float: not shadowed below)
-        return dtype in ints
+    def _numel(out):
+        return sum(t.numel() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
 
     class ShadowValues(TorchDispatchMode):
         """Runs each op whose tensor inputs all carry shadows on the shadows too (see the module docstring)."""
@@ -55,7 +53,7 @@ def _make_mode_class():
             flat = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
             fakes = [a for a in flat if isinstance(a, FakeTensor)]
             shadowed = all(shadow_of(a) is not None for a in fakes) and (
-                bool(fakes) or (not flat and _makes_integers(func, kwargs)) or func in LIFTS)
+                bool(fakes) or not flat or func in LIFTS)
             if func is torch.ops.aten._local_scalar_dense.default and shadowed:
                 with unset_fake_temporarily():
                     return shadow_of(args[0]).item()
@@ -64,17 +62,20 @@ def _make_mode_class():
                             torch.ops.aten.index_put_.default, torch.ops.aten._index_put_impl_.default):
                     args = self._long_indices(func, args)
                 return func(*args, **kwargs)
+            try:
+                out, dynamic = func(*args, **kwargs), False
+            except (DynamicOutputShapeException, DataDependentOutputException):
+                out, dynamic = None, True
+            if not dynamic and not fakes and func not in LIFTS and _numel(out) > FACTORY_LIMIT:
+                return out  # a large buffer made from shapes alone (not index metadata): no shadow
             real_args, real_kwargs = tree_map(lambda a: shadow_of(a) if isinstance(a, FakeTensor) else a,
                                               (args, kwargs))
             with unset_fake_temporarily():
                 real_out = func(*real_args, **real_kwargs) if func not in LIFTS else real_args[0].clone()
-            try:
-                out = func(*args, **kwargs)
-            except (DynamicOutputShapeException, DataDependentOutputException):
+            if dynamic:
                 out = tree_map(lambda r: fake_like(r) if isinstance(r, torch.Tensor) else r, real_out)
-            outs, reals = tree_flatten(out)[0], tree_flatten(real_out)[0]
-            for o, r in zip(outs, reals):
-                if isinstance(o, FakeTensor) and isinstance(r, torch.Tensor) and r.dtype in ints:
+            for o, r in zip(tree_flatten(out)[0], tree_flatten(real_out)[0]):
+                if isinstance(o, FakeTensor) and isinstance(r, torch.Tensor):
                     give_shadow(o, r)
             return out
 
@@ -98,18 +99,42 @@ def _make_mode_class():
                     out.append(i)
             return (args[0], out, *args[2:])
 
-    return ShadowValues
+    from torch.overrides import TorchFunctionMode
+
+    class ShadowData(TorchFunctionMode):
+        """``torch.tensor([...])`` of tensors reads their data in C++, below the dispatcher: give it the shadows'
+        values (Qwen3-VL's rope deltas are made so)."""
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in (torch.tensor, torch.as_tensor) and args:
+                def value(a):
+                    if isinstance(a, FakeTensor) and shadow_of(a) is not None:
+                        with unset_fake_temporarily():
+                            return shadow_of(a).tolist()
+                    return a
+                args = (tree_map(value, args[0]), *args[1:])
+            return func(*args, **kwargs)
+
+    return ShadowValues, ShadowData
 
 
 _CLS = None
 
 
 def shadow_values():
-    """A new ``ShadowValues`` dispatch mode (entered between the fake mode and the memory tracker)."""
+    """A context with the ``ShadowValues`` dispatch mode (entered between the fake mode and the memory tracker) and
+    the ``ShadowData`` function mode."""
+    import contextlib
+
     global _CLS
     if _CLS is None:
         _CLS = _make_mode_class()
-    return _CLS()
+    values, data = _CLS
+    stack = contextlib.ExitStack()
+    stack.enter_context(data())
+    stack.enter_context(values())
+    return stack
 
 
 def with_shadow(real):
