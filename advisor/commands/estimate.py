@@ -92,6 +92,10 @@ def run(args: argparse.Namespace) -> int:
     result.update(report.to_dict())
     result.update(answered_by(model, args.task, args.backend, report))
     result["ledger"] = report.device
+    if args.task == "train" and report.extra.get("vision"):
+        from advisor.memory.vision import vision_summary
+
+        result["vision"] = vision_summary(report.extra["vision"], model, plan)
     if args.task == "train":
         result.update(throughput_fields(model, plan, gpu, target.gpu_assumed, args.gpus, args.sharding, report))
     if budget is not None:

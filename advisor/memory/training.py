@@ -23,7 +23,7 @@ from advisor.memory.ledger import MemoryReport, empty
 from advisor.memory.overhead import overhead_of as framework_overhead_of
 from advisor.core.plan import DTYPE_BYTES, Plan, checkpointed_layers
 from advisor.core.adapters import adapted_modules
-from advisor.memory import experts, loss_dora_packing, tensors
+from advisor.memory import experts, loss_dora_packing, tensors, vision
 from advisor.memory.host import OFFLOAD_MIN_BYTES, host_memory, pinned_block_bytes, pinned_bytes_of
 
 NF4_BLOCK = 64
@@ -461,8 +461,17 @@ def _add_lever_phases(phases: dict, model: ModelSpec, plan: Plan, pb: ParamBreak
 def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) -> MemoryReport:
     """The analytic ledger of one measured step (after warm-up: optimizer states exist), dense or a mixture of
     experts: the layers' terms (layer_terms: advisor.memory.experts for routed experts and latent attention), the
-    same phases for both."""
+    same phases for both. A vision-language model's tower (advisor.memory.vision) is laid over the same phases, and
+    its language model's sequence holds the image tokens beside ``--seq-len`` text tokens."""
     plan.validate()
+    vis = None
+    if vision.applies(model, plan):
+        from advisor.core.vision_tokens import count_sample
+
+        vis = count_sample(model, plan)
+        asked = plan
+        if vis is not None and vis.text_tokens:
+            plan = plan.with_(seq_len=plan.seq_len + vis.text_tokens)
     pb = param_breakdown(model, plan)
     weights, consts = weight_bytes(model, plan, pb)
     tb = trainable_dtype_bytes(plan)
@@ -565,6 +574,15 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
     if plan.updates_in_backward:
         apply_update_in_backward(model, plan, pb, phases)
     _add_lever_phases(phases, model, plan, pb)
+    tower = None
+    if vision.applies(model, plan):
+        ratio = states / (pb.trainable * tb) if pb.trainable else 0.0
+        tower = vision.estimate_vision(model, asked, vis, ratio)
+        vision.add_to_phases(phases, tower)
+        weights += tower.weights
+        consts += tower.quant_constants
+        adapters += tower.adapter_weights
+        states += tower.optimizer_states
     peak_phase, at_peak = max(phases.items(), key=lambda kv: sum(kv[1].values()))
 
     device = empty()
@@ -579,7 +597,9 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
     return _report(device, host, hm, notes, plan, gpu, peak_phase, max(logits_fwd, logits_bwd),
                    {"params_trainable": pb.trainable, "lora_modules": list(pb.lora_modules),
                     "lora_experts": bool(plan.peft and plan.lora_experts),
-                    "activations_per_layer_bytes": layer_acts, "saved_activations_bytes": int(acts)})
+                    "activations_per_layer_bytes": layer_acts, "saved_activations_bytes": int(acts),
+                    **({"vision": {**tower.to_dict(), "sample": vis.to_dict() if vis else None,
+                                   "language_model_seq_len": plan.seq_len}} if tower is not None else {})})
 
 
 def moe_notes(model: ModelSpec, plan: Plan) -> list[str]:
