@@ -99,15 +99,14 @@ def test_the_batch_is_the_processors(family, size, want):
 
     spec = tiny_vl_spec(family)
     settings = VisionSettings(images=(size,))
-    seq = want + 64
-    batch = processor_batch(spec, Plan(seq_len=seq, micro_batch=2), settings)
+    batch = processor_batch(spec, Plan(seq_len=64, micro_batch=2), settings)
     direct = image_processor(spec, settings)(images=[np.zeros((size[1], size[0], 3), np.uint8)], return_tensors="pt")
     assert image_tokens(spec, direct, settings) == [want]
     assert batch["pixel_values"].shape == (2 * direct["pixel_values"].shape[0], *direct["pixel_values"].shape[1:])
     if "image_grid_thw" in direct:
         assert torch.equal(batch["image_grid_thw"], torch.cat([direct["image_grid_thw"]] * 2))
     image_token = spec.config.get("image_token_id", spec.config.get("image_token_index"))
-    assert batch["input_ids"].shape == (2, seq)
+    assert batch["input_ids"].shape[0] == 2 and batch["input_ids"].shape[1] >= 64 + want  # text beside the images
     assert ((batch["input_ids"] == image_token).sum(1) == want).all()
     assert (batch["labels"][batch["input_ids"] == image_token] == -100).all()
 
@@ -116,15 +115,8 @@ def test_mllama_tiles_and_cross_attention_mask_are_the_processors():
     """Llama-3.2-Vision: tiles, aspect-ratio ids and mask from MllamaImageProcessor, one <|image|> token, the
     cross-attention mask over every tile the image has."""
     spec = tiny_vl_spec("mllama")
-    batch = processor_batch(spec, Plan(seq_len=32), VisionSettings(images=((56, 28),)))
+    batch = processor_batch(spec, Plan(seq_len=31), VisionSettings(images=((56, 28),)))
     assert batch["pixel_values"].shape == (1, 1, 4, 3, 28, 28)
     assert batch["aspect_ratio_ids"].shape == (1, 1) and batch["aspect_ratio_mask"].shape == (1, 1, 4)
     assert batch["cross_attention_mask"].shape == (1, 32, 1, 4)
     assert int(batch["cross_attention_mask"][0, 1, 0].sum()) == int(batch["aspect_ratio_mask"].sum()) == 2
-
-
-def test_too_many_image_tokens_for_the_sequence_is_one_line():
-    from advisor.core.errors import AdvisorInputError
-
-    with pytest.raises(AdvisorInputError, match="--seq-len"):
-        processor_batch(tiny_vl_spec("qwen2_5_vl"), Plan(seq_len=64), VisionSettings(images=((1024, 768),)))

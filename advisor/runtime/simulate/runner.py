@@ -235,7 +235,8 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
         # init, never backpropagated) would stay alive through the hook's reference to its own output
         if multimodal:
             setup = vl.build_vision_setup(spec, plan, vision, device="cpu", num_layers=num_layers,
-                                          tower_layers=tower_layers, seed=seed, target_device=target_device,
+                                          tower_layers=tower_layers, layers=layers, seed=seed,
+                                          target_device=target_device,
                                           on_grad=on_grad)
         else:
             setup = build_training_setup(spec, plan, device="cpu", num_layers=num_layers, quant_impl=quant_impl,

@@ -61,16 +61,14 @@ class VisionSettings:
 
 
 def vision_settings(plan) -> VisionSettings:
-    """The vision settings of ``plan``: its vision fields where the plan has them, else the defaults."""
-    images = getattr(plan, "image_sizes", None) or VisionSettings.images
-    if isinstance(images, str):
-        images = tuple(tuple(int(x) for x in s.lower().split("x")) for s in images.split(","))
-    tower = "full" if getattr(plan, "train_vision_tower", False) else (
-        "lora" if getattr(plan, "vision_lora", False) else "frozen")
-    return VisionSettings(images=tuple(tuple(i) for i in images), min_pixels=getattr(plan, "min_pixels", None),
-                          max_pixels=getattr(plan, "max_pixels", None), tower=tower,
-                          projector_trained=bool(getattr(plan, "train_projector", False)),
-                          tower_checkpointing=bool(getattr(plan, "vision_gradient_checkpointing", False)))
+    """The vision settings of ``plan``'s vision fields (advisor.core.plan: ``image_sizes`` as ``WxH``,
+    ``min_pixels`` / ``max_pixels``, ``vision_tower``, ``train_projector``, ``vision_gradient_checkpointing``); a
+    plan without images traces one image of the default size."""
+    images = tuple(tuple(int(x) for x in str(size).lower().split("x")) for size in plan.image_sizes)
+    return VisionSettings(images=images or VisionSettings.images, min_pixels=plan.min_pixels,
+                          max_pixels=plan.max_pixels, tower=plan.vision_tower,
+                          projector_trained=bool(plan.train_projector),
+                          tower_checkpointing=bool(plan.vision_gradient_checkpointing))
 
 
 def is_vision(spec) -> bool:
@@ -82,7 +80,7 @@ def is_vision(spec) -> bool:
 
 
 def build_vl_model(spec, plan, device: str, num_layers: int | None, attn: str, dtype,
-                   tower_layers: int | None = None):
+                   tower_layers: int | None = None, layers: tuple[int, ...] | None = None):
     """The ``*ForConditionalGeneration`` model of ``spec`` (``num_layers`` language-model layers, ``tower_layers``
     tower blocks where given), in ``dtype``, with ``attn`` in every sub-model."""
     import torch
@@ -90,7 +88,7 @@ def build_vl_model(spec, plan, device: str, num_layers: int | None, attn: str, d
 
     from transformers import initialization
 
-    cfg = vl_config(spec, num_layers, tower_layers)
+    cfg = vl_config(spec, num_layers, tower_layers, layers)
     cfg.use_cache = False
     cfg.get_text_config().use_cache = False
     init = initialization.TORCH_INIT_FUNCTIONS
@@ -106,16 +104,23 @@ def build_vl_model(spec, plan, device: str, num_layers: int | None, attn: str, d
         init["trunc_normal_"] = original
 
 
-def vl_config(spec, num_layers: int | None = None, tower_layers: int | None = None):
-    """The transformers config of ``spec``, the language model cut to ``num_layers`` layers and the tower to
-    ``tower_layers`` blocks (the full-attention / deepstack / intermediate indices kept among them)."""
+def vl_config(spec, num_layers: int | None = None, tower_layers: int | None = None,
+              layers: tuple[int, ...] | None = None):
+    """The transformers config of ``spec``, the language model cut to ``num_layers`` layers (or the layers at the
+    indices ``layers``: advisor.runtime.build.select_layers) and the tower to ``tower_layers`` blocks (the
+    full-attention / deepstack / intermediate indices kept among them)."""
     import copy
 
     from advisor.core.architecture import config_object
+    from advisor.runtime.build import select_layers
 
     cfg = config_object(copy.deepcopy(spec.config))
     text = cfg.get_text_config()
-    if num_layers is not None:
+    if layers is not None:
+        select_layers(text, spec, layers)
+        if getattr(text, "cross_attention_layers", None) is not None:
+            text.cross_attention_layers = [k for k, i in enumerate(layers) if i in text.cross_attention_layers]
+    elif num_layers is not None:
         text.num_hidden_layers = num_layers
         if getattr(text, "layer_types", None):
             text.layer_types = list(text.layer_types)[:num_layers]
@@ -225,24 +230,16 @@ def image_processor(spec, settings: VisionSettings):
     cfg = spec.config
     v = cfg["vision_config"]
     mt = spec.config["model_type"]
+    stored = (getattr(spec, "processor", None) or {}).get("image") or {}  # the catalog's preprocessor settings
     if mt in QWEN:
-        patch = v.get("patch_size", 16 if mt.startswith("qwen3") else 14)
-        kwargs = dict(patch_size=patch, merge_size=v.get("spatial_merge_size", 2),
-                      temporal_patch_size=v.get("temporal_patch_size", 2))
-        size = {}
-        if settings.min_pixels is not None:
-            size["shortest_edge"] = settings.min_pixels
-        if settings.max_pixels is not None:
-            size["longest_edge"] = settings.max_pixels
-        if mt.startswith("qwen3"):  # Qwen3-VL's preprocessor_config: 16-pixel patches, 64K..16M pixels
-            size = {"shortest_edge": 65536, "longest_edge": 16777216, **size}
-        if size:
-            proc = transformers.Qwen2VLImageProcessorPil(**kwargs)
-            full = {**proc.size, **size} if isinstance(proc.size, dict) else size
-            return transformers.Qwen2VLImageProcessorPil(size=full, **kwargs)
-        return transformers.Qwen2VLImageProcessorPil(**kwargs)
+        patch = stored.get("patch_size", v.get("patch_size", 16 if mt.startswith("qwen3") else 14))
+        kwargs = dict(patch_size=patch, merge_size=stored.get("merge_size", v.get("spatial_merge_size", 2)),
+                      temporal_patch_size=stored.get("temporal_patch_size", v.get("temporal_patch_size", 2)))
+        lo = settings.min_pixels or stored.get("min_pixels") or (65536 if mt.startswith("qwen3") else 3136)
+        hi = settings.max_pixels or stored.get("max_pixels") or (16777216 if mt.startswith("qwen3") else 12845056)
+        return transformers.Qwen2VLImageProcessorPil(size={"shortest_edge": lo, "longest_edge": hi}, **kwargs)
     if mt == "gemma3":
-        side = v.get("image_size", 896)
+        side = stored.get("size", v.get("image_size", 896))
         return transformers.Gemma3ImageProcessorPil(size={"height": side, "width": side})
     if mt == "mllama":
         side = v.get("image_size", 560)
@@ -296,11 +293,11 @@ def processor_batch(spec, plan, settings: VisionSettings, seed: int = 0) -> dict
             spans = [[image_token] * n for n in tokens]
             out.update(pixel_values=torch.cat([o["pixel_values"]] * b))
     placeholders = [t for span in spans for t in span]
-    if len(placeholders) >= s:
-        raise AdvisorInputError("--seq-len", f"the images of a sample take {len(placeholders)} tokens, the sequence "
-                                f"only {s}: give a longer sequence or a smaller pixel budget", s)
     special = min(t for t in [image_token, *placeholders] if t is not None)
-    text = torch.randint(0, min(vocab, special), (b, s - len(placeholders)), generator=g)
+    # ``seq_len`` text tokens beside the images' placeholders (advisor.memory.training: the language model's
+    # sequence holds both)
+    text = torch.randint(0, min(vocab, special), (b, s), generator=g)
+    s = s + len(placeholders)
     ids = torch.cat([torch.tensor([placeholders] * b, dtype=torch.long), text], dim=1)
     labels = ids.clone()
     labels[ids == image_token] = IGNORE_INDEX
@@ -418,7 +415,8 @@ def unsupported(plan) -> str | None:
 
 
 def build_vision_setup(spec, plan, settings: VisionSettings | None = None, *, device: str = "cpu",
-                       num_layers: int | None = None, tower_layers: int | None = None, seed: int = 0,
+                       num_layers: int | None = None, tower_layers: int | None = None,
+                       layers: tuple[int, ...] | None = None, seed: int = 0,
                        target_device: str | None = None, on_grad=None) -> VisionTrainingSetup:
     """The vision-language model of ``spec`` with ``plan`` and ``settings`` applied, and its optimizer: the steps of
     advisor.runtime.build.build_training_setup (the plan's attention and dtype, checkpointing as Trainer enables it,
@@ -432,7 +430,7 @@ def build_vision_setup(spec, plan, settings: VisionSettings | None = None, *, de
     from advisor.runtime.tensors import is_fake
 
     plan.validate()
-    settings = settings or vision_settings(plan)
+    settings = settings if settings is not None else vision_settings(plan)
     settings.validate()
     why = unsupported(plan)
     if why is not None:
@@ -444,7 +442,7 @@ def build_vision_setup(spec, plan, settings: VisionSettings | None = None, *, de
     notes: list[str] = []
     torch.manual_seed(seed)
     attn = _attention(spec, plan, target, notes)
-    model = build_vl_model(spec, plan, device, num_layers, attn, torch_dtype(plan.param_dtype), tower_layers)
+    model = build_vl_model(spec, plan, device, num_layers, attn, torch_dtype(plan.param_dtype), tower_layers, layers)
     fake = is_fake(next(iter(model.parameters())))
     if plan.method == "full":
         for p in model.parameters():

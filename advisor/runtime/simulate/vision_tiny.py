@@ -3,15 +3,12 @@
 Each is a full ``*ForConditionalGeneration`` config (a ``text_config`` of two or three 64-wide layers, a
 ``vision_config`` of two 32-wide blocks) with the family's structure kept: Qwen2.5-VL's window and full-attention
 blocks, Qwen3-VL's deepstack merger, Gemma 3's SigLIP tower and pooled projector with sliding and full layers,
-Mllama's tiles, global blocks and a cross-attention layer, InternVL's tiles and pixel shuffle. Its ModelSpec
-describes the language model as the text model of the same layers (``TEXT_TWIN``) until the catalog describes
-vision-language configs itself.
+Mllama's tiles, global blocks and a cross-attention layer, InternVL's tiles and pixel shuffle.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 
 from advisor.core.catalog import ModelSpec, spec_from_config
 
@@ -50,22 +47,15 @@ TINY_VL = {
         image_token_id=500, downsample_ratio=0.5),
 }
 
-TEXT_TWIN = {"qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "gemma3": "gemma3_text", "mllama": "llama",
-             "internvl": "qwen2", "qwen2_vl": "qwen2", "qwen3_vl_moe": "qwen3_moe"}
-"""The text model whose decoder layers hold the same parameters as the family's language model."""
-
-
-def vl_spec(name: str, config: dict) -> ModelSpec:
-    """The ModelSpec of the vision-language ``config``: the language model described through its text twin, the
-    full config kept for building the model."""
-    text = copy.deepcopy(config["text_config"])
-    text["model_type"] = TEXT_TWIN[config["model_type"]]
-    text.pop("rope_parameters", None) if "mrope_section" in str(text.get("rope_parameters")) else None
-    text.pop("cross_attention_layers", None)
-    twin = spec_from_config(name, name, text, "test", None, None)
-    spec = dataclasses.replace(twin, config=copy.deepcopy(config), model_type=config["model_type"])
-    spec.__dict__["description"] = twin.description
-    return spec
+PROCESSOR = {
+    "qwen2_5_vl": {"image": {"class": "Qwen2VLImageProcessor", "patch_size": 14, "merge_size": 2,
+                             "temporal_patch_size": 2, "min_pixels": 3136, "max_pixels": 12845056}},
+    "qwen3_vl": {"image": {"class": "Qwen2VLImageProcessor", "patch_size": 16, "merge_size": 2,
+                           "temporal_patch_size": 2, "min_pixels": 65536, "max_pixels": 16777216}},
+    "gemma3": {"image": {"class": "Gemma3ImageProcessor", "size": 64, "tokens_per_image": 16, "do_pan_and_scan": False}},
+}
+"""The processor settings the catalog stores beside each family's config (models.yaml ``processor``), at the tiny
+models' sizes (Qwen's are the real ones: their patch size is the real models')."""
 
 
 def tiny_vl_spec(model_type: str, **vision_overrides) -> ModelSpec:
@@ -73,4 +63,5 @@ def tiny_vl_spec(model_type: str, **vision_overrides) -> ModelSpec:
     config = copy.deepcopy(TINY_VL[model_type])
     config["model_type"] = model_type
     config["vision_config"].update(vision_overrides)
-    return vl_spec(f"tiny-{model_type}", config)
+    name = f"tiny-{model_type}"
+    return spec_from_config(name, name, config, "test", None, None, processor=PROCESSOR.get(model_type))
