@@ -88,7 +88,8 @@ def extrapolate_phases(a: StepTrace, b: StepTrace, L: int) -> dict[str, PhasePea
         pa, pb = a.phases[name], b.phases[name]
         ledger = {c: max(0, round(pb.ledger[c] + k * (pb.ledger[c] - pa.ledger[c]))) for c in pb.ledger}
         host = max(0, round(pb.host_bytes + k * (pb.host_bytes - pa.host_bytes)))
-        out[name] = PhasePeak(name, sum(ledger.values()), ledger, host_bytes=host)
+        # a vision-language model's tower and projector are the same in both traces (advisor.runtime.simulate.vision)
+        out[name] = PhasePeak(name, sum(ledger.values()), ledger, host_bytes=host, parts=pb.parts)
     return out
 
 
@@ -162,7 +163,8 @@ def simulate_kinds(spec: ModelSpec, plan: Plan, kinds: list[tuple[int, ...]], *,
         for step, k in enumerate(added):
             host += (len(kinds[k]) - counts[k]) * (traces[step + 1].phases[name].host_bytes
                                                     - traces[step].phases[name].host_bytes)
-        phases[name] = PhasePeak(name, sum(ledger.values()), ledger, host_bytes=max(0, round(host)))
+        phases[name] = PhasePeak(name, sum(ledger.values()), ledger, host_bytes=max(0, round(host)),
+                                 parts=last.phases[name].parts)
     top = max(phases.values(), key=lambda p: p.bytes)
     d = spec.description
     names = []
