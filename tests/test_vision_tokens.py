@@ -118,3 +118,22 @@ def test_llama_vision_tiles_match_the_processor_and_stay_out_of_the_text(width, 
     assert out["pixel_values"].shape[2] == 4 and counted.vision_tokens == 4 * 1601  # every tile slot runs
     assert counted.tokens == 1
     assert spec.vision.cross_attention_layers == (3, 8, 13, 18, 23, 28, 33, 38)
+
+
+def test_a_count_is_remembered_and_answered_without_the_processor(tmp_path, monkeypatch):
+    """The processor's answer is kept in the user cache: the next process answers it without importing
+    transformers' image processors (seconds saved per estimate)."""
+    from advisor.core import vision_tokens
+
+    monkeypatch.setenv("ADVISOR_ARCHITECTURE_CACHE", str(tmp_path))
+    monkeypatch.setattr(vision_tokens, "_ANSWERS", None)
+    spec = resolve_model("qwen2.5-vl-7b")
+    first = count_image(spec, 1111, 777)
+    assert (tmp_path / vision_tokens.CACHE_FILE).is_file()
+    monkeypatch.setattr(vision_tokens, "_ANSWERS", None)  # a new process: read back from the file
+
+    def no_processor(name):
+        raise AssertionError("the processor was asked again")
+
+    monkeypatch.setattr(vision_tokens, "_qwen_processor", no_processor)
+    assert count_image(spec, 1111, 777) == first

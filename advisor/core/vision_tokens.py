@@ -120,6 +120,59 @@ class VisionInput:
 
 # --------------------------------------------------------------------------- the processors
 
+CACHE_FILE = "image_tokens.json"
+"""What the processors answered before, kept beside the derived descriptions in the user cache
+(advisor.core.architecture_store.cache_dir): importing transformers' image processors costs seconds, a lookup
+nothing. Keyed by the processor's class, its settings, the size and the transformers version."""
+_ANSWERS: dict[str, Any] | None = None
+
+
+def _cache_path():
+    from advisor.core.architecture_store import cache_dir
+
+    return cache_dir() / CACHE_FILE
+
+
+def _remembered(key: tuple, compute):
+    """``compute()``'s answer (a JSON value) for ``key``, from the user cache where a processor gave it before."""
+    import json
+    import os
+    import tempfile
+    from importlib import metadata
+
+    global _ANSWERS
+    if _ANSWERS is None:
+        try:
+            _ANSWERS = json.loads(_cache_path().read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            _ANSWERS = {}
+    try:
+        version = metadata.version("transformers")
+    except metadata.PackageNotFoundError:  # pragma: no cover - transformers is a dependency
+        version = "unknown"
+    text = json.dumps([version, *key], separators=(",", ":"))
+    if text in _ANSWERS:
+        return _ANSWERS[text]
+    value = compute()
+    _ANSWERS[text] = value
+    try:
+        path = _cache_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(_ANSWERS, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache asks the processor again next time
+    return value
+
+
+def processor_name(cls: str) -> str:
+    """The class that counts: ``cls``, or its PIL backend where torchvision is absent (as ``_processor_class``)."""
+    import importlib.util
+
+    return cls + "Pil" if importlib.util.find_spec("torchvision") is None else cls
+
 
 @lru_cache(maxsize=None)
 def _processor_class(name: str):
@@ -159,12 +212,17 @@ def count_image(spec, width: int, height: int, *, min_pixels: int | None = None,
         if lo > hi:
             raise AdvisorInputError("--min-pixels", f"is above the pixel budget {hi:,}", lo)
         patch, merge, temporal = int(s["patch_size"]), int(s["merge_size"]), int(s["temporal_patch_size"])
-        proc = _qwen_processor(cls, patch, merge, temporal, lo, hi)
-        try:
-            patches = int(proc.get_number_of_image_patches(height, width, {"min_pixels": lo, "max_pixels": hi}))
-        except ValueError as e:  # smart_resize refuses an aspect ratio beyond 200
-            raise AdvisorInputError("--image-size", str(e), f"{width}x{height}") from None
-        rh, rw = _qwen_resize(height, width, patch * merge, lo, hi)
+        def ask():
+            proc = _qwen_processor(cls, patch, merge, temporal, lo, hi)
+            try:
+                n = int(proc.get_number_of_image_patches(height, width, {"min_pixels": lo, "max_pixels": hi}))
+            except ValueError as e:  # smart_resize refuses an aspect ratio beyond 200
+                return {"error": str(e)}
+            return {"patches": n, "resized": list(_qwen_resize(height, width, patch * merge, lo, hi))}
+        answer = _remembered((cls, patch, merge, temporal, lo, hi, width, height), ask)
+        if "error" in answer:
+            raise AdvisorInputError("--image-size", answer["error"], f"{width}x{height}")
+        patches, (rh, rw) = answer["patches"], answer["resized"]
         return ImageTokens(size=(width, height), resized=(rw, rh), grid=(1, rh // patch, rw // patch),
                            vision_tokens=patches, tokens=patches // (merge * merge))
     if cls == "Gemma3ImageProcessor":
@@ -176,15 +234,16 @@ def count_image(spec, width: int, height: int, *, min_pixels: int | None = None,
                            vision_tokens=(side // patch) ** 2, tokens=int(s["tokens_per_image"]))
     if cls == "GotOcr2ImageProcessor":  # InternVL: 448-pixel tiles by the aspect ratio, plus a thumbnail
         side = int(s["size"])
-        proc = _tile_processor(cls, side, int(s["min_patches"]), int(s["max_patches"]), bool(s["crop_to_patches"]))
-        tiles = int(proc.get_number_of_image_patches(height, width, {}))
+        lo, hi, crop = int(s["min_patches"]), int(s["max_patches"]), bool(s["crop_to_patches"])
+        tiles = _remembered((cls, side, lo, hi, crop, width, height), lambda: int(
+            _tile_processor(cls, side, lo, hi, crop).get_number_of_image_patches(height, width, {})))
         patch = spec.vision.patch_size
         per_tile = (side // patch) ** 2 + 1  # InternViT's patches and its CLS token
         return ImageTokens(size=(width, height), resized=(side, side), grid=(tiles, side // patch, side // patch),
                            vision_tokens=tiles * per_tile, tokens=tiles * int(s["tokens_per_image"]), crops=tiles)
     if cls == "MllamaImageProcessor":  # Llama 3.2 Vision: up to max_image_tiles 560-pixel tiles, read by cross-attention
         side, most = int(s["size"]), int(s["max_image_tiles"])
-        used = _mllama_tiles(cls, side, most, width, height)
+        used = _remembered((cls, side, most, width, height), lambda: _mllama_tiles(cls, side, most, width, height))
         patch = spec.vision.patch_size
         per_tile = (side // patch) ** 2 + 1  # 40 x 40 patches and a CLS token
         # the tower runs every tile slot, the unused ones padded (MllamaVisionModel: batch x images x max tiles)
@@ -254,12 +313,13 @@ def count_video(spec, plan) -> VideoTokens | None:
         hi = max(min(hi, int(plan.video_total_pixels / frames * temporal)), int(lo * 1.05))
     side = math.isqrt(hi)  # a frame as large as the budget allows (the worst case of any frame size)
     factor = patch * merge
-    if v["class"] == "Qwen3VLVideoProcessor":  # its budget bounds frames x height x width
-        from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize as resize3
+    def ask():
+        if v["class"] == "Qwen3VLVideoProcessor":  # its budget bounds frames x height x width
+            from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize as resize3
 
-        rh, rw = resize3(frames, side, side, temporal, factor, min_pixels=lo, max_pixels=hi * frames)
-    else:
-        rh, rw = _qwen_resize(side, side, factor, lo, hi)
+            return list(resize3(frames, side, side, temporal, factor, min_pixels=lo, max_pixels=hi * frames))
+        return list(_qwen_resize(side, side, factor, lo, hi))
+    rh, rw = _remembered((v["class"], frames, side, temporal, factor, lo, hi), ask)
     grid = (frames // temporal, rh // patch, rw // patch)
     patches = grid[0] * grid[1] * grid[2]
     return VideoTokens(frames=frames, frame_size=(side, side), resized=(rw, rh), grid=grid, vision_tokens=patches,
@@ -284,4 +344,4 @@ def count_sample(spec, plan) -> VisionInput | None:
         settings["max_pixels"] = plan.max_pixels
     vision = spec.vision
     return VisionInput(images=images, video=video, in_text=not (vision and vision.cross_attention_layers),
-                       processor=_processor_class(img["class"]).__name__ if img else "", settings=settings)
+                       processor=processor_name(img["class"]) if img else "", settings=settings)
