@@ -49,9 +49,12 @@ BASE_AND_INSTRUCT = [  # (base, instruct) hub ids as published
     ("mistralai/Mixtral-8x7B-v0.1", "mistralai/Mixtral-8x7B-Instruct-v0.1"),
     ("allenai/OLMoE-1B-7B-0924", "allenai/OLMoE-1B-7B-0924-Instruct"),
     ("deepseek-ai/DeepSeek-V2-Lite", "deepseek-ai/DeepSeek-V2-Lite-Chat"),
-    ("google/gemma-3-1b-pt", "google/gemma-3-1b-it"), ("google/gemma-3-4b-pt", "google/gemma-3-4b-it"),
-    ("google/gemma-3-12b-pt", "google/gemma-3-12b-it"), ("google/gemma-3-27b-pt", "google/gemma-3-27b-it"),
+    ("google/gemma-3-1b-pt", "google/gemma-3-1b-it"),
     ("Qwen/Qwen3-Next-80B-A3B-Instruct", "Qwen/Qwen3-Next-80B-A3B-Thinking"),
+    # vision-language models (Gemma 3 4B-27B -it are catalogued as vision-language, their -pt as the text decoder)
+    ("Qwen/Qwen2-VL-7B", "Qwen/Qwen2-VL-7B-Instruct"), ("Qwen/Qwen2-VL-2B", "Qwen/Qwen2-VL-2B-Instruct"),
+    ("Qwen/Qwen3-VL-8B-Thinking", "Qwen/Qwen3-VL-8B-Instruct"),
+    ("Qwen/Qwen3-VL-30B-A3B-Thinking", "Qwen/Qwen3-VL-30B-A3B-Instruct"),
 ]
 
 
@@ -83,22 +86,58 @@ def test_stored_description_count_matches_catalog(key):
 @pytest.mark.parametrize("key", KEYS)
 def test_meta_device_build_matches_catalog(key):
     import torch
-    from transformers import AutoModelForCausalLM
 
-    from advisor.core.architecture import hf_config
+    from advisor.core.architecture import build_meta_model, build_meta_vl_model
 
     spec = resolve_model(key)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config(spec.config))
-    assert sum(p.numel() for p in model.parameters()) == spec.params_total
+    model = build_meta_model(spec.config)
+    decoder = model.get_decoder()
+    if spec.is_vision_language:  # the language model's parameters; the tower and projector are the vision facts
+        head = model.get_output_embeddings()
+        unique = {id(p): p for p in [*decoder.parameters(), *head.parameters()]}
+        assert sum(p.numel() for p in unique.values()) == spec.params_total
+        whole = build_meta_vl_model(spec.config)
+        assert sum(p.numel() for p in whole.parameters()) == spec.params_total + spec.vision.params
+    else:
+        assert sum(p.numel() for p in model.parameters()) == spec.params_total
     # every decoder layer's linear modules are the ones the description holds
-    for layer, described in zip(model.model.layers, spec.description.layers):
+    for layer, described in zip(decoder.layers, spec.description.layers):
         linear = {n: m for n, m in layer.named_modules() if isinstance(m, torch.nn.Linear)}
         assert set(linear) == {m.name for m in described.linears}
         for m in described.linears:
             assert (linear[m.name].in_features, linear[m.name].out_features) == (m.in_features, m.out_features)
         stacked = {n: tuple(p.shape) for n, p in layer.named_parameters() if p.dim() == 3 and "conv" not in n}
         assert stacked == {e.name: e.shape for e in described.experts if len(e.shape) == 3}
+
+
+VISION_LANGUAGE = [k for k, e in model_catalog().items() if "vision_config" in e["config"]]
+
+
+@pytest.mark.parametrize("key", VISION_LANGUAGE)
+def test_vision_language_entry_has_its_tower_and_processor(key):
+    """A vision-language entry's stored description holds its tower and projector (their count is the catalog's
+    ``params_vision``) and the entry its image processor's settings."""
+    entry = model_catalog()[key]
+    spec = resolve_model(key)
+    assert spec.is_vision_language and spec.vision.params == entry["params_vision"]
+    assert spec.vision.depth > 0 and spec.vision.block_linears and spec.vision.projector_params > 0
+    assert spec.processor["image"]["class"] and spec.processor == entry["processor"]
+    text = entry["config"].get("text_config", entry["config"])
+    assert spec.hidden_size == text["hidden_size"] and spec.num_layers == text["num_hidden_layers"]
+
+
+def test_vision_language_published_totals():
+    """The whole model (language model + tower + projector) adds up to the hub's published totals: Qwen2.5-VL-7B's
+    8.29B, Qwen3-VL-8B's 8.77B, Gemma 3 4B's 4.30B (the model cards' figures, rounded)."""
+    for name, total in (("Qwen/Qwen2.5-VL-7B-Instruct", 8_292_166_656), ("Qwen/Qwen3-VL-8B-Instruct", 8_767_123_696),
+                        ("google/gemma-3-4b-it", 4_300_079_472)):
+        spec = resolve_model(name)
+        assert spec.params_total + spec.vision.params == total, name
+    qwen = resolve_model("qwen2.5-vl-7b").vision
+    assert qwen.full_attention_blocks == (7, 15, 23, 31) and qwen.window_size == 112 and qwen.patch_size == 14
+    assert resolve_model("qwen3-vl-8b").vision.deepstack_layers == (8, 16, 24)
+    assert resolve_model("gemma-3-12b-it").vision.tokens_per_image == 256
+    assert resolve_model("google/gemma-3-12b-pt").vision is None  # the text decoder's entry stays text-only
 
 
 def test_qwen7b_facts():

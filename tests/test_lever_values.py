@@ -19,7 +19,7 @@ from advisor.core.catalog import resolve_gpu, resolve_model
 from advisor.core.errors import AdvisorInputError
 from advisor.core.knobs import knob_of, lever_choices
 from advisor.core.optimizers import optimizer, optimizer_aliases, optimizers, parse_optimizers
-from advisor.core.plan import Plan
+from advisor.core.plan import VISION_LEVER_KNOBS, Plan, has_vision_input
 from advisor.memory.ledger import MemoryReport
 from advisor.memory.phases import run_phases
 from advisor.memory.rl import step_ledger as estimate_training
@@ -34,10 +34,18 @@ BASES = (Plan(method="lora"), Plan(method="full"), Plan(method="qlora", quantiza
          Plan(task="dpo", method="lora"))
 """A value is tried on the first of these where its knob applies and the plan is valid (the GRPO and DPO levers
 on the task's plans)."""
+VISION_MODEL = resolve_model("qwen2-vl-2b")
+"""The model a vision lever is tried on (with one image per sample): a text model has no tower."""
+
+
+def model_for(plan: Plan):
+    return VISION_MODEL if has_vision_input(plan) else MODEL
 
 
 def plan_with(name: str, value) -> Plan:
     for base in BASES:
+        if name in VISION_LEVER_KNOBS:
+            base = base.with_(image_sizes=("448x448",))
         plan = base.with_(**{name: value})
         if knob_of(Plan, name).applies_to(vars(plan)) and not plan.problems():
             return plan
@@ -45,7 +53,7 @@ def plan_with(name: str, value) -> Plan:
 
 
 def memory(plan: Plan) -> MemoryReport:
-    report = estimate_training(MODEL, plan, GPU)
+    report = estimate_training(model_for(plan), plan, GPU)
     return report
 
 
@@ -58,7 +66,7 @@ def load_peak(plan: Plan) -> int:
 
 
 def terms(plan: Plan) -> dict[str, float]:
-    return predict_throughput(MODEL, plan, GPU).terms
+    return predict_throughput(model_for(plan), plan, GPU).terms
 
 
 def gen(report: MemoryReport) -> dict:
@@ -137,7 +145,20 @@ MEMORY = {
         "chunked": lambda p, r, ref: dev(r, "transient") < dev(ref, "transient"),
         "fused-linear": lambda p, r, ref: dev(r, "transient") < dev(ref, "transient"),
     },
+    "vision_tower": {  # the tower's own part of the ledger (advisor.memory.vision)
+        "frozen": lambda p, r, ref: vis(r, "weights") > 0 and vis(r, "saved_activations") == 0
+        and vis(r, "gradients") == 0,
+        "lora": lambda p, r, ref: vis(r, "adapter_weights") > 0 and vis(r, "saved_activations") > 0
+        and dev(r, "adapter_weights") > dev(ref, "adapter_weights"),
+        "full": lambda p, r, ref: vis(r, "gradients") > 0 and vis(r, "saved_activations") > 0
+        and dev(r, "optimizer_states") > dev(ref, "optimizer_states"),
+    },
 }
+
+
+def vis(report: MemoryReport, part: str) -> int:
+    return report.extra["vision"][part]
+
 
 # What each value does to the step time: (plan, its terms, the terms of the knob's default) -> holds.
 SPEED = {
@@ -187,6 +208,11 @@ SPEED = {
         "plain": lambda p, t, ref: t["loss"] > 0,
         "chunked": lambda p, t, ref: t["chunked_loss_recompute"] > 0,
         "fused-linear": lambda p, t, ref: t["loss"] < ref["loss"],
+    },
+    "vision_tower": {  # the tower's forward always; its backward only where it trains
+        "frozen": lambda p, t, ref: t["vision"] > 0,
+        "lora": lambda p, t, ref: t["vision"] > ref["vision"],
+        "full": lambda p, t, ref: t["vision"] > ref["vision"],
     },
 }
 
@@ -298,7 +324,8 @@ def test_the_workload_is_declared_on_its_knobs_and_the_space_reads_it():
     from advisor.search.space import fixed_knobs, load_space, plan_from_params
 
     assert set(fixed_knobs(Plan)) == {"seq_len", "eval_batch", "max_new_tokens", "task", "num_generations",
-                                      "max_prompt_length", "max_completion_length", "beta"}
+                                      "max_prompt_length", "max_completion_length", "beta", "image_sizes",
+                                      "video_frames", "video_seconds"}
     assert all(knob_of(Plan, n).role == "workload" and knob_of(Plan, n).search is None for n in fixed_knobs(Plan))
     assert knob_of(Plan, "micro_batch").role == "lever"
     space = load_space("default", ["seq_len=2048", "max_new_tokens=64"])

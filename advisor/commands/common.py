@@ -101,6 +101,8 @@ def add_knob_flag(g, k: Knob, plan: type = Plan) -> None:
             options["type"] = number(low=k.range.low, low_inclusive=k.range.low_inclusive, high=k.range.high)
         if k.cli.metavar:
             options["metavar"] = k.cli.metavar
+        if k.cli.repeat:  # each flag one more value of the tuple
+            options.update(action="append", default=None)
         g.add_argument(k.flag, **options)
     add_alias_flag(g, k)
 
@@ -235,6 +237,8 @@ def plan_from_args(args: argparse.Namespace, plan: type = Plan, card=None) -> Pl
         if value is None and k.name in CARD_DECIDED:
             value = (card or Card()).choice(k.name, values)
         value = _with_alias(args, k, value)
+        if k.cli.repeat and isinstance(value, list):
+            value = tuple(value)
         values[k.name] = k.default if value is None and not k.cli.default else value
     for k in knobs(plan):  # defaults that follow other knobs (the quantization follows the method)
         if k.cli.default and values[k.name] is None:
@@ -268,9 +272,12 @@ def target_from_args(args: argparse.Namespace, **rules: Any):
 def check_plan_against_model(model, plan) -> None:
     """Model-dependent rules (LoRA targets that exist, sequence within the model's context)."""
     from advisor.core.adapters import attention_linears
-    from advisor.core.plan import lora_target_modules
+    from advisor.core.plan import lora_target_modules, vision_model_problems
 
     lora_target_modules(plan, list(model.linear_shapes()), attention_linears(model))
+    problems = vision_model_problems(plan, model.vision is not None, model.name)
+    if problems:
+        raise problems[0]
     if plan.checkpoint_layers is not None and plan.checkpoint_layers > model.num_layers:
         raise AdvisorInputError("--checkpoint-layers", f"{model.name} has {model.num_layers} decoder layers",
                                 plan.checkpoint_layers)

@@ -97,6 +97,10 @@ def run(args: argparse.Namespace) -> int:
     result["ledger"] = report.device
     if report.extra.get("task") in ("grpo", "dpo"):
         result["generation"] = report.extra.get("generation")
+    if args.task != "inference" and report.extra.get("vision"):
+        from advisor.memory.vision import vision_summary
+
+        result["vision"] = vision_summary(report.extra["vision"], model, plan)
     if args.task != "inference":
         result.update(throughput_fields(model, plan, gpu, target.gpu_assumed, args.gpus, args.sharding, report))
     if budget is not None:

@@ -79,6 +79,22 @@ def precision_flags(plan) -> dict[str, bool]:
     return flags
 
 
+def vision_training_keys(plan) -> dict[str, bool]:
+    """What trains in a vision-language model, as LLaMA-Factory says it (finetuning_args.py: freeze_vision_tower and
+    freeze_multi_modal_projector, both true by default; with LoRA an unfrozen tower gets adapters on its linears,
+    model_utils/visual.py patch_target_modules). Written only off LLaMA-Factory's defaults."""
+    out: dict[str, bool] = {}
+    if plan.vision_tower != "frozen":
+        if (plan.vision_tower == "full") == plan.peft:
+            raise Unsupported(FORMAT, f"LLaMA-Factory trains an unfrozen tower the way it trains the language model "
+                              f"(finetuning_type {'lora' if plan.peft else 'full'}): it cannot say --vision-tower "
+                              f"{plan.vision_tower} with --method {plan.method}")
+        out["freeze_vision_tower"] = False
+    if plan.train_projector:
+        out["freeze_multi_modal_projector"] = False
+    return out
+
+
 def llamafactory_config(ctx: ExportContext) -> dict[str, Any]:
     plan = ctx.plan
     flags = precision_flags(plan)
@@ -103,6 +119,7 @@ def llamafactory_config(ctx: ExportContext) -> dict[str, Any]:
         cfg["lora_dropout"] = DECLARED
         cfg["lora_target"] = "all" if plan.lora_targets == "all-linear" else ",".join(plan.lora_targets)
         cfg["use_dora"] = DECLARED
+    cfg.update(vision_training_keys(plan))
     if flags["pure_bf16"]:
         cfg["pure_bf16"] = True
     cfg.update({
@@ -240,6 +257,10 @@ def read(data: dict, c: Collect, plan_type: type) -> tuple[str | None, dict, dic
                               "flash_attn")
     f["loss"] = "fused-linear" if data.get("enable_liger_kernel") else "plain"
     f["packing"] = bool(data.get("packing"))
+    if not c.get(data, "freeze_vision_tower", "freeze_vision_tower", "bool", True, record=False):
+        f["vision_tower"] = "full" if full else "lora"
+    f["train_projector"] = not c.get(data, "freeze_multi_modal_projector", "freeze_multi_modal_projector", "bool",
+                                     True, record=False)
     f["offload"], _ = read_offload(c, data.get("deepspeed"), "deepspeed")
     return name, f, {}
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from advisor.core.errors import AdvisorInputError
+from advisor.core.vision_architecture import VisionFacts
 
 DESCRIPTION_VERSION = 1
 """Bumped whenever the description's fields or the way they are derived change (stored descriptions of another
@@ -272,6 +273,9 @@ class ArchitectureDescription:
     moe: MoeFacts | None = None
     mla: MlaFacts | None = None
     linear_attention: LinearAttentionFacts | None = None
+    vision: VisionFacts | None = None
+    """The vision tower and projector of a vision-language model (None: a text model). The counts above are the
+    language model's alone."""
     transformers_version: str = ""
     build_seconds: float = field(default=0.0, compare=False)
     cache_seconds: float = field(default=0.0, compare=False)
@@ -359,6 +363,8 @@ class ArchitectureDescription:
                 if name == "moe":
                     facts["dense_layers"] = tuple(facts["dense_layers"])
                 values[name] = typ(**facts)
+        if values.get("vision") is not None:
+            values["vision"] = VisionFacts.from_dict(values["vision"])
         return cls(layers=layers, **values)
 
 
@@ -438,12 +444,68 @@ def hf_config(config: Any, *, trust_remote_code: bool = False):
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
+def full_config(config: Any):
+    """The transformers config of config.json fields (a dict) or a config object, as it is (a vision-language
+    model's whole config, its ``text_config`` and ``vision_config`` inside)."""
+    from transformers import PretrainedConfig
+
+    if isinstance(config, PretrainedConfig):
+        return config
+    if isinstance(config, dict):
+        return config_object(config)
+    raise AdvisorInputError("--model", "a config must be a dict of config.json fields or a transformers config",
+                            type(config).__name__)
+
+
+def builds_as_causal_lm(model_type: str) -> bool:
+    """transformers builds ``model_type`` with AutoModelForCausalLM."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+
+def is_vision_language(config: Any) -> bool:
+    """The config is a vision-language model's (a ``vision_config`` and a class AutoModelForImageTextToText
+    builds)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    cfg = full_config(config)
+    return getattr(cfg, "vision_config", None) is not None and cfg.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+
+def build_meta_vl_model(config: Any, *, dtype: str = "bfloat16", num_layers: int | None = None):
+    """The whole vision-language model of ``config`` (tower, projector, language model) on the meta device
+    (AutoModelForImageTextToText), its language model cut to ``num_layers`` when given."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    cfg = copy.deepcopy(full_config(config))
+    if num_layers is not None:
+        text = cfg.get_text_config()
+        text.num_hidden_layers = num_layers
+        if getattr(text, "layer_types", None):
+            text.layer_types = list(text.layer_types)[:num_layers]
+    try:
+        with torch.device("meta"):
+            return AutoModelForImageTextToText.from_config(cfg, dtype=getattr(torch, dtype))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise AdvisorInputError("--model", f"transformers cannot build {cfg.model_type} on the meta device ({e})",
+                                cfg.model_type, show_value=False) from e
+
+
 def build_meta_model(config: Any, *, dtype: str = "bfloat16", num_layers: int | None = None,
                      trust_remote_code: bool = False):
-    """The causal-LM model of ``config`` on the meta device (shapes and dtypes only, no memory)."""
+    """The causal-LM model of ``config`` on the meta device (shapes and dtypes only, no memory); a vision-language
+    model whose language model transformers does not build alone (Qwen2-VL's, Qwen3-VL's) is built whole
+    (``build_meta_vl_model``): its decoder, embedding and head are the same modules."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    if not isinstance(config, dict) or "text_config" in config or "vision_config" in config:
+        full = full_config(config)
+        text = full.get_text_config() if hasattr(full, "get_text_config") else full
+        if not builds_as_causal_lm(text.model_type) and is_vision_language(full):
+            return build_meta_vl_model(full, dtype=dtype, num_layers=num_layers)
     cfg = copy.deepcopy(hf_config(config, trust_remote_code=trust_remote_code))
     if num_layers is not None:
         cfg.num_hidden_layers = num_layers
@@ -657,7 +719,8 @@ def probe_layers(cfg, layers, *, dtype: str = "bfloat16", trust_remote_code: boo
     """The cache and the call order of every layer, measured on a meta model cut after the first layer of each
     kind (its ``config.layer_types`` entry and its parameters' names, shapes and dtypes): layers of one kind keep
     the same cache and call their linears in the same order."""
-    layer_types = list(getattr(cfg, "layer_types", None) or [])
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    layer_types = list(getattr(text, "layer_types", None) or [])
     first: dict[tuple, int] = {}
     rep = []
     for i, layer in enumerate(layers):
@@ -707,14 +770,17 @@ def describe_architecture(config: Any, *, dtype: str = "bfloat16", with_cache: b
     import transformers
 
     cfg = hf_config(config, trust_remote_code=trust_remote_code)
+    full = full_config(config) if isinstance(config, dict) else config
+    vl = is_vision_language(full)
+    build_from = full if vl else cfg
     start = time.perf_counter()
-    model = build_meta_model(cfg, dtype=dtype, trust_remote_code=trust_remote_code)
+    model = build_meta_model(build_from, dtype=dtype, trust_remote_code=trust_remote_code)
     build_seconds = time.perf_counter() - start
     layers = decoder_layers(model)
     cache_seconds = 0.0
     if with_cache:
         start = time.perf_counter()
-        cache, order = probe_layers(cfg, layers, dtype=dtype, trust_remote_code=trust_remote_code)
+        cache, order = probe_layers(build_from, layers, dtype=dtype, trust_remote_code=trust_remote_code)
         cache_seconds = time.perf_counter() - start
     else:
         cache, order = [None] * len(layers), [{} for _ in layers]
@@ -748,7 +814,17 @@ def describe_architecture(config: Any, *, dtype: str = "bfloat16", with_cache: b
     tied = head is not None and head.weight is embed.weight
     embedding_params = embed.weight.numel()
     lm_head_params = 0 if tied or head is None else sum(p.numel() for p in head.parameters())
-    unique = {id(p): p for p in model.parameters()}
+    vision = None
+    if vl:  # the language model's parameters alone; the tower and projector are the vision facts
+        from advisor.core.vision_architecture import describe_vision
+
+        whole = model if hasattr(model, "get_decoder") and type(model).__name__.endswith("ConditionalGeneration") \
+            else build_meta_vl_model(full, dtype=dtype, num_layers=1)
+        vision = describe_vision(whole, full)
+        params = list(model.get_decoder().parameters()) + ([] if head is None else list(head.parameters()))
+    else:
+        params = list(model.parameters())
+    unique = {id(p): p for p in params}
     total = sum(p.numel() for p in unique.values())
     by_cat = dict.fromkeys(CATEGORIES, 0)
     for layer in final:
@@ -793,5 +869,5 @@ def describe_architecture(config: Any, *, dtype: str = "bfloat16", with_cache: b
         supports_flex_attn=bool(getattr(cls, "_supports_flex_attn", False)),
         keep_in_fp32_modules=tuple(sorted(getattr(cls, "_keep_in_fp32_modules_strict", None) or ())),
         final_logit_softcapping=float(softcap) if softcap else None, moe=_moe_facts(cfg, final), mla=mla,
-        linear_attention=linear_attention, transformers_version=transformers.__version__,
+        linear_attention=linear_attention, vision=vision, transformers_version=transformers.__version__,
         build_seconds=build_seconds, cache_seconds=cache_seconds)

@@ -95,6 +95,9 @@ class ModelSpec:
     """Where the spec came from: catalog, local, hf-cache."""
     path: str | None = None
     """Local directory holding config.json (and maybe weights and a tokenizer)."""
+    processor: dict = field(default_factory=dict, compare=False, hash=False)
+    """A vision-language model's image (and video) processor settings (models.yaml ``processor``: the class and its
+    preprocessor_config.json fields); empty for a text model."""
     config_key: str = ""
     """Key of ``config`` (advisor.core.architecture.config_key): two specs that differ only in their config (a tiny
     model's sliding window) are not equal, so caches keyed by the spec tell them apart."""
@@ -158,6 +161,15 @@ class ModelSpec:
         and keys), ``mlp_activation``, ``logit_softcap``, ``lora_target_sets`` (attention / mlp module names by the
         role of each linear)."""
         return self._arch
+
+    @property
+    def vision(self):
+        """The vision tower and projector (advisor.core.vision_architecture.VisionFacts), None for a text model."""
+        return self.description.vision
+
+    @property
+    def is_vision_language(self) -> bool:
+        return self.description.vision is not None
 
     @property
     def is_moe(self) -> bool:
@@ -228,15 +240,17 @@ INT_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_atte
 
 
 def spec_from_config(name: str, hf_id: str, config: dict, source: str, path: str | None,
-                      params_total: int | None, trust_remote_code: bool = False) -> ModelSpec:
+                      params_total: int | None, trust_remote_code: bool = False,
+                      processor: dict | None = None) -> ModelSpec:
     """The ModelSpec of a config.json's fields, from its derived description (``params_total``, when given, is
     the catalog's figure: tests/test_catalog_models.py checks it against the description)."""
     where = "--model"
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     for key in REQUIRED_FIELDS:
-        if key not in config:
+        if key not in text and key not in config:
             raise AdvisorInputError(where, f"config.json of {name} lacks the field {key!r}", name, show_value=False)
     for key in INT_FIELDS:
-        value = config.get(key)
+        value = text.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise AdvisorInputError(where, f"config.json of {name} has a field of the wrong type ({key} must be a "
                                     f"whole number, got {value!r})", name, show_value=False)
@@ -255,7 +269,7 @@ def spec_from_config(name: str, hf_id: str, config: dict, source: str, path: str
         num_kv_heads=desc.num_kv_heads, head_dim=desc.head_dim, vocab_size=desc.vocab_size,
         tie_word_embeddings=desc.tie_word_embeddings, max_position_embeddings=desc.max_position_embeddings,
         params_total=desc.params_total if params_total is None else int(params_total), config=dict(config),
-        source=source, path=path, config_key=config_key(config))
+        source=source, path=path, processor=dict(processor or {}), config_key=config_key(config))
     spec.__dict__["description"] = desc  # the cached_property, filled: no second lookup
     return spec
 
@@ -267,7 +281,8 @@ def build_hf_config(config: dict, trust_remote_code: bool = False):
 
 def _catalog_spec(key: str) -> ModelSpec:
     entry = model_catalog()[key]
-    return spec_from_config(key, entry["hf_id"], entry["config"], "catalog", None, entry["params_total"])
+    return spec_from_config(key, entry["hf_id"], entry["config"], "catalog", None, entry["params_total"],
+                            processor=entry.get("processor"))
 
 
 def _read_config_json(path: Path, name: str) -> dict:

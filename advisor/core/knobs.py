@@ -87,6 +87,9 @@ class Cli:
     implies: tuple[str, Any] | None = None
     """(knob, value): setting this knob away from its default sets that knob (``--checkpoint-layers``
     turns ``--gradient-checkpointing`` on)."""
+    repeat: bool = False
+    """The flag may be given several times, each one more value of a tuple knob (``--image-size 1024x768
+    --image-size 640x480``: two images per sample)."""
 
 
 @dataclass(frozen=True)
@@ -266,7 +269,8 @@ class Knob:
     @property
     def default_text(self) -> str | None:
         """The help's "(default ...)" part, derived from the default (None: nothing to say)."""
-        shown = None if self.default is None or self.cli.default or self.is_switch else format_value(self.default)
+        shown = (None if self.default in (None, ()) or self.cli.default or self.is_switch
+                 else format_value(self.default))
         means = self.cli.default_means
         if shown is not None and means:
             return f"(default {shown}: {means})"

@@ -13,8 +13,8 @@ from typing import Any
 
 from advisor.core.dtypes import DTYPE_BYTES, DTYPES  # noqa: F401  (DTYPE_BYTES: the ledgers import it from here)
 from advisor.core.errors import AdvisorInputError, ConfigErrors
-from advisor.core.knobs import (Cli, Custom, Key, Range, Refused, Search, Tag, Unkeyed, Workload, first, knob, knob_of,
-                                knobs, prefer, summary)
+from advisor.core.knobs import (Cli, Custom, Key, Range, Refused, Search, Tag, Unkeyed, Workload, first, format_value,
+                                knob, knob_of, knobs, prefer, summary)
 from advisor.core.optimizers import names_where, optimizer, optimizers
 
 METHODS = ("full", "lora", "qlora")
@@ -191,6 +191,11 @@ _RL_AXOLOTL = Custom()  # rl: grpo|dpo with its trl: and vllm: sections (advisor
 _RL_LLAMAFACTORY = Refused("LLaMA-Factory has no GRPO stage (its stages: pt, sft, rm, ppo, dpo, kto)")
 _DPO_LLAMAFACTORY = Custom()  # stage: dpo, pref_beta (advisor.configs._rl_tools)
 _ENV = Unkeyed("an environment variable: the header's launch command sets PYTORCH_CUDA_ALLOC_CONF")
+_IN_THE_DATA = Unkeyed("the data carries its images and videos: their sizes shape the plan, not the file")
+_NO_PROCESSOR = Refused("train.py does not build the image processor yet: export to LLaMA-Factory")
+_NO_PIXEL_KEY = Refused("it has no key for the vision settings of the plan")
+VISION_TOWER = ("frozen", "lora", "full")
+"""What trains in a vision-language model's tower: nothing (the default everywhere), LoRA adapters, every weight."""
 
 
 @dataclass(frozen=True)
@@ -497,6 +502,103 @@ class Plan:
         keys={"advisor": _RL_ADVISOR, "axolotl": _RL_AXOLOTL, "llamafactory": _DPO_LLAMAFACTORY,
               "trl": Key("padding_free", omit_default=True)})
     """DPO: padding-free batches (DPOConfig.padding_free; TRL 1.16 warns and falls back to padding)."""
+    # ---- vision-language models: what a sample holds (the workload) and the vision levers (docs/vision.md)
+    image_sizes: tuple[str, ...] = knob(
+        (), help="an image of the sample, WIDTHxHEIGHT in pixels (repeat the flag for several images per sample; "
+                 "plan on the largest sample of a batch)", workload=Workload(),
+        cli=Cli(flag="--image-size", metavar="WxH", parse=lambda text: parse_image_size(text), repeat=True,
+                default_means="no image"),
+        tag=Tag(lambda plan: "img" + "+".join(plan.image_sizes) if plan.image_sizes else None),
+        keys={f: _IN_THE_DATA for f in ("advisor", "axolotl", "llamafactory", "trl")})
+    """The images of one sample (the largest of a batch), each ``WxH`` in pixels as the data holds them, before the
+    processor resizes them: the user's data, not a lever."""
+    video_frames: int = knob(
+        0, help="frames of a video in the sample, as sampled", range=_ZERO_OR_MORE, workload=Workload(),
+        cli=Cli(default_means="no video"),
+        tag=Tag(lambda plan: f"vid{plan.video_frames}f" if plan.video_frames else None),
+        keys={f: _IN_THE_DATA for f in ("advisor", "axolotl", "llamafactory", "trl")})
+    """Frames of one video per sample as the processor receives them (already sampled); each frame is planned at the
+    per-frame pixel budget (a frame larger than it is resized down to it). 0: no video, unless --video-seconds."""
+    video_seconds: float = knob(
+        0.0, help="length of a video in the sample, in seconds, sampled at --video-fps",
+        range=Range(low=0), workload=Workload(), cli=Cli(default_means="none"),
+        tag=Tag(lambda plan: f"vid{format_value(plan.video_seconds)}s" if plan.video_seconds else None),
+        keys={f: _IN_THE_DATA for f in ("advisor", "axolotl", "llamafactory", "trl")})
+    """The video's length: the processor samples ``seconds x fps`` frames (qwen_vl_utils / transformers'
+    ``sample_frames``), within its min and max frames. The user's data, not a lever."""
+    max_pixels: int | None = knob(
+        None, help="image pixel budget: each image resized to at most this many pixels (Qwen's max_pixels)",
+        range=_WHOLE, cli=Cli(metavar="PIXELS", default_means="the model's processor's"),
+        tag=Tag(lambda plan: f"maxpx{plan.max_pixels}" if plan.max_pixels else None),
+        keys={"advisor": _NO_PROCESSOR, "axolotl": _NO_PIXEL_KEY, "trl": _NO_PIXEL_KEY,
+              "llamafactory": Key("image_max_pixels", omit_default=True)})
+    """The image processor's ``max_pixels`` (Qwen's ``size.longest_edge``): resolution traded for tokens. None: the
+    processor's own (preprocessor_config.json)."""
+    min_pixels: int | None = knob(
+        None, help="image pixel floor: each image resized to at least this many pixels (Qwen's min_pixels)",
+        range=_WHOLE, cli=Cli(metavar="PIXELS", default_means="the model's processor's"),
+        tag=Tag(lambda plan: f"minpx{plan.min_pixels}" if plan.min_pixels else None),
+        keys={"advisor": _NO_PROCESSOR, "axolotl": _NO_PIXEL_KEY, "trl": _NO_PIXEL_KEY,
+              "llamafactory": Key("image_min_pixels", omit_default=True)})
+    """The image processor's ``min_pixels`` (``size.shortest_edge``). None: the processor's own."""
+    video_max_pixels: int | None = knob(
+        None, help="per-frame pixel budget of a video", range=_WHOLE,
+        cli=Cli(metavar="PIXELS", default_means="the model's video processor's"),
+        tag=Tag(lambda plan: f"vidpx{plan.video_max_pixels}" if plan.video_max_pixels else None),
+        keys={"advisor": _NO_PROCESSOR, "axolotl": _NO_PIXEL_KEY, "trl": _NO_PIXEL_KEY,
+              "llamafactory": Key("video_max_pixels", omit_default=True)})
+    """The video processor's per-frame ``max_pixels``. None: the processor's own."""
+    video_total_pixels: int | None = knob(
+        None, help="pixel budget of a whole video (frames x per-frame pixels); lowers the per-frame budget of a "
+                   "long video", range=_WHOLE, cli=Cli(metavar="PIXELS", default_means="none"),
+        tag=Tag(lambda plan: f"vidtot{plan.video_total_pixels}" if plan.video_total_pixels else None),
+        keys={"advisor": _NO_PROCESSOR, "axolotl": _NO_PIXEL_KEY, "trl": _NO_PIXEL_KEY,
+              "llamafactory": Refused("it has no key for a video's total pixel budget (qwen_vl_utils "
+                                      "VIDEO_TOTAL_PIXELS)")})
+    """qwen_vl_utils' ``VIDEO_TOTAL_PIXELS``: the per-frame budget becomes at most ``total / frames x 2``
+    (``fetch_video``: ``max_pixels = max(min(VIDEO_MAX_PIXELS, total_pixels / nframes * FRAME_FACTOR), ...)``).
+    None: no total budget."""
+    video_fps: float | None = knob(
+        None, help="frames sampled per second of video (with --video-seconds)", range=Range(low=0, low_inclusive=False),
+        cli=Cli(default_means="the model's video processor's"),
+        tag=Tag(lambda plan: f"fps{format_value(plan.video_fps)}" if plan.video_fps else None),
+        keys={"advisor": _NO_PROCESSOR, "axolotl": _NO_PIXEL_KEY, "trl": _NO_PIXEL_KEY,
+              "llamafactory": Key("video_fps", omit_default=True)})
+    """The video processor's sampling rate (Qwen: 2 frames per second). None: the processor's own."""
+    max_frames: int | None = knob(
+        None, help="most frames sampled from one video", range=_WHOLE,
+        cli=Cli(default_means="the model's video processor's"),
+        tag=Tag(lambda plan: f"maxf{plan.max_frames}" if plan.max_frames else None),
+        keys={"advisor": _NO_PROCESSOR, "axolotl": _NO_PIXEL_KEY, "trl": _NO_PIXEL_KEY,
+              "llamafactory": Key("video_maxlen", omit_default=True)})
+    """The video processor's ``max_frames`` (LLaMA-Factory ``video_maxlen``). None: the processor's own."""
+    vision_tower: str = knob(
+        "frozen", help="the vision tower: frozen, LoRA adapters on its linears, or trained in full", choices=VISION_TOWER,
+        cli=Cli(alias=("--train-vision-tower", "full")),
+        tag=Tag(lambda plan: None if plan.vision_tower == "frozen" else f"vit-{plan.vision_tower}"),
+        keys={"advisor": _NO_PROCESSOR, "axolotl": Refused("it has no key to train the vision tower"),
+              "trl": Refused("its SFT script has no key to train the vision tower"),
+              "llamafactory": Custom("freeze_vision_tower")})
+    """frozen (the default of every stack: ms-swift freeze_vit, LLaMA-Factory freeze_vision_tower), lora (adapters on
+    the tower's linear modules, as --lora-targets names them), full (every tower weight trained)."""
+    train_projector: bool = knob(
+        False, help="train the projector / merger between the tower and the language model",
+        tag=Tag("+proj"),
+        keys={"advisor": _NO_PROCESSOR, "axolotl": Refused("it has no key to train the projector"),
+              "trl": Refused("its SFT script has no key to train the projector"),
+              "llamafactory": Custom("freeze_multi_modal_projector")})
+    """Train the projector (Qwen's merger, the deepstack mergers, multi_modal_projector) in full; frozen by default
+    (LLaMA-Factory freeze_multi_modal_projector: true, ms-swift freeze_aligner: true)."""
+    vision_gradient_checkpointing: bool = knob(
+        False, help="recompute each vision-tower block in backward (apart from --gradient-checkpointing)",
+        tag=Tag("vit-ckpt"),
+        keys={"advisor": _NO_PROCESSOR, "axolotl": Refused("it has no key for the tower's own checkpointing"),
+              "trl": Refused("it has no key for the tower's own checkpointing"),
+              "llamafactory": Refused("its gradient checkpointing follows the language model's; it has no key for "
+                                      "the tower's own")})
+    """Checkpoint the vision tower's blocks (their inputs kept, the rest recomputed in backward). Off unless given:
+    transformers' ``gradient_checkpointing_enable`` turns it on for every submodule that supports it, the tower
+    included, so the exported run turns it off on the tower when this is off."""
 
     # ------------------------------------------------------------------ derived
 
@@ -597,6 +699,7 @@ class Plan:
                     "use zero2_cpu with qlora", self.offload)
         optimizer_problems(self, bad)
         rl_plan_problems(self, bad)
+        vision_plan_problems(self, bad)
         if self.precision in ("fp16",) and self.method == "full":
             bad("precision", "pure fp16 full fine-tuning diverges (no fp32 master weights): use mixed_fp16 or bf16",
                 self.precision)
@@ -639,6 +742,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["lora_targets"] = self.lora_targets if isinstance(self.lora_targets, str) else list(self.lora_targets)
+        d["image_sizes"] = list(self.image_sizes)
         return d
 
     @classmethod
@@ -655,6 +759,8 @@ class Plan:
                 data.setdefault(name, convert(value))
         if "lora_targets" in data:
             data["lora_targets"] = normalize_targets(data["lora_targets"])
+        if isinstance(data.get("image_sizes"), list):
+            data["image_sizes"] = tuple(data["image_sizes"])
         return cls(**data)
 
     def with_(self, **changes: Any) -> "Plan":
@@ -787,6 +893,65 @@ def generation_steps(plan: Plan) -> int:
     """Micro-batches trained per generation batch: steps_per_generation, or TRL's default, the gradient
     accumulation (GRPOConfig.__post_init__)."""
     return plan.steps_per_generation if plan.steps_per_generation is not None else plan.grad_accum
+def parse_image_size(text: str) -> str:
+    """"1024x768" (or 1024X768, 1024*768) → "1024x768"; anything else is an input error naming --image-size."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+)\s*[xX*]\s*(\d+)\s*", str(text))
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise AdvisorInputError("--image-size", "must be WIDTHxHEIGHT in whole pixels (1024x768)", text)
+    return f"{int(m.group(1))}x{int(m.group(2))}"
+
+
+def image_size_of(text: str) -> tuple[int, int]:
+    """(width, height) of an ``image_sizes`` entry."""
+    w, h = parse_image_size(text).split("x")
+    return int(w), int(h)
+
+
+def vision_plan_problems(plan: Plan, bad) -> None:
+    """The rules of the vision knobs that need no model (the model's own: ``vision_model_problems``)."""
+    sizes = plan.image_sizes
+    if not isinstance(sizes, tuple) or not all(isinstance(s, str) for s in sizes):
+        bad("image_sizes", "must be a list of WIDTHxHEIGHT sizes", sizes)
+    else:
+        for s in sizes:
+            try:
+                parse_image_size(s)
+            except AdvisorInputError as e:
+                bad("image_sizes", e.rule, s)
+    if plan.video_frames and plan.video_seconds:
+        bad("video_seconds", f"a video is given by its frames ({flag_of('video_frames')}) or by its length "
+            f"({flag_of('video_seconds')}), not both", plan.video_seconds)
+    if isinstance(plan.min_pixels, int) and isinstance(plan.max_pixels, int) and plan.min_pixels > plan.max_pixels:
+        bad("min_pixels", f"is above {flag_of('max_pixels')} {plan.max_pixels}", plan.min_pixels)
+    if plan.vision_tower == "lora" and not plan.peft:
+        bad("vision_tower", "LoRA on the vision tower needs adapters: use --method lora or qlora (or --vision-tower "
+            "full with --method full)", plan.vision_tower)
+
+
+def has_vision_input(plan: Plan) -> bool:
+    """The sample holds an image or a video."""
+    return bool(plan.image_sizes or plan.video_frames or plan.video_seconds)
+
+
+VISION_INPUT_KNOBS = ("image_sizes", "video_frames", "video_seconds")
+VISION_LEVER_KNOBS = ("max_pixels", "min_pixels", "video_max_pixels", "video_total_pixels", "video_fps", "max_frames",
+                      "vision_tower", "train_projector", "vision_gradient_checkpointing")
+
+
+def vision_model_problems(plan: Plan, is_vision_language: bool, model_name: str = "") -> list[AdvisorInputError]:
+    """The model-dependent rule of the vision knobs: a text model has no tower to feed or train."""
+    if is_vision_language:
+        return []
+    errs = []
+    for name in (*VISION_INPUT_KNOBS, *VISION_LEVER_KNOBS):
+        k = knob_of(type(plan), name)
+        if getattr(plan, name) != k.default:
+            errs.append(AdvisorInputError(k.flag, f"{model_name or 'the model'} is a text model (no vision tower): "
+                                          "use a vision-language model (`advisor models` lists them)",
+                                          getattr(plan, name)))
+    return errs
 
 
 def checkpoint_depth_problems(plan: Plan, num_layers: int) -> list[AdvisorInputError]:

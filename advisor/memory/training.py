@@ -23,7 +23,7 @@ from advisor.memory.ledger import MemoryReport, empty
 from advisor.memory.overhead import overhead_of as framework_overhead_of
 from advisor.core.plan import DTYPE_BYTES, Plan, checkpointed_layers
 from advisor.core.adapters import adapted_modules
-from advisor.memory import experts, loss_dora_packing, tensors
+from advisor.memory import experts, loss_dora_packing, tensors, vision
 from advisor.memory.experts import (FP32_NORM_WEIGHT, SHARED_INPUT, linear_input_of, normalized_bytes,  # noqa: F401
                                      sliding_mask_bytes, sliding_window_applies)
 from advisor.memory.host import OFFLOAD_MIN_BYTES, host_memory, pinned_block_bytes, pinned_bytes_of
@@ -438,7 +438,8 @@ def estimate_training(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None) 
     """The analytic ledger of one measured step (after warm-up: optimizer states exist), dense or a mixture of
     experts: the layers' terms (layer_terms: advisor.memory.experts for routed experts and latent attention), the
     same phases for both. A GRPO or DPO plan's step is advisor.memory.rl's (``step_ledger``: this ledger with TRL's
-    head and what the task keeps resident)."""
+    head and what the task keeps resident). A vision-language model's tower (advisor.memory.vision) is laid over the
+    same phases, and its language model's sequence holds the image tokens beside ``--seq-len`` text tokens."""
     if plan.task != "sft":
         raise ValueError(f"estimate_training counts a supervised step; a {plan.task} plan's is "
                          "advisor.memory.rl.step_ledger's")
@@ -452,6 +453,14 @@ def estimate_step(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *,
     ``reference_forward``: a no-grad forward of a reference model run after the forward and before backward, every
     saved activation alive (DPOTrainer._compute_loss), its peak transient."""
     plan.validate()
+    vis = None
+    if vision.applies(model, plan):
+        from advisor.core.vision_tokens import count_sample
+
+        vis = count_sample(model, plan)
+        asked = plan
+        if vis is not None and vis.text_tokens:
+            plan = plan.with_(seq_len=plan.seq_len + vis.text_tokens)
     pb = param_breakdown(model, plan)
     weights, consts = weight_bytes(model, plan, pb)
     tb = trainable_dtype_bytes(plan)
@@ -558,6 +567,15 @@ def estimate_step(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *,
         # the policy's head output and saved tensors stay while the reference runs (DPOTrainer._compute_loss)
         phases["reference-forward"] = dict(gradients=grads_held, activations=acts,
                                            transient=logits_fwd + reference_forward + autocast_cache)
+    tower = None
+    if vision.applies(model, plan):
+        ratio = states / (pb.trainable * tb) if pb.trainable else 0.0
+        tower = vision.estimate_vision(model, asked, vis, ratio)
+        vision.add_to_phases(phases, tower)
+        weights += tower.weights
+        consts += tower.quant_constants
+        adapters += tower.adapter_weights
+        states += tower.optimizer_states
     peak_phase, at_peak = max(phases.items(), key=lambda kv: sum(kv[1].values()))
 
     device = empty()
@@ -572,7 +590,9 @@ def estimate_step(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *,
     return _report(device, host, hm, notes, plan, gpu, peak_phase, max(logits_fwd, logits_bwd),
                    {"params_trainable": pb.trainable, "lora_modules": list(pb.lora_modules),
                     "lora_experts": bool(plan.peft and plan.lora_experts),
-                    "activations_per_layer_bytes": layer_acts, "saved_activations_bytes": int(acts)})
+                    "activations_per_layer_bytes": layer_acts, "saved_activations_bytes": int(acts),
+                    **({"vision": {**tower.to_dict(), "sample": vis.to_dict() if vis else None,
+                                   "language_model_seq_len": plan.seq_len}} if tower is not None else {})})
 
 
 def moe_notes(model: ModelSpec, plan: Plan) -> list[str]:

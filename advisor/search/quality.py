@@ -51,6 +51,8 @@ user asked for (a plan that changes it changes the dynamics)."""
 CLASSES: dict[str, tuple[str, ...]] = {
     "lora_targets": TARGET_CLASSES, "lora_alpha": ("2r", "other"), "lora_dropout": ("0-0.1", "other"),
     "checkpoint_layers": ("all", "some"), "steps_per_generation": ("on-policy", "off-policy"),
+    **{name: ("default", "set") for name in ("max_pixels", "min_pixels", "video_max_pixels", "video_total_pixels",
+                                             "video_fps", "max_frames")},
 }
 """Levers whose values quality.yaml prices by class (``value_key``), not one by one."""
 
@@ -467,6 +469,8 @@ def value_key(plan: Plan, lever: str) -> str:
     if lever == "steps_per_generation":  # each generation trained within one optimizer step (TRL: no old log-probs)
         spg = plan.steps_per_generation
         return "on-policy" if spg is None or plan.grad_accum % spg == 0 else "off-policy"
+    if CLASSES.get(lever) == ("default", "set"):  # a processor setting: its own (None) or the plan's
+        return "default" if getattr(plan, lever) is None else "set"
     if LEVER_VALUES[lever] == ANY:
         return "any"
     return _key(getattr(plan, lever))

@@ -47,11 +47,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from advisor.core.catalog import GpuSpec, ModelSpec
-from advisor.core.plan import Plan
+from advisor.core.plan import Plan, has_vision_input
 from advisor.memory.sharding import DEFAULT_SHARDING
 from advisor.speed.inputs import StepInputs
 from advisor.speed import low_rank_and_offload_terms  # noqa: F401 - registers low_rank_projection, activation_offload, paged_spill
 from advisor.speed import chunked_loss_terms  # noqa: F401 - registers the chunked loss's recompute term
+from advisor.speed import vision_terms  # noqa: F401 - registers the vision tower's term
 from advisor.speed.calibration import for_gpu
 from advisor.speed.terms import TERMS, evaluate_terms, kind_lora_modules
 
@@ -176,6 +177,12 @@ def predict_throughput(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1
             padded = max(1, round(data.expected_padded(plan.seq_len, plan.micro_batch)))
             frac = min(1.0, data.mean_tokens(plan.seq_len) / padded)
             plan = plan.with_(seq_len=padded)
+    if model.vision is not None and has_vision_input(plan):  # the language model's sequence holds the image tokens
+        from advisor.core.vision_tokens import count_sample
+
+        vis = count_sample(model, plan)
+        if vis is not None and vis.text_tokens:
+            plan = plan.with_(seq_len=plan.seq_len + vis.text_tokens)
     s = StepInputs(model, plan, gpu, gpus, sharding, k, stack)
     raw = evaluate_terms(s)
     source, scale = "predicted", {"gpu": 1.0, "cpu": 1.0, "link": 1.0}

@@ -132,7 +132,8 @@ def extrapolate_phases(a: StepTrace, b: StepTrace, L: int) -> dict[str, PhasePea
         pa, pb = a.phases[name], b.phases[name]
         ledger = {c: max(0, round(pb.ledger[c] + k * (pb.ledger[c] - pa.ledger[c]))) for c in pb.ledger}
         host = max(0, round(pb.host_bytes + k * (pb.host_bytes - pa.host_bytes)))
-        out[name] = PhasePeak(name, sum(ledger.values()), ledger, host_bytes=host)
+        # a vision-language model's tower and projector are the same in both traces (advisor.runtime.simulate.vision)
+        out[name] = PhasePeak(name, sum(ledger.values()), ledger, host_bytes=host, parts=pb.parts)
     return out
 
 
@@ -253,7 +254,8 @@ def simulate_kinds(spec: ModelSpec, plan: Plan, kinds: list[tuple[int, ...]], *,
         for step, k in enumerate(added):
             host += (len(kinds[k]) - counts[k]) * (traces[step + 1].phases[name].host_bytes
                                                     - traces[step].phases[name].host_bytes)
-        phases[name] = PhasePeak(name, sum(ledger.values()), ledger, host_bytes=max(0, round(host)))
+        phases[name] = PhasePeak(name, sum(ledger.values()), ledger, host_bytes=max(0, round(host)),
+                                 parts=last.phases[name].parts)
     top = max(phases.values(), key=lambda p: p.bytes)
     note = (f"layers of {len(kinds)} kinds ({', '.join(names)}): traced "
             f"{', '.join(str(len(t)) for t in traces_layers)} layers (the model's first layers, then one more of "

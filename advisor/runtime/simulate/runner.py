@@ -47,6 +47,9 @@ class PhasePeak:
     """Decoder layer -> host bytes it holds at the peak (offloaded copies it made)."""
     at_layer: int | None = None
     """The decoder layer running when the peak was reached (None: outside the layers)."""
+    parts: dict = field(default_factory=dict)
+    """A vision-language model's tower and projector at the peak: {part: {category: bytes}}, bytes that are in
+    ``ledger`` too (advisor.runtime.simulate.vision)."""
 
 
 @dataclass
@@ -68,6 +71,8 @@ class StepTrace:
     order), for the caching-allocator replay (advisor.runtime.simulate.reserved)."""
     event_layers: list = field(default_factory=list)
     """For each event, the decoder layer it happened in, or None (``tag_layers``)."""
+    parts: dict = field(default_factory=dict)
+    """The peak phase's ``PhasePeak.parts``."""
 
 
 @contextlib.contextmanager
@@ -139,13 +144,16 @@ traced step of 2 to one of the whole accumulation)."""
 def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: int | None = None,
                target_device: str = "cuda", quant_impl: str = "auto", seed: int = 0,
                checkpoint_set: tuple[int, ...] | None = None, layers: tuple[int, ...] | None = None,
-               micro_steps: int | None = TRACED_MICRO_STEPS) -> StepTrace:
+               micro_steps: int | None = TRACED_MICRO_STEPS, vision=None, tower_layers: int | None = None) -> StepTrace:
     """Trace warm-up + one measured step of ``plan`` on ``spec`` (``num_layers`` decoder layers, or the layers of
     the full model at the indices ``layers``: advisor.runtime.build.select_layers), each of ``micro_steps``
     micro-batches (None: all ``grad_accum`` of them).
 
     GaLore / APOLLO: the measured step updates the projection (``update_proj_gap`` 1 in the trace), the
     step every ``optim_proj_gap`` steps whose SVD / random projection is the optimizer's memory spike.
+
+    A vision-language model (advisor.runtime.simulate.vision): ``vision`` its settings (default: the plan's),
+    ``tower_layers`` the tower's blocks to build; its tower and projector are tagged apart (``PhasePeak.parts``).
     """
     import torch
     from torch._subclasses import FakeTensorMode
@@ -206,6 +214,8 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
                 rec = tracker.record_of(v)
                 if rec is not None:
                     ids["optimizer_states"].add(rec.uid)
+            if multimodal:
+                vl.tag_part_storages(setup.model, tracker, setup.optimizer)
         if name == "forward":
             forward_begin["clock"] = tracker.clock
             if measuring["on"] and not ids.get("params"):
@@ -218,19 +228,34 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
                         ids["optimizer_states"].add(rec.uid)
         tracker.phase = name if name in PHASES else tracker.phase
         tracker.layer = None
+        tracker.part = None
         tracker.reset_peak()
         tracker.host_peak, tracker.host_peak_clock = tracker.host_bytes, tracker.clock
         marks.setdefault(name, tracker.clock)
 
     gap = 1 if plan.optimizer in LOW_RANK_OPTIMIZERS else None
     PACKED["on"] = plan.packing
-    with cuda_semantics(), offload_semantics(), fake_mode, tracker, host_allocations(tracker.on_host, pack):
+    from advisor.runtime.simulate import vision as vl
+
+    multimodal = vl.is_vision(spec)
+    if multimodal:
+        from advisor.runtime.simulate.vision_shadow import shadow_values
+    shadow = shadow_values() if multimodal and fake else contextlib.nullcontext()
+    with cuda_semantics(), offload_semantics(), fake_mode, shadow, tracker, host_allocations(tracker.on_host, pack):
         # built outside the saved-tensor hook: a graph made while building (DoRA's weight norm at peft's
         # init, never backpropagated) would stay alive through the hook's reference to its own output
-        setup = build_training_setup(spec, plan, device="cpu", num_layers=num_layers, quant_impl=quant_impl,
-                                     seed=seed, target_device=target_device, checkpoint_set=checkpoint_set,
-                                     on_grad=on_grad, proj_gap=gap, layers=layers)
+        if multimodal:
+            setup = vl.build_vision_setup(spec, plan, vision, device="cpu", num_layers=num_layers,
+                                          tower_layers=tower_layers, layers=layers, seed=seed,
+                                          target_device=target_device,
+                                          on_grad=on_grad)
+        else:
+            setup = build_training_setup(spec, plan, device="cpu", num_layers=num_layers, quant_impl=quant_impl,
+                                         seed=seed, target_device=target_device, checkpoint_set=checkpoint_set,
+                                         on_grad=on_grad, proj_gap=gap, layers=layers)
         layer_hooks = tag_layers(_decoder_layers(setup.model), tracker)
+        if multimodal:
+            layer_hooks += vl.tag_parts(setup.model, tracker)
         tag_layer_storages(_decoder_layers(setup.model), tracker, None)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             batches = [setup.make_batch(i) for i in range(min(plan.grad_accum, micro_steps or plan.grad_accum))]
@@ -238,6 +263,8 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
             warm_clock = tracker.clock
             setup.train_step(batches)  # warm-up
             tag_layer_storages(_decoder_layers(setup.model), tracker, setup.optimizer)
+            if multimodal:
+                vl.tag_part_storages(setup.model, tracker, setup.optimizer)
             measuring["on"] = True
             tracker.phase = "baseline"
             baseline = tracker.live_bytes
@@ -277,15 +304,16 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
                 if rec.layer is not None:
                     host_by_layer[rec.layer] = host_by_layer.get(rec.layer, 0) + rec.nbytes
             at = next((r.layer for r in tracker.records if r.born == clock), None) if clock else None
+            parts = vl.parts_ledger(live, groups) if multimodal else {}
             phases[phase] = PhasePeak(phase, nbytes, ledger, largest, host_peaks.get(phase, 0), by_layer,
-                                      host_by_layer, at)
+                                      host_by_layer, at, parts)
         notes = list(setup.notes)
         layers = len(_decoder_layers(setup.model))
         events, event_layers = tracker.allocator_events(warm_clock, layers=True)
     top = max(phases.values(), key=lambda p: p.bytes)
     return StepTrace(num_layers=layers, peak_bytes=top.bytes, peak_phase=top.phase, ledger=top.ledger,
                      phases=phases, baseline_bytes=baseline, seconds=time.perf_counter() - start, fake=fake,
-                     notes=notes, events=events, event_layers=event_layers)
+                     notes=notes, events=events, event_layers=event_layers, parts=top.parts)
 
 
 @contextlib.contextmanager
@@ -418,7 +446,9 @@ def tag_layer_storages(layers, tracker, optimizer) -> None:
 
 def _decoder_layers(model):
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return base.model.layers
+    inner = base.model
+    # a vision-language model's decoder layers are its language model's
+    return inner.language_model.layers if hasattr(inner, "language_model") else inner.layers
 
 
 def _identity_groups(tracker, setup, constants, plan: Plan) -> dict[int, str]:

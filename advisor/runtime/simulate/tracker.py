@@ -44,6 +44,8 @@ class Record:
     """The decoder layer whose forward, recomputation or backward was running when it was made (runner.py tags)."""
     died_layer: int | None = None
     """The same when it was freed."""
+    part: str | None = None
+    """The part of a vision-language model it belongs to (vision_tower, projector; advisor.runtime.simulate.vision)."""
 
 
 @dataclass
@@ -71,6 +73,7 @@ def _make_mode_class():
             self._refs: dict[int, weakref.ref] = {}
             self.phase = "build"
             self.layer: int | None = None
+            self.part: str | None = None
             self.peak = Peak()
             self.paused = 0
             self.phantoms = PHANTOMS
@@ -90,7 +93,8 @@ def _make_mode_class():
             # an offload's host copies are pinned: torch's CachingHostAllocator gives each a power-of-two block
             size = pinned_block_bytes(nbytes) if on_host else round_block(nbytes, self.block)
             rec = Record(uid=len(self.records), nbytes=size, born=self._tick(),
-                         phase=self.phase, requested=int(nbytes), host=on_host, layer=self.layer)
+                         phase=self.phase, requested=int(nbytes), host=on_host, layer=self.layer,
+                         part=self.part)
             self.records.append(rec)
             if rec.host:
                 self.host_bytes += rec.nbytes
@@ -229,8 +233,18 @@ def _data_dependent_scalar(t):
     """A fake tensor has no values, so ``.item()`` / ``.tolist()`` / ``bool()`` cannot be answered; some
     optimizers read one to steer control flow, not memory (APOLLO's next projection seed and its norm-growth
     limiter, apollo_torch/random_projector.py next_seed). Answer 1 (True for bools): every branch they take
-    allocates the same tensors, which the fake-vs-real tests prove on the CPU."""
+    allocates the same tensors, which the fake-vs-real tests prove on the CPU. A tensor with real values beside it
+    (a vision-language model's image grid and placeholder ids: advisor.runtime.simulate.vision_shadow) answers
+    its own value."""
     import torch
+
+    from advisor.runtime.simulate.vision_shadow import shadow_of
+
+    if shadow_of(t) is not None:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            return shadow_of(t).item()
 
     if t.dtype is torch.bool:
         return True

@@ -1,0 +1,139 @@
+"""Image and video tokens as the model's own processor counts them: the counts the advisor plans with
+(advisor.core.vision_tokens) against transformers' processor called on real images of those sizes (PIL, on the CPU;
+no download: the processor is built from the catalog's stored preprocessor settings)."""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor.core.catalog import resolve_model
+from advisor.core.errors import AdvisorInputError
+from advisor.core.plan import Plan, parse_image_size
+from advisor.core.vision_tokens import _processor_class, count_image, count_sample, video_frames
+
+pytest.importorskip("PIL")
+
+
+def _processor_call(spec, width: int, height: int, **bounds):
+    """(patches, tokens) of transformers' own processor run on a width x height image."""
+    from PIL import Image
+
+    s = spec.processor["image"]
+    image = Image.new("RGB", (width, height))
+    if s["class"] == "Qwen2VLImageProcessor":
+        proc = _processor_class(s["class"])(patch_size=s["patch_size"], merge_size=s["merge_size"],
+                                            temporal_patch_size=s["temporal_patch_size"],
+                                            min_pixels=bounds.get("min_pixels", s["min_pixels"]),
+                                            max_pixels=bounds.get("max_pixels", s["max_pixels"]))
+        out = proc(images=[image], return_tensors="np")
+        t, h, w = (int(x) for x in out["image_grid_thw"][0])
+        assert out["pixel_values"].shape[0] == t * h * w  # one row per patch: the tower's sequence
+        return t * h * w, t * h * w // s["merge_size"] ** 2
+    proc = _processor_class(s["class"])(size={"height": s["size"], "width": s["size"]})
+    out = proc(images=[image], return_tensors="np")
+    side = out["pixel_values"].shape[-1]
+    return (side // spec.vision.patch_size) ** 2, spec.config["mm_tokens_per_image"]
+
+
+CASES = [  # (model, width, height, bounds, the tokens the issue states)
+    ("Qwen/Qwen2.5-VL-7B-Instruct", 1024, 768, {}, 999),
+    ("Qwen/Qwen2.5-VL-7B-Instruct", 3840, 2160, {"max_pixels": 1003520}, 1222),
+    ("Qwen/Qwen3-VL-8B-Instruct", 1024, 768, {}, 768),
+    ("google/gemma-3-12b-it", 1024, 768, {}, 256),
+    ("Qwen/Qwen2-VL-7B-Instruct", 640, 480, {}, None),
+    ("Qwen/Qwen2.5-VL-3B-Instruct", 100, 80, {}, None),  # under min_pixels: enlarged
+    ("Qwen/Qwen3-VL-30B-A3B-Instruct", 1920, 1080, {"max_pixels": 802816}, None),
+]
+
+
+@pytest.mark.parametrize("model, width, height, bounds, expected", CASES)
+def test_counts_match_the_processor(model, width, height, bounds, expected):
+    spec = resolve_model(model)
+    counted = count_image(spec, width, height, **bounds)
+    patches, tokens = _processor_call(spec, width, height, **bounds)
+    assert (counted.vision_tokens, counted.tokens) == (patches, tokens)
+    if expected is not None:
+        assert counted.tokens == expected
+
+
+def test_the_sample_adds_its_images_and_the_tower_sees_four_times_more():
+    spec = resolve_model("qwen2.5-vl-7b")
+    vis = count_sample(spec, Plan(image_sizes=("1024x768", "3840x2160"), max_pixels=1003520))
+    assert [i.tokens for i in vis.images] == [999, 1222]
+    assert vis.image_tokens == vis.text_tokens == 999 + 1222
+    assert vis.vision_tokens == 4 * (999 + 1222)  # the 2x2 merge
+    d = vis.to_dict()
+    assert d["image_tokens_per_image"] == [999, 1222] and d["vision_tokens"] == vis.vision_tokens
+
+
+def test_video_frames_and_their_budget():
+    spec = resolve_model("qwen2.5-vl-7b")
+    vis = count_sample(spec, Plan(video_frames=12, video_max_pixels=200704))
+    assert vis.video.frames == 12 and vis.video.grid[0] == 6  # temporal patches of 2 frames
+    assert vis.video.resized[0] * vis.video.resized[1] <= 200704
+    assert vis.video_tokens == vis.video.grid[0] * vis.video.grid[1] * vis.video.grid[2] // 4
+    lower = count_sample(spec, Plan(video_frames=12, video_max_pixels=200704, video_total_pixels=12 * 100352 // 2))
+    assert lower.video_tokens < vis.video_tokens  # a total budget lowers the per-frame one
+    # seconds x the processor's 2 fps, capped by --max-frames, rounded to whole temporal patches
+    assert video_frames(spec, Plan(video_seconds=10)) == 20
+    assert video_frames(spec, Plan(video_seconds=10, max_frames=7)) == 6
+    assert video_frames(spec, Plan(video_seconds=10, video_fps=1.0)) == 10
+
+
+def test_bad_image_sizes_name_the_flag():
+    assert parse_image_size("1024X768") == "1024x768"
+    for bad in ("1024", "0x10", "axb", "10x-3"):
+        with pytest.raises(AdvisorInputError, match="--image-size"):
+            parse_image_size(bad)
+    assert Plan(image_sizes=("1024x",)).problems()[0].where == "--image-size"
+    with pytest.raises(AdvisorInputError, match="--image-size"):
+        count_image(resolve_model("qwen2.5-vl-7b"), 10000, 20)  # an aspect ratio beyond 200: smart_resize refuses
+
+
+@pytest.mark.parametrize("width, height", [(1024, 768), (448, 448), (3840, 2160), (500, 2000)])
+def test_internvl_tiles_match_the_processor(width, height):
+    """InternVL's 448-pixel tiles plus a thumbnail (GotOcr2ImageProcessor crop_to_patches), 256 tokens each."""
+    from PIL import Image
+
+    spec = resolve_model("OpenGVLab/InternVL3-8B-hf")
+    s = spec.processor["image"]
+    proc = _processor_class(s["class"])(size={"height": 448, "width": 448}, crop_to_patches=True,
+                                        min_patches=s["min_patches"], max_patches=s["max_patches"])
+    out = proc(images=[Image.new("RGB", (width, height))], return_tensors="np")
+    counted = count_image(spec, width, height)
+    assert counted.crops == int(out["num_patches"][0]) == out["pixel_values"].shape[0]
+    assert counted.tokens == 256 * counted.crops and counted.vision_tokens == 1025 * counted.crops
+
+
+@pytest.mark.parametrize("width, height", [(1024, 768), (448, 448), (500, 2000)])
+def test_llama_vision_tiles_match_the_processor_and_stay_out_of_the_text(width, height):
+    """Llama 3.2 Vision: up to 4 tiles of 560 pixels read by cross-attention; the text holds one <|image|> token."""
+    from PIL import Image
+
+    spec = resolve_model("meta-llama/Llama-3.2-11B-Vision-Instruct")
+    proc = _processor_class("MllamaImageProcessor")(size={"height": 560, "width": 560}, max_image_tiles=4)
+    out = proc(images=[[Image.new("RGB", (width, height))]], return_tensors="np")
+    counted = count_image(spec, width, height)
+    assert counted.crops == int(out["num_tiles"][0][0])
+    assert out["pixel_values"].shape[2] == 4 and counted.vision_tokens == 4 * 1601  # every tile slot runs
+    assert counted.tokens == 1
+    assert spec.vision.cross_attention_layers == (3, 8, 13, 18, 23, 28, 33, 38)
+
+
+def test_a_count_is_remembered_and_answered_without_the_processor(tmp_path, monkeypatch):
+    """The processor's answer is kept in the user cache: the next process answers it without importing
+    transformers' image processors (seconds saved per estimate)."""
+    from advisor.core import vision_tokens
+
+    monkeypatch.setenv("ADVISOR_ARCHITECTURE_CACHE", str(tmp_path))
+    monkeypatch.setattr(vision_tokens, "_ANSWERS", None)
+    spec = resolve_model("qwen2.5-vl-7b")
+    first = count_image(spec, 1111, 777)
+    assert (tmp_path / vision_tokens.CACHE_FILE).is_file()
+    monkeypatch.setattr(vision_tokens, "_ANSWERS", None)  # a new process: read back from the file
+
+    def no_processor(name):
+        raise AssertionError("the processor was asked again")
+
+    monkeypatch.setattr(vision_tokens, "_qwen_processor", no_processor)
+    assert count_image(spec, 1111, 777) == first
