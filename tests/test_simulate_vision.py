@@ -126,3 +126,14 @@ def test_mllama_tiles_and_cross_attention_mask_are_the_processors():
     assert batch["aspect_ratio_ids"].shape == (1, 1) and batch["aspect_ratio_mask"].shape == (1, 1, 4)
     assert batch["cross_attention_mask"].shape == (1, 32, 1, 4)
     assert int(batch["cross_attention_mask"][0, 1, 0].sum()) == int(batch["aspect_ratio_mask"].sum()) == 2
+
+
+def test_a_quantized_base_simulates_as_it_runs():
+    """QLoRA on a vision-language model: every nn.Linear bitsandbytes converts, the tower's too (real bitsandbytes
+    on the CPU against the simulation's stand-ins), the tower's weights quantized with the language model's."""
+    spec = tiny_vl_spec("qwen2_5_vl")
+    plan = Plan(seq_len=96, method="qlora", quantization="nf4", lora_targets="all-linear", gradient_checkpointing=True)
+    fake, _ = _equal(spec, plan, VisionSettings(images=IMAGES["qwen2_5_vl"]))
+    plain, _ = _equal(spec, Plan(seq_len=96, method="lora", lora_targets="all-linear", gradient_checkpointing=True),
+                      VisionSettings(images=IMAGES["qwen2_5_vl"]))
+    assert fake.parts["vision_tower"]["weights"] < plain.parts["vision_tower"]["weights"]

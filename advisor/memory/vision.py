@@ -7,9 +7,11 @@ language model sees after a 2x2 merge), before the language model, and its backw
   language model's under QLoRA, since bitsandbytes replaces every ``nn.Linear`` but the head:
   transformers/integrations/bitsandbytes.py ``replace_with_bnb_linear``) and, where it trains, its gradients and
   optimizer states;
-- its saved activations, only where something in it trains: a frozen tower under a frozen projector records no
-  graph (nothing it computes requires grad: torch autograd saves tensors only for ops with an input that requires
-  grad), which is exact, not an estimate. Trained (LoRA or full), each block saves its norms' fp32 inputs, the
+- its saved activations, where something in it trains or where its input requires grad: a frozen tower under a
+  frozen projector records no graph (torch autograd saves tensors only for ops with an input that requires grad)
+  unless checkpointing is enabled, which in transformers 5 makes every sub-model's input embeddings require grad
+  (``enable_input_require_grads``: the tower's patch embedding too), so its blocks save their norms', attention's
+  and activations' inputs, not their frozen linears'. Trained (LoRA or full), each block saves its norms' fp32 inputs, the
   inputs of the linears whose weight or adapter trains (a LoRA'd one with dropout: peft's dropout output and its
   bool mask instead), q/k/v and the output of attention, the MLP's activation inputs (measured per block on the
   CPU with saved-tensor hooks on Qwen2.5-VL-7B's real widths: within 1.5% trained in full or LoRA without dropout,
@@ -230,7 +232,11 @@ def estimate_vision(model: ModelSpec, plan: Plan, vis, state_bytes_per_trained_b
     biggest = max((c for block in chunks for c in block), default=0)
     workspace, _ = attention_bytes(model, plan, biggest)
     saved = 0
-    if tower_trains and tokens:
+    # a frozen tower still records its graph when its input embeddings require grad: every checkpointing enable
+    # (transformers 5 activation_checkpointing_enable, peft's and TRL's enable_input_require_grads) hooks each
+    # sub-model's get_input_embeddings, the tower's patch embedding too; its frozen linears then save nothing
+    graph = tower_trains or plan.gradient_checkpointing or plan.vision_gradient_checkpointing
+    if graph and tokens:
         per_token = block_saved_per_token(model, plan, trained_linears, full_tower) * tokens
         blocks = [per_token + b * sum(attention_bytes(model, plan, c)[1] for c in block) for block in chunks]
         if plan.vision_gradient_checkpointing:
@@ -248,7 +254,7 @@ def estimate_vision(model: ModelSpec, plan: Plan, vis, state_bytes_per_trained_b
         pixels = b * len(vis.images) * v.in_channels * v.image_size ** 2 * 4
     width = max(3 * v.hidden_size, 2 * v.intermediate_size)  # qkv output, or the MLP's two intermediate outputs
     fwd_temp = p * tokens * width + workspace * b
-    bwd_temp = (2 * p * tokens * width + workspace * b) if (tower_trains or plan.train_projector) and tokens else 0
+    bwd_temp = (2 * p * tokens * width + workspace * b) if (graph or plan.train_projector) and tokens else 0
     return VisionLedger(
         weights=int(weights), quant_constants=int(consts), adapter_weights=int(adapter_params * 4),
         gradients=int(grads), optimizer_states=states, trainable_params=int(trainable + adapter_params),

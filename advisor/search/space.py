@@ -360,9 +360,17 @@ def plan_from_params(params: dict[str, Any], space: SearchSpace, arch: dict[str,
         lora_targets=(resolve_targets(params.get("lora_targets") or "attention", arch) if method != "full"
                       else ("q_proj",)),
         grad_accum=max(1, math.ceil(fixed["global_batch"] / mb)),
-        **{name: fixed.get(name, k.default) for name, k in fixed_knobs(plan).items()},  # the workload, as stated
+        **{name: _as_field(fixed.get(name, k.default), k) for name, k in fixed_knobs(plan).items()},  # the workload
     )
     return plan(**values)
+
+
+def _as_field(value: Any, k) -> Any:
+    """A fixed value as its Plan field holds it: for a tuple field, the list or the one value that the space's YAML or
+    an override gives (``image_sizes=[1280x720, 640x480]``, ``image_sizes=1280x720``) as a tuple."""
+    if not isinstance(k.default, tuple) or isinstance(value, tuple):
+        return value
+    return tuple(value) if isinstance(value, list) else (value,)
 
 
 def point_of(plan: Plan, space: SearchSpace, arch: dict[str, Any]) -> dict[str, Any] | None:

@@ -26,6 +26,7 @@ from advisor.core.adapters import attention_linears
 from advisor.core.plan import Plan, checkpoint_depth_problems, lora_target_modules, rl_problems
 from advisor.core.target import Target
 from advisor.memory.closed_form import closed_form_describes, resident_weights_floor
+from advisor.runtime.simulate.vision import simulation_gap
 from advisor.memory.phases import run_peak_bytes
 from advisor.memory.sharding import DEFAULT_SHARDING
 from advisor.runtime import progress
@@ -663,6 +664,9 @@ class Tuner:
         s = self.s
         if not closed_form_describes(s.model, plan)[0]:
             return ""
+        gap = simulation_gap(s.model, plan)
+        if gap:
+            return f"{gap}; the closed form, which describes it, decides"
         limit = usable_bytes(s.budget.bytes, s.headroom) * (1 - EDGE_MARGIN)
         if run_peak_bytes(report) > limit:
             return ""
@@ -787,7 +791,8 @@ class Tuner:
             for sel in (self.selection(records), self.selection([_optimistic(r) for r in records])):
                 for r in (sel.best, sel.recipe):
                     if r is not None and (r.approximate or self._estimated_at_the_edge(r)
-                                          or (r is sel.best and r.closed_form_decides)):
+                                          or (r is sel.best and r.closed_form_decides)) \
+                            and not simulation_gap(self.s.model, Plan.from_dict(r.plan)):
                         number = r.duplicate_of if r.duplicate_of is not None else r.number
                         if str(number) not in done:  # each trial once, whatever its record says after
                             todo.setdefault(number, r)

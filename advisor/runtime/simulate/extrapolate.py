@@ -119,7 +119,8 @@ def deepened(trace: StepTrace, extras: dict[int, int]) -> dict[str, PhasePeak] |
                 if c in HELD_BY_A_LAYER or (name == "optimizer" and c == "transient"):
                     ledger[c] = ledger.get(c, 0) + n * v
             host += n * ph.host_by_layer.get(position, 0)
-        out[name] = PhasePeak(name, sum(ledger.values()), ledger, host_bytes=host)
+        # a vision-language model's tower and projector are outside the decoder layers: the same at any depth
+        out[name] = PhasePeak(name, sum(ledger.values()), ledger, host_bytes=host, parts=ph.parts)
     return out
 
 

@@ -87,9 +87,14 @@ def _simulate(spec: ModelSpec, quantization: str, double_quant: bool, dtype_name
     plan = Plan(quantization=quantization, double_quant=double_quant,
                 method="qlora" if quantization in ("nf4", "fp4") else "lora")
     dtype = torch_dtype(dtype_name)
-    cfg = hf_config(spec, plan, None, "eager")  # the attention kernel holds no weights
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    if spec.is_vision_language:  # the whole checkpoint: tower, projector and language model
+        from advisor.runtime.simulate.vision import build_vl_model
+
+        model = build_vl_model(spec, plan, "meta", None, "eager", dtype)
+    else:
+        cfg = hf_config(spec, plan, None, "eager")  # the attention kernel holds no weights
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     quantized = {n + ".weight" for n in quantized_linear_names(model, spec)} if quantization != "none" else set()
     # the checkpoint's tensors: parameters once (tied weights are one tensor) and persistent buffers
     tensors = dict(model.named_parameters())

@@ -401,6 +401,13 @@ class VisionTrainingSetup(TrainingSetup):
         return losses
 
 
+def simulation_gap(spec, plan) -> str:
+    """What of ``plan`` the simulation of ``spec`` cannot trace ('' when it can trace it all): the tuner leaves such a
+    plan to the closed form, where that describes it, and says so."""
+    why = unsupported(plan) if spec.is_vision_language else None
+    return f"the simulation of a vision-language model does not trace {why}" if why else ""
+
+
 def unsupported(plan) -> str | None:
     """Why ``plan`` cannot be traced on a vision-language model here (None: it can)."""
     if plan.loss != "plain":
@@ -409,8 +416,6 @@ def unsupported(plan) -> str | None:
         return "packing (Qwen's 3-D rotary positions of packed samples are not built here)"
     if plan.activation_offload:
         return "activation offload"
-    if plan.quantized:
-        return "a quantized base"
     return None
 
 
@@ -444,6 +449,10 @@ def build_vision_setup(spec, plan, settings: VisionSettings | None = None, *, de
     attn = _attention(spec, plan, target, notes)
     model = build_vl_model(spec, plan, device, num_layers, attn, torch_dtype(plan.param_dtype), tower_layers, layers)
     fake = is_fake(next(iter(model.parameters())))
+    if plan.quantized:  # every nn.Linear bitsandbytes converts, the tower's too (transformers replace_with_bnb_linear)
+        from advisor.runtime.simulate.standins import quantize_model
+
+        quantize_model(model, spec, plan, device=device, impl="standin" if fake else "bnb", target_device=target)
     if plan.method == "full":
         for p in model.parameters():
             p.requires_grad_(True)
