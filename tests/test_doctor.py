@@ -146,6 +146,24 @@ def test_rl_failure_patterns(log, check):
     assert ("log.cuda-oom" in found) == (check != "log.rl-vllm-reserved")
 
 
+VIT_MASK_OOM = """  File "transformers/models/qwen2_5_vl/modeling_qwen2_5_vl.py", line 512, in _prepare_attention_mask
+    attention_mask = torch.full([1, seq_length, seq_length], torch.finfo(inputs.dtype).min)
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.15 GiB. GPU 0 has a total capacity of 47.50 GiB
+"""
+PIXEL_OOM = """  File "transformers/models/qwen2_5_vl/modeling_qwen2_5_vl.py", line 1350, in get_image_features
+    image_embeds = self.visual(pixel_values, grid_thw=image_grid_thw)
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.52 GiB.
+"""
+
+
+@pytest.mark.parametrize("log,check", [(VIT_MASK_OOM, "log.vlm-vit-attention-mask"),
+                                       (PIXEL_OOM, "log.vlm-pixel-budget")])
+def test_vision_language_failure_patterns(log, check):
+    found = {f.check: f for f in diagnose(log)}
+    assert check in found and found[check].fixes and "log.cuda-oom" in found
+    assert not ({"log.vlm-vit-attention-mask", "log.vlm-pixel-budget"} - {check}) & set(found), sorted(found)
+
+
 def test_rl_vllm_reserved_is_information_not_an_error():
     (f,) = [f for f in diagnose(NVIDIA_SMI_FLAT) if f.check == "log.rl-vllm-reserved"]
     assert f.severity == "info" and "max_memory_allocated" in " ".join(f.fixes)
