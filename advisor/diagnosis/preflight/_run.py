@@ -14,7 +14,7 @@ from advisor.diagnosis.doctor import ledger_over
 from advisor.diagnosis.findings import Finding, verdict
 from advisor.memory.ledger import LABELS, MemoryReport
 from advisor.core.plan import Plan
-from advisor.diagnosis.preflight import _config, _env, _rl
+from advisor.diagnosis.preflight import _config, _env, _rl, _vision
 from advisor.diagnosis.preflight._data import DataStats, data_stats
 from advisor.core.units import Budget, format_bytes
 
@@ -132,6 +132,7 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
             backend = "estimate"  # a GRPO/DPO step the simulation does not run: the closed form answers it
             report = _memory(model, mem_plan, gpu, evaluates, backend)
         findings += memory_findings(report, budget, inp.headroom, seq, stats, mem_plan)
+        findings += _vision.pixel_budget_findings(model, mem_plan, gpu, budget, inp.headroom)
         if _rl.is_rl(plan):
             findings += _rl.phase_finding(report, budget) + _rl.generation_findings(report, mem_plan, budget)
         if inp.probe:
