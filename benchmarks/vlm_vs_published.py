@@ -72,12 +72,12 @@ EXPRESSED = {
                 "1003520, COCO captions) that kept the comment; 3.0's default targets all-linear; 128 text tokens"),
     "swift-qwen2.5vl7b-lora-predict-with-generate-20GiB": dict(
         model="qwen2-vl-7b-instruct", gpu="a100-80gb", gpus=1, sharding="ddp", counter="swift", stack=SWIFT,
-        plan=dict(SWIFT_LORA, max_pixels=BUDGET_1M, micro_batch=1, grad_accum=16, seq_len=256, eval_batch=1,
-                  max_new_tokens=512),
-        samples={"640x480": dict(image_sizes=("640x480",)), "1280x784 (the budget)": dict(image_sizes=("1280x784",))},
-        assumed="compared with the comment's commit 0950b0c92 (Qwen2-VL-7B, eval batch 1), not HEAD's Qwen2.5-VL-7B "
-                "with eval batch 2; dataset not stated: one image 640x480 to 1280x784 (the MAX_PIXELS budget), 256 "
-                "text tokens; generation-based eval of 512 new tokens (assumed)"),
+        plan=dict(SWIFT_LORA, max_pixels=BUDGET_1M, micro_batch=1, grad_accum=16, seq_len=128, eval_batch=1,
+                  max_new_tokens=256),
+        samples={"crop 400x100": dict(image_sizes=("400x100",)), "crop 800x200": dict(image_sizes=("800x200",))},
+        assumed="the comment predates e97cb71ee (which swapped in Qwen2.5-VL-7B and eval batch 2 under it): "
+                "Qwen2-VL-7B, eval batch 1 as the note says; the script's LaTeX_OCR:human_handwrite crops "
+                "(400x100 to 800x200, 128 text tokens); a generation-based eval of 256 new tokens (assumed)"),
     "swift-qwen2.5vl7b-lora-video-2x24GB": dict(
         model="qwen2.5-vl-7b-instruct", gpu="a100-80gb", gpus=2, sharding="zero2", counter="swift", stack=SWIFT,
         plan=dict(SWIFT_LORA, micro_batch=1, grad_accum=8, video_frames=12, video_max_pixels=50176),
@@ -87,11 +87,12 @@ EXPRESSED = {
     "swift-qwen2.5vl7b-lorallm-fullvit-4x22GiB": dict(
         model="qwen2.5-vl-7b-instruct", gpu="a100-80gb", gpus=4, sharding="zero2", counter="swift",
         stack=SWIFT + ", tuner lora_llm",
-        plan=dict(SWIFT_LORA, lora_r=16, vision_tower="full", train_projector=True, max_pixels=BUDGET_1M,
+        plan=dict(SWIFT_LORA, lora_r=16, lora_dropout=0.0, vision_tower="full", train_projector=True, max_pixels=BUDGET_1M,
                   micro_batch=1, grad_accum=4, seq_len=256),
         samples={"COCO 640x480": dict(image_sizes=("640x480",)), "COCO 640x640": dict(image_sizes=("640x640",))},
-        assumed="LoRA r16 on the language model, the tower and merger trained in full (ViT checkpointing follows "
-                "gradient_checkpointing), ZeRO-2 on 4 GPUs; one COCO image (640x480 / 640x640), 256 text tokens "
+        assumed="at a3db5c8fd the script is examples/train/multimodal/custom_tuner/lora_llm_full_vit.sh: a custom "
+                "tuner, LoRA r16 (peft's default dropout 0) on '^model.layers.*' and model.visual (tower and merger) "
+                "trained in full, the tower checkpointed (dynamic_gradient_checkpointing), ZeRO-2 on 4 GPUs; one COCO image (640x480 / 640x640), 256 text tokens "
                 "under max_length 8192"),
     "swift-qwen2.5vl7b-lora-packing8k-4x36GB": dict(
         model="qwen2.5-vl-7b-instruct", gpu="a100-80gb", gpus=4, sharding="zero2", counter="swift", stack=SWIFT,
@@ -105,6 +106,7 @@ EXPRESSED = {
         model="qwen3-vl-4b-instruct", gpu="a100-80gb", gpus=2, sharding="zero2", counter="swift", stack=SWIFT,
         plan=dict(SWIFT_LORA, attn_impl="flash_attention_2", packing=True, vision_gradient_checkpointing=False,
                   expandable_segments=True, micro_batch=1, grad_accum=2, max_pixels=1024 * 32 * 32),
+        tower_graph=False,
         samples={"packed: one 16-frame video": dict(video_frames=16, video_max_pixels=128 * 32 * 32,
                                                     packed_text=4096),
                  "packed: one 1024x1024 image": dict(image_sizes=("1024x1024",), packed_text=4096)},
@@ -125,7 +127,7 @@ EXPRESSED = {
 
 def stack_difference(point: dict) -> str:
     """What the point's stack does that the advisor's plan (transformers' Trainer + peft + DeepSpeed) does not."""
-    s, m = point["stack"].lower(), point["model"].lower()
+    s = point["stack"].lower()
     if "megatron" in s:
         return ("Megatron-SWIFT: tensor / expert / sequence parallelism (TP shards each layer's weights and "
                 "activations, EP the experts), full recompute, fused cross-entropy, packed sequences; no advisor knob "
@@ -134,22 +136,30 @@ def stack_difference(point: dict) -> str:
         return ("Unsloth: its own fused kernels and offloaded ('unsloth') gradient checkpointing (activations to "
                 "the CPU), 4-bit base")
     if "minicpm" in s:
-        return "MiniCPM-V's finetune.py; MiniCPM-Llama3-V 2.5 (SigLIP + resampler + Llama-3-8B) is not in the catalog"
+        return ("MiniCPM-V's finetune.py (transformers' Trainer + DeepSpeed ZeRO-2, or ZeRO-3 with optimizer and "
+                "parameter offload): expressible (--sharding, --offload zero3_cpu) once the model is catalogued")
     if "llava" in s:
-        return "LLaVA's train.py; LLaVA-1.5 (CLIP ViT-L/336 + Vicuna) is not in the catalog"
+        return "LLaVA's train.py (transformers' Trainer + ZeRO-3); a fits-on-40 GB claim"
     if "videollama" in s:
-        return "VideoLLaMA2's scripts; the model is not in the catalog"
+        return "VideoLLaMA2's scripts; approximate values, LoRA rank, length and checkpointing not stated"
     if "internvl" in s:
-        return "InternVL's internvl_chat_finetune.py; InternVL2.5-8B (InternLM2.5 LLM) is not in the catalog"
-    if "sfttrainer" in s:
-        return "TRL SFTTrainer; SmolVLM (Idefics3) is not in the catalog"
+        return "InternVL's internvl_chat_finetune.py + ZeRO-1"
     if "device_map" in s:
         return "a naive device_map pipeline (layers split over 8 cards in one process): no advisor knob for it"
     if "sequence parallel" in s or point.get("sequence_parallel_degree"):
         return "ms-swift sequence parallelism (Ulysses, size 4) over the text model; no advisor knob for it"
-    if "235b" in m or "omni" in m or "glm" in m:
-        return "the model is not in the catalog"
-    return "ms-swift on transformers' Trainer"
+    return "ms-swift on transformers' Trainer: expressible once the model is catalogued"
+
+
+def catalog_status(point: dict) -> str:
+    """Whether the point's model (its hub id, the first word of the JSON's ``model``) is in the catalog."""
+    from advisor.core.catalog import resolve_model
+
+    hub_id = point["model"].split()[0]
+    try:
+        return f"catalogued ({resolve_model(hub_id).name})"
+    except Exception:  # noqa: BLE001 - the catalog's unknown-model error
+        return f"{hub_id} is not in the catalog"
 
 
 def _plan(spec: dict, sample: dict, model):
@@ -190,8 +200,7 @@ def predict(spec: dict, sample: dict) -> dict:
     peak = rep.run_peak_bytes
     return dict(plan=plan, peak=peak, reserved=peak - outside_allocator_bytes(gpu), phase=rep.run_peak_phase,
                 fits=peak <= gpu.memory_bytes, card=gpu.name, transient=rep.device.get("transient", 0),
-                step_phase=rep.peak_phase,
-                lm_seq=plan.seq_len + _tokens(model, plan), vision=vis)
+                step_phase=rep.peak_phase, lm_seq=vis.get("language_model_seq_len", plan.seq_len), vision=vis)
 
 
 def short(plan) -> str:
@@ -200,13 +209,6 @@ def short(plan) -> str:
     if len(plan.image_sizes) > 2:
         text = text.replace("img" + "+".join(plan.image_sizes), f"img{len(plan.image_sizes)}x{plan.image_sizes[0]}")
     return text
-
-
-def _tokens(model, plan) -> int:
-    from advisor.core.vision_tokens import count_sample
-
-    v = count_sample(model, plan)
-    return v.tokens if v else 0
 
 
 def published(point: dict) -> tuple[float | None, str]:
@@ -251,7 +253,13 @@ def compare(points: list[dict]) -> tuple[list[str], list[str], list[float]]:
                     f"{'script comment: max_memory_reserved or nvidia-smi' if spec['counter'] == 'swift' else 'fits / OOM'}"
                     f" | {pub_text} | {pred} {un if spec['counter'] == 'swift' else ''} | {verdict} |")
         notes.append(f"- `{p['id']}` ({spec['stack']}): {spec['assumed']}. Samples: "
-                     + "; ".join(f"{lab} -> peak in {g['phase']}" for lab, g in got.items()) + ".")
+                     + "; ".join(f"{lab} -> peak in {g['phase']}, the tower's saved activations "
+                        f"{g['vision'].get('saved_activations', 0) / GiB:.2f} GiB" for lab, g in got.items()) + "."
+                     + ("" if spec.get("tower_graph", True) else
+                        " ms-swift 3.10 calls the tower's disable_input_require_grads() under vit_gradient_checkpointing "
+                        "false, so this stack saves none of those tower activations: the reserved figure less them is "
+                        + ", ".join(f"{(g['reserved'] - g['vision'].get('saved_activations', 0)) / GiB:.1f}"
+                                    for g in got.values()) + " GiB (not the advisor's answer: it has no knob for it)."))
     return rows, notes, ratios
 
 
@@ -261,6 +269,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     points = json.loads(DATA.read_text())["vlm"]
     rows, notes, ratios = compare(points)
+    all_a = [p for p in points if p["grade"] == "A"]
+    graded_a = [p for p in all_a if p["id"] in EXPRESSED]
     today = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
     lines = [
         "# Vision-language fine-tuning memory: the advisor against published runs", "",
@@ -278,14 +288,18 @@ def main(argv=None) -> int:
         worst = max(ratios, key=lambda r: abs(r - 1) if r >= 1 else abs(1 / r - 1))
         lines += [f"Summary over the expressed A/B points with a number ({len(ratios)} range ends, reserved counter): "
                   f"median {statistics.median(ratios):.2f}x, worst {worst:.2f}x, range "
-                  f"{min(ratios):.2f}-{max(ratios):.2f}x. No grade-A point is expressed (both are Megatron-SWIFT).", ""]
+                  f"{min(ratios):.2f}-{max(ratios):.2f}x. Grade-A points expressed: {len(graded_a)} of "
+                  f"{len(all_a)} (the others' stacks: {', '.join(sorted({p['stack'] for p in all_a if p not in graded_a}))}).",
+                  ""]
     lines += ["Assumptions of the compared points:", "", *notes, "",
               "## Not compared", "",
               "| point | grade | model | stack | published | why not |", "|---|---|---|---|---|---|"]
     for p in points:
         if p["id"] in EXPRESSED:
             continue
-        why = WHY_NOT.get(p["id"], stack_difference(p))
+        why = WHY_NOT.get(p["id"]) or f"{catalog_status(p)}; {stack_difference(p)}"
+        if p["grade"] == "C" and p.get("grade_reason"):
+            why += f" (C: {p['grade_reason']})"
         lines.append(f"| {p['id']} | {p['grade']} | {p['model'][:50]} | {p['stack'][:50].replace('|', '/')} | "
                      f"{published(p)[1].replace('|', '/')} | {why} |")
     lines += ["", *STACK_SECTIONS, "", "### For reference only (not compared)", "", *reference_lines(points)]
@@ -352,10 +366,11 @@ STACK_SECTIONS = [
     "model only) is the same set.",
     "- `gradient_checkpointing` defaults to true and `vit_gradient_checkpointing` (None) follows it: ms-swift "
     "checkpoints the tower's blocks (dynamic_gradient_checkpointing) and calls the tower's "
-    "`enable_input_require_grads()`, so even a frozen tower records its graph, checkpointed. The plans set "
-    "`--vision-gradient-checkpointing`. With `vit_gradient_checkpointing false` (qwen3vl4b mixed) later ms-swift "
-    "calls the tower's `enable_input_require_grads()` only under ViT checkpointing, and transformers 4.x's "
-    "`enable_input_require_grads` hooks the language model's embeddings only: the frozen tower then records nothing. "
+    "`enable_input_require_grads()`, so even a frozen tower records its graph, checkpointed (swift/llm/train/sft.py "
+    "at 0950b0c92 and a3db5c8fd). The plans set `--vision-gradient-checkpointing`. With `vit_gradient_checkpointing "
+    "false` (qwen3vl4b mixed, 06a8f59f2) ms-swift calls the tower's `gradient_checkpointing_disable()` and "
+    "`disable_input_require_grads()` (swift/trainers/mixin.py), and transformers 4.x's `enable_input_require_grads` "
+    "hooks the language model's embeddings only: the frozen tower then records nothing. "
     "The advisor follows transformers 5 (every sub-model's input embeddings hooked) and counts the frozen tower's "
     "saved activations whenever `--gradient-checkpointing` is on: an over-count for that point's stack.",
     "- Its log's `memory(GiB)` is torch.cuda.max_memory_reserved (no CUDA context); a script comment may be that or "
