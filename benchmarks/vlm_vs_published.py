@@ -359,6 +359,15 @@ WHY_NOT = {
 }
 
 STACK_SECTIONS = [
+    "## Reading it", "",
+    "- The single-GPU LoRA points are weights-dominated: the bf16 7B base is most of each prediction, and the frozen, "
+    "checkpointed tower adds little at COCO or handwriting sizes, so the pixel budget barely moves them; the packed "
+    "and video points are where the tower's sequence and the language model's longer sequence show.",
+    "- A script comment is the peak over a whole run of samples of varying size (max_memory_reserved only grows, "
+    "and the allocator's cache fragments across shapes); the advisor's figure is one step at the assumed sample. "
+    "That, and whether the comment is nvidia-smi, are the likeliest parts of the under-prediction (not measured "
+    "here).",
+    "",
     "## What each stack does differently", "",
     "### ms-swift (`swift sft`, transformers' Trainer)", "",
     "- `freeze_vit` / `freeze_aligner` default true: `--target_modules all-linear` is built by a regex over the "
