@@ -7,7 +7,8 @@ the point measures:
 
 | the point's counter | the advisor's figure |
 |---|---|
-| an ms-swift script comment ("# 20GiB": its log's memory(GiB), torch.cuda.max_memory_reserved, or nvidia-smi) | the run's peak phase: reserved bytes (the log's counter) and reserved + CUDA context (nvidia-smi) |
+| an ms-swift script comment ("# 20GiB": its log's memory(GiB), i.e. max_memory_reserved, or nvidia-smi) | the run's
+  peak phase: reserved bytes (the log's counter) and reserved + CUDA context (nvidia-smi) |
 | "needs N x 80 GB" / "OOM" | whether the run's peak fits the card |
 
 A dataset's image sizes (and the text beside them) are rarely published: each point states the sizes it assumes and,
@@ -87,13 +88,13 @@ EXPRESSED = {
     "swift-qwen2.5vl7b-lorallm-fullvit-4x22GiB": dict(
         model="qwen2.5-vl-7b-instruct", gpu="a100-80gb", gpus=4, sharding="zero2", counter="swift",
         stack=SWIFT + ", tuner lora_llm",
-        plan=dict(SWIFT_LORA, lora_r=16, lora_dropout=0.0, vision_tower="full", train_projector=True, max_pixels=BUDGET_1M,
-                  micro_batch=1, grad_accum=4, seq_len=256),
+        plan=dict(SWIFT_LORA, lora_r=16, lora_dropout=0.0, vision_tower="full", train_projector=True,
+                  max_pixels=BUDGET_1M, micro_batch=1, grad_accum=4, seq_len=256),
         samples={"COCO 640x480": dict(image_sizes=("640x480",)), "COCO 640x640": dict(image_sizes=("640x640",))},
         assumed="at a3db5c8fd the script is examples/train/multimodal/custom_tuner/lora_llm_full_vit.sh: a custom "
                 "tuner, LoRA r16 (peft's default dropout 0) on '^model.layers.*' and model.visual (tower and merger) "
-                "trained in full, the tower checkpointed (dynamic_gradient_checkpointing), ZeRO-2 on 4 GPUs; one COCO image (640x480 / 640x640), 256 text tokens "
-                "under max_length 8192"),
+                "trained in full, the tower checkpointed (dynamic_gradient_checkpointing), ZeRO-2 on 4 GPUs; one COCO "
+                "image (640x480 / 640x640), 256 text tokens under max_length 8192"),
     "swift-qwen2.5vl7b-lora-packing8k-4x36GB": dict(
         model="qwen2.5-vl-7b-instruct", gpu="a100-80gb", gpus=4, sharding="zero2", counter="swift", stack=SWIFT,
         plan=dict(SWIFT_LORA, attn_impl="flash_attention_2", packing=True, max_pixels=BUDGET_1M, micro_batch=1,
@@ -238,10 +239,10 @@ def compare(points: list[dict]) -> tuple[list[str], list[str], list[float]]:
         if spec["counter"] == "fits":
             fits = all(g["fits"] for g in got.values())
             verdict = "agrees (fits)" if fits else "disagrees (does not fit)"
+            n = spec["gpus"]
             pred = "; ".join(f"run peak {g['peak'] / GB:.1f} GB of {g['card']} (step peak at {g['step_phase']}: "
-                             f"{g['transient'] / GB:.1f} GB of it transients; with them divided over the "
-                             f"{spec['gpus']} ranks: {(g['peak'] - g['transient'] + g['transient'] / spec['gpus']) / GB:.1f}"
-                             " GB)" for g in got.values())
+                             f"{g['transient'] / GB:.1f} GB of it transients; with them divided over the {n} ranks: "
+                             f"{(g['peak'] - g['transient'] + g['transient'] / n) / GB:.1f} GB)" for g in got.values())
         else:
             rs = [g["reserved"] / pub_bytes for g in got.values()]
             ss = [g["peak"] / pub_bytes for g in got.values()]
@@ -249,15 +250,17 @@ def compare(points: list[dict]) -> tuple[list[str], list[str], list[float]]:
                        if len(rs) > 1 else f"{rs[0]:.2f}x (reserved), {ss[0]:.2f}x (smi)")
             if p["grade"] in ("A", "B"):
                 ratios += rs
-        rows.append(f"| {p['id']} | {p['grade']} | {spec['model']} | {plan_text.strip()} ({seqs}) | "
-                    f"{'script comment: max_memory_reserved or nvidia-smi' if spec['counter'] == 'swift' else 'fits / OOM'}"
-                    f" | {pub_text} | {pred} {un if spec['counter'] == 'swift' else ''} | {verdict} |")
+        swift = spec["counter"] == "swift"
+        counter = "script comment: max_memory_reserved or nvidia-smi" if swift else "fits / OOM"
+        rows.append(f"| {p['id']} | {p['grade']} | {spec['model']} | {plan_text} ({seqs}) | {counter} | {pub_text} | "
+                    f"{pred}{' ' + un if swift else ''} | {verdict} |")
         notes.append(f"- `{p['id']}` ({spec['stack']}): {spec['assumed']}. Samples: "
                      + "; ".join(f"{lab} -> peak in {g['phase']}, the tower's saved activations "
                         f"{g['vision'].get('saved_activations', 0) / GiB:.2f} GiB" for lab, g in got.items()) + "."
                      + ("" if spec.get("tower_graph", True) else
-                        " ms-swift 3.10 calls the tower's disable_input_require_grads() under vit_gradient_checkpointing "
-                        "false, so this stack saves none of those tower activations: the reserved figure less them is "
+                        " ms-swift 3.10 calls the tower's disable_input_require_grads() under "
+                        "vit_gradient_checkpointing false, so this stack saves none of those tower activations: the "
+                        "reserved figure less them is "
                         + ", ".join(f"{(g['reserved'] - g['vision'].get('saved_activations', 0)) / GiB:.1f}"
                                     for g in got.values()) + " GiB (not the advisor's answer: it has no knob for it)."))
     return rows, notes, ratios
@@ -271,11 +274,13 @@ def main(argv=None) -> int:
     rows, notes, ratios = compare(points)
     all_a = [p for p in points if p["grade"] == "A"]
     graded_a = [p for p in all_a if p["id"] in EXPRESSED]
+    other_a = ", ".join(sorted({p["stack"] for p in all_a if p not in graded_a}))
     today = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
     lines = [
         "# Vision-language fine-tuning memory: the advisor against published runs", "",
-        f"Generated {today} (UTC) by `python benchmarks/vlm_vs_published.py` over `{DATA}` (`vlm`, {len(points)} points; grades A "
-        "measured with the configuration stated, B a detail unstated, C a claim or ambiguous). The advisor is the "
+        f"Generated {today} (UTC) by `python benchmarks/vlm_vs_published.py` over `{DATA}` (`vlm`, "
+        f"{len(points)} points; grades A measured with the configuration stated, B a detail unstated, C a claim or "
+        "ambiguous). The advisor is the "
         "closed form (estimate backend, sharded per GPU by advisor.memory.sharding, the run's phases attached). "
         f"{len(EXPRESSED)} points are expressed; every other point is listed below with what differs.", "",
         "## Compared", "",
@@ -289,7 +294,7 @@ def main(argv=None) -> int:
         lines += [f"Summary over the expressed A/B points with a number ({len(ratios)} range ends, reserved counter): "
                   f"median {statistics.median(ratios):.2f}x, worst {worst:.2f}x, range "
                   f"{min(ratios):.2f}-{max(ratios):.2f}x. Grade-A points expressed: {len(graded_a)} of "
-                  f"{len(all_a)} (the others' stacks: {', '.join(sorted({p['stack'] for p in all_a if p not in graded_a}))}).",
+                  f"{len(all_a)} (the others' stacks: {other_a}).",
                   ""]
     lines += ["Assumptions of the compared points:", "", *notes, "",
               "## Not compared", "",
