@@ -37,4 +37,10 @@ def test_tune_answers_a_vision_language_model(tmp_path, capsys):
     assert code == 0
     best = json.loads(capsys.readouterr().out)["best"]
     assert best["plan"]["image_sizes"] == ["448x448"] and best["plan"]["vision_tower"] == "frozen"
-    assert (tmp_path / "out" / "llamafactory.yaml").exists()
+    # LLaMA-Factory builds the processor's batches (its template names the model's plugin); the text-only runs of
+    # train.py, TRL's script and axolotl's config are refused, not written broken
+    import yaml
+
+    lf = yaml.safe_load((tmp_path / "out" / "llamafactory.yaml").read_text())
+    assert lf["template"] == "qwen2_vl" and lf["dataset"] == "mllm_demo"
+    assert not any((tmp_path / "out" / f).exists() for f in ("advisor.yaml", "train.py", "trl.yaml", "axolotl.yaml"))

@@ -205,9 +205,11 @@ def screened_by(settings, selection) -> dict:
 def export_best(settings, best, out_dir: str) -> dict[str, str]:
     from advisor.configs.trial_export import export_trial
 
+    from advisor.configs.export import ExportResult
+
     paths = export_trial(best, out_dir, None, model=settings.model, gpu=settings.gpu, study_name=settings.study_name,
                          gpus=settings.gpus, sharding=settings.sharding)
-    return {k: str(v) for k, v in paths.items()}
+    return ExportResult({k: str(v) for k, v in paths.items()}, getattr(paths, "skipped", {}))
 
 
 def tune_result(settings, records, selection, exports, quality=None, why_not: str = "") -> dict:

@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from advisor.configs.formats import FORMATS
-from advisor.configs._base import (ADAM, Collect, ExportContext, LIGER_FUSED_LOSS_ONLY, LR_SCHEDULER,
-                                   PRECISION_FLAGS, TORCH_DTYPE, TORCH_TO_PLAN, WARMUP_STEPS, alloc_env,
-                                   comment_block, dump_yaml, env_prefix, lora_alpha_value, parallel_fields, plan_summary,
-                                   training_hyperparameters, write_text)
+from advisor.configs._base import (ADAM, LIGER_FUSED_LOSS_ONLY, LR_SCHEDULER, PRECISION_FLAGS, TORCH_DTYPE,
+                                   TORCH_TO_PLAN, WARMUP_STEPS, Collect, ExportContext, alloc_env, comment_block,
+                                   dump_yaml, env_prefix, lora_alpha_value, parallel_fields, plan_summary,
+                                   refuse_vision_language, training_hyperparameters, write_text)
 from advisor.configs._keys import DECLARED, fill, read_declared, refuse_unexpressible, unplaced
 from advisor.configs._deepspeed import check_batch, deepspeed_config, read_offload
 from advisor.configs._training_args import (checkpoint_layers_of, liger_fused_loss, read_checkpointing,
@@ -214,6 +214,7 @@ HEADER = [
 
 
 def write(ctx: ExportContext, out_dir: Path) -> Path:
+    refuse_vision_language(ctx, FORMAT, "train.py loads AutoModelForCausalLM and trains on text")
     summary = "\n".join(plan_summary(ctx))
     lines = "\n".join(HEADER).replace("{summary}", summary).replace(
         "{launch}", ctx.launch("train.py", "--data my_data.jsonl")).replace("{launch_short}", ctx.launch("train.py")

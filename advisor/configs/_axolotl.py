@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from advisor.configs.formats import FORMATS
-from advisor.configs._base import (ADAM, Collect, ExportContext, LR_SCHEDULER, OPTIM_ALIASES,
-                                   TORCH_DTYPE, TORCH_TO_PLAN, Unsupported, WARMUP_STEPS, comment_block, dump_yaml,
-                                   env_note, env_prefix, plan_summary, require_int_alpha, training_hyperparameters,
+from advisor.configs._base import (ADAM, LR_SCHEDULER, OPTIM_ALIASES, TORCH_DTYPE, TORCH_TO_PLAN, WARMUP_STEPS, Collect,
+                                   ExportContext, Unsupported, comment_block, dump_yaml, env_note, env_prefix,
+                                   plan_summary, refuse_vision_language, require_int_alpha, training_hyperparameters,
                                    write_text)
 from advisor.configs import _rl_tools
 from advisor.configs._deepspeed import read_offload
@@ -155,6 +155,7 @@ def _memory_lever_fields(plan, spec) -> dict[str, Any]:
 
 
 def write(ctx: ExportContext, out_dir: Path) -> Path:
+    refuse_vision_language(ctx, FORMAT, "its multimodal keys (processor_type, a vision chat_template) are not written")
     cfg = axolotl_config(ctx)
     header = comment_block([
         "axolotl config written by vram-advisor.",

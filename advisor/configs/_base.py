@@ -125,6 +125,13 @@ class Unsupported(AdvisorInputError):
         self.format = fmt
 
 
+def refuse_vision_language(ctx: "ExportContext", fmt: str, why: str) -> None:
+    """A format whose run reads text only refuses a vision-language model, naming the one that builds its batches."""
+    if ctx.spec.is_vision_language:
+        raise Unsupported(fmt, f"{why}; a vision-language model needs its processor's batches (pixel values, image "
+                               "grids): export to LLaMA-Factory (llamafactory.yaml)")
+
+
 @dataclass(frozen=True)
 class ExportContext:
     """Everything an exporter may look at: the model, the plan, and what the advisor predicted."""

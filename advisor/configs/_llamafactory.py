@@ -95,6 +95,12 @@ def vision_training_keys(plan) -> dict[str, bool]:
     return out
 
 
+VISION_TEMPLATES = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl", "qwen3_vl": "qwen3_vl", "qwen3_vl_moe": "qwen3_vl",
+                    "gemma3": "gemma3", "internvl": "intern_vl", "mllama": "mllama"}
+"""A vision-language model's LLaMA-Factory template by model_type: the template names its image placeholder and
+multimodal plugin (LLaMA-Factory 0.9.5 data/template.py register_template; Qwen2.5-VL uses qwen2_vl's)."""
+
+
 def llamafactory_config(ctx: ExportContext) -> dict[str, Any]:
     plan = ctx.plan
     flags = precision_flags(plan)
@@ -122,9 +128,10 @@ def llamafactory_config(ctx: ExportContext) -> dict[str, Any]:
     cfg.update(vision_training_keys(plan))
     if flags["pure_bf16"]:
         cfg["pure_bf16"] = True
+    template = VISION_TEMPLATES.get(ctx.spec.config.get("model_type")) if ctx.spec.is_vision_language else None
     cfg.update({
-        "dataset": "alpaca_en_demo",
-        "template": "default",
+        "dataset": "mllm_demo" if ctx.spec.is_vision_language else "alpaca_en_demo",
+        "template": template or "default",
         "cutoff_len": DECLARED,
         **({"packing": True, "neat_packing": True} if plan.packing else {}),
         "output_dir": "saves/advisor",

@@ -10,7 +10,7 @@ from importlib import resources
 from pathlib import Path
 
 from advisor.configs.formats import FORMATS
-from advisor.configs._base import ExportContext, Unsupported, write_text
+from advisor.configs._base import ExportContext, Unsupported, refuse_vision_language, write_text
 from advisor.core.plan import RL_TASKS
 
 FILENAME = FORMATS["train"].filename
@@ -24,6 +24,7 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
     if ctx.plan.task in RL_TASKS:  # a Trainer over text: GRPO/DPO run on TRL's trainers (the trl format)
         raise Unsupported("train", f"train.py runs supervised fine-tuning only: export {ctx.plan.task.upper()} to TRL "
                                    "(trl.yaml + its script)")
+    refuse_vision_language(ctx, "train", "train.py loads AutoModelForCausalLM and trains on text")
     path = write_text(out_dir / FILENAME, template_text())
     path.chmod(0o755)
     return path

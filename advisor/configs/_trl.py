@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from advisor.configs.formats import FORMATS
-from advisor.configs._base import (ADAM, Collect, ExportContext, LR_SCHEDULER, PRECISION_FLAGS,
-                                   TORCH_DTYPE, TORCH_TO_PLAN, Unsupported, WARMUP_STEPS, comment_block, dump_yaml,
-                                   env_prefix, parallel_fields, plan_summary, require_int_alpha,
+from advisor.configs._base import (ADAM, LR_SCHEDULER, PRECISION_FLAGS, TORCH_DTYPE, TORCH_TO_PLAN, WARMUP_STEPS,
+                                   Collect, ExportContext, Unsupported, comment_block, dump_yaml, env_prefix,
+                                   parallel_fields, plan_summary, refuse_vision_language, require_int_alpha,
                                    training_hyperparameters, write_text)
 from advisor.configs import _trl_rl
 from advisor.configs._deepspeed import check_batch, read_offload
@@ -182,6 +182,7 @@ def template_text() -> str:
 
 
 def write(ctx: ExportContext, out_dir: Path) -> Path:
+    refuse_vision_language(ctx, "trl", "the exported SFT script loads AutoModelForCausalLM over a text field")
     cfg = trl_config(ctx)
     if ctx.plan.task in RL_TASKS:
         return _write_rl(ctx, out_dir, cfg)

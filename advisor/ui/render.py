@@ -368,6 +368,8 @@ def print_tune_result(settings, records, selection, exports) -> None:
         console.print(escape(line), style=style, highlight=False)
     for kind, path in exports.items():
         console.print(f"exported {kind}: {path}")
+    for kind, why in getattr(exports, "skipped", {}).items():
+        console.print(f"not exported {kind}: {escape(str(why))}", highlight=False)
 
 
 def recipe_table(recipe, best, budget):
