@@ -229,7 +229,12 @@ class ModelSpec:
         return d.embedding_params + sum(layer.params for layer in d.layers) + d.final_norm_params + d.lm_head_params
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Its fields; a text model's empty ``processor`` left out (a study stored before vision-language models
+        reads, hashes and writes back as it was)."""
+        d = asdict(self)
+        if not d["processor"]:
+            del d["processor"]
+        return d
 
 
 REQUIRED_FIELDS = ("model_type", "hidden_size", "num_hidden_layers")

@@ -433,13 +433,12 @@ def models_table(rows: list[dict[str, Any]]):
     from rich.table import Table
 
     t = Table(title="Model catalog", box=box.SIMPLE_HEAD, pad_edge=False)
-    t.add_column("name / hub ids", no_wrap=True)
+    t.add_column("name, parameters / type, hub ids", no_wrap=True)  # billions; the exact count in --json
     t.add_column("aliases", no_wrap=True)
-    t.add_column("parameters\n/ type", justify="right", no_wrap=True)  # billions; the exact count in --json
     for r in rows:
         ids = "\n".join(f"[dim]{escape(i)}[/]" for i in [r["hf_id"], *r.get("hf_variants", [])])
-        t.add_row(f"[bold]{escape(r['name'])}[/]\n{ids}", escape("\n".join(r["aliases"])),
-                  f"{r['params_total'] / 1e9:,.2f}B\n[dim]{escape(r['model_type'])}[/]")
+        size = f"{r['params_total'] / 1e9:,.2f}B / {escape(r['model_type'])}"
+        t.add_row(f"[bold]{escape(r['name'])}[/]\n{size}\n{ids}", escape("\n".join(r["aliases"])))
     return t
 
 
