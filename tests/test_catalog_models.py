@@ -140,6 +140,15 @@ def test_vision_language_published_totals():
     assert resolve_model("google/gemma-3-12b-pt").vision is None  # the text decoder's entry stays text-only
 
 
+def test_internvl3_5_is_qwen3_8b_with_internvit_300m():
+    """InternVL3.5-8B-HF: its language model is Qwen3-8B's (the published llm_config), its tower InternVL3's
+    InternViT-300M; the whole model adds up to the 8.53B the model card states (rounded)."""
+    spec = resolve_model("OpenGVLab/InternVL3_5-8B-HF")
+    assert spec.params_total == resolve_model("Qwen/Qwen3-8B").params_total
+    assert spec.vision.tower_params == resolve_model("OpenGVLab/InternVL3-8B-hf").vision.tower_params
+    assert round((spec.params_total + spec.vision.params) / 1e9, 2) == 8.53
+
+
 def test_qwen7b_facts():
     spec = resolve_model("qwen7b")
     assert spec.hf_id == "Qwen/Qwen2.5-7B-Instruct"

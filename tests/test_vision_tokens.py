@@ -90,12 +90,14 @@ def test_bad_image_sizes_name_the_flag():
         count_image(resolve_model("qwen2.5-vl-7b"), 10000, 20)  # an aspect ratio beyond 200: smart_resize refuses
 
 
+@pytest.mark.parametrize("model", ["OpenGVLab/InternVL3-8B-hf", "OpenGVLab/InternVL3_5-8B-HF"])
 @pytest.mark.parametrize("width, height", [(1024, 768), (448, 448), (3840, 2160), (500, 2000)])
-def test_internvl_tiles_match_the_processor(width, height):
-    """InternVL's 448-pixel tiles plus a thumbnail (GotOcr2ImageProcessor crop_to_patches), 256 tokens each."""
+def test_internvl_tiles_match_the_processor(model, width, height):
+    """InternVL's 448-pixel tiles plus a thumbnail (GotOcr2ImageProcessor crop_to_patches), 256 tokens each
+    (InternVL3 and InternVL3.5 share the tower and the processor)."""
     from PIL import Image
 
-    spec = resolve_model("OpenGVLab/InternVL3-8B-hf")
+    spec = resolve_model(model)
     s = spec.processor["image"]
     proc = _processor_class(s["class"])(size={"height": 448, "width": 448}, crop_to_patches=True,
                                         min_patches=s["min_patches"], max_patches=s["max_patches"])
