@@ -55,6 +55,7 @@ BASE_AND_INSTRUCT = [  # (base, instruct) hub ids as published
     ("Qwen/Qwen2-VL-7B", "Qwen/Qwen2-VL-7B-Instruct"), ("Qwen/Qwen2-VL-2B", "Qwen/Qwen2-VL-2B-Instruct"),
     ("Qwen/Qwen3-VL-8B-Thinking", "Qwen/Qwen3-VL-8B-Instruct"),
     ("Qwen/Qwen3-VL-30B-A3B-Thinking", "Qwen/Qwen3-VL-30B-A3B-Instruct"),
+    ("llava-hf/llava-onevision-qwen2-7b-si-hf", "llava-hf/llava-onevision-qwen2-7b-ov-hf"),
 ]
 
 
@@ -147,6 +148,16 @@ def test_internvl3_5_is_qwen3_8b_with_internvit_300m():
     assert spec.params_total == resolve_model("Qwen/Qwen3-8B").params_total
     assert spec.vision.tower_params == resolve_model("OpenGVLab/InternVL3-8B-hf").vision.tower_params
     assert round((spec.params_total + spec.vision.params) / 1e9, 2) == 8.53
+
+
+def test_llava_onevision_adds_up_with_its_image_newline():
+    """LLaVA-OneVision-7B: Qwen2-7B (vocab 152128) with a 26-layer SigLIP and a 2-layer projector, plus the
+    image_newline vector the model holds outside its children (counted with the projector): 8,030,807,584, the
+    8.03B of the model card."""
+    spec = resolve_model("llava-hf/llava-onevision-qwen2-7b-ov-hf")
+    assert spec.params_total + spec.vision.params == 8_030_807_584
+    assert spec.vision.depth == 26 and spec.vision.image_size == 384 and spec.vision.patch_size == 14
+    assert resolve_model("llava-onevision-7b").hf_id == spec.hf_id
 
 
 def test_qwen7b_facts():

@@ -139,3 +139,41 @@ def test_a_count_is_remembered_and_answered_without_the_processor(tmp_path, monk
 
     monkeypatch.setattr(vision_tokens, "_qwen_processor", no_processor)
     assert count_image(spec, 1111, 777) == first
+
+
+def _onevision_processor(s, pins):
+    """transformers' LlavaOnevisionProcessor over its own image processor and an offline word-level tokenizer that
+    knows ``<image>`` (nothing downloaded; the video processor, which needs torchvision, is left out)."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+    from transformers import LlavaOnevisionProcessor, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({"<unk>": 0, "<image>": 1, "<video>": 2}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens([AddedToken("<image>", special=True), AddedToken("<video>", special=True)])
+    proc = LlavaOnevisionProcessor.__new__(LlavaOnevisionProcessor)  # __init__ insists on the video processor
+    proc.image_processor = _processor_class(s["class"])(size={"height": s["size"], "width": s["size"]},
+                                                        image_grid_pinpoints=pins)
+    proc.tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+    proc.video_processor = proc.chat_template = None
+    proc.num_image_tokens, proc.vision_aspect_ratio = s["num_image_tokens"], s["vision_aspect_ratio"]
+    proc.vision_feature_select_strategy = s["vision_feature_select_strategy"]
+    proc.image_token, proc.video_token, proc.image_token_id, proc.video_token_id = "<image>", "<video>", 1, 2
+    return proc
+
+
+@pytest.mark.parametrize("width, height, tokens", [(1024, 768, 4725), (384, 384, 1485), (3840, 2160, None),
+                                                    (500, 2000, None), (100, 80, None)])
+def test_llava_onevision_tiles_match_the_processor(width, height, tokens):
+    """LLaVA-OneVision: the best grid of 384-pixel tiles plus the whole image, every crop through the tower (729
+    SigLIP patches each); the <image> tokens the processor writes into the text are the count planned."""
+    from PIL import Image
+
+    spec = resolve_model("llava-hf/llava-onevision-qwen2-7b-ov-hf")
+    proc = _onevision_processor(spec.processor["image"], spec.config["image_grid_pinpoints"])
+    out = proc(images=[Image.new("RGB", (width, height))], text=["<image>"], return_tensors="np")
+    counted = count_image(spec, width, height)
+    assert counted.crops == out["pixel_values"].shape[1]
+    assert counted.vision_tokens == 729 * counted.crops
+    assert counted.tokens == int((out["input_ids"] == 1).sum())
+    if tokens is not None:
+        assert counted.tokens == tokens

@@ -4,7 +4,9 @@ The processor is transformers' own class, built from the settings the catalog st
 (models.yaml ``processor``: preprocessor_config.json's fields), never downloaded: Qwen's ``smart_resize`` to
 multiples of patch x merge (28 for Qwen2-VL / Qwen2.5-VL, 32 for Qwen3-VL) within [min_pixels, max_pixels]
 (``Qwen2VLImageProcessor.get_number_of_image_patches``); Gemma 3's fixed 896-pixel square (4096 patches pooled into
-``mm_tokens_per_image`` = 256 tokens). Where torchvision is absent transformers 5 builds the PIL backend of the same
+``mm_tokens_per_image`` = 256 tokens); InternVL's 448-pixel tiles and thumbnail (``GotOcr2ImageProcessor``);
+LLaVA-OneVision's anyres 384-pixel tiles plus the whole image (``select_best_resolution`` and
+``LlavaOnevisionProcessor._get_number_of_features``). Where torchvision is absent transformers 5 builds the PIL backend of the same
 processor (``<Class>Pil``: the same resize arithmetic), which is what is used then.
 
 Two sequences come out of an image: the tower's own (``vision_tokens``: its patches, before merging) and the
@@ -249,8 +251,41 @@ def count_image(spec, width: int, height: int, *, min_pixels: int | None = None,
         # the tower runs every tile slot, the unused ones padded (MllamaVisionModel: batch x images x max tiles)
         return ImageTokens(size=(width, height), resized=(side, side), grid=(most, side // patch, side // patch),
                            vision_tokens=most * per_tile, tokens=int(s["tokens_per_image"]), crops=used)
+    if cls == "LlavaOnevisionImageProcessor":  # LLaVA-OneVision: anyres 384-pixel tiles plus the whole image
+        side, per_crop = int(s["size"]), int(s["num_image_tokens"])
+        aspect, strategy = str(s["vision_aspect_ratio"]), str(s["vision_feature_select_strategy"])
+        pins = [[int(a), int(b)] for a, b in spec.config["image_grid_pinpoints"]]
+        answer = _remembered((cls, side, per_crop, aspect, strategy, pins, width, height),
+                             lambda: _onevision_count(cls, side, per_crop, aspect, strategy, pins, width, height))
+        patch = spec.vision.patch_size
+        crops = int(answer["crops"])
+        bh, bw = answer["best"]
+        # the tower runs every crop (LlavaOnevisionModel.get_image_features): 27 x 27 SigLIP patches each, no CLS
+        return ImageTokens(size=(width, height), resized=(bw, bh), grid=(crops, side // patch, side // patch),
+                           vision_tokens=crops * (side // patch) ** 2, tokens=int(answer["tokens"]), crops=crops)
     raise AdvisorInputError("--image-size", f"the {cls} of {spec.name} has no token count here", spec.name,
                             show_value=False)
+
+
+def _onevision_count(cls: str, side: int, per_crop: int, aspect: str, strategy: str, pins: list,
+                     width: int, height: int) -> dict:
+    """LLaVA-OneVision's crops and tokens for one image, by transformers' own arithmetic: the image processor's
+    ``select_best_resolution`` picks the tile grid (its ``get_image_patches`` cuts that grid plus the whole image),
+    and ``LlavaOnevisionProcessor._get_number_of_features`` counts the language model's tokens (the base crop, the
+    tiles unpadded to the image's aspect and pooled past ``anyres_max_9``, a newline per row). The processor is made
+    without its tokenizer (nothing is downloaded): only the attributes that count are set."""
+    from transformers import LlavaOnevisionProcessor
+    from transformers.image_processing_utils import select_best_resolution
+
+    best_h, best_w = select_best_resolution((height, width), pins)
+    proc = LlavaOnevisionProcessor.__new__(LlavaOnevisionProcessor)
+    proc.image_processor = _processor_class(cls)(size={"height": side, "width": side}, image_grid_pinpoints=pins)
+    proc.num_image_tokens, proc.vision_aspect_ratio = per_crop, aspect
+    tokens = int(proc._get_number_of_features(height, width, side, side))
+    if strategy == "default":  # replace_image_token: the CLS dropped
+        tokens -= 1
+    return {"crops": 1 + (int(best_h) // side) * (int(best_w) // side), "best": [int(best_h), int(best_w)],
+            "tokens": tokens}
 
 
 @lru_cache(maxsize=16)
