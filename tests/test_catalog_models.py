@@ -56,6 +56,7 @@ BASE_AND_INSTRUCT = [  # (base, instruct) hub ids as published
     ("Qwen/Qwen3-VL-8B-Thinking", "Qwen/Qwen3-VL-8B-Instruct"),
     ("Qwen/Qwen3-VL-30B-A3B-Thinking", "Qwen/Qwen3-VL-30B-A3B-Instruct"),
     ("llava-hf/llava-onevision-qwen2-7b-si-hf", "llava-hf/llava-onevision-qwen2-7b-ov-hf"),
+    ("mistralai/Mistral-Small-3.1-24B-Base-2503", "mistralai/Mistral-Small-3.1-24B-Instruct-2503"),
 ]
 
 
@@ -158,6 +159,15 @@ def test_llava_onevision_adds_up_with_its_image_newline():
     assert spec.params_total + spec.vision.params == 8_030_807_584
     assert spec.vision.depth == 26 and spec.vision.image_size == 384 and spec.vision.patch_size == 14
     assert resolve_model("llava-onevision-7b").hf_id == spec.hf_id
+
+
+def test_mistral_small_3_1_is_untied_24b_with_pixtral():
+    """Mistral Small 3.1: 24,011,361,280 parameters as published (an untied head: written false against
+    Mistral3Config's true default), a 24-layer Pixtral tower with the 2x2 patch merger in its projector."""
+    spec = resolve_model("mistralai/Mistral-Small-3.1-24B-Instruct-2503")
+    assert spec.params_total + spec.vision.params == 24_011_361_280
+    assert not spec.tie_word_embeddings and spec.vision.depth == 24 and spec.vision.patch_size == 14
+    assert {m.in_features for m in spec.vision.projector_linears} >= {4 * 1024, 1024, 5120}
 
 
 def test_qwen7b_facts():

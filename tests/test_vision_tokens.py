@@ -177,3 +177,27 @@ def test_llava_onevision_tiles_match_the_processor(width, height, tokens):
     assert counted.tokens == int((out["input_ids"] == 1).sum())
     if tokens is not None:
         assert counted.tokens == tokens
+
+
+@pytest.mark.parametrize("width, height, tokens", [(1024, 768, 1064), (3840, 2160, None), (500, 2000, None),
+                                                    (100, 80, None)])
+def test_pixtral_cells_match_the_processor(width, height, tokens):
+    """Mistral Small 3.1: the image resized within 1540 pixels to whole 28-pixel cells by the image processor (run
+    here with the patch size PixtralProcessor gives it, patch x merge); the text gets an [IMG] per cell and a break
+    per row (PixtralProcessor.replace_image_token's rows x (columns + 1), from the processed image's shape: the
+    processor class itself imports the torchvision backend, absent here), the tower every 14-pixel patch."""
+    from PIL import Image
+
+    spec = resolve_model("mistralai/Mistral-Small-3.1-24B-Instruct-2503")
+    s = spec.processor["image"]
+    cell = s["patch_size"] * s["spatial_merge_size"]
+    proc = _processor_class(s["class"])(patch_size=cell, size={"longest_edge": s["longest_edge"]})
+    out = proc(images=[Image.new("RGB", (width, height))], return_tensors="np")
+    h, w = (int(x) for x in out["image_sizes"][0])
+    assert out["pixel_values"].shape[-2:] == (h, w)
+    counted = count_image(spec, width, height)
+    assert counted.resized == (w, h) and counted.tokens == (h // cell) * (w // cell + 1)
+    assert counted.vision_tokens == (h // s["patch_size"]) * (w // s["patch_size"])
+    assert max(h, w) <= s["longest_edge"] + cell
+    if tokens is not None:
+        assert counted.tokens == tokens

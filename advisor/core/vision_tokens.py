@@ -6,7 +6,8 @@ multiples of patch x merge (28 for Qwen2-VL / Qwen2.5-VL, 32 for Qwen3-VL) withi
 (``Qwen2VLImageProcessor.get_number_of_image_patches``); Gemma 3's fixed 896-pixel square (4096 patches pooled into
 ``mm_tokens_per_image`` = 256 tokens); InternVL's 448-pixel tiles and thumbnail (``GotOcr2ImageProcessor``);
 LLaVA-OneVision's anyres 384-pixel tiles plus the whole image (``select_best_resolution`` and
-``LlavaOnevisionProcessor._get_number_of_features``). Where torchvision is absent transformers 5 builds the PIL backend of the same
+``LlavaOnevisionProcessor._get_number_of_features``); Pixtral's (Mistral 3) resize within ``longest_edge`` to whole
+28-pixel cells (``get_resize_output_image_size``), an [IMG] per cell and a break per row. Where torchvision is absent transformers 5 builds the PIL backend of the same
 processor (``<Class>Pil``: the same resize arithmetic), which is what is used then.
 
 Two sequences come out of an image: the tower's own (``vision_tokens``: its patches, before merging) and the
@@ -263,8 +264,31 @@ def count_image(spec, width: int, height: int, *, min_pixels: int | None = None,
         # the tower runs every crop (LlavaOnevisionModel.get_image_features): 27 x 27 SigLIP patches each, no CLS
         return ImageTokens(size=(width, height), resized=(bw, bh), grid=(crops, side // patch, side // patch),
                            vision_tokens=crops * (side // patch) ** 2, tokens=int(answer["tokens"]), crops=crops)
+    if cls == "PixtralImageProcessor":  # Mistral 3 / Pixtral: any size up to longest_edge, in 28-pixel cells
+        patch, merge, edge = int(s["patch_size"]), int(s["spatial_merge_size"]), int(s["longest_edge"])
+        rh, rw = _remembered((cls, patch, merge, edge, width, height),
+                             lambda: _pixtral_resize(cls, patch * merge, edge, width, height))
+        rows, cols = rh // (patch * merge), rw // (patch * merge)
+        # the text: an [IMG] per cell and an [IMG_BREAK] (the last one [IMG_END]) per row
+        # (PixtralProcessor.replace_image_token); the tower: every 14-pixel patch, one sequence per image
+        return ImageTokens(size=(width, height), resized=(rw, rh), grid=(1, rh // patch, rw // patch),
+                           vision_tokens=(rh // patch) * (rw // patch), tokens=(cols + 1) * rows)
     raise AdvisorInputError("--image-size", f"the {cls} of {spec.name} has no token count here", spec.name,
                             show_value=False)
+
+
+def _pixtral_resize(cls: str, cell: int, edge: int, width: int, height: int) -> list[int]:
+    """The (height, width) Pixtral's image processor resizes an image to: its own ``get_resize_output_image_size``
+    within ``longest_edge``, in whole cells of patch x merge pixels (PixtralProcessor passes that product as the
+    processor's patch size)."""
+    import importlib
+
+    import numpy as np
+
+    module = importlib.import_module(_processor_class(cls).__module__)
+    rh, rw = module.get_resize_output_image_size(np.zeros((height, width, 3), dtype=np.uint8), size=(edge, edge),
+                                                 patch_size=(cell, cell))
+    return [int(rh), int(rw)]
 
 
 def _onevision_count(cls: str, side: int, per_crop: int, aspect: str, strategy: str, pins: list,
