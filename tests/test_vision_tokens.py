@@ -179,6 +179,21 @@ def test_llava_onevision_tiles_match_the_processor(width, height, tokens):
         assert counted.tokens == tokens
 
 
+def test_llava_onevision_several_images_take_one_crop_each():
+    """Two images in one LLaVA-OneVision sample: no tiles (the image processor patches a sample's single image
+    only), each padded square into one 384 crop of 729 patches and 729 + 1 tokens, as the processor writes them."""
+    from PIL import Image
+
+    spec = resolve_model("llava-onevision-7b")
+    proc = _onevision_processor(spec.processor["image"], spec.config["image_grid_pinpoints"])
+    images = [Image.new("RGB", (1024, 768)), Image.new("RGB", (640, 480))]
+    out = proc(images=[images], text=["<image> <image>"], return_tensors="np")
+    vis = count_sample(spec, Plan(image_sizes=("1024x768", "640x480")))
+    assert vis.image_tokens == int((out["input_ids"] == 1).sum()) == 2 * 730
+    assert vis.vision_tokens == 729 * out["pixel_values"].shape[0] * out["pixel_values"].shape[1] == 2 * 729
+    assert count_image(spec, 1024, 768).crops == 7  # alone, the same image is tiled
+
+
 @pytest.mark.parametrize("width, height, tokens", [(1024, 768, 1064), (3840, 2160, None), (500, 2000, None),
                                                     (100, 80, None)])
 def test_pixtral_cells_match_the_processor(width, height, tokens):

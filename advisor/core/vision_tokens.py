@@ -205,8 +205,9 @@ def _image_settings(spec) -> dict[str, Any]:
 
 
 def count_image(spec, width: int, height: int, *, min_pixels: int | None = None,
-                max_pixels: int | None = None) -> ImageTokens:
-    """The tokens of one ``width`` x ``height`` image for ``spec``'s processor (its bounds, or the plan's)."""
+                max_pixels: int | None = None, images_in_sample: int = 1) -> ImageTokens:
+    """The tokens of one ``width`` x ``height`` image for ``spec``'s processor (its bounds, or the plan's), one of
+    ``images_in_sample`` images in its sample (LLaVA-OneVision cuts tiles only for a sample's single image)."""
     s = _image_settings(spec)
     cls = s["class"]
     if cls == "Qwen2VLImageProcessor":
@@ -255,10 +256,15 @@ def count_image(spec, width: int, height: int, *, min_pixels: int | None = None,
     if cls == "LlavaOnevisionImageProcessor":  # LLaVA-OneVision: anyres 384-pixel tiles plus the whole image
         side, per_crop = int(s["size"]), int(s["num_image_tokens"])
         aspect, strategy = str(s["vision_aspect_ratio"]), str(s["vision_feature_select_strategy"])
+        patch = spec.vision.patch_size
+        if images_in_sample > 1:  # several images: each padded square into one 384 crop, no tiles (the image
+            # processor's need_patching), and the processor's num_image_tokens + 1 (its newline) each
+            tokens = per_crop + 1 - (1 if strategy == "default" else 0)
+            return ImageTokens(size=(width, height), resized=(side, side), grid=(1, side // patch, side // patch),
+                               vision_tokens=(side // patch) ** 2, tokens=tokens)
         pins = [[int(a), int(b)] for a, b in spec.config["image_grid_pinpoints"]]
         answer = _remembered((cls, side, per_crop, aspect, strategy, pins, width, height),
                              lambda: _onevision_count(cls, side, per_crop, aspect, strategy, pins, width, height))
-        patch = spec.vision.patch_size
         crops = int(answer["crops"])
         bh, bw = answer["best"]
         # the tower runs every crop (LlavaOnevisionModel.get_image_features): 27 x 27 SigLIP patches each, no CLS
@@ -392,8 +398,8 @@ def count_sample(spec, plan) -> VisionInput | None:
 
     if not (plan.image_sizes or plan.video_frames or plan.video_seconds):
         return None
-    images = tuple(count_image(spec, *image_size_of(s), min_pixels=plan.min_pixels, max_pixels=plan.max_pixels)
-                   for s in plan.image_sizes)
+    images = tuple(count_image(spec, *image_size_of(s), min_pixels=plan.min_pixels, max_pixels=plan.max_pixels,
+                               images_in_sample=len(plan.image_sizes)) for s in plan.image_sizes)
     video = count_video(spec, plan)
     img = (spec.processor or {}).get("image", {})
     settings = {k: img[k] for k in ("min_pixels", "max_pixels", "size", "tokens_per_image") if k in img}
