@@ -319,3 +319,16 @@ def test_gemma3_multimodal_config_json_reads_its_text_decoder(tmp_path):
     spec = resolve_model(str(d))
     assert spec.model_type == "gemma3_text" and spec.vocab_size == 262_208
     assert spec.params_total == model_catalog()["gemma-3-4b"]["params_total"]
+
+
+def test_families_the_simulation_has_no_batch_for_are_left_to_the_closed_form():
+    """LLaVA-OneVision's and Mistral 3's processor batches are not built by the simulation: the tuner is told so
+    (simulation_gap) and leaves their plans to the closed form instead of failing the trial."""
+    from advisor.core.plan import Plan
+    from advisor.runtime.simulate.vision import simulation_gap
+
+    plan = Plan(image_sizes=("1024x768",))
+    for name, model_type in (("mistral-small-3.1", "mistral3"), ("llava-onevision-7b", "llava_onevision")):
+        assert model_type in simulation_gap(resolve_model(name), plan)
+    assert simulation_gap(resolve_model("qwen2.5-vl-7b"), plan) == ""
+    assert simulation_gap(resolve_model("internvl3.5-8b"), plan) == ""
