@@ -55,6 +55,8 @@ BASE_AND_INSTRUCT = [  # (base, instruct) hub ids as published
     ("Qwen/Qwen2-VL-7B", "Qwen/Qwen2-VL-7B-Instruct"), ("Qwen/Qwen2-VL-2B", "Qwen/Qwen2-VL-2B-Instruct"),
     ("Qwen/Qwen3-VL-8B-Thinking", "Qwen/Qwen3-VL-8B-Instruct"),
     ("Qwen/Qwen3-VL-30B-A3B-Thinking", "Qwen/Qwen3-VL-30B-A3B-Instruct"),
+    ("llava-hf/llava-onevision-qwen2-7b-si-hf", "llava-hf/llava-onevision-qwen2-7b-ov-hf"),
+    ("mistralai/Mistral-Small-3.1-24B-Base-2503", "mistralai/Mistral-Small-3.1-24B-Instruct-2503"),
 ]
 
 
@@ -138,6 +140,33 @@ def test_vision_language_published_totals():
     assert resolve_model("qwen3-vl-8b").vision.deepstack_layers == (8, 16, 24)
     assert resolve_model("gemma-3-12b-it").vision.tokens_per_image == 256
     assert resolve_model("google/gemma-3-12b-pt").vision is None  # the text decoder's entry stays text-only
+
+
+def test_internvl3_5_is_qwen3_8b_with_internvit_300m():
+    """InternVL3.5-8B-HF: its language model is Qwen3-8B's (the published llm_config), its tower InternVL3's
+    InternViT-300M (a 4096-wide projector): 8,528,318,464 in all, about the 8.5B published for InternVL3.5-8B."""
+    spec = resolve_model("OpenGVLab/InternVL3_5-8B-HF")
+    assert spec.params_total == resolve_model("Qwen/Qwen3-8B").params_total
+    assert spec.vision.tower_params == resolve_model("OpenGVLab/InternVL3-8B-hf").vision.tower_params
+    assert spec.params_total + spec.vision.params == 8_528_318_464
+
+
+def test_llava_onevision_adds_up_with_its_image_newline():
+    """LLaVA-OneVision-7B: Qwen2-7B (vocab 152128) with a 26-layer SigLIP and a 2-layer projector, plus the
+    image_newline vector the model holds outside its children (counted with the projector): 8,030,807,584 (8.0B)."""
+    spec = resolve_model("llava-hf/llava-onevision-qwen2-7b-ov-hf")
+    assert spec.params_total + spec.vision.params == 8_030_807_584
+    assert spec.vision.depth == 26 and spec.vision.image_size == 384 and spec.vision.patch_size == 14
+    assert resolve_model("llava-onevision-7b").hf_id == spec.hf_id
+
+
+def test_mistral_small_3_1_is_untied_24b_with_pixtral():
+    """Mistral Small 3.1: 24,011,361,280 parameters, the 24B published (an untied head: written false against
+    Mistral3Config's true default), a 24-layer Pixtral tower with the 2x2 patch merger in its projector."""
+    spec = resolve_model("mistralai/Mistral-Small-3.1-24B-Instruct-2503")
+    assert spec.params_total + spec.vision.params == 24_011_361_280
+    assert not spec.tie_word_embeddings and spec.vision.depth == 24 and spec.vision.patch_size == 14
+    assert {m.in_features for m in spec.vision.projector_linears} >= {4 * 1024, 1024, 5120}
 
 
 def test_qwen7b_facts():
@@ -289,3 +318,16 @@ def test_gemma3_multimodal_config_json_reads_its_text_decoder(tmp_path):
     spec = resolve_model(str(d))
     assert spec.model_type == "gemma3_text" and spec.vocab_size == 262_208
     assert spec.params_total == model_catalog()["gemma-3-4b"]["params_total"]
+
+
+def test_families_the_simulation_has_no_batch_for_are_left_to_the_closed_form():
+    """LLaVA-OneVision's and Mistral 3's processor batches are not built by the simulation: the tuner is told so
+    (simulation_gap) and leaves their plans to the closed form instead of failing the trial."""
+    from advisor.core.plan import Plan
+    from advisor.runtime.simulate.vision import simulation_gap
+
+    plan = Plan(image_sizes=("1024x768",))
+    for name, model_type in (("mistral-small-3.1", "mistral3"), ("llava-onevision-7b", "llava_onevision")):
+        assert model_type in simulation_gap(resolve_model(name), plan)
+    assert simulation_gap(resolve_model("qwen2.5-vl-7b"), plan) == ""
+    assert simulation_gap(resolve_model("internvl3.5-8b"), plan) == ""

@@ -90,12 +90,14 @@ def test_bad_image_sizes_name_the_flag():
         count_image(resolve_model("qwen2.5-vl-7b"), 10000, 20)  # an aspect ratio beyond 200: smart_resize refuses
 
 
+@pytest.mark.parametrize("model", ["OpenGVLab/InternVL3-8B-hf", "OpenGVLab/InternVL3_5-8B-HF"])
 @pytest.mark.parametrize("width, height", [(1024, 768), (448, 448), (3840, 2160), (500, 2000)])
-def test_internvl_tiles_match_the_processor(width, height):
-    """InternVL's 448-pixel tiles plus a thumbnail (GotOcr2ImageProcessor crop_to_patches), 256 tokens each."""
+def test_internvl_tiles_match_the_processor(model, width, height):
+    """InternVL's 448-pixel tiles plus a thumbnail (GotOcr2ImageProcessor crop_to_patches), 256 tokens each
+    (InternVL3 and InternVL3.5 share the tower and the processor)."""
     from PIL import Image
 
-    spec = resolve_model("OpenGVLab/InternVL3-8B-hf")
+    spec = resolve_model(model)
     s = spec.processor["image"]
     proc = _processor_class(s["class"])(size={"height": 448, "width": 448}, crop_to_patches=True,
                                         min_patches=s["min_patches"], max_patches=s["max_patches"])
@@ -137,3 +139,80 @@ def test_a_count_is_remembered_and_answered_without_the_processor(tmp_path, monk
 
     monkeypatch.setattr(vision_tokens, "_qwen_processor", no_processor)
     assert count_image(spec, 1111, 777) == first
+
+
+def _onevision_processor(s, pins):
+    """transformers' LlavaOnevisionProcessor over its own image processor and an offline word-level tokenizer that
+    knows ``<image>`` (nothing downloaded; the video processor, which needs torchvision, is left out)."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+    from transformers import LlavaOnevisionProcessor, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({"<unk>": 0, "<image>": 1, "<video>": 2}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens([AddedToken("<image>", special=True), AddedToken("<video>", special=True)])
+    proc = LlavaOnevisionProcessor.__new__(LlavaOnevisionProcessor)  # __init__ insists on the video processor
+    proc.image_processor = _processor_class(s["class"])(size={"height": s["size"], "width": s["size"]},
+                                                        image_grid_pinpoints=pins)
+    proc.tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+    proc.video_processor = proc.chat_template = None
+    proc.num_image_tokens, proc.vision_aspect_ratio = s["num_image_tokens"], s["vision_aspect_ratio"]
+    proc.vision_feature_select_strategy = s["vision_feature_select_strategy"]
+    proc.image_token, proc.video_token, proc.image_token_id, proc.video_token_id = "<image>", "<video>", 1, 2
+    return proc
+
+
+@pytest.mark.parametrize("width, height, tokens", [(1024, 768, 4725), (384, 384, 1485), (3840, 2160, None),
+                                                    (500, 2000, None), (100, 80, None)])
+def test_llava_onevision_tiles_match_the_processor(width, height, tokens):
+    """LLaVA-OneVision: the best grid of 384-pixel tiles plus the whole image, every crop through the tower (729
+    SigLIP patches each); the <image> tokens the processor writes into the text are the count planned."""
+    from PIL import Image
+
+    spec = resolve_model("llava-hf/llava-onevision-qwen2-7b-ov-hf")
+    proc = _onevision_processor(spec.processor["image"], spec.config["image_grid_pinpoints"])
+    out = proc(images=[Image.new("RGB", (width, height))], text=["<image>"], return_tensors="np")
+    counted = count_image(spec, width, height)
+    assert counted.crops == out["pixel_values"].shape[1]
+    assert counted.vision_tokens == 729 * counted.crops
+    assert counted.tokens == int((out["input_ids"] == 1).sum())
+    if tokens is not None:
+        assert counted.tokens == tokens
+
+
+def test_llava_onevision_several_images_take_one_crop_each():
+    """Two images in one LLaVA-OneVision sample: no tiles (the image processor patches a sample's single image
+    only), each padded square into one 384 crop of 729 patches and 729 + 1 tokens, as the processor writes them."""
+    from PIL import Image
+
+    spec = resolve_model("llava-onevision-7b")
+    proc = _onevision_processor(spec.processor["image"], spec.config["image_grid_pinpoints"])
+    images = [Image.new("RGB", (1024, 768)), Image.new("RGB", (640, 480))]
+    out = proc(images=[images], text=["<image> <image>"], return_tensors="np")
+    vis = count_sample(spec, Plan(image_sizes=("1024x768", "640x480")))
+    assert vis.image_tokens == int((out["input_ids"] == 1).sum()) == 2 * 730
+    assert vis.vision_tokens == 729 * out["pixel_values"].shape[0] * out["pixel_values"].shape[1] == 2 * 729
+    assert count_image(spec, 1024, 768).crops == 7  # alone, the same image is tiled
+
+
+@pytest.mark.parametrize("width, height, tokens", [(1024, 768, 1064), (3840, 2160, None), (500, 2000, None),
+                                                    (100, 80, None)])
+def test_pixtral_cells_match_the_processor(width, height, tokens):
+    """Mistral Small 3.1: the image resized within 1540 pixels to whole 28-pixel cells by the image processor (run
+    here with the patch size PixtralProcessor gives it, patch x merge); the text gets an [IMG] per cell and a break
+    per row (PixtralProcessor.replace_image_token's rows x (columns + 1), from the processed image's shape: the
+    processor class itself imports the torchvision backend, absent here), the tower every 14-pixel patch."""
+    from PIL import Image
+
+    spec = resolve_model("mistralai/Mistral-Small-3.1-24B-Instruct-2503")
+    s = spec.processor["image"]
+    cell = s["patch_size"] * s["spatial_merge_size"]
+    proc = _processor_class(s["class"])(patch_size=cell, size={"longest_edge": s["longest_edge"]})
+    out = proc(images=[Image.new("RGB", (width, height))], return_tensors="np")
+    h, w = (int(x) for x in out["image_sizes"][0])
+    assert out["pixel_values"].shape[-2:] == (h, w)
+    counted = count_image(spec, width, height)
+    assert counted.resized == (w, h) and counted.tokens == (h // cell) * (w // cell + 1)
+    assert counted.vision_tokens == (h // s["patch_size"]) * (w // s["patch_size"])
+    assert max(h, w) <= s["longest_edge"] + cell
+    if tokens is not None:
+        assert counted.tokens == tokens

@@ -183,6 +183,9 @@ def describe_vision(model, config) -> VisionFacts | None:
     projector_ids = {id(p) for _, m in projectors for p in m.parameters()}
     tower_params = sum(p.numel() for p in tower_module.parameters() if id(p) not in projector_ids)
     projector_params = sum(p.numel() for _, m in projectors for p in m.parameters())
+    # parameters the model holds outside any child: LLaVA-OneVision's image_newline (the vector closing each row of
+    # image features), counted with the projector (what maps the tower's features into the language model)
+    projector_params += sum(p.numel() for p in getattr(model, "model", model).parameters(recurse=False))
     found = _blocks(tower_module)
     if found is None:
         return None

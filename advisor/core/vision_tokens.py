@@ -4,7 +4,10 @@ The processor is transformers' own class, built from the settings the catalog st
 (models.yaml ``processor``: preprocessor_config.json's fields), never downloaded: Qwen's ``smart_resize`` to
 multiples of patch x merge (28 for Qwen2-VL / Qwen2.5-VL, 32 for Qwen3-VL) within [min_pixels, max_pixels]
 (``Qwen2VLImageProcessor.get_number_of_image_patches``); Gemma 3's fixed 896-pixel square (4096 patches pooled into
-``mm_tokens_per_image`` = 256 tokens). Where torchvision is absent transformers 5 builds the PIL backend of the same
+``mm_tokens_per_image`` = 256 tokens); InternVL's 448-pixel tiles and thumbnail (``GotOcr2ImageProcessor``);
+LLaVA-OneVision's anyres 384-pixel tiles plus the whole image (``select_best_resolution`` and
+``LlavaOnevisionProcessor._get_number_of_features``); Pixtral's (Mistral 3) resize within ``longest_edge`` to whole
+28-pixel cells (``get_resize_output_image_size``), an [IMG] per cell and a break per row. Where torchvision is absent transformers 5 builds the PIL backend of the same
 processor (``<Class>Pil``: the same resize arithmetic), which is what is used then.
 
 Two sequences come out of an image: the tower's own (``vision_tokens``: its patches, before merging) and the
@@ -202,8 +205,9 @@ def _image_settings(spec) -> dict[str, Any]:
 
 
 def count_image(spec, width: int, height: int, *, min_pixels: int | None = None,
-                max_pixels: int | None = None) -> ImageTokens:
-    """The tokens of one ``width`` x ``height`` image for ``spec``'s processor (its bounds, or the plan's)."""
+                max_pixels: int | None = None, images_in_sample: int = 1) -> ImageTokens:
+    """The tokens of one ``width`` x ``height`` image for ``spec``'s processor (its bounds, or the plan's), one of
+    ``images_in_sample`` images in its sample (LLaVA-OneVision cuts tiles only for a sample's single image)."""
     s = _image_settings(spec)
     cls = s["class"]
     if cls == "Qwen2VLImageProcessor":
@@ -249,8 +253,69 @@ def count_image(spec, width: int, height: int, *, min_pixels: int | None = None,
         # the tower runs every tile slot, the unused ones padded (MllamaVisionModel: batch x images x max tiles)
         return ImageTokens(size=(width, height), resized=(side, side), grid=(most, side // patch, side // patch),
                            vision_tokens=most * per_tile, tokens=int(s["tokens_per_image"]), crops=used)
+    if cls == "LlavaOnevisionImageProcessor":  # LLaVA-OneVision: anyres 384-pixel tiles plus the whole image
+        side, per_crop = int(s["size"]), int(s["num_image_tokens"])
+        aspect, strategy = str(s["vision_aspect_ratio"]), str(s["vision_feature_select_strategy"])
+        patch = spec.vision.patch_size
+        if images_in_sample > 1:  # several images: each padded square into one 384 crop, no tiles (the image
+            # processor's need_patching), and the processor's num_image_tokens + 1 (its newline) each
+            tokens = per_crop + 1 - (1 if strategy == "default" else 0)
+            return ImageTokens(size=(width, height), resized=(side, side), grid=(1, side // patch, side // patch),
+                               vision_tokens=(side // patch) ** 2, tokens=tokens)
+        pins = [[int(a), int(b)] for a, b in spec.config["image_grid_pinpoints"]]
+        answer = _remembered((cls, side, per_crop, aspect, strategy, pins, width, height),
+                             lambda: _onevision_count(cls, side, per_crop, aspect, strategy, pins, width, height))
+        crops = int(answer["crops"])
+        bh, bw = answer["best"]
+        # the tower runs every crop (LlavaOnevisionModel.get_image_features): 27 x 27 SigLIP patches each, no CLS
+        return ImageTokens(size=(width, height), resized=(bw, bh), grid=(crops, side // patch, side // patch),
+                           vision_tokens=crops * (side // patch) ** 2, tokens=int(answer["tokens"]), crops=crops)
+    if cls == "PixtralImageProcessor":  # Mistral 3 / Pixtral: any size up to longest_edge, in 28-pixel cells
+        patch, merge, edge = int(s["patch_size"]), int(s["spatial_merge_size"]), int(s["longest_edge"])
+        rh, rw = _remembered((cls, patch, merge, edge, width, height),
+                             lambda: _pixtral_resize(cls, patch * merge, edge, width, height))
+        rows, cols = rh // (patch * merge), rw // (patch * merge)
+        # the text: an [IMG] per cell and an [IMG_BREAK] (the last one [IMG_END]) per row
+        # (PixtralProcessor.replace_image_token); the tower: every 14-pixel patch, one sequence per image
+        return ImageTokens(size=(width, height), resized=(rw, rh), grid=(1, rh // patch, rw // patch),
+                           vision_tokens=(rh // patch) * (rw // patch), tokens=(cols + 1) * rows)
     raise AdvisorInputError("--image-size", f"the {cls} of {spec.name} has no token count here", spec.name,
                             show_value=False)
+
+
+def _pixtral_resize(cls: str, cell: int, edge: int, width: int, height: int) -> list[int]:
+    """The (height, width) Pixtral's image processor resizes an image to: its own ``get_resize_output_image_size``
+    within ``longest_edge``, in whole cells of patch x merge pixels (PixtralProcessor passes that product as the
+    processor's patch size)."""
+    import importlib
+
+    import numpy as np
+
+    module = importlib.import_module(_processor_class(cls).__module__)
+    rh, rw = module.get_resize_output_image_size(np.zeros((height, width, 3), dtype=np.uint8), size=(edge, edge),
+                                                 patch_size=(cell, cell))
+    return [int(rh), int(rw)]
+
+
+def _onevision_count(cls: str, side: int, per_crop: int, aspect: str, strategy: str, pins: list,
+                     width: int, height: int) -> dict:
+    """LLaVA-OneVision's crops and tokens for one image, by transformers' own arithmetic: the image processor's
+    ``select_best_resolution`` picks the tile grid (its ``get_image_patches`` cuts that grid plus the whole image),
+    and ``LlavaOnevisionProcessor._get_number_of_features`` counts the language model's tokens (the base crop, the
+    tiles unpadded to the image's aspect and pooled past ``anyres_max_9``, a newline per row). The processor is made
+    without its tokenizer (nothing is downloaded): only the attributes that count are set."""
+    from transformers import LlavaOnevisionProcessor
+    from transformers.image_processing_utils import select_best_resolution
+
+    best_h, best_w = select_best_resolution((height, width), pins)
+    proc = LlavaOnevisionProcessor.__new__(LlavaOnevisionProcessor)
+    proc.image_processor = _processor_class(cls)(size={"height": side, "width": side}, image_grid_pinpoints=pins)
+    proc.num_image_tokens, proc.vision_aspect_ratio = per_crop, aspect
+    tokens = int(proc._get_number_of_features(height, width, side, side))
+    if strategy == "default":  # replace_image_token: the CLS dropped
+        tokens -= 1
+    return {"crops": 1 + (int(best_h) // side) * (int(best_w) // side), "best": [int(best_h), int(best_w)],
+            "tokens": tokens}
 
 
 @lru_cache(maxsize=16)
@@ -333,8 +398,8 @@ def count_sample(spec, plan) -> VisionInput | None:
 
     if not (plan.image_sizes or plan.video_frames or plan.video_seconds):
         return None
-    images = tuple(count_image(spec, *image_size_of(s), min_pixels=plan.min_pixels, max_pixels=plan.max_pixels)
-                   for s in plan.image_sizes)
+    images = tuple(count_image(spec, *image_size_of(s), min_pixels=plan.min_pixels, max_pixels=plan.max_pixels,
+                               images_in_sample=len(plan.image_sizes)) for s in plan.image_sizes)
     video = count_video(spec, plan)
     img = (spec.processor or {}).get("image", {})
     settings = {k: img[k] for k in ("min_pixels", "max_pixels", "size", "tokens_per_image") if k in img}
