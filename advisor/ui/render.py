@@ -208,7 +208,8 @@ def run_verdict_lines(report: MemoryReport, budget: Budget | None, headroom: flo
 
 # ----------------------------------------------------------------------------- tune
 
-STATE_STYLE = {"complete": "green", "pruned": "yellow", "failed": "red", "running": "cyan", "waiting": "dim"}
+STATE_STYLE = {"complete": "green", "pruned": "yellow", "failed": "red", "fail": "red", "running": "cyan",
+               "waiting": "dim"}
 SOURCE_MARK = {"estimated": "est", "simulated": "sim", "measured": "meas", "predicted": "pred", "prior": "prior"}
 
 
@@ -240,7 +241,7 @@ def trials_table(records, budget: Budget, limit: int | None = None, title: str =
         tps = f"{r.tokens_per_s:,.0f}\n[dim]{source_mark(r.tokens_per_s_source)}[/]" if r.tokens_per_s else ""
         acc = f"{r.accuracy_loss:.3f}\n[dim]{SOURCE_MARK.get(r.accuracy_source, '')}[/]" \
             if r.accuracy_loss is not None and r.state == "complete" else ""
-        state = f"[{style}]{r.state}[/]" + (f": {escape(r.reason)}" if r.reason else "")
+        state = (f"[{style}]{r.state}[/]" if style else escape(r.state)) + (f": {escape(r.reason)}" if r.reason else "")
         if has_host and peak and (r.host_peak_bytes or r.host_bytes):
             value, mark = peak.split("\n", 1)
             peak = f"{value}\n[dim]{budget.format(r.host_peak_bytes or r.host_bytes)}[/]\n{mark}"
