@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from advisor.core.errors import AdvisorInputError
-from advisor.core.vision_architecture import VisionFacts
+from advisor.core.vision_architecture import Linear, VisionFacts
 
 DESCRIPTION_VERSION = 1
 """Bumped whenever the description's fields or the way they are derived change (stored descriptions of another
@@ -59,27 +59,15 @@ QK_NORM_NAMES = ("q_norm", "k_norm", "query_norm", "key_norm")
 
 
 @dataclass(frozen=True)
-class LinearModule:
-    """One ``nn.Linear`` of a decoder layer."""
+class LinearModule(Linear):
+    """One ``nn.Linear`` of a decoder layer, by its path inside the layer (``self_attn.q_proj``,
+    ``mlp.shared_expert.up_proj``)."""
 
-    name: str
-    """Path inside the decoder layer (``self_attn.q_proj``, ``mlp.shared_expert.up_proj``)."""
-    in_features: int
-    out_features: int
-    bias: bool
     role: str
     """attention, mlp, shared_experts or router (Qwen3-Next's ``shared_expert_gate`` is an nn.Linear)."""
     quantized_by_bnb: bool
     """bitsandbytes would replace it (``type(module) is nn.Linear`` and not in transformers'
     ``get_keys_to_not_convert``)."""
-
-    @property
-    def short(self) -> str:
-        return self.name.rsplit(".", 1)[-1]
-
-    @property
-    def params(self) -> int:
-        return self.in_features * self.out_features + (self.out_features if self.bias else 0)
 
 
 @dataclass(frozen=True)

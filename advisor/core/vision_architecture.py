@@ -22,11 +22,11 @@ Qwen3-VL's ``visual.deepstack_merger_list``; ``model.multi_modal_projector`` els
 
 
 @dataclass(frozen=True)
-class VisionLinear:
-    """One ``nn.Linear`` of a tower block or of the projector."""
+class Linear:
+    """One ``nn.Linear``: its path, its shape and whether it has a bias."""
 
     name: str
-    """Path inside the block (``attn.qkv``, ``mlp.fc1``) or inside the model (``model.visual.merger.mlp.0``)."""
+    """Its path (inside a decoder layer or a tower block: ``self_attn.q_proj``, ``attn.qkv``; or inside the model)."""
     in_features: int
     out_features: int
     bias: bool
@@ -38,6 +38,12 @@ class VisionLinear:
     @property
     def params(self) -> int:
         return self.in_features * self.out_features + (self.out_features if self.bias else 0)
+
+
+@dataclass(frozen=True)
+class VisionLinear(Linear):
+    """One ``nn.Linear`` of a tower block (``attn.qkv``, ``mlp.fc1``) or of the projector, by its path inside the
+    model (``model.visual.merger.mlp.0``)."""
 
 
 @dataclass(frozen=True)
