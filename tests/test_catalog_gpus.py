@@ -12,7 +12,7 @@ from advisor.core.catalog import detect_gpu, gpu_catalog, gpu_for_budget, resolv
 from advisor.core.errors import AdvisorInputError
 
 REQUIRED = ["rtx-3090", "rtx-4090", "rtx-5090", "t4", "v100-16gb", "a10g", "l4", "l40s", "a100-40gb", "a100-80gb",
-            "h100-sxm", "h100-pcie", "h200"]
+            "h100-sxm", "h100-pcie", "h200", "h800", "h20", "b200", "rtx-pro-6000"]
 
 
 def test_required_gpus_present():

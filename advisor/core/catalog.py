@@ -465,10 +465,11 @@ def resolve_gpu(name: str) -> GpuSpec:
 
 
 def match_gpu_name(nvml_name: str) -> GpuSpec | None:
-    """The catalog entry whose NVML name matches a detected GPU's name, if any."""
+    """The catalog entry whose NVML name (its ``name``, or an alias where the name is shortened for tables)
+    matches a detected GPU's name, if any."""
     lowered = nvml_name.lower()
     for key, entry in gpu_catalog().items():
-        if entry["name"].lower() == lowered:
+        if lowered in (entry["name"].lower(), *(str(a).lower() for a in entry.get("aliases", []))):
             return _gpu_from_entry(key, entry)
     return None
 
