@@ -94,7 +94,7 @@ def add_knob_flag(g, k: Knob, plan: type = Plan) -> None:
             if _whole_choices(k):
                 options["type"] = int  # numbered levels (--vllm-sleep 0|1|2)
         if k.cli.parse is not None:
-            options["type"] = k.cli.parse
+            options["type"] = _argparse_type(k.cli.parse)
         elif k.range is not None and k.range.whole:
             options["type"] = whole_number(int(k.range.low))
         elif k.range is not None:
@@ -105,6 +105,17 @@ def add_knob_flag(g, k: Knob, plan: type = Plan) -> None:
             options.update(action="append", default=None)
         g.add_argument(k.flag, **options)
     add_alias_flag(g, k)
+
+
+def _argparse_type(parse):
+    """A knob's parse as an argparse type: its input error is argparse's one line naming the flag and the value
+    (argparse turns any other ValueError into "invalid <lambda> value")."""
+    def typed(text):
+        try:
+            return parse(text)
+        except AdvisorInputError as e:
+            raise argparse.ArgumentTypeError(f"{e.rule} (got {text!r})") from None
+    return typed
 
 
 def _whole_choices(k: Knob) -> bool:
@@ -240,6 +251,9 @@ def plan_from_args(args: argparse.Namespace, plan: type = Plan, card=None) -> Pl
         if k.cli.repeat and isinstance(value, list):
             value = tuple(value)
         values[k.name] = k.default if value is None and not k.cli.default else value
+    if values.get("seq_len") == "max":  # advisor.core.plan.SEQ_MAX: a question only estimate answers
+        raise AdvisorInputError("--seq-len", "max (the longest sequence that fits) is answered by advisor estimate",
+                                "max")
     for k in knobs(plan):  # defaults that follow other knobs (the quantization follows the method)
         if k.cli.default and values[k.name] is None:
             values[k.name] = k.cli.default(values)

@@ -7,7 +7,9 @@ import json
 
 from advisor.commands._help import DefaultsHelpFormatter
 from advisor.commands.common import add_host_budget_flag, add_model_flags, add_plan_flags, number, positive_int
+from advisor.core.errors import AdvisorInputError
 from advisor.core.fit import HEADROOM
+from advisor.core.plan import SEQ_MAX
 from advisor.runtime.backends import BACKENDS
 
 
@@ -61,6 +63,15 @@ def run(args: argparse.Namespace) -> int:
     else:
         from advisor.runtime.backends import PROBES, BackendFailed, BackendOptions, get_backend
 
+        seq_max = args.seq_len == SEQ_MAX
+        if seq_max:
+            if budget is None and target.known_gpu is not None:  # the named card's whole memory
+                from advisor.core.units import parse_budget
+
+                budget = parse_budget("100%", gpu_total_bytes=target.known_gpu.memory_bytes)
+            if budget is None:
+                raise AdvisorInputError("--seq-len", "max needs a budget to fit: give --gpu-budget or --gpu", "max")
+            args.seq_len = None  # the plan's default length, replaced by the longest that fits below
         # the precision and attention not given are the card's; a plan it cannot run is refused (card_rules)
         plan = plan_from_args(args, card=Card.of(target.known_gpu, model))
         check_plan_against_model(model, plan)
@@ -78,18 +89,26 @@ def run(args: argparse.Namespace) -> int:
             plan = data.sized(plan)
         # a real run is held to the budget (a probe over it ends as oom)
         options = BackendOptions(budget_bytes=budget.bytes if budget and args.backend in PROBES else None)
-        try:
+
+        def measure(plan):
+            """The run of ``plan``: one GPU's step (sharded over --gpus), with the run's phases."""
+            from advisor.runtime.phases import with_phases
+
             report = get_backend(args.backend).measure(model, plan, gpu, options)
+            if args.gpus > 1:
+                from advisor.memory.sharding import shard_report
+
+                report = shard_report(report, model, plan, args.gpus, args.sharding, gpu)
+            return with_phases(model, plan, gpu, report)
+
+        try:
+            if seq_max:
+                plan, result["seq_len_search"] = _longest(model, plan, budget, args.headroom, measure, args.backend)
+                result["max_seq_len"] = result["seq_len_search"]["max_seq_len"]
+            report = measure(plan)
         except BackendFailed as e:
             print(f"estimate: {e}", file=sys.stderr)
             return 1
-        if args.gpus > 1:
-            from advisor.memory.sharding import shard_report
-
-            report = shard_report(report, model, plan, args.gpus, args.sharding, gpu)
-        from advisor.runtime.phases import with_phases
-
-        report = with_phases(model, plan, gpu, report)
         result["plan"] = plan.to_dict()
         result["plan_short"] = plan.short()
     result.update(report.to_dict())
@@ -127,6 +146,23 @@ def run(args: argparse.Namespace) -> int:
                        else None, gpus=args.gpus)
         Console().print(f"[dim]answered by the {result['answered_by']}: {result['answered_by_reason']}[/]")
     return 0
+
+
+def _longest(model, plan, budget, headroom: float, measure, backend: str) -> tuple:
+    """``plan`` at the longest sequence that fits the budget, and the search's figures (advisor.memory.longest): by
+    the token on the closed form, by 64 tokens on a simulation or a probe (each length is a trace or a run)."""
+    from advisor.core.fit import fits
+    from advisor.memory.longest import longest_seq_len
+
+    ceiling = int((model.config.get("text_config") or model.config).get("max_position_embeddings") or 131072)
+
+    def peak_at(n: int):
+        report = measure(plan.with_(seq_len=n))
+        return report.run_peak_bytes, dict(report.device)
+
+    fit = longest_seq_len(peak_at, lambda peak: fits(peak, budget.bytes, headroom), ceiling,
+                          step=1 if backend == "estimate" else 64)
+    return plan.with_(seq_len=fit.max_seq_len or fit.step), fit.to_dict()
 
 
 def answered_by(model, task: str, backend: str, report) -> dict:

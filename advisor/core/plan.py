@@ -124,6 +124,24 @@ def uses_reference(values) -> bool:
     return _dpo(values) or (_grpo(values) and effective_beta(values) > 0)
 
 
+SEQ_MAX = "max"
+"""``--seq-len max``: advisor estimate answers the longest sequence that fits (advisor.memory.longest)."""
+
+
+def parse_seq_len(text: str) -> int | str:
+    """``--seq-len``: a whole number of tokens, or ``max``."""
+    if str(text).strip().lower() == SEQ_MAX:
+        return SEQ_MAX
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise AdvisorInputError("--seq-len", "must be a whole number of at least 1, or max (the longest that fits)",
+                                text)
+    return value
+
+
 def parse_task(text: str) -> str:
     """``--task``: train is sft; inference is kept for the commands that serve (estimate, tune)."""
     import argparse
@@ -315,7 +333,8 @@ class Plan:
     """Micro-batches per optimizer step (gradients held between them)."""
     seq_len: int = knob(
         1024, help="tokens per sequence (DPO: TRL's max_length of each of chosen and rejected; GRPO: unused, "
-                   "--max-prompt-length + --max-completion-length)", range=_WHOLE, workload=Workload(required=True),
+                   "--max-prompt-length + --max-completion-length); estimate takes max: the longest that fits",
+        range=_WHOLE, workload=Workload(required=True), cli=Cli(parse=lambda text: parse_seq_len(text)),
         keys={"advisor": Custom("advisor.max_seq_length"), "axolotl": Key("sequence_len", default=512),
               "llamafactory": Key("cutoff_len", default=2048), "trl": Key("max_length")})
     """Tokens per sequence (the padded length of the longest batch, or the packed length): the user's data, not a
