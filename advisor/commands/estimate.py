@@ -154,7 +154,7 @@ def _longest(model, plan, budget, headroom: float, measure, backend: str) -> tup
     from advisor.core.fit import fits
     from advisor.memory.longest import longest_seq_len
 
-    ceiling = int((model.config.get("text_config") or model.config).get("max_position_embeddings") or 131072)
+    ceiling = int(model.max_position_embeddings or 131072)  # the trained context (no RoPE scaling planned)
 
     def peak_at(n: int):
         report = measure(plan.with_(seq_len=n))
