@@ -199,7 +199,7 @@ def test_a_resumed_study_explains_its_answer_as_the_run_that_made_it(tmp_path, c
 @pytest.mark.parametrize("argv,says", [
     (["--gpu", "a10g", "--gpu-budget", "24GB"], "--gpu-budget: more than the NVIDIA A10G has: 22.5 GiB per GPU "
                                                 "(got '24GB')"),
-    (["--gpu-budget", "24TB"], "--gpu-budget: more than the largest catalog GPU (NVIDIA H200) has: 140.4 GiB per GPU "
+    (["--gpu-budget", "24TB"], "--gpu-budget: more than the largest catalog GPU (NVIDIA B200) has: 179.1 GiB per GPU "
                                "(got '24TB')"),
 ])
 def test_a_budget_the_card_does_not_have_is_refused(tmp_path, capsys, argv, says):
