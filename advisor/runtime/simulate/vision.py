@@ -275,7 +275,7 @@ def processor_batch(spec, plan, settings: VisionSettings, seed: int = 0) -> dict
     out: dict = {}
     if mt == "mllama":
         o = proc(images=[_images(settings)] * b, return_tensors="pt")
-        image_token = cfg["image_token_index"]
+        image_token = _token(cfg, "image_token_index")
         spans = [[image_token] for _ in settings.images]
         out.update(pixel_values=o["pixel_values"], aspect_ratio_ids=o["aspect_ratio_ids"],
                    aspect_ratio_mask=o["aspect_ratio_mask"])
@@ -284,15 +284,17 @@ def processor_batch(spec, plan, settings: VisionSettings, seed: int = 0) -> dict
         o = proc(images=_images(settings), return_tensors="pt")
         tokens = image_tokens(spec, o, settings)
         if mt in QWEN:
-            start, end, image_token = cfg["vision_start_token_id"], cfg.get("vision_end_token_id"), cfg["image_token_id"]
+            start, end = _token(cfg, "vision_start_token_id"), cfg.get("vision_end_token_id")
+            image_token = _token(cfg, "image_token_id")
             spans = [[start] + [image_token] * n + ([end] if end is not None else []) for n in tokens]
             out.update(pixel_values=torch.cat([o["pixel_values"]] * b), image_grid_thw=torch.cat([o["image_grid_thw"]] * b))
         elif mt == "gemma3":
-            image_token = cfg["image_token_index"]
-            spans = [[cfg["boi_token_index"]] + [image_token] * n + [cfg["eoi_token_index"]] for n in tokens]
+            image_token = _token(cfg, "image_token_index")
+            spans = [[_token(cfg, "boi_token_index")] + [image_token] * n + [_token(cfg, "eoi_token_index")]
+                     for n in tokens]
             out.update(pixel_values=torch.cat([o["pixel_values"]] * b))
         else:  # internvl: <img> + context tokens + </img>, the image tokens only counted as such
-            image_token = cfg["image_token_id"]
+            image_token = _token(cfg, "image_token_id")
             spans = [[image_token] * n for n in tokens]
             out.update(pixel_values=torch.cat([o["pixel_values"]] * b))
     placeholders = [t for span in spans for t in span]
@@ -318,6 +320,16 @@ def processor_batch(spec, plan, settings: VisionSettings, seed: int = 0) -> dict
             "max_num_tiles", 4), s)
         out["cross_attention_mask"] = torch.from_numpy(dense)
     return out
+
+
+def _token(cfg: dict, key: str) -> int:
+    """A special token's id from the model's config, else the default of its transformers config class, which the
+    model built from that config uses too (InternVL3.5's HF config leaves out ``image_token_id``: 151667)."""
+    if cfg.get(key) is not None:
+        return int(cfg[key])
+    from transformers import CONFIG_MAPPING
+
+    return int(getattr(CONFIG_MAPPING[cfg["model_type"]](), key))
 
 
 def image_tokens(spec, processed, settings: VisionSettings) -> list[int]:
