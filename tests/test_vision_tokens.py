@@ -216,3 +216,18 @@ def test_pixtral_cells_match_the_processor(width, height, tokens):
     assert max(h, w) <= s["longest_edge"] + cell
     if tokens is not None:
         assert counted.tokens == tokens
+
+
+@pytest.mark.parametrize("model", ["OpenGVLab/InternVL3-8B-hf", "OpenGVLab/InternVL3_5-8B-HF"])
+def test_a_placeholder_token_the_config_leaves_out_is_its_config_class_default(model):
+    """InternVL3.5-8B-HF's config.json has no image_token_id: the simulated batch takes InternVLConfig's default, as
+    the model built from that config does, and marks one placeholder per image token (labels ignored there)."""
+    from advisor.core.architecture import config_object
+    from advisor.runtime.simulate.vision import VisionSettings, processor_batch
+
+    spec = resolve_model(model)
+    token = config_object(spec.config).image_token_id
+    batch = processor_batch(spec, Plan(micro_batch=1, seq_len=64), VisionSettings(images=((448, 448),)))
+    placeholders = int((batch["input_ids"] == token).sum())
+    assert placeholders == count_image(spec, 448, 448).tokens
+    assert bool((batch["labels"][batch["input_ids"] == token] == -100).all())

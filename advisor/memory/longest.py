@@ -13,11 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-Peak = Callable[[int], tuple]
-"""The run's peak and its device ledger at a sequence length, and optionally its host peak: (peak, ledger[, host])."""
-
-HOST = "host memory"
-"""What stops the search when the device still fits and the host does not (an offload's copies grow with the length)."""
+Peak = Callable[[int], tuple[int, dict[str, int]]]
+"""The run's peak and its device ledger at a sequence length."""
 
 
 @dataclass(frozen=True)
@@ -45,41 +42,28 @@ class LongestFit:
         return {**asdict(self), "at_ceiling": self.at_ceiling}
 
 
-def longest_seq_len(peak_at: Peak, fits: Callable[[int], bool], ceiling: int, step: int = 1,
-                    host_fits: Callable[[int], bool] | None = None) -> LongestFit:
-    """Bisection on multiples of ``step`` in [step, ceiling] for the longest whose ``peak_at`` ``fits`` (and whose
-    host peak, the third figure ``peak_at`` gives, ``host_fits`` when given)."""
-    seen: dict[int, tuple] = {}
+def longest_seq_len(peak_at: Peak, fits: Callable[[int], bool], ceiling: int, step: int = 1) -> LongestFit:
+    """Bisection on multiples of ``step`` in [step, ceiling] for the longest whose ``peak_at`` ``fits``."""
+    seen: dict[int, tuple[int, dict[str, int]]] = {}
 
-    def peak(n: int) -> tuple:
+    def peak(n: int) -> tuple[int, dict[str, int]]:
         if n not in seen:
-            seen[n] = tuple(peak_at(n))
+            seen[n] = peak_at(n)
         return seen[n]
 
-    def device_ok(n: int) -> bool:
-        return fits(peak(n)[0])
-
-    def ok(n: int) -> bool:
-        at = peak(n)
-        return device_ok(n) and (host_fits is None or len(at) < 3 or host_fits(at[2]))
-
     top = max(step, ceiling // step * step)
-    if ok(top):
+    if fits(peak(top)[0]):
         return LongestFit(top, peak(top)[0], None, None, None, step, ceiling, len(seen))
-    if not ok(step):
-        return LongestFit(None, peak(step)[0], step, peak(step)[0], HOST if device_ok(step) else None,
-                          step, ceiling, len(seen))
+    if not fits(peak(step)[0]):
+        return LongestFit(None, peak(step)[0], step, peak(step)[0], None, step, ceiling, len(seen))
     lo, hi = 1, top // step  # in steps: lo fits, hi does not
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if ok(mid * step):
+        if fits(peak(mid * step)[0]):
             lo = mid
         else:
             hi = mid
-    (at, ledger, *_), (over, ledger_over, *_) = peak(lo * step), peak(hi * step)
-    if device_ok(hi * step):
-        stops = HOST
-    else:
-        grows = {c: ledger_over.get(c, 0) - ledger.get(c, 0) for c in set(ledger) | set(ledger_over)}
-        stops = max(grows, key=grows.get) if grows else None
+    (at, ledger), (over, ledger_over) = peak(lo * step), peak(hi * step)
+    grows = {c: ledger_over.get(c, 0) - ledger.get(c, 0) for c in set(ledger) | set(ledger_over)}
+    stops = max(grows, key=grows.get) if grows else None
     return LongestFit(lo * step, at, hi * step, over, stops, step, ceiling, len(seen))

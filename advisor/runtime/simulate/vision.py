@@ -267,7 +267,12 @@ def processor_batch(spec, plan, settings: VisionSettings, seed: int = 0) -> dict
     workload's images and text tokens up to ``plan.seq_len`` in all."""
     import torch
 
+    from advisor.core.architecture import config_object
+
     cfg, mt = spec.config, spec.config["model_type"]
+    # the special tokens as the model built from the config sees them: a field the config leaves out takes its
+    # config class's default (InternVL3.5-8B-HF has no image_token_id: 151667)
+    conf = config_object(cfg)
     proc = image_processor(spec, settings)
     b, s = plan.micro_batch, plan.seq_len
     vocab = cfg.get("text_config", {}).get("vocab_size", spec.vocab_size)
@@ -275,7 +280,7 @@ def processor_batch(spec, plan, settings: VisionSettings, seed: int = 0) -> dict
     out: dict = {}
     if mt == "mllama":
         o = proc(images=[_images(settings)] * b, return_tensors="pt")
-        image_token = _token(cfg, "image_token_index")
+        image_token = conf.image_token_index
         spans = [[image_token] for _ in settings.images]
         out.update(pixel_values=o["pixel_values"], aspect_ratio_ids=o["aspect_ratio_ids"],
                    aspect_ratio_mask=o["aspect_ratio_mask"])
@@ -284,17 +289,17 @@ def processor_batch(spec, plan, settings: VisionSettings, seed: int = 0) -> dict
         o = proc(images=_images(settings), return_tensors="pt")
         tokens = image_tokens(spec, o, settings)
         if mt in QWEN:
-            start, end = _token(cfg, "vision_start_token_id"), cfg.get("vision_end_token_id")
-            image_token = _token(cfg, "image_token_id")
+            start, end = conf.vision_start_token_id, cfg.get("vision_end_token_id")
+            image_token = conf.image_token_id
             spans = [[start] + [image_token] * n + ([end] if end is not None else []) for n in tokens]
             out.update(pixel_values=torch.cat([o["pixel_values"]] * b), image_grid_thw=torch.cat([o["image_grid_thw"]] * b))
         elif mt == "gemma3":
-            image_token = _token(cfg, "image_token_index")
-            spans = [[_token(cfg, "boi_token_index")] + [image_token] * n + [_token(cfg, "eoi_token_index")]
+            image_token = conf.image_token_index
+            spans = [[conf.boi_token_index] + [image_token] * n + [conf.eoi_token_index]
                      for n in tokens]
             out.update(pixel_values=torch.cat([o["pixel_values"]] * b))
         else:  # internvl: <img> + context tokens + </img>, the image tokens only counted as such
-            image_token = _token(cfg, "image_token_id")
+            image_token = conf.image_token_id
             spans = [[image_token] * n for n in tokens]
             out.update(pixel_values=torch.cat([o["pixel_values"]] * b))
     placeholders = [t for span in spans for t in span]
@@ -320,16 +325,6 @@ def processor_batch(spec, plan, settings: VisionSettings, seed: int = 0) -> dict
             "max_num_tiles", 4), s)
         out["cross_attention_mask"] = torch.from_numpy(dense)
     return out
-
-
-def _token(cfg: dict, key: str) -> int:
-    """A special token's id from the model's config, else the default of its transformers config class, which the
-    model built from that config uses too (InternVL3.5's HF config leaves out ``image_token_id``: 151667)."""
-    if cfg.get(key) is not None:
-        return int(cfg[key])
-    from transformers import CONFIG_MAPPING
-
-    return int(getattr(CONFIG_MAPPING[cfg["model_type"]](), key))
 
 
 def image_tokens(spec, processed, settings: VisionSettings) -> list[int]:
