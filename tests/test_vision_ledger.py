@@ -47,9 +47,10 @@ def test_the_language_model_sequence_holds_the_image_tokens():
     text = estimate_training(QWEN, Plan(method="lora", seq_len=1024 + 999), GPU)
     with_image = estimate_training(QWEN, Plan(method="lora", seq_len=1024, image_sizes=IMAGE), GPU)
     assert with_image.extra["vision"]["language_model_seq_len"] == 2023
-    # the same language-model activations; the image adds the tower's weights and pixels only
+    # the same language-model activations; the image adds its pixels only: the tower is loaded for text too
     assert with_image.device["activations"] == text.device["activations"] + with_image.extra["vision"]["pixel_values"]
-    assert with_image.device["weights"] == text.device["weights"] + QWEN.vision.params * 2
+    assert with_image.device["weights"] == text.device["weights"]
+    assert text.extra["vision"]["weights"] == QWEN.vision.params * 2 and text.extra["vision"]["sample"] is None
 
 
 def test_what_trains_in_the_tower_moves_its_ledger():

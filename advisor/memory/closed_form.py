@@ -19,7 +19,7 @@ sliding layers' mask bias and Gemma's fp32 norm products were counted, -1.3% and
 from __future__ import annotations
 
 from advisor.core.catalog import ModelSpec
-from advisor.core.plan import Plan
+from advisor.core.plan import Plan, has_vision_input
 from advisor.memory.experts import COVERED, ROUTERS
 
 CLOSED_FORM = "closed form"
@@ -43,10 +43,17 @@ def closed_form_describes(model: ModelSpec, plan: Plan | None = None) -> tuple[b
                        "has terms for softmax attention only")
     if any(layer.attention == "mla" for layer in d.layers):
         return False, "multi-head latent attention: the closed form has terms for q/k/v/o attention only"
-    if not d.homogeneous:
-        return False, ("decoder layers of different kinds ("
-                       + ", ".join(f"{k} x{n}" for k, n in kinds.items()) + "): the closed form describes one layer")
-    first = d.layers[0]
+    cross = model.vision.cross_attention_layers if model.vision is not None else ()
+    if cross and plan is not None and has_vision_input(plan):
+        return False, (f"cross-attention layers reading the image ({len(cross)} of {d.num_layers}): the closed form "
+                       "has terms for self-attention only")
+    # a plan without images: Mllama's cross-attention layers are loaded and skipped (tensors.idle_layers)
+    run = [layer for layer in d.layers if layer.index not in cross]
+    first = run[0]
+    same = (first.linears, first.experts, first.norms, first.other_params)
+    if any((layer.linears, layer.experts, layer.norms, layer.other_params) != same for layer in run):
+        return False, ("decoder layers of different modules (" + ", ".join(f"{k} x{n}" for k, n in kinds.items())
+                       + "): the closed form describes one layer")
     attention = frozenset(m.short for m in first.linears if m.role == "attention")
     mlp = frozenset(m.short for m in first.linears if m.role != "attention")
     if attention not in ATTENTION_LAYOUTS or mlp not in MLP_LAYOUTS:
@@ -54,6 +61,9 @@ def closed_form_describes(model: ModelSpec, plan: Plan | None = None) -> tuple[b
     if first.other_params:
         return False, ("layer parameters the closed form has no terms for ("
                        + ", ".join(name for name, _ in first.other_params) + ")")
+    if cross:
+        return True, (f"dense decoder layers the closed form describes; the {len(cross)} cross-attention layers are "
+                      "skipped without an image (MllamaTextModel.forward): their weights only")
     return True, "dense decoder layers (attention, gated MLP, norms) the closed form describes"
 
 

@@ -10,9 +10,20 @@ output head.
 from __future__ import annotations
 
 from advisor.core.catalog import ModelSpec
-from advisor.core.plan import Plan
+from advisor.core.plan import Plan, has_vision_input
 
 Shape = tuple[int, ...]
+
+
+def idle_layers(model: ModelSpec, plan: Plan) -> frozenset[int]:
+    """The decoder layers a training step never calls: Mllama's cross-attention layers when the sample holds no
+    image (transformers MllamaTextModel.forward skips a cross-attention layer without cross_attention_states).
+    Their weights and adapters are loaded; they save nothing, and their parameters get no gradient, so no
+    optimizer state either (torch.optim and bitsandbytes step only a parameter whose ``grad`` is not None)."""
+    v = model.vision
+    if v is None or not v.cross_attention_layers or has_vision_input(plan):
+        return frozenset()
+    return frozenset(v.cross_attention_layers)
 
 
 def numel(shape: Shape) -> int:
@@ -22,13 +33,15 @@ def numel(shape: Shape) -> int:
     return n
 
 
-def param_shapes(model: ModelSpec) -> list[Shape]:
+def param_shapes(model: ModelSpec, skip: frozenset[int] = frozenset()) -> list[Shape]:
     """Every parameter tensor of the model: (out, in) per linear (nn.Linear.weight), (out,) per bias, each expert
     stack as stored, the router (experts x hidden), every norm's weight, the rest (sinks, convolutions) as
-    stored; the embedding (vocab x hidden), the final norm, an untied head."""
+    stored; the embedding (vocab x hidden), the final norm, an untied head. ``skip``: decoder layers left out."""
     d = model.description
     out: list[Shape] = []
     for layer in d.layers:
+        if layer.index in skip:
+            continue
         for m in layer.linears:
             out.append((m.out_features, m.in_features))
             if m.bias:
@@ -46,7 +59,8 @@ def param_shapes(model: ModelSpec) -> list[Shape]:
     return out
 
 
-def adapter_shapes(model: ModelSpec, plan: Plan, modules: list[str] | tuple[str, ...]) -> list[Shape]:
+def adapter_shapes(model: ModelSpec, plan: Plan, modules: list[str] | tuple[str, ...],
+                   skip: frozenset[int] = frozenset()) -> list[Shape]:
     """The LoRA tensors: A (r x in) and B (out x r) per adapted linear and layer (peft/tuners/lora/layer.py
     update_layer), DoRA's magnitude (out,) per adapted linear (peft DoraLinearLayer), and with ``lora_experts`` a
     ParamWrapper's A (r*E x in) and B (out x r*E) per expert stack (peft/tuners/lora/layer.py:2455-2456)."""
@@ -55,6 +69,8 @@ def adapter_shapes(model: ModelSpec, plan: Plan, modules: list[str] | tuple[str,
     r = plan.lora_r
     out: list[Shape] = []
     for layer in model.description.layers:
+        if layer.index in skip:
+            continue
         for m in layer.linears:
             if m.short in modules:
                 out += [(r, m.in_features), (m.out_features, r)] + ([(m.out_features,)] if plan.dora else [])
@@ -65,11 +81,14 @@ def adapter_shapes(model: ModelSpec, plan: Plan, modules: list[str] | tuple[str,
     return out
 
 
-def trainable_shapes(model: ModelSpec, plan: Plan, modules: list[str] | tuple[str, ...]) -> list[Shape]:
-    """The tensors the optimizer steps: the adapters under PEFT, every parameter in a full fine-tune."""
-    return adapter_shapes(model, plan, modules) if plan.peft else param_shapes(model)
+def trainable_shapes(model: ModelSpec, plan: Plan, modules: list[str] | tuple[str, ...],
+                     skip: frozenset[int] = frozenset()) -> list[Shape]:
+    """The trainable tensors: the adapters under PEFT, every parameter in a full fine-tune (``skip``: decoder
+    layers left out, such as ``idle_layers``, whose tensors the optimizer never steps)."""
+    return adapter_shapes(model, plan, modules, skip) if plan.peft else param_shapes(model, skip)
 
 
-def trainable_sizes(model: ModelSpec, plan: Plan, modules: list[str] | tuple[str, ...]) -> list[int]:
+def trainable_sizes(model: ModelSpec, plan: Plan, modules: list[str] | tuple[str, ...],
+                    skip: frozenset[int] = frozenset()) -> list[int]:
     """Elements of each trainable tensor."""
-    return [numel(s) for s in trainable_shapes(model, plan, modules)]
+    return [numel(s) for s in trainable_shapes(model, plan, modules, skip)]

@@ -50,7 +50,8 @@ class ParamBreakdown:
     other: int            # embeddings, lm_head, norms, biases, stacked experts, routers (kept in the compute dtype)
     adapter: int          # LoRA A and B (and DoRA's magnitudes, LoRA on the expert stacks)
     lora_modules: tuple[str, ...]
-    trainable: int
+    trainable: int        # what gets a gradient and an optimizer state (the adapters, or every parameter, less idle)
+    idle: frozenset[int] = frozenset()  # decoder layers whose trainable tensors are never stepped (stepped_skip)
 
 
 def param_breakdown(model: ModelSpec, plan: Plan) -> ParamBreakdown:
@@ -60,8 +61,19 @@ def param_breakdown(model: ModelSpec, plan: Plan) -> ParamBreakdown:
     modules = adapted_modules(model, plan) if plan.peft else []
     linear = experts.quantized_linear_params(model)
     adapter = sum(tensors.trainable_sizes(model, plan, modules)) if plan.peft else 0
-    trainable = adapter if plan.peft else model.params_total
-    return ParamBreakdown(linear, model.params_total - linear, adapter, tuple(modules), trainable)
+    idle = stepped_skip(model, plan)
+    if plan.peft:
+        trainable = sum(tensors.trainable_sizes(model, plan, modules, idle)) if idle else adapter
+    else:
+        trainable = model.params_total - sum(layer.params for layer in model.description.layers if layer.index in idle)
+    return ParamBreakdown(linear, model.params_total - linear, adapter, tuple(modules), trainable, idle)
+
+
+def stepped_skip(model: ModelSpec, plan: Plan) -> frozenset[int]:
+    """The decoder layers whose trainable tensors get no gradient and no optimizer state (tensors.idle_layers),
+    where the optimizer is torch's or bitsandbytes' on the GPU; DeepSpeed flattens every parameter that requires
+    grad into its partitions, stepped or not (deepspeed/runtime/zero/stage_1_and_2.py ``bit16_groups``)."""
+    return tensors.idle_layers(model, plan) if plan.offload == "none" else frozenset()
 
 
 def weight_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> tuple[int, int]:
@@ -357,14 +369,19 @@ FWD_STASH = 5  # TRL OffloadActivations max_fwd_stash_size (trl/models/activatio
 
 
 def layer_terms(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> LayerTerms:
-    """Every decoder layer's terms, computed once per kind of layer (LayerDescription.kind_key)."""
+    """Every decoder layer's terms, computed once per kind of layer (LayerDescription.kind_key); a layer the step
+    never calls (tensors.idle_layers) holds nothing."""
     d = model.description
     saved = [0] * d.num_layers
     lists: list[tuple[int, ...]] = [()] * d.num_layers
     held = [0] * d.num_layers
     inputs: list[tuple[int, ...]] = [()] * d.num_layers
     temp = 0
-    for layer, indices in d.layer_kinds():
+    idle = tensors.idle_layers(model, plan)
+    for layer, every in d.layer_kinds():
+        indices = [ix for ix in every if ix not in idle]
+        if not indices:
+            continue
         kind = tuple(layer_saved_tensors(model, plan, pb, layer))
         h8 = int8_held_bytes(model, plan, layer)
         i8 = tuple(int8_held_inputs(model, plan, layer))
@@ -647,7 +664,7 @@ def _blocks(n: int) -> int:
 def trainable_tensors(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> list[tuple[int, ...]]:
     """Shapes of the trainable tensors: (out, in) for matrices, (n,) for vectors, expert stacks as stored (what
     per-tensor optimizers allocate state for, tensor by tensor: advisor.memory.tensors)."""
-    return tensors.trainable_shapes(model, plan, pb.lora_modules)
+    return tensors.trainable_shapes(model, plan, pb.lora_modules, pb.idle)
 
 
 _numel = tensors.numel
@@ -656,8 +673,10 @@ _numel = tensors.numel
 def low_rank_targets(model: ModelSpec, plan: Plan) -> list[tuple[int, int]]:
     """(out, in) of every weight GaLore / APOLLO project: the nn.Linears of the decoder layers
     (advisor.runtime.build.GALORE_TARGETS; transformers' Trainer skips a matching module that is not an nn.Linear,
-    so stacked experts and routers get plain Adam states)."""
-    return [(m.out_features, m.in_features) for layer in model.description.layers for m in layer.linears]
+    so stacked experts and routers get plain Adam states); a layer the step skips has no gradient to project."""
+    idle = stepped_skip(model, plan)
+    return [(m.out_features, m.in_features) for layer in model.description.layers if layer.index not in idle
+            for m in layer.linears]
 
 
 def projected_shape(out: int, inp: int, plan: Plan) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -734,10 +753,10 @@ def adalomo_state_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int
     """AdaLomo: a factored fp32 second moment, a row and a column vector per matrix, a vector per vector
     (Lv et al. 2023; lomo_optim/adalomo.py)."""
     # every parameter gets one, trainable or not (it loops over model.named_parameters())
-    tensors = trainable_tensors(model, plan.with_(method="full", quantization="none", double_quant=False), pb)
+    shapes = tensors.param_shapes(model)  # at __init__, stepped or not
     if plan.peft:
-        tensors += trainable_tensors(model, plan, pb)
-    return sum(_blocks(4 * s[0]) + (_blocks(4 * s[1]) if len(s) == 2 else 0) for s in tensors)
+        shapes += tensors.trainable_shapes(model, plan, pb.lora_modules)
+    return sum(_blocks(4 * s[0]) + (_blocks(4 * s[1]) if len(s) == 2 else 0) for s in shapes)
 
 
 def implementation_transient_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int | None:
@@ -826,7 +845,7 @@ def activation_levers(model: ModelSpec, plan: Plan, pb: ParamBreakdown, lt: Laye
     p = DTYPE_BYTES[plan.activation_dtype]
     T = plan.micro_batch * plan.seq_len
     x = p * T * model.hidden_size
-    chosen = set(checkpointed_layers(plan, L))
+    chosen = set(checkpointed_layers(plan, L)) - tensors.idle_layers(model, plan)  # a skipped layer saves no input
     k = len(chosen)
     top = max(chosen) if chosen else -1
     plain = [i for i in range(L) if i not in chosen]
@@ -874,8 +893,10 @@ def offloaded_weight_views(model: ModelSpec, plan: Plan) -> int:
     a Parameter, instead: bitsandbytes MatMul4Bit)."""
     if plan.quantized:
         return 0
+    idle = tensors.idle_layers(model, plan)
     return DTYPE_BYTES[plan.activation_dtype] * sum(m.in_features * m.out_features
-                                                    for layer in model.description.layers for m in layer.linears)
+                                                    for layer in model.description.layers if layer.index not in idle
+                                                    for m in layer.linears)
 
 
 def offloaded_activation_blocks(model: ModelSpec, plan: Plan, pb: ParamBreakdown, lt: LayerTerms | None = None) -> int:
@@ -888,11 +909,15 @@ def offloaded_activation_blocks(model: ModelSpec, plan: Plan, pb: ParamBreakdown
     L = model.num_layers
     p = DTYPE_BYTES[plan.activation_dtype]
     T = plan.micro_batch * plan.seq_len
+    idle = tensors.idle_layers(model, plan)
     if plan.gradient_checkpointing:
-        return len(checkpointed_layers(plan, L)) * pinned_block_bytes(p * T * model.hidden_size)
+        return len(set(checkpointed_layers(plan, L)) - idle) * pinned_block_bytes(p * T * model.hidden_size)
     lt = lt or layer_terms(model, plan, pb)
     total = 0
-    for layer, indices in model.description.layer_kinds():
+    for layer, every in model.description.layer_kinds():
+        indices = [ix for ix in every if ix not in idle]
+        if not indices:
+            continue
         copies = offloaded_layer_copies(model, plan, pb, layer, lt, indices[0])
         total += len(indices) * pinned_bytes_of(copies)
         if 0 in indices:  # the first layer's input needs no gradient: what it saves for one is not made

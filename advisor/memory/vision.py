@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 
 from advisor.core.catalog import ModelSpec
 from advisor.core.dtypes import DTYPE_BYTES
-from advisor.core.plan import ALL_LINEAR, Plan, has_vision_input
+from advisor.core.plan import ALL_LINEAR, Plan
 
 QUANT_BYTES_PER_PARAM = {"nf4": 0.5 + 4 / 64, "fp4": 0.5 + 4 / 64, "int8": 1.0}
 """bitsandbytes storage per quantized weight: 4-bit codes plus an fp32 absmax per 64 values (Dettmers et al. 2023
@@ -83,9 +83,10 @@ class VisionLedger:
 
 
 def applies(model: ModelSpec, plan: Plan) -> bool:
-    """The plan feeds a vision-language model images or video, or trains part of its tower."""
-    return model.vision is not None and (has_vision_input(plan) or plan.vision_tower != "frozen"
-                                         or plan.train_projector)
+    """The model is a vision-language one: its tower and projector are loaded with it (the ConditionalGeneration
+    class every stack trains builds them) and held on the GPU, a text-only sample or not; what they save and
+    compute comes with images or video (``estimate_vision`` with no sample: weights, and what a trained part keeps)."""
+    return model.vision is not None
 
 
 def tower_lora_modules(model: ModelSpec, plan: Plan) -> tuple[tuple[str, ...], str]:
@@ -198,6 +199,12 @@ def attention_bytes(model: ModelSpec, plan: Plan, chunk: int) -> tuple[int, int]
     return scores * (p + 4 + p), scores * p
 
 
+def tower_blocks(model: ModelSpec) -> int:
+    """The tower's blocks of ``block_linears``: its ``depth``, and Mllama's global encoder after the local one
+    (MllamaVisionModel: ``num_hidden_layers`` local and ``num_global_layers`` global MllamaVisionEncoderLayers)."""
+    return model.vision.depth + int((model.config.get("vision_config") or {}).get("num_global_layers") or 0)
+
+
 def estimate_vision(model: ModelSpec, plan: Plan, vis, state_bytes_per_trained_byte: float) -> VisionLedger:
     """The tower's part of the step for ``plan`` over ``vis`` (advisor.core.vision_tokens.VisionInput of one sample;
     None: no image, a trained tower only). ``state_bytes_per_trained_byte``: the optimizer states the plan's
@@ -207,7 +214,8 @@ def estimate_vision(model: ModelSpec, plan: Plan, vis, state_bytes_per_trained_b
     b = plan.micro_batch
     pdt = DTYPE_BYTES[plan.param_dtype]
     p = DTYPE_BYTES[plan.activation_dtype]
-    linear = v.depth * sum(m.in_features * m.out_features for m in v.block_linears) \
+    blocks = tower_blocks(model)
+    linear = blocks * sum(m.in_features * m.out_features for m in v.block_linears) \
         + sum(m.in_features * m.out_features for m in v.projector_linears)
     consts = 0
     if plan.quantized and plan.vision_tower != "full" and not plan.train_projector:
@@ -219,7 +227,7 @@ def estimate_vision(model: ModelSpec, plan: Plan, vis, state_bytes_per_trained_b
     full_tower = plan.vision_tower == "full"
     lora_modules, note = tower_lora_modules(model, plan)
     r = plan.lora_r
-    adapter_params = v.depth * sum(r * (m.in_features + m.out_features) for m in v.block_linears
+    adapter_params = blocks * sum(r * (m.in_features + m.out_features) for m in v.block_linears
                                    if m.short in lora_modules) if lora_modules else 0
     tb = pdt  # a trained weight's gradient is in its own dtype
     trainable = (v.tower_params if full_tower else 0) + (v.projector_params if plan.train_projector else 0)

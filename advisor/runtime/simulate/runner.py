@@ -395,15 +395,22 @@ def tag_layers(layers, tracker) -> list:
     GradientCheckpointingLayer checkpoints ``forward``, not ``__call__``, so the recomputation fires no
     module hook). The phase hooks reset the tag, so the loss, the last layer's backward and its
     recomputation, and the optimizer step are untagged or tagged to their own layer, never to a middle
-    one. Forward hooks only: module backward hooks break on peft models.
+    one. Forward hooks only: module backward hooks break on peft models. The previous layer is the one that
+    ran before it, not the index before it: a layer the model skips (Mllama's cross-attention without an image)
+    calls no hook and has no backward.
     """
     import torch
 
-    def pre_hook(index):
-        def set_previous(_grad):
-            tracker.layer = index - 1 if index > 0 else None
+    ran = [-1]  # the layer whose forward began last (each forward restarts from the first layer)
 
+    def pre_hook(index):
         def hook(_module, args, kwargs):
+            before = ran[0] if 0 <= ran[0] < index else None
+            ran[0] = index
+
+            def set_previous(_grad):
+                tracker.layer = before
+
             tracker.layer = index
             h = args[0] if args else kwargs.get("hidden_states")
             if isinstance(h, torch.Tensor) and h.requires_grad:

@@ -66,9 +66,9 @@ class VisionSettings:
 def vision_settings(plan) -> VisionSettings:
     """The vision settings of ``plan``'s vision fields (advisor.core.plan: ``image_sizes`` as ``WxH``,
     ``min_pixels`` / ``max_pixels``, ``vision_tower``, ``train_projector``, ``vision_gradient_checkpointing``); a
-    plan without images traces one image of the default size."""
+    plan without images traces its text alone (the tower loaded, not run), as the closed form counts it."""
     images = tuple(tuple(int(x) for x in str(size).lower().split("x")) for size in plan.image_sizes)
-    return VisionSettings(images=images or VisionSettings.images, min_pixels=plan.min_pixels,
+    return VisionSettings(images=images, min_pixels=plan.min_pixels,
                           max_pixels=plan.max_pixels, tower=plan.vision_tower,
                           projector_trained=bool(plan.train_projector),
                           tower_checkpointing=bool(plan.vision_gradient_checkpointing))
@@ -278,6 +278,11 @@ def processor_batch(spec, plan, settings: VisionSettings, seed: int = 0) -> dict
     vocab = cfg.get("text_config", {}).get("vocab_size", spec.vocab_size)
     g = torch.Generator().manual_seed(seed)
     out: dict = {}
+    if not settings.images:  # a text-only sample: the collator's ids and labels, no pixels, no placeholder ids
+        special = [getattr(conf, k, None) for k in ("image_token_id", "image_token_index", "video_token_id",
+                                                     "vision_start_token_id", "boi_token_index")]
+        ids = torch.randint(0, min([vocab] + [t for t in special if isinstance(t, int)]), (b, s), generator=g)
+        return dict(input_ids=ids, labels=ids.clone())
     if mt == "mllama":
         o = proc(images=[_images(settings)] * b, return_tensors="pt")
         image_token = conf.image_token_index
