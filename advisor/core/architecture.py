@@ -275,9 +275,14 @@ class ArchitectureDescription:
     @property
     def homogeneous(self) -> bool:
         """Every decoder layer has the same modules and shapes (the attention kind may still alternate)."""
-        first = self.layers[0]
+        return self.homogeneous_except(frozenset())
+
+    def homogeneous_except(self, skip: frozenset[int]) -> bool:
+        """``homogeneous`` over the decoder layers not in ``skip``."""
+        run = [layer for layer in self.layers if layer.index not in skip]
+        first = run[0]
         return all((layer.linears, layer.experts, layer.norms, layer.other_params)
-                   == (first.linears, first.experts, first.norms, first.other_params) for layer in self.layers)
+                   == (first.linears, first.experts, first.norms, first.other_params) for layer in run)
 
     def attention_kinds(self) -> dict[str, int]:
         """Layers of each attention kind: full, sliding(window), linear, mla."""

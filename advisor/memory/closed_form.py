@@ -48,12 +48,10 @@ def closed_form_describes(model: ModelSpec, plan: Plan | None = None) -> tuple[b
         return False, (f"cross-attention layers reading the image ({len(cross)} of {d.num_layers}): the closed form "
                        "has terms for self-attention only")
     # a plan without images: Mllama's cross-attention layers are loaded and skipped (tensors.idle_layers)
-    run = [layer for layer in d.layers if layer.index not in cross]
-    first = run[0]
-    same = (first.linears, first.experts, first.norms, first.other_params)
-    if any((layer.linears, layer.experts, layer.norms, layer.other_params) != same for layer in run):
-        return False, ("decoder layers of different modules (" + ", ".join(f"{k} x{n}" for k, n in kinds.items())
-                       + "): the closed form describes one layer")
+    if not d.homogeneous_except(frozenset(cross)):
+        return False, ("decoder layers of different kinds ("
+                       + ", ".join(f"{k} x{n}" for k, n in kinds.items()) + "): the closed form describes one layer")
+    first = next(layer for layer in d.layers if layer.index not in cross)
     attention = frozenset(m.short for m in first.linears if m.role == "attention")
     mlp = frozenset(m.short for m in first.linears if m.role != "attention")
     if attention not in ATTENTION_LAYOUTS or mlp not in MLP_LAYOUTS:

@@ -26,6 +26,14 @@ def idle_layers(model: ModelSpec, plan: Plan) -> frozenset[int]:
     return frozenset(v.cross_attention_layers)
 
 
+def run_layer_kinds(model: ModelSpec, plan: Plan) -> list:
+    """``ArchitectureDescription.layer_kinds`` over the layers the step calls: (layer, its indices) of each kind
+    with at least one layer that is not in ``idle_layers``."""
+    idle = idle_layers(model, plan)
+    kinds = [(layer, [ix for ix in indices if ix not in idle]) for layer, indices in model.description.layer_kinds()]
+    return [(layer, indices) for layer, indices in kinds if indices]
+
+
 def numel(shape: Shape) -> int:
     n = 1
     for d in shape:

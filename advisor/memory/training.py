@@ -377,11 +377,7 @@ def layer_terms(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> LayerTerms:
     held = [0] * d.num_layers
     inputs: list[tuple[int, ...]] = [()] * d.num_layers
     temp = 0
-    idle = tensors.idle_layers(model, plan)
-    for layer, every in d.layer_kinds():
-        indices = [ix for ix in every if ix not in idle]
-        if not indices:
-            continue
+    for layer, indices in tensors.run_layer_kinds(model, plan):
         kind = tuple(layer_saved_tensors(model, plan, pb, layer))
         h8 = int8_held_bytes(model, plan, layer)
         i8 = tuple(int8_held_inputs(model, plan, layer))
@@ -909,15 +905,12 @@ def offloaded_activation_blocks(model: ModelSpec, plan: Plan, pb: ParamBreakdown
     L = model.num_layers
     p = DTYPE_BYTES[plan.activation_dtype]
     T = plan.micro_batch * plan.seq_len
-    idle = tensors.idle_layers(model, plan)
     if plan.gradient_checkpointing:
-        return len(set(checkpointed_layers(plan, L)) - idle) * pinned_block_bytes(p * T * model.hidden_size)
+        return len(set(checkpointed_layers(plan, L)) - tensors.idle_layers(model, plan)) \
+            * pinned_block_bytes(p * T * model.hidden_size)
     lt = lt or layer_terms(model, plan, pb)
     total = 0
-    for layer, every in model.description.layer_kinds():
-        indices = [ix for ix in every if ix not in idle]
-        if not indices:
-            continue
+    for layer, indices in tensors.run_layer_kinds(model, plan):
         copies = offloaded_layer_copies(model, plan, pb, layer, lt, indices[0])
         total += len(indices) * pinned_bytes_of(copies)
         if 0 in indices:  # the first layer's input needs no gradient: what it saves for one is not made
