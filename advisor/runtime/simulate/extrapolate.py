@@ -64,14 +64,7 @@ def simulate(spec: ModelSpec, plan: Plan, *, layers: str | int = "auto", fake: b
     kinds = trace_kinds(spec, plan)
     partial = plan.gradient_checkpointing and 0 < len(checkpointed_layers(plan, L)) < L
     if partial:
-        # traced whole: where the step peaks depends on how the checkpointed layers interleave with the others
-        # (every n-th, or one per span: advisor.core.plan.checkpointed_layers), which a few stacked layers do
-        # not show; three traces extended affinely were 8-12% low with 16 or 20 of 24 layers checkpointed
-        t = trace_step(spec, plan, fake=fake, num_layers=L, target_device=target_device)
-        return Simulation(t.peak_bytes, t.peak_phase, t.ledger, t.phases, (L,), False,
-                          time.perf_counter() - start,
-                          t.notes + [f"traced all {L} layers: some of them checkpointed"],
-                          ((L, t.events, t.event_layers),))
+        return simulate_partial(spec, plan, fake=fake, target_device=target_device, start=start)
     if len(kinds) > 1:
         return simulate_kinds(spec, plan, kinds, fake=fake, target_device=target_device, start=start)
     n1, n2 = TRACE_LAYERS
@@ -267,3 +260,66 @@ def simulate_kinds(spec: ModelSpec, plan: Plan, kinds: list[tuple[int, ...]], *,
     events = ((len(traces_layers[-1]), last.events, last.event_layers, extras),)
     return Simulation(top.bytes, top.phase, top.ledger, phases, tuple(len(t) for t in traces_layers), True,
                       time.perf_counter() - start, last.notes + [note], events, layer_kinds=len(kinds))
+
+
+def checkpoint_units(spec: ModelSpec, plan: Plan) -> tuple[list[int], dict[tuple, list[tuple[int, ...]]], list[int]]:
+    """Some of the layers checkpointed: (the layers up to the first that trains, as in the model; the units below
+    the last checkpointed layer, by kind; the model's layers from the last checkpointed one on).
+
+    A unit is a checkpointed layer and the plain layers after it up to the next checkpointed one. What a layer
+    keeps depends on the layer after it as well as on itself (a checkpointed layer's output is kept as the next
+    checkpointed layer's saved input, while a plain layer's norm saves its own fp32 copy), and every unit is
+    followed by a checkpointed layer, so units of the same layers (their modules, shapes, attention:
+    ``trace_kinds``) keep the same wherever they stand."""
+    L = spec.num_layers
+    checkpointed = sorted(checkpointed_layers(plan, L))
+    kind_of = {i: k for k, ix in enumerate(trace_kinds(spec, plan)) for i in ix}
+    lead = first_trainable_layer(spec, plan)
+    lead = L - 1 if lead is None else lead
+    top = checkpointed[-1]
+    starts = [i for i in checkpointed if i < top] + [top]
+    prefix_end = next((b for b in starts if b > lead), top)   # the prefix ends where a unit starts
+    units: dict[tuple, list[tuple[int, ...]]] = {}
+    for a, b in zip(starts, starts[1:]):
+        if a >= prefix_end:
+            unit = tuple(range(a, b))
+            units.setdefault(tuple(kind_of[i] for i in unit), []).append(unit)
+    return list(range(prefix_end)), units, list(range(max(top, prefix_end), L))
+
+
+def simulate_partial(spec: ModelSpec, plan: Plan, *, fake: bool, target_device: str, start: float) -> Simulation:
+    """Some of the layers checkpointed (every n-th, or one per span: ``checkpointed_layers``): one trace of the
+    model's first layers, one unit of each kind (``checkpoint_units``) and the model's own layers from the last
+    checkpointed one on, each unit's layers repeated to the count of its kind (``deepened``).
+
+    Going down the backward, a checkpointed layer's recompute holds what every layer below it saved, so the last
+    one's holds the most; the plain layers above it are freed by then; at the backward's start every layer below
+    holds what it saved; the forward peaks on the last layer. Each of those moments is in the trace, every unit
+    below it. Where a phase peaks inside a repeated unit instead, all layers are traced.
+    tests/test_simulate_extrapolate.py holds it to whole traces."""
+    L = spec.num_layers
+    checkpointed = set(checkpointed_layers(plan, L))
+    prefix, units, tail = checkpoint_units(spec, plan)
+    layers = list(prefix)
+    extras: dict[int, int] = {}
+    for group in units.values():
+        for i in group[0]:
+            extras[len(layers)] = len(group) - 1
+            layers.append(i)
+    layers += tail
+    note = (f"{len(checkpointed)} of {L} layers checkpointed: traced {len(layers)} (the first, one run of each kind "
+            f"from a checkpointed layer to the next, the layers from the last checkpointed one on), each run "
+            f"repeated to {L}")
+    if len(layers) < L:
+        t = trace_step(spec, plan, fake=fake, layers=tuple(layers), target_device=target_device,
+                       checkpoint_set=tuple(p for p, i in enumerate(layers) if i in checkpointed))
+        phases = deepened(t, extras)
+        if phases is not None:
+            top = max(phases.values(), key=lambda p: p.bytes)
+            return Simulation(top.bytes, top.phase, top.ledger, phases, (len(layers),), True,
+                              time.perf_counter() - start, t.notes + [note],
+                              ((len(layers), t.events, t.event_layers, extras),))
+    t = trace_step(spec, plan, fake=fake, num_layers=L, target_device=target_device)
+    return Simulation(t.peak_bytes, t.peak_phase, t.ledger, t.phases, (L,), False, time.perf_counter() - start,
+                      t.notes + [f"traced all {L} layers: some of them checkpointed, and a phase peaks inside a "
+                                 f"run of layers that would be repeated"], ((L, t.events, t.event_layers),))

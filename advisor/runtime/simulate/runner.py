@@ -247,8 +247,8 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
         if multimodal:
             setup = vl.build_vision_setup(spec, plan, vision, device="cpu", num_layers=num_layers,
                                           tower_layers=tower_layers, layers=layers, seed=seed,
-                                          target_device=target_device,
-                                          on_grad=on_grad)
+                                          target_device=target_device, on_grad=on_grad,
+                                          checkpoint_set=checkpoint_set)
         else:
             setup = build_training_setup(spec, plan, device="cpu", num_layers=num_layers, quant_impl=quant_impl,
                                          seed=seed, target_device=target_device, checkpoint_set=checkpoint_set,

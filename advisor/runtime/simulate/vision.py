@@ -180,20 +180,28 @@ def apply_trainable(model, settings: VisionSettings, method: str) -> None:
             p.requires_grad_(settings.projector_trained)
 
 
-def enable_checkpointing(model, plan, settings: VisionSettings) -> None:
-    """The language model's layers checkpointed as ``plan.gradient_checkpointing`` says, the tower's blocks as
-    ``settings.tower_checkpointing`` says. Enabled as Trainer enables it (``activation_checkpointing_enable``:
-    non-reentrant checkpoint, input gradients on every sub-model's embeddings), then each block's own flag."""
+def enable_checkpointing(model, plan, settings: VisionSettings, checkpoint_set: tuple[int, ...] | None = None) -> None:
+    """The language model's layers checkpointed as the plan says (``checkpointed_layers``: all of them, or
+    ``checkpoint_layers`` of them; ``checkpoint_set`` overrides which, as positions among the built decoder layers),
+    the tower's blocks as ``settings.tower_checkpointing`` says. Enabled as Trainer enables it
+    (``activation_checkpointing_enable``: non-reentrant checkpoint, input gradients on every sub-model's embeddings),
+    then each block's own flag."""
     from transformers.modeling_layers import GradientCheckpointingLayer
+
+    from advisor.core.plan import checkpointed_layers
 
     if not (plan.gradient_checkpointing or settings.tower_checkpointing):
         return
     model.activation_checkpointing_enable()
     tower, _ = tower_and_projectors(model)
     in_tower = {id(m) for m in tower.modules()}
-    for m in model.modules():
-        if isinstance(m, GradientCheckpointingLayer):
-            m.gradient_checkpointing = settings.tower_checkpointing if id(m) in in_tower else plan.gradient_checkpointing
+    blocks = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    decoder = [m for m in blocks if id(m) not in in_tower]
+    chosen = set(checkpoint_set if checkpoint_set is not None else checkpointed_layers(plan, len(decoder)))
+    for m in blocks:
+        m.gradient_checkpointing = settings.tower_checkpointing if id(m) in in_tower else False
+    for i, m in enumerate(decoder):
+        m.gradient_checkpointing = i in chosen
 
 
 def lora_modules(model, spec, plan, settings: VisionSettings) -> list[str]:
@@ -440,7 +448,8 @@ def unsupported(plan) -> str | None:
 def build_vision_setup(spec, plan, settings: VisionSettings | None = None, *, device: str = "cpu",
                        num_layers: int | None = None, tower_layers: int | None = None,
                        layers: tuple[int, ...] | None = None, seed: int = 0,
-                       target_device: str | None = None, on_grad=None) -> VisionTrainingSetup:
+                       target_device: str | None = None, on_grad=None,
+                       checkpoint_set: tuple[int, ...] | None = None) -> VisionTrainingSetup:
     """The vision-language model of ``spec`` with ``plan`` and ``settings`` applied, and its optimizer: the steps of
     advisor.runtime.build.build_training_setup (the plan's attention and dtype, checkpointing as Trainer enables it,
     peft LoRA with fp32 adapters, Trainer's optimizer for the target device), with the tower and projector trained
@@ -475,7 +484,7 @@ def build_vision_setup(spec, plan, settings: VisionSettings | None = None, *, de
         for p in model.parameters():
             p.requires_grad_(True)
         apply_trainable(model, settings, plan.method)
-    enable_checkpointing(model, plan, settings)
+    enable_checkpointing(model, plan, settings, checkpoint_set)
     if plan.peft:
         from peft import LoraConfig, get_peft_model
 

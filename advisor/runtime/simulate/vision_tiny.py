@@ -58,10 +58,13 @@ PROCESSOR = {
 models' sizes (Qwen's are the real ones: their patch size is the real models')."""
 
 
-def tiny_vl_spec(model_type: str, **vision_overrides) -> ModelSpec:
-    """A tiny vision-language ModelSpec of ``model_type`` (one of ``TINY_VL``)."""
+def tiny_vl_spec(model_type: str, num_layers: int | None = None, **vision_overrides) -> ModelSpec:
+    """A tiny vision-language ModelSpec of ``model_type`` (one of ``TINY_VL``), its language model of ``num_layers``
+    layers if given."""
     config = copy.deepcopy(TINY_VL[model_type])
     config["model_type"] = model_type
+    if num_layers is not None:
+        config["text_config"]["num_hidden_layers"] = num_layers
     config["vision_config"].update(vision_overrides)
     name = f"tiny-{model_type}"
     return spec_from_config(name, name, config, "test", None, None, processor=PROCESSOR.get(model_type))
