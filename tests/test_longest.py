@@ -43,3 +43,57 @@ def test_max_without_a_budget_or_outside_estimate_is_a_clear_error(capsys):
     with pytest.raises(SystemExit) as e:
         main(["estimate", "--model", "qwen0.5b", "--seq-len", "0"])
     assert e.value.code == 2 and "--seq-len" in capsys.readouterr().err
+
+
+def test_a_guess_that_fits_starts_the_search_there():
+    plain = longest_seq_len(_linear, lambda peak: peak <= 2000, ceiling=110)
+    guessed = longest_seq_len(_linear, lambda peak: peak <= 2000, ceiling=110, guess=95)
+    assert guessed.max_seq_len == plain.max_seq_len == 100 and guessed.measured < plain.measured
+    assert longest_seq_len(_linear, lambda peak: peak <= 2000, ceiling=4096, guess=3000).max_seq_len == 100
+
+
+def test_the_study_runs_within_five_percent_under_the_longest():
+    from advisor.search.longest_study import study_seq_len
+
+    assert study_seq_len(14016) == 13376 and 0.95 * 14016 <= 13376 <= 14016
+    assert study_seq_len(100) == 100  # a multiple of 64 past it would not fit
+    assert study_seq_len(32768, at_ceiling=True) == 32768  # every plan that reaches the trained context is as long
+    assert study_seq_len(None) is None
+
+
+def test_tune_answers_the_longest_sequence_and_the_fastest_plan_near_it(capsys, tmp_path):
+    """`advisor tune seq_len=max`: the longest the space reaches (the closed form's bisection, then the simulation's,
+    which decides at the edge), the study at 5% under it with the longest plan among its first trials, and how far
+    the answer itself reaches."""
+    from advisor.core.fit import fits
+    from advisor.core.plan import Plan
+    from advisor.search.longest_study import run_measure
+
+    code = main(["tune", "--model", "qwen0.5b", "--gpu-budget", "2GB", "--backend", "estimate", "seq_len=max",
+                 "--reports-dir", str(tmp_path), "--json"])
+    d = json.loads(capsys.readouterr().out)
+    search, longest = d["seq_len_search"], d["max_seq_len"]
+    assert code == 0 and longest == search["max_seq_len"] and search["answered_by"] == "simulation"
+    study = search["study_seq_len"]
+    assert 0.95 * longest <= study <= longest and study % 64 == 0
+    assert {t["plan"]["seq_len"] for t in d["trials"]} == {study}
+    first = [t for t in d["trials"] if (t["ladder"] or "").startswith("the longest")]
+    assert first and first[0]["plan"] == {**search["plan"], "seq_len": study}
+    assert d["best"]["plan"]["seq_len"] == study and d["answer_max_seq_len"] >= study
+    # measured again: the longest plan fits at its length, and 64 tokens more it does not
+    from advisor.commands.tune import build_settings
+    from advisor.cli import build_parser
+
+    settings = build_settings(build_parser().parse_args(["tune", "--model", "qwen0.5b", "--gpu-budget", "2GB",
+                                                          "--backend", "estimate", "--reports-dir", str(tmp_path)]),
+                              lookup=False)
+    measure, plan = run_measure(settings, "simulate"), Plan.from_dict(search["plan"])
+    assert fits(measure(plan).run_peak_bytes, settings.budget.bytes, settings.headroom)
+    assert not fits(measure(plan.with_(seq_len=longest + 64)).run_peak_bytes, settings.budget.bytes, settings.headroom)
+
+
+def test_tune_max_below_every_plan_is_a_clear_error(capsys, tmp_path):
+    code = main(["tune", "--model", "qwen0.5b", "--gpu-budget", "1GB", "--backend", "estimate", "--seq-len", "max",
+                 "--reports-dir", str(tmp_path)])
+    assert code == 2 and "--seq-len: no plan of space 'default'" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # no study was made

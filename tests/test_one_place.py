@@ -46,11 +46,12 @@ DEFAULTS = [
 ]
 
 # The literal 0.05 is three defaults (headroom, accuracy tolerance, LoRA dropout): anywhere in advisor/ it may
-# only be the value of one of these named constants (the last two are other quantities that happen to be 0.05).
+# only be the value of one of these named constants (the last three are other quantities that happen to be 0.05).
 ZERO_POINT_05 = {("advisor/core/fit.py", "HEADROOM"), ("advisor/search/select.py", "ACCURACY_TOLERANCE"),
                  ("advisor/core/plan.py", "LORA_DROPOUT"),
                  ("advisor/runtime/probe/_runner.py", "POLL_S"),
-                 ("advisor/speed/low_rank_and_offload_terms.py", "SVD_EFFICIENCY")}
+                 ("advisor/speed/low_rank_and_offload_terms.py", "SVD_EFFICIENCY"),
+                 ("advisor/search/longest_study.py", "WITHIN")}
 
 
 def _sources() -> dict[str, ast.Module]:

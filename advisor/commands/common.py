@@ -251,9 +251,9 @@ def plan_from_args(args: argparse.Namespace, plan: type = Plan, card=None) -> Pl
         if k.cli.repeat and isinstance(value, list):
             value = tuple(value)
         values[k.name] = k.default if value is None and not k.cli.default else value
-    if values.get("seq_len") == "max":  # advisor.core.plan.SEQ_MAX: a question only estimate answers
-        raise AdvisorInputError("--seq-len", "max (the longest sequence that fits) is answered by advisor estimate",
-                                "max")
+    if values.get("seq_len") == "max":  # advisor.core.plan.SEQ_MAX: a question estimate and tune answer
+        raise AdvisorInputError("--seq-len", "max (the longest sequence that fits) is answered by advisor estimate "
+                                "and advisor tune", "max")
     for k in knobs(plan):  # defaults that follow other knobs (the quantization follows the method)
         if k.cli.default and values[k.name] is None:
             values[k.name] = k.cli.default(values)

@@ -36,9 +36,10 @@ def add_parser(subs, settings_cls: type | None = None) -> None:
     p.set_defaults(run=run, settings_cls=settings_cls)
 
 
-def build_settings(args: argparse.Namespace, settings_cls: type | None = None):
+def build_settings(args: argparse.Namespace, settings_cls: type | None = None, lookup: bool = True):
     """The study's settings from the flags, frozen (advisor.search.settings.TuneSettings.from_flags): the knob
-    flags become space overrides, and a study already stored under the name must ask the same question."""
+    flags become space overrides, and a study already stored under the name must ask the same question
+    (``lookup``: False for settings that name no study of their own, seq_len=max's search)."""
     from advisor.search.settings import ATTR, TuneSettings
     from advisor.search.storage import stored_attr
 
@@ -50,7 +51,7 @@ def build_settings(args: argparse.Namespace, settings_cls: type | None = None):
 
         resolved["weights"] = check_weights(args.weights)
     settings = cls.from_flags(args, tuple(overrides), resolved=resolved,
-                              lookup=lambda storage, name: stored_attr(storage, name, ATTR))
+                              lookup=(lambda storage, name: stored_attr(storage, name, ATTR)) if lookup else None)
     if settings.weights:
         from advisor.search.finalists import check_data, why_not_measured
 
@@ -101,8 +102,9 @@ def run(args: argparse.Namespace) -> int:
     from advisor.search.tuner import Tuner
     from advisor.ui.status import show_status
 
-    settings = build_settings(args)
     show_status()  # a simulation (seconds to minutes) says so on stderr while it runs
+    args, longest = with_longest_seq_len(args)
+    settings = build_settings(args)
     check_budget_reachable(settings)
     if args.tui:
         from advisor.ui.tui import run_tui
@@ -111,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
     from advisor.ui.render import TuneProgress, print_tune_result
 
     progress = TuneProgress(settings, enabled=not args.json)
-    tuner = Tuner(settings, on_event=progress.on_event)
+    first = ((f"the longest: {longest.max_seq_len} tokens", longest.params),) if longest is not None else ()
+    tuner = Tuner(settings, on_event=progress.on_event, first=first)
     tuner.open_study()
     progress.start(*finished_counts(tuner))
     try:
@@ -141,10 +144,17 @@ def run(args: argparse.Namespace) -> int:
                          tuner.study.user_attrs.get(WHY_ATTR, ""))
     result.update(screened_by(settings, selection))
     result["rl"] = rl_of(settings, selection.best)
+    if longest is not None:
+        result.update(longest_fields(settings, longest, selection.best))
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     else:
         print_tune_result(settings, records, selection, exports)
+        if longest is not None:
+            from advisor.ui.render import longest_lines
+
+            for line in longest_lines(result, settings.budget.format):
+                print(line)
         from advisor.search.rl_answer import rl_answer_lines
 
         for line in rl_answer_lines(result["rl"], settings.budget.format):
@@ -152,6 +162,48 @@ def run(args: argparse.Namespace) -> int:
         if result["answered_by"] != "closed form":
             print(f"the estimate stage was answered by the {result['answered_by']}: {result['answered_by_reason']}")
     return 0 if selection.best is not None else 1
+
+
+def with_longest_seq_len(args: argparse.Namespace):
+    """(args, the longest of the space) for seq_len=max (``--seq-len max`` or the override): the longest sequence
+    the space reaches on the budget (advisor.search.longest_study), and args that fix the study's length 5% under
+    it; (args, None) for any other length."""
+    import copy
+
+    from advisor.core.errors import AdvisorInputError
+    from advisor.core.plan import SEQ_MAX
+
+    overrides = list(getattr(args, "overrides", None) or ())
+    is_max = [o for o in overrides if o.split("=", 1)[0].strip() == "seq_len"
+              and o.split("=", 1)[-1].strip().lower() == SEQ_MAX]
+    if getattr(args, "seq_len", None) != SEQ_MAX and not is_max:
+        return args, None
+    from advisor.search.longest_study import longest_of_space, run_measure, study_seq_len
+
+    rest = copy.copy(args)
+    rest.seq_len, rest.overrides = None, [o for o in overrides if o not in is_max]
+    provisional = build_settings(rest, lookup=False)
+    longest = longest_of_space(provisional, run_measure(provisional, "estimate"), run_measure(provisional, "simulate"))
+    if longest is None:
+        raise AdvisorInputError("--seq-len", f"no plan of space {provisional.space.name!r} with its accuracy loss "
+                                f"within {provisional.tolerance} fits {provisional.budget.text} even at 64 tokens",
+                                SEQ_MAX)
+    rest.overrides = rest.overrides + [f"seq_len={study_seq_len(longest.max_seq_len, longest.fit.at_ceiling)}"]
+    return rest, longest
+
+
+def longest_fields(settings, longest, best) -> dict:
+    """seq_len=max's figures in the tune result: the longest of the space and its plan (``max_seq_len``,
+    ``seq_len_search``), the length the study ran at, and the longest the answer itself reaches."""
+    from advisor.core.plan import Plan
+    from advisor.search.longest_study import answer_longest
+
+    out = {"max_seq_len": longest.max_seq_len, "seq_len_search": longest.to_dict()}
+    if best is not None and best.plan:
+        fit, by = answer_longest(settings, Plan.from_dict(best.plan), longest)
+        out["answer_max_seq_len"] = fit.max_seq_len
+        out["answer_seq_len_search"] = {**fit.to_dict(), "answered_by": by}
+    return out
 
 
 def finished_counts(tuner) -> tuple[int, int]:

@@ -42,8 +42,10 @@ class LongestFit:
         return {**asdict(self), "at_ceiling": self.at_ceiling}
 
 
-def longest_seq_len(peak_at: Peak, fits: Callable[[int], bool], ceiling: int, step: int = 1) -> LongestFit:
-    """Bisection on multiples of ``step`` in [step, ceiling] for the longest whose ``peak_at`` ``fits``."""
+def longest_seq_len(peak_at: Peak, fits: Callable[[int], bool], ceiling: int, step: int = 1,
+                    guess: int | None = None) -> LongestFit:
+    """Bisection on multiples of ``step`` in [step, ceiling] for the longest whose ``peak_at`` ``fits``; ``guess``: a
+    length that likely fits (another measure's answer), where the search starts when it does."""
     seen: dict[int, tuple[int, dict[str, int]]] = {}
 
     def peak(n: int) -> tuple[int, dict[str, int]]:
@@ -57,6 +59,12 @@ def longest_seq_len(peak_at: Peak, fits: Callable[[int], bool], ceiling: int, st
     if not fits(peak(step)[0]):
         return LongestFit(None, peak(step)[0], step, peak(step)[0], None, step, ceiling, len(seen))
     lo, hi = 1, top // step  # in steps: lo fits, hi does not
+    if guess is not None and step < guess // step * step < top:
+        g = guess // step
+        if fits(peak(g * step)[0]):
+            lo = g
+        else:
+            hi = g
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if fits(peak(mid * step)[0]):

@@ -153,9 +153,12 @@ def _optimistic(record: TrialRecord) -> TrialRecord:
 class Tuner:
     """Runs (or resumes) one study. Posts TrialStarted / TrialFinished to ``on_event``."""
 
-    def __init__(self, settings: TuneSettings, on_event: Callable[[Any], None] | None = None):
+    def __init__(self, settings: TuneSettings, on_event: Callable[[Any], None] | None = None,
+                 first: tuple[tuple[str, dict[str, Any]], ...] = ()):
         self.s = settings
         self.on_event = on_event or (lambda event: None)
+        self.first = first
+        """(label, point) of plans to run right after the usual recipe (tune seq_len=max: the longest plan)."""
         self.study = None
         self._stop = threading.Event()
         self._pause = threading.Event()
@@ -200,6 +203,10 @@ class Tuner:
                 if named is not None:
                     study.enqueue_trial(named, user_attrs={"ladder": recipe[0]}, skip_if_exists=True)
                 study.set_user_attr("recipe_enqueued", True)
+                for label, point in self.first:
+                    named = self.conditions.optuna_params(point)
+                    if named is not None:
+                        study.enqueue_trial(named, user_attrs={"ladder": label}, skip_if_exists=True)
             self._enqueue_ladder(study)
         return study
 
@@ -207,7 +214,7 @@ class Tuner:
         """The ladder's rungs, as many as the planned --trials leave after the recipe: a rung left waiting would
         run before the polish trials; a rerun with more --trials enqueues the next rungs."""
         done = study.user_attrs.get("ladder_rungs_enqueued", 0)
-        room = self.s.trials - 1  # the usual recipe is the first planned trial
+        room = self.s.trials - 1 - len(self.first)  # the usual recipe and the first plans come before
         if study.user_attrs.get("ladder_enqueued") or done >= room:
             return
         rungs = ladder(self.s.space, self._fits_by_estimate)

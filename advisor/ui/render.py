@@ -456,3 +456,23 @@ def gpus_table(gpus):
         t.add_row(f"{escape(g.key)}\n[dim]{escape(g.name)}[/]", format_bytes(g.memory_bytes, "GiB", 1),
                   str(g.bf16_tflops or "-"), str(g.fp16_tflops), f"{g.mem_bw_gbs:,.0f}", f"{g.host_link_gbs:.0f}")
     return t
+
+
+def longest_lines(result: dict, fmt) -> list[str]:
+    """What tune seq_len=max found (advisor.commands.tune.longest_fields): the longest, its plan, the study's
+    length and how far the answer itself reaches."""
+    search = result["seq_len_search"]
+    fit = search["search"]
+    stops = f"; one step more ({fit['next_seq_len']:,} tokens) needs {fmt(fit['next_peak_bytes'])}, " \
+            f"{fit['stops']} growing most" if fit.get("next_seq_len") and fit.get("stops") else ""
+    ceiling = " (the model's trained context: past it needs RoPE scaling)" if fit.get("at_ceiling") else ""
+    closed = (f"; the closed form says {search['closed_form_max_seq_len']:,}"
+              if search["answered_by"] != "closed form" and search.get("closed_form_max_seq_len") else "")
+    lines = [f"Longest sequence that fits: {search['max_seq_len']:,} tokens{ceiling}, by {search['plan_short']} "
+             f"(by the {search['answered_by']}{closed}){stops}.",
+             f"The study ran at {search['study_seq_len']:,} tokens"
+             + ("" if fit.get("at_ceiling") else " (within 5% of it)") + ": the answer above is the fastest plan there."]
+    if result.get("answer_max_seq_len"):
+        by = result.get("answer_seq_len_search", {}).get("answered_by", "closed form")
+        lines.append(f"The answer itself reaches {result['answer_max_seq_len']:,} tokens (by the {by}).")
+    return lines
