@@ -152,16 +152,11 @@ def _longest(model, plan, budget, headroom: float, measure, backend: str) -> tup
     """``plan`` at the longest sequence that fits the budget, and the search's figures (advisor.memory.longest): by
     the token on the closed form, by 64 tokens on a simulation or a probe (each length is a trace or a run)."""
     from advisor.core.fit import fits
-    from advisor.memory.longest import longest_seq_len
+    from advisor.memory.longest import longest_seq_len, peaks
+    from advisor.search.longest_study import STEP, ceiling_of
 
-    ceiling = int(model.max_position_embeddings or 131072)  # the trained context (no RoPE scaling planned)
-
-    def peak_at(n: int):
-        report = measure(plan.with_(seq_len=n))
-        return report.run_peak_bytes, dict(report.device)
-
-    fit = longest_seq_len(peak_at, lambda peak: fits(peak, budget.bytes, headroom), ceiling,
-                          step=1 if backend == "estimate" else 64)
+    fit = longest_seq_len(peaks(measure, plan), lambda peak: fits(peak, budget.bytes, headroom), ceiling_of(model),
+                          step=1 if backend == "estimate" else STEP)
     return plan.with_(seq_len=fit.max_seq_len or fit.step), fit.to_dict()
 
 

@@ -75,3 +75,12 @@ def longest_seq_len(peak_at: Peak, fits: Callable[[int], bool], ceiling: int, st
     grows = {c: ledger_over.get(c, 0) - ledger.get(c, 0) for c in set(ledger) | set(ledger_over)}
     stops = max(grows, key=grows.get) if grows else None
     return LongestFit(lo * step, at, hi * step, over, stops, step, ceiling, len(seen))
+
+
+def peaks(measure: Callable, plan) -> Peak:
+    """``Peak`` of ``plan`` from ``measure(plan)``, a report with the run's phases: its run peak and device ledger
+    at each length."""
+    def peak_at(n: int) -> tuple[int, dict[str, int]]:
+        report = measure(plan.with_(seq_len=n))
+        return report.run_peak_bytes, dict(report.device)
+    return peak_at

@@ -6,9 +6,9 @@ accuracy loss is within the tolerance, is measured at the space's length and at 
 peak is close to affine in the length there (saved activations, logits and loss grow with it: advisor.memory.
 longest), so the two points rank the candidates, and the three that reach farthest are bisected on the closed form
 (by the token). The best is bisected again on the simulation (by 64 tokens, near the closed form's answer), which
-decides a finalist at the edge of the budget in every study (advisor.search.tuner.simulate_finalists). The study then runs at ``study_seq_len`` (5% under the longest, so that plans which
-reach nearly as far compete on speed) with the longest plan among its first trials. Calculation only: tune renders.
-"""
+decides a finalist at the edge of the budget in every study (advisor.search.tuner.simulate_finalists). The study
+then runs at ``study_seq_len`` (5% under the longest, so that plans which reach nearly as far compete on speed)
+with the longest plan among its first trials. Calculation only: tune renders."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from advisor.core.fit import fits
+from advisor.core.errors import AdvisorInputError
+from advisor.core.fit import fits, host_fits
 from advisor.core.plan import Plan
-from advisor.memory.longest import LongestFit, longest_seq_len
+from advisor.memory.longest import LongestFit, longest_seq_len, peaks
 
 WITHIN = 0.05
 """The answer is the fastest plan that reaches within this fraction of the longest (issue 31)."""
@@ -84,7 +85,7 @@ def admissible(params: dict[str, Any], settings) -> tuple[dict[str, Any], Plan] 
         point = {k: v for k, v in point.items() if v is not None}
         try:
             plan = plan_from_params(point, space, arch)
-        except Exception:  # a point the space cannot build (an unknown target module) is skipped
+        except AdvisorInputError:  # a point the space cannot build (an unknown target module) is skipped
             continue
         if plan.problems() or uncovered_levers(plan, settings.regime, global_batch=global_batch):
             continue
@@ -111,10 +112,12 @@ def longest_of_space(settings, measure_estimate, measure_simulated=None) -> Long
             continue
         point, plan = found
         try:
-            a = measure_estimate(plan.with_(seq_len=min(short, ceiling))).run_peak_bytes
-            b = measure_estimate(plan.with_(seq_len=ceiling)).run_peak_bytes
-        except Exception:  # a plan the closed form cannot measure at that length is not a candidate
+            at_short = measure_estimate(plan.with_(seq_len=min(short, ceiling)))
+            a, b = at_short.run_peak_bytes, measure_estimate(plan.with_(seq_len=ceiling)).run_peak_bytes
+        except AdvisorInputError:  # a plan the closed form cannot measure at that length is not a candidate
             continue
+        if not host_fits(at_short.host_peak_bytes * settings.gpus, settings.host_budget_bytes):
+            continue  # its offloaded states are over the host budget at any length
         slope = (b - a) / max(1, ceiling - min(short, ceiling))
         far = ceiling if b <= budget else (budget - a) / slope if slope > 0 else 0
         dynamics = quality_of(plan, settings.regime, global_batch=global_batch).dynamics
@@ -190,11 +193,3 @@ def answer_longest(settings, plan: Plan, longest: LongestOfSpace) -> tuple[Longe
     if plan.with_(seq_len=longest.plan.seq_len) == longest.plan:
         return longest.fit, longest.answered_by
     return reach(settings, plan, run_measure(settings, "estimate"), run_measure(settings, "simulate"))
-
-
-def peaks(measure, plan: Plan):
-    """The run's peak and device ledger of ``plan`` at a length (advisor.memory.longest.Peak)."""
-    def peak_at(n: int):
-        report = measure(plan.with_(seq_len=n))
-        return report.run_peak_bytes, dict(report.device)
-    return peak_at
