@@ -293,6 +293,9 @@ class Tuner:
                 time.sleep(0.1)
                 continue
             trial = self._ask()
+            if trial is WAIT:
+                time.sleep(self.s.heartbeat_seconds)
+                continue
             if trial is None:
                 self.simulate_finalists()  # the approximated plans that could be the answer (none: nothing to do)
                 return
@@ -355,7 +358,9 @@ class Tuner:
         return out
 
     def _ask(self):
-        """A new trial, unless finished + running trials already reach the plan (checked under the study lock)."""
+        """A new trial, unless finished + running trials already reach the plan (checked under the study lock); WAIT
+        while other workers' running trials are all that is left (in a shared storage): each ends, or its worker
+        died and it goes stale, is failed here and retried (a worker that left then would leave it running)."""
         from optuna.storages import fail_stale_trials
         from optuna.trial import TrialState
 
@@ -367,8 +372,12 @@ class Tuner:
             trials = self.study.get_trials(deepcopy=False)
             busy = sum(1 for t in trials if t.state == TrialState.RUNNING
                        or (t.state.name in FINISHED and "duplicate_of" not in t.user_attrs))
-            if busy >= self.s.trials + self.study.user_attrs.get("polish_trials", 0) or self._exhausted(trials):
+            planned = self.s.trials + self.study.user_attrs.get("polish_trials", 0)
+            if self._exhausted(trials):
                 return None
+            if busy >= planned:
+                running = sum(1 for t in trials if t.state == TrialState.RUNNING)
+                return WAIT if running and not is_sqlite(self.s.storage) and busy - running < planned else None
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # heartbeats are recorded by advisor.search.storage.Heartbeat
                 trial = self.study.ask()
@@ -828,6 +837,10 @@ class Tuner:
         if any(st.name in ("simulate", "probe") for st in self.stages):
             return False
         return run_peak(r) > usable_bytes(self.s.budget.bytes, self.s.headroom) * (1 - EDGE_MARGIN)
+
+
+WAIT = object()
+"""What ``Tuner._ask`` answers while other workers' trials are all that is left to run."""
 
 
 def train_gpus(gpus: int, plan: Plan) -> int:
