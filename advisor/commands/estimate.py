@@ -152,8 +152,7 @@ def _longest(model, plan, budget, headroom: float, measure, backend: str) -> tup
     """``plan`` at the longest sequence that fits the budget, and the search's figures (advisor.memory.longest): by
     the token on the closed form, by 64 tokens on a simulation or a probe (each length is a trace or a run)."""
     from advisor.core.fit import fits
-    from advisor.memory.longest import longest_seq_len, peaks
-    from advisor.search.longest_study import STEP, ceiling_of
+    from advisor.memory.longest import STEP, ceiling_of, longest_seq_len, peaks
 
     fit = longest_seq_len(peaks(measure, plan), lambda peak: fits(peak, budget.bytes, headroom), ceiling_of(model),
                           step=1 if backend == "estimate" else STEP)

@@ -178,6 +178,7 @@ def with_longest_seq_len(args: argparse.Namespace):
               and o.split("=", 1)[-1].strip().lower() == SEQ_MAX]
     if getattr(args, "seq_len", None) != SEQ_MAX and not is_max:
         return args, None
+    from advisor.memory.longest import STEP
     from advisor.search.longest_study import longest_of_space, run_measure, study_seq_len
 
     rest = copy.copy(args)
@@ -186,7 +187,7 @@ def with_longest_seq_len(args: argparse.Namespace):
     longest = longest_of_space(provisional, run_measure(provisional, "estimate"), run_measure(provisional, "simulate"))
     if longest is None:
         raise AdvisorInputError("--seq-len", f"no plan of space {provisional.space.name!r} with its accuracy loss "
-                                f"within {provisional.tolerance} fits {provisional.budget.text} even at 64 tokens",
+                                f"within {provisional.tolerance} fits {provisional.budget.text} even at {STEP} tokens",
                                 SEQ_MAX)
     rest.overrides = rest.overrides + [f"seq_len={study_seq_len(longest.max_seq_len, longest.fit.at_ceiling)}"]
     return rest, longest

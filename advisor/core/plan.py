@@ -1003,6 +1003,11 @@ def checkpointed_layers(plan: Plan, num_layers: int) -> tuple[int, ...]:
     return tuple(i for i in range(num_layers) if i == 0 or (i * k) // num_layers != ((i - 1) * k) // num_layers)
 
 
+def some_checkpointed(plan: Plan, num_layers: int) -> bool:
+    """Whether ``plan`` checkpoints some of the ``num_layers`` decoder layers but not all (``checkpointed_layers``)."""
+    return plan.gradient_checkpointing and 0 < len(checkpointed_layers(plan, num_layers)) < num_layers
+
+
 def every_n_layers(k: int, num_layers: int) -> int | None:
     """The ``every_n_layers`` that checkpoints exactly ``k`` of ``num_layers`` layers, if there is one."""
     for n in range(1, num_layers + 1):

@@ -13,6 +13,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Callable
 
+STEP = 64
+"""Lengths a simulation or a probe bisects on (and a study runs at) are multiples of this many tokens: each is a
+trace or a run."""
+
 Peak = Callable[[int], tuple[int, dict[str, int]]]
 """The run's peak and its device ledger at a sequence length."""
 
@@ -84,3 +88,8 @@ def peaks(measure: Callable, plan) -> Peak:
         report = measure(plan.with_(seq_len=n))
         return report.run_peak_bytes, dict(report.device)
     return peak_at
+
+
+def ceiling_of(model) -> int:
+    """The longest searched: the model's trained context (past it the model needs RoPE scaling)."""
+    return int(model.max_position_embeddings or 131072)

@@ -19,12 +19,10 @@ from typing import Any
 from advisor.core.errors import AdvisorInputError
 from advisor.core.fit import fits, host_fits
 from advisor.core.plan import Plan
-from advisor.memory.longest import LongestFit, longest_seq_len, peaks
+from advisor.memory.longest import STEP, LongestFit, ceiling_of, longest_seq_len, peaks
 
 WITHIN = 0.05
 """The answer is the fastest plan that reaches within this fraction of the longest (issue 31)."""
-STEP = 64
-"""The study's length and the simulation's bisection are multiples of this many tokens."""
 BISECTED = 3
 """The frugal candidates that reach farthest by their two-point line, each bisected exactly."""
 
@@ -59,11 +57,6 @@ def study_seq_len(longest: int | None, at_ceiling: bool = False) -> int | None:
         return longest
     n = math.ceil(longest * (1 - WITHIN) / STEP) * STEP
     return n if n <= longest else longest
-
-
-def ceiling_of(model) -> int:
-    """The longest searched: the model's trained context (past it the model needs RoPE scaling)."""
-    return int(model.max_position_embeddings or 131072)
 
 
 def admissible(params: dict[str, Any], settings) -> tuple[dict[str, Any], Plan] | None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from advisor.core.catalog import ModelSpec
 from advisor.core.errors import AdvisorInputError
-from advisor.core.plan import Plan, checkpointed_layers
+from advisor.core.plan import Plan, checkpointed_layers, some_checkpointed
 from advisor.runtime.simulate.runner import PhasePeak, StepTrace, trace_step
 
 TRACE_LAYERS = (2, 3)   # the first layer's input is the embedding output; trace from two layers on
@@ -62,8 +62,7 @@ def simulate(spec: ModelSpec, plan: Plan, *, layers: str | int = "auto", fake: b
         return Simulation(t.peak_bytes, t.peak_phase, t.ledger, t.phases, (n,), False,
                           time.perf_counter() - start, t.notes, ((n, t.events, t.event_layers),))
     kinds = trace_kinds(spec, plan)
-    partial = plan.gradient_checkpointing and 0 < len(checkpointed_layers(plan, L)) < L
-    if partial:
+    if some_checkpointed(plan, L):
         return simulate_partial(spec, plan, fake=fake, target_device=target_device, start=start)
     if len(kinds) > 1:
         return simulate_kinds(spec, plan, kinds, fake=fake, target_device=target_device, start=start)

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 
 from advisor.core.catalog import ModelSpec
-from advisor.core.plan import Plan, checkpointed_layers
+from advisor.core.plan import Plan, checkpointed_layers, some_checkpointed
 from advisor.memory.ledger import CATEGORIES
 from advisor.runtime.simulate.rl_trl import RLWorkload
 
@@ -626,7 +626,7 @@ def simulate_rl(spec: ModelSpec, plan: Plan, rl: RLWorkload | None = None, *, la
     if not whole and len(trace_kinds(spec, plan)) > 1:
         whole = True
         notes.append(f"layers of several kinds: all {L} traced")
-    if not whole and plan.gradient_checkpointing and 0 < len(checkpointed_layers(plan, L)) < L:
+    if not whole and some_checkpointed(plan, L):
         whole = True   # two and three layers would each checkpoint their own share, not the model's pattern
         notes.append(f"{len(checkpointed_layers(plan, L))} of {L} layers checkpointed: all traced")
     if whole:
