@@ -57,6 +57,10 @@ PLANS = [
     ("qwen7b", Plan(method="qlora", quantization="nf4", loss="fused-linear", packing=True, expandable_segments=True), 1),
     # activation offload without checkpointing (axolotl refuses: its validator requires checkpointing)
     ("gemma-3-12b", Plan(method="lora", activation_offload=True), 1),
+    # vision-language: the multimodal keys, LoRA on the language model alone, the tower and projector frozen
+    ("qwen2.5-vl-7b", Plan(method="qlora", quantization="nf4", image_sizes=("1280x720",), gradient_checkpointing=True),
+     1),
+    ("gemma-3-12b-it", Plan(method="full", precision="bf16", image_sizes=("1024x768",), optimizer="adamw_8bit"), 1),
     # several GPUs: ZeRO-3 sharding and DDP
     ("meta-llama/Llama-3.1-70B-Instruct", Plan(method="lora", gradient_checkpointing=True), 8),
     ("qwen7b", Plan(method="qlora", quantization="nf4", gradient_checkpointing=True), 8),
@@ -137,6 +141,8 @@ AXOLOTL_CHECK = textwrap.dedent("""
                     "attn_implementation": m.attn_implementation,
                     "chunked_cross_entropy": m.chunked_cross_entropy, "deepspeed": m.deepspeed,
                     "bnb_config_kwargs": m.bnb_config_kwargs, "lora_target_linear": m.lora_target_linear,
+                    "lora_target_modules": m.lora_target_modules, "processor_type": m.processor_type,
+                    "freeze_mm_modules": bool(m.freeze_mm_modules), "chat_template": str(m.chat_template or ""),
                     "kernels": sorted(k for k in ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel",
                                                   "lora_embedding_kernel") if m.get(k))})
     print("RESULT " + json.dumps(out))
@@ -186,6 +192,10 @@ def test_axolotl_parser_accepts_the_exports(tmp_path):
     results = _run(python, AXOLOTL_CHECK, _env(), files, tmp_path / "elsewhere")
     assert len(results) == len(files)
     for (plan, _, _), got in zip(files, results):
+        vision = bool(plan.image_sizes)
+        assert (got["processor_type"] == "AutoProcessor") == vision and got["freeze_mm_modules"] == vision
+        if vision and plan.peft:  # a regex on the language model: no tower linear matches it
+            assert got["lora_target_modules"].startswith("model\\.language_model\\.")
         assert got["adapter"] == (plan.method if plan.peft else None)
         assert got["load_in_4bit"] == plan.four_bit and got["load_in_8bit"] == (plan.quantization == "int8")
         assert got["sequence_len"] == plan.seq_len and got["micro_batch_size"] == plan.micro_batch

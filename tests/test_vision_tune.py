@@ -37,10 +37,14 @@ def test_tune_answers_a_vision_language_model(tmp_path, capsys):
     assert code == 0
     best = json.loads(capsys.readouterr().out)["best"]
     assert best["plan"]["image_sizes"] == ["448x448"] and best["plan"]["vision_tower"] == "frozen"
-    # LLaMA-Factory builds the processor's batches (its template names the model's plugin); the text-only runs of
-    # train.py, TRL's script and axolotl's config are refused, not written broken
+    # every format builds the processor's batches: LLaMA-Factory's template names the model's plugin, axolotl's
+    # multimodal keys, and the scripts' vision side (vision_setup.py beside them, a vision section to read)
     import yaml
 
-    lf = yaml.safe_load((tmp_path / "out" / "llamafactory.yaml").read_text())
+    out = tmp_path / "out"
+    lf = yaml.safe_load((out / "llamafactory.yaml").read_text())
     assert lf["template"] == "qwen2_vl" and lf["dataset"] == "mllm_demo"
-    assert not any((tmp_path / "out" / f).exists() for f in ("advisor.yaml", "train.py", "trl.yaml", "axolotl.yaml"))
+    assert yaml.safe_load((out / "axolotl.yaml").read_text())["processor_type"] == "AutoProcessor"
+    assert "vision" in yaml.safe_load((out / "advisor.yaml").read_text())
+    assert "vision" in yaml.safe_load((out / "trl.yaml").read_text())
+    assert (out / "vision_setup.py").is_file() and (out / "train.py").is_file()

@@ -33,9 +33,10 @@ from typing import Any
 
 from advisor.configs.formats import FORMATS
 from advisor.configs._base import (ADAM, LIGER_FUSED_LOSS_ONLY, LR_SCHEDULER, PRECISION_FLAGS, TORCH_DTYPE,
-                                   TORCH_TO_PLAN, WARMUP_STEPS, Collect, ExportContext, alloc_env, comment_block,
-                                   dump_yaml, env_prefix, lora_alpha_value, parallel_fields, plan_summary,
-                                   refuse_vision_language, training_hyperparameters, write_text)
+                                   TORCH_TO_PLAN, WARMUP_STEPS, Collect, ExportContext, Unsupported, alloc_env,
+                                   comment_block, dump_yaml, env_prefix, lora_alpha_value, parallel_fields,
+                                   plan_summary, training_hyperparameters, vision_script_rules, write_text,
+                                   write_vision_script)
 from advisor.configs._keys import DECLARED, fill, read_declared, refuse_unexpressible, unplaced
 from advisor.configs._deepspeed import check_batch, deepspeed_config, read_offload
 from advisor.configs._training_args import (checkpoint_layers_of, liger_fused_loss, read_checkpointing,
@@ -161,17 +162,22 @@ def sections(ctx: ExportContext) -> dict[str, Any]:
     advisor["launch"] = ctx.launch("train.py", "--data my_data.jsonl")
     if ctx.extra:
         advisor["prediction"] = _plain(ctx.extra)
+    training = {**training_section(plan), **parallel_fields(ctx), **training_arguments_fields(plan, ctx.spec)}
+    if ctx.spec.is_vision_language:
+        training["remove_unused_columns"] = False  # the samples' messages and images reach the collator
     doc = {
         "model": model_section(ctx),
         "quantization": _sharded_storage(ctx, quantization_section(plan)),
         "lora": lora_section(plan, ctx.spec),
-        "training": {**training_section(plan), **parallel_fields(ctx), **training_arguments_fields(plan, ctx.spec)},
+        "training": training,
         "deepspeed": deepspeed_config(plan, ctx.zero_stage) if ctx.zero_stage is not None else None,
+        "vision": {} if ctx.spec.is_vision_language else None,  # vision_setup.py's settings (declared keys)
         "advisor": advisor,
     }
     unplaced(plan, FORMAT, doc)
     return {name: fill(section, plan, FORMAT, name, before="plan" if name == "advisor" else None)
-            if isinstance(section, dict) and name != "deepspeed" else section for name, section in doc.items()}
+            if isinstance(section, dict) and name != "deepspeed" else section for name, section in doc.items()
+            if section is not None or name != "vision"}
 
 
 def _sharded_storage(ctx: ExportContext, quant: dict | None) -> dict | None:
@@ -211,12 +217,25 @@ HEADER = [
     "  deepspeed     -> DeepSpeed config, also in deepspeed.json (null: no DeepSpeed ZeRO)",
     "  advisor       -> what those classes have no field for, the plan, and the prediction",
 ]
+VISION_HEADER = [
+    "  vision        -> vision_setup.py (beside train.py): the processor's pixel bounds, what trains in the",
+    "                   tower and projector, the tower's own checkpointing (left out: frozen, off, the",
+    "                   checkpoint's own processor). The model loads with AutoModelForImageTextToText; the data",
+    "                   is JSONL of {\"messages\": [...], \"images\": [\"a.png\"]} (see vision_setup.py).",
+]
 
 
 def write(ctx: ExportContext, out_dir: Path) -> Path:
-    refuse_vision_language(ctx, FORMAT, "train.py loads AutoModelForCausalLM and trains on text")
+    vision_script_rules(ctx, FORMAT)
+    if ctx.spec.is_vision_language and ctx.plan.loss == "chunked":
+        raise Unsupported(FORMAT, "train.py's chunked loss runs the language model on token ids alone (no pixel "
+                                  "values): plan the plain or fused-linear loss")
     summary = "\n".join(plan_summary(ctx))
-    lines = "\n".join(HEADER).replace("{summary}", summary).replace(
+    header_lines = HEADER + (VISION_HEADER if ctx.spec.is_vision_language else [])
+    if ctx.spec.is_vision_language:
+        header_lines = [line.replace('(JSONL with a "text" field, or a .txt)', "(JSONL of messages and images)")
+                        for line in header_lines]
+    lines = "\n".join(header_lines).replace("{summary}", summary).replace(
         "{launch}", ctx.launch("train.py", "--data my_data.jsonl")).replace("{launch_short}", ctx.launch("train.py")
                                                                            ).split("\n")
     if alloc_env(ctx.plan):
@@ -224,6 +243,7 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
         lines.insert(lines.index("Check it: advisor preflight advisor.yaml --gpu-budget <GB>"),
                      f"          (train.py sets {env} itself from advisor.env; a value in the shell wins)")
     header = comment_block(lines)
+    write_vision_script(ctx, out_dir)
     return write_text(out_dir / FILENAME, dump_yaml(sections(ctx), header))
 
 
@@ -285,8 +305,10 @@ def read(data: dict, c: Collect, plan_type: type, fmt: str = "advisor") -> tuple
     else:
         f["method"] = "full"
     advisor = c.section(data, "advisor") or {}
+    vision = c.section(data, "vision")
     read_declared(c, plan_type, FORMAT, _lookup(
-        {"model": model, "quantization": quant, "lora": lora, "training": training, "advisor": advisor}, sect), f)
+        {"model": model, "quantization": quant, "lora": lora, "training": training, "advisor": advisor,
+         "vision": vision}, sect), f)
     check_batch(c, ds, f, sect)
 
     f["activation_offload"] = bool(ckpt["kwargs"].get("offload")) or c.get(

@@ -31,7 +31,7 @@ from typing import Any
 from advisor.configs.formats import FORMATS
 from advisor.configs._base import (ADAM, LR_SCHEDULER, OPTIM_ALIASES, TORCH_DTYPE, TORCH_TO_PLAN, WARMUP_STEPS, Collect,
                                    ExportContext, Unsupported, comment_block, dump_yaml, env_note, env_prefix,
-                                   plan_summary, refuse_vision_language, require_int_alpha, training_hyperparameters,
+                                   plan_summary, require_int_alpha, training_hyperparameters, vision_script_rules,
                                    write_text)
 from advisor.configs import _rl_tools
 from advisor.configs._deepspeed import read_offload
@@ -67,18 +67,22 @@ def axolotl_config(ctx: ExportContext) -> dict[str, Any]:
         cfg["lora_r"] = DECLARED
         cfg["lora_alpha"] = alpha
         cfg["lora_dropout"] = DECLARED
-        from advisor.core.adapters import export_parameters, export_targets
+        from advisor.core.adapters import export_parameters, export_targets, language_model_regex
 
         targets = export_targets(ctx.spec, plan)
-        if targets == "all-linear":
+        if ctx.spec.is_vision_language:  # a regex on the language model: short names would reach the tower
+            cfg["lora_target_modules"] = language_model_regex(ctx.spec, plan)
+        elif targets == "all-linear":
             cfg["lora_target_linear"] = True
         else:
             cfg["lora_target_modules"] = list(targets)
         parameters = export_parameters(ctx.spec, plan)
         if parameters:
             cfg["lora_target_parameters"] = parameters  # axolotl: needs lora_dropout 0 (peft ParamWrapper)
+    cfg.update(_multimodal_fields(ctx))
     cfg.update({
-        "datasets": [{"path": "data.jsonl", "ds_type": "json", "type": "completion", "field": "text"}],
+        "datasets": [{"path": "data.jsonl", "ds_type": "json", "type": "chat_template"} if ctx.spec.is_vision_language
+                     else {"path": "data.jsonl", "ds_type": "json", "type": "completion", "field": "text"}],
         "val_set_size": 0.0,
         "output_dir": "./outputs",
         "sequence_len": DECLARED,
@@ -122,6 +126,22 @@ def axolotl_config(ctx: ExportContext) -> dict[str, Any]:
 
 
 LIGER_PLUGIN = "axolotl.integrations.liger.LigerPlugin"
+VISION_TEMPLATES = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl", "qwen3_vl": "qwen2_vl",
+                    "qwen3_vl_moe": "qwen2_vl", "gemma3": "gemma3", "mllama": "llama3_2_vision"}
+"""axolotl's chat_template for a vision-language model_type (docs/multimodal.qmd per model; Qwen3-VL and Qwen2.5-VL
+take qwen2_vl's); the others use the checkpoint's own template (tokenizer_default)."""
+
+
+def _multimodal_fields(ctx: ExportContext) -> dict[str, Any]:
+    """axolotl's multimodal keys (docs/multimodal.qmd "Usage"): the processor, batches built at training time, the
+    columns kept for the collator, no sample packing; ``freeze_mm_modules`` freezes the tower and the projector
+    (utils/freeze.py: every parameter under vision_tower / visual / multi_modal_projector / ...)."""
+    if not ctx.spec.is_vision_language:
+        return {}
+    vision_script_rules(ctx, FORMAT, "axolotl's multimodal path")
+    template = VISION_TEMPLATES.get(ctx.spec.config.get("model_type"))
+    return {"processor_type": "AutoProcessor", "skip_prepare_dataset": True, "remove_unused_columns": False,
+            "freeze_mm_modules": True, **({"chat_template": template} if template else {})}
 
 
 def _lever_fields(plan) -> dict[str, Any]:
@@ -155,7 +175,8 @@ def _memory_lever_fields(plan, spec) -> dict[str, Any]:
 
 
 def write(ctx: ExportContext, out_dir: Path) -> Path:
-    refuse_vision_language(ctx, FORMAT, "its multimodal keys (processor_type, a vision chat_template) are not written")
+    if ctx.spec.is_vision_language and ctx.plan.task in RL_TASKS:
+        raise Unsupported(FORMAT, f"the exported {ctx.plan.task.upper()} run trains text models only")
     cfg = axolotl_config(ctx)
     header = comment_block([
         "axolotl config written by vram-advisor.",
@@ -163,15 +184,22 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
         "",
         f"Run:  {_launch(ctx)}",
         *env_note(ctx.plan, "axolotl.yaml"),
-        *(_rl_tools.axolotl_header(ctx) if ctx.plan.task in RL_TASKS else [
-            "Replace `datasets` with yours (here: data.jsonl, one {\"text\": ...} per line). pad_to_sequence_len",
-            "keeps every batch at sequence_len tokens, the length the memory plan was sized for."]),
+        *(_rl_tools.axolotl_header(ctx) if ctx.plan.task in RL_TASKS else _data_note(ctx)),
         *([f"deepspeed: {ctx.deepspeed_path} (by its absolute path: edit it if the folder moves)."]
           if ctx.zero_stage is not None else []),
     ])
     if ctx.plan.task == "grpo":  # the reward module trl.reward_funcs names
         write_text(out_dir / _rl_tools.REWARDS_FILE, _rl_tools.REWARDS_TEMPLATE)
     return write_text(out_dir / FILENAME, dump_yaml(cfg, header))
+
+
+def _data_note(ctx: ExportContext) -> list[str]:
+    if ctx.spec.is_vision_language:
+        return ["Replace `datasets` with yours (here: data.jsonl of {\"messages\": [...], \"images\": [...]}, axolotl's",
+                "multimodal chat_template format). axolotl neither cuts nor drops a sample longer than sequence_len",
+                f"(docs/multimodal.qmd): keep text and image tokens within {ctx.plan.seq_len}, the length planned."]
+    return ["Replace `datasets` with yours (here: data.jsonl, one {\"text\": ...} per line). pad_to_sequence_len",
+            "keeps every batch at sequence_len tokens, the length the memory plan was sized for."]
 
 
 def _launch(ctx: ExportContext) -> str:
@@ -256,4 +284,7 @@ def read(data: dict, c: Collect, plan_type: type) -> tuple[str | None, dict, dic
     f["loss"] = ("fused-linear" if data.get("liger_fused_linear_cross_entropy") or data.get("cut_cross_entropy")
                  else "chunked" if data.get("chunked_cross_entropy") else "plain")
     f["offload"], _ = read_offload(c, data.get("deepspeed"), "deepspeed")
+    if data.get("processor_type") and f["method"] == "full" and not c.get(
+            data, "freeze_mm_modules", "freeze_mm_modules", "bool", False, record=False):
+        f["vision_tower"], f["train_projector"] = "full", True  # a multimodal full fine-tune trains every weight
     return name, f, {}

@@ -125,11 +125,33 @@ class Unsupported(AdvisorInputError):
         self.format = fmt
 
 
-def refuse_vision_language(ctx: "ExportContext", fmt: str, why: str) -> None:
-    """A format whose run reads text only refuses a vision-language model, naming the one that builds its batches."""
-    if ctx.spec.is_vision_language:
-        raise Unsupported(fmt, f"{why}; a vision-language model needs its processor's batches (pixel values, image "
-                               "grids): export to LLaMA-Factory (llamafactory.yaml)")
+VISION_SCRIPT = "vision_setup.py"
+"""The exported scripts' vision-language side (templates/vision_setup.py), written beside them."""
+
+
+def vision_script_rules(ctx: "ExportContext", fmt: str, who: str = "the exported script") -> None:
+    """What an export's vision-language run (the exported scripts' vision_setup.py, axolotl's multimodal path) does
+    not do: video, packed or padding-free batches of image samples (each sample is the processor's, padded to the
+    batch's longest)."""
+    plan = ctx.plan
+    if not ctx.spec.is_vision_language:
+        return
+    if plan.video_frames or plan.video_seconds:
+        raise Unsupported(fmt, f"{who} batches images only (a video's frames are not read): export a video plan to "
+                               "LLaMA-Factory")
+    if plan.packing:
+        raise Unsupported(fmt, f"{who} pads each batch of image samples to its longest (no packing of vision "
+                               "samples): plan without --packing")
+
+
+def write_vision_script(ctx: "ExportContext", out_dir: Path) -> Path | None:
+    """vision_setup.py beside the exported script, for a vision-language model (byte for byte the template)."""
+    if not ctx.spec.is_vision_language:
+        return None
+    from importlib import resources
+
+    text = resources.files("advisor.configs.export.templates").joinpath(VISION_SCRIPT).read_text(encoding="utf-8")
+    return write_text(out_dir / VISION_SCRIPT, text)
 
 
 @dataclass(frozen=True)
@@ -400,6 +422,11 @@ class Collect:
         if isinstance(value, str):
             if value.strip() in (ALL_LINEAR, "all"):
                 return ALL_LINEAR
+            from advisor.core.adapters import names_of_language_model_regex
+
+            names = names_of_language_model_regex(value)  # a vision-language model's language-model targets
+            if names:
+                return names
             if comma or value.replace("_", "").replace(",", "").replace(" ", "").isalnum():
                 names = tuple(t.strip() for t in value.split(",") if t.strip())
                 if names:

@@ -135,8 +135,15 @@ def read_declared(c: Collect, plan_type: type, fmt: str, lookup: Lookup, fields:
 
 
 def flat(data: dict) -> Lookup:
-    """The lookup of a flat file (axolotl, LLaMA-Factory, TRL): each key at the top, named as it is."""
-    return lambda path: (data, path, path)
+    """The lookup of a flat file (axolotl, LLaMA-Factory, TRL): each key at the top, named as it is; a dotted path
+    ("vision.max_pixels") is a key of the mapping at the top (trl.yaml's ``vision``)."""
+    def lookup(path: str):
+        section, key = _split(path)
+        if section is None:
+            return data, path, path
+        inner = data.get(section)
+        return (inner if isinstance(inner, dict) else None), key, path
+    return lookup
 
 
 __all__ = ["DECLARED", "FORMATS", "Lookup", "declared_values", "error_keys", "fill", "flat", "read_declared",

@@ -1,7 +1,8 @@
 """train.py: a runnable transformers Trainer + peft script that reads advisor.yaml beside it.
 
 The script is data, not generated code: ``templates/train.py`` is copied byte for byte, so what
-the tests run is exactly what a user gets. It reads every setting from advisor.yaml.
+the tests run is exactly what a user gets. It reads every setting from advisor.yaml; a vision-language
+model's side is ``templates/vision_setup.py``, written beside it.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from importlib import resources
 from pathlib import Path
 
 from advisor.configs.formats import FORMATS
-from advisor.configs._base import ExportContext, Unsupported, refuse_vision_language, write_text
+from advisor.configs._base import ExportContext, Unsupported, vision_script_rules, write_text, write_vision_script
 from advisor.core.plan import RL_TASKS
 
 FILENAME = FORMATS["train"].filename
@@ -24,7 +25,8 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
     if ctx.plan.task in RL_TASKS:  # a Trainer over text: GRPO/DPO run on TRL's trainers (the trl format)
         raise Unsupported("train", f"train.py runs supervised fine-tuning only: export {ctx.plan.task.upper()} to TRL "
                                    "(trl.yaml + its script)")
-    refuse_vision_language(ctx, "train", "train.py loads AutoModelForCausalLM and trains on text")
+    vision_script_rules(ctx, "train")
+    write_vision_script(ctx, out_dir)  # a vision-language model: its processor and what trains
     path = write_text(out_dir / FILENAME, template_text())
     path.chmod(0o755)
     return path

@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from advisor.configs.formats import FORMATS
-from advisor.configs._base import (ADAM, LR_SCHEDULER, PRECISION_FLAGS, TORCH_DTYPE, TORCH_TO_PLAN, WARMUP_STEPS,
-                                   Collect, ExportContext, Unsupported, comment_block, dump_yaml, env_prefix,
-                                   parallel_fields, plan_summary, refuse_vision_language, require_int_alpha,
-                                   training_hyperparameters, write_text)
+from advisor.configs._base import (ADAM, LR_SCHEDULER, PRECISION_FLAGS, TORCH_DTYPE, TORCH_TO_PLAN, VISION_SCRIPT,
+                                   WARMUP_STEPS, Collect, ExportContext, Unsupported, comment_block, dump_yaml,
+                                   env_prefix, parallel_fields, plan_summary, require_int_alpha,
+                                   training_hyperparameters, vision_script_rules, write_text, write_vision_script)
 from advisor.configs import _trl_rl
 from advisor.configs._deepspeed import check_batch, read_offload
 from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_unexpressible
@@ -133,6 +133,10 @@ def trl_config(ctx: ExportContext) -> dict[str, Any]:
     out = fill(out, ctx.plan, FORMAT)
     if ctx.plan.task in RL_TASKS:  # GRPOConfig / DPOConfig instead of SFTConfig (advisor.configs._trl_rl)
         out = _trl_rl.rl_config(out, ctx)
+    if ctx.spec.is_vision_language:
+        # what SFTConfig has no field for, read by train_trl.py's vision_setup.py (`trl sft` ignores the key)
+        out["vision"] = fill({}, ctx.plan, FORMAT, "vision")
+        out["remove_unused_columns"] = False  # the samples' messages and images reach TRL's collator
     return out
 
 
@@ -181,8 +185,22 @@ def template_text() -> str:
     return resources.files("advisor.configs.export.templates").joinpath(SCRIPT).read_text(encoding="utf-8")
 
 
+def _run_lines(ctx: ExportContext) -> list[str]:
+    """How to run trl.yaml: train_trl.py, or TRL's own CLI (not for a vision-language model: ``trl sft`` builds the
+    checkpoint's processor with its own pixel budget and trains what peft's names reach, the tower's included)."""
+    if not ctx.spec.is_vision_language:
+        return [f"Run:  {ctx.launch(SCRIPT, '--data my_data.jsonl', accelerate=True)}   (JSONL with a \"text\" field)",
+                f"  or: {_trl_cli(ctx)}"]
+    return [f"Run:  {ctx.launch(SCRIPT, '--data my_data.jsonl', accelerate=True)}   (JSONL of messages and images,",
+            f"      see {VISION_SCRIPT}: it applies the vision mapping below; `trl sft` would ignore it, building the",
+            "      checkpoint's processor at its own pixel budget and adapting the tower with the language model)."]
+
+
 def write(ctx: ExportContext, out_dir: Path) -> Path:
-    refuse_vision_language(ctx, "trl", "the exported SFT script loads AutoModelForCausalLM over a text field")
+    if ctx.plan.task not in RL_TASKS:
+        vision_script_rules(ctx, FORMAT)
+    elif ctx.spec.is_vision_language:
+        raise Unsupported(FORMAT, f"the exported {ctx.plan.task.upper()} script trains text models only")
     cfg = trl_config(ctx)
     if ctx.plan.task in RL_TASKS:
         return _write_rl(ctx, out_dir, cfg)
@@ -190,8 +208,7 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
         "TRL SFTTrainer config written by vram-advisor (SFTConfig + ModelConfig fields, flat).",
         *plan_summary(ctx),
         "",
-        f"Run:  {ctx.launch(SCRIPT, '--data my_data.jsonl', accelerate=True)}   (JSONL with a \"text\" field)",
-        f"  or: {_trl_cli(ctx)}",
+        *_run_lines(ctx),
         *_loss_note(ctx.plan),
         *_checkpoint_note(ctx),
         *([f"deepspeed: {ctx.deepspeed_path} (by its absolute path: edit it if the folder moves)."]
@@ -200,6 +217,7 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
     path = write_text(out_dir / FILENAME, dump_yaml(cfg, header))
     script = write_text(out_dir / SCRIPT, template_text())
     script.chmod(0o755)
+    write_vision_script(ctx, out_dir)
     return path
 
 

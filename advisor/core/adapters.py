@@ -89,6 +89,28 @@ def export_targets(spec: ModelSpec | None, plan: Plan) -> list[str] | str:
     return lora_targets(spec, plan)[0]
 
 
+LANGUAGE_MODEL_PREFIX = r"model\.language_model\..*\."
+"""Where a vision-language model's language model sits in transformers 5 (``model.language_model``, every family
+the catalog holds): a peft ``target_modules`` regex on it (peft fullmatches a string against each module's path,
+peft/tuners/tuners_utils.py ``check_target_module_exists``) adapts no tower linear."""
+
+
+def language_model_regex(spec: ModelSpec, plan: Plan) -> str:
+    """The plan's targets as a ``target_modules`` regex on the language model alone (all-linear: its linears by
+    name), for a tool that takes no list of full paths."""
+    targets = export_targets(spec, plan)
+    names = sorted(spec.linear_shapes()) if targets == ALL_LINEAR else list(targets)
+    return f"{LANGUAGE_MODEL_PREFIX}({'|'.join(names)})"
+
+
+def names_of_language_model_regex(text: str) -> tuple[str, ...] | None:
+    """The module names of a ``language_model_regex`` (None: ``text`` is not one)."""
+    import re
+
+    m = re.fullmatch(re.escape(LANGUAGE_MODEL_PREFIX) + r"\(([A-Za-z0-9_|]+)\)", text.strip())
+    return tuple(m.group(1).split("|")) if m else None
+
+
 def export_parameters(spec: ModelSpec | None, plan: Plan) -> list[str] | None:
     """The ``target_parameters`` an exported config writes (None: LoRA on no stacked expert)."""
     if spec is None or not plan.peft or not plan.lora_experts:
@@ -104,5 +126,5 @@ def expert_problems(spec: ModelSpec, plan: Plan) -> list[AdvisorInputError]:
     return []
 
 
-__all__ = ["adapted_modules", "attention_linears", "expert_problems", "expert_weights", "export_parameters",
+__all__ = ["LANGUAGE_MODEL_PREFIX", "adapted_modules", "language_model_regex", "names_of_language_model_regex", "attention_linears", "expert_problems", "expert_weights", "export_parameters",
            "export_targets", "lora_targets", "target_parameters"]

@@ -210,8 +210,17 @@ _RL_LLAMAFACTORY = Refused("LLaMA-Factory has no GRPO stage (its stages: pt, sft
 _DPO_LLAMAFACTORY = Custom()  # stage: dpo, pref_beta (advisor.configs._rl_tools)
 _ENV = Unkeyed("an environment variable: the header's launch command sets PYTORCH_CUDA_ALLOC_CONF")
 _IN_THE_DATA = Unkeyed("the data carries its images and videos: their sizes shape the plan, not the file")
-_NO_PROCESSOR = Refused("train.py does not build the image processor yet: export to LLaMA-Factory")
 _NO_PIXEL_KEY = Refused("it has no key for the vision settings of the plan")
+_IMAGES_ONLY = Refused("the exported script batches images only (a video's frames are not read): export a video "
+                       "plan to LLaMA-Factory")
+
+
+def _vision_key(name: str) -> Key:
+    """A vision setting in the ``vision`` section of advisor.yaml / the ``vision`` mapping of trl.yaml, read by the
+    exported script's vision_setup.py (written only off its default)."""
+    return Key(f"vision.{name}", omit_default=True)
+
+
 VISION_TOWER = ("frozen", "lora", "full")
 """What trains in a vision-language model's tower: nothing (the default everywhere), LoRA adapters, every weight."""
 
@@ -549,7 +558,7 @@ class Plan:
         None, help="image pixel budget: each image resized to at most this many pixels (Qwen's max_pixels)",
         range=_WHOLE, cli=Cli(metavar="PIXELS", default_means="the model's processor's"),
         tag=Tag(lambda plan: f"maxpx{plan.max_pixels}" if plan.max_pixels else None),
-        keys={"advisor": _NO_PROCESSOR, "axolotl": _NO_PIXEL_KEY, "trl": _NO_PIXEL_KEY,
+        keys={"advisor": _vision_key("max_pixels"), "axolotl": _NO_PIXEL_KEY, "trl": _vision_key("max_pixels"),
               "llamafactory": Key("image_max_pixels", omit_default=True)})
     """The image processor's ``max_pixels`` (Qwen's ``size.longest_edge``): resolution traded for tokens. None: the
     processor's own (preprocessor_config.json)."""
@@ -557,21 +566,21 @@ class Plan:
         None, help="image pixel floor: each image resized to at least this many pixels (Qwen's min_pixels)",
         range=_WHOLE, cli=Cli(metavar="PIXELS", default_means="the model's processor's"),
         tag=Tag(lambda plan: f"minpx{plan.min_pixels}" if plan.min_pixels else None),
-        keys={"advisor": _NO_PROCESSOR, "axolotl": _NO_PIXEL_KEY, "trl": _NO_PIXEL_KEY,
+        keys={"advisor": _vision_key("min_pixels"), "axolotl": _NO_PIXEL_KEY, "trl": _vision_key("min_pixels"),
               "llamafactory": Key("image_min_pixels", omit_default=True)})
     """The image processor's ``min_pixels`` (``size.shortest_edge``). None: the processor's own."""
     video_max_pixels: int | None = knob(
         None, help="per-frame pixel budget of a video", range=_WHOLE,
         cli=Cli(metavar="PIXELS", default_means="the model's video processor's"),
         tag=Tag(lambda plan: f"vidpx{plan.video_max_pixels}" if plan.video_max_pixels else None),
-        keys={"advisor": _NO_PROCESSOR, "axolotl": _NO_PIXEL_KEY, "trl": _NO_PIXEL_KEY,
+        keys={"advisor": _IMAGES_ONLY, "axolotl": _NO_PIXEL_KEY, "trl": _IMAGES_ONLY,
               "llamafactory": Key("video_max_pixels", omit_default=True)})
     """The video processor's per-frame ``max_pixels``. None: the processor's own."""
     video_total_pixels: int | None = knob(
         None, help="pixel budget of a whole video (frames x per-frame pixels); lowers the per-frame budget of a "
                    "long video", range=_WHOLE, cli=Cli(metavar="PIXELS", default_means="none"),
         tag=Tag(lambda plan: f"vidtot{plan.video_total_pixels}" if plan.video_total_pixels else None),
-        keys={"advisor": _NO_PROCESSOR, "axolotl": _NO_PIXEL_KEY, "trl": _NO_PIXEL_KEY,
+        keys={"advisor": _IMAGES_ONLY, "axolotl": _NO_PIXEL_KEY, "trl": _IMAGES_ONLY,
               "llamafactory": Refused("it has no key for a video's total pixel budget (qwen_vl_utils "
                                       "VIDEO_TOTAL_PIXELS)")})
     """qwen_vl_utils' ``VIDEO_TOTAL_PIXELS``: the per-frame budget becomes at most ``total / frames x 2``
@@ -581,38 +590,39 @@ class Plan:
         None, help="frames sampled per second of video (with --video-seconds)", range=Range(low=0, low_inclusive=False),
         cli=Cli(default_means="the model's video processor's"),
         tag=Tag(lambda plan: f"fps{format_value(plan.video_fps)}" if plan.video_fps else None),
-        keys={"advisor": _NO_PROCESSOR, "axolotl": _NO_PIXEL_KEY, "trl": _NO_PIXEL_KEY,
+        keys={"advisor": _IMAGES_ONLY, "axolotl": _NO_PIXEL_KEY, "trl": _IMAGES_ONLY,
               "llamafactory": Key("video_fps", omit_default=True)})
     """The video processor's sampling rate (Qwen: 2 frames per second). None: the processor's own."""
     max_frames: int | None = knob(
         None, help="most frames sampled from one video", range=_WHOLE,
         cli=Cli(default_means="the model's video processor's"),
         tag=Tag(lambda plan: f"maxf{plan.max_frames}" if plan.max_frames else None),
-        keys={"advisor": _NO_PROCESSOR, "axolotl": _NO_PIXEL_KEY, "trl": _NO_PIXEL_KEY,
+        keys={"advisor": _IMAGES_ONLY, "axolotl": _NO_PIXEL_KEY, "trl": _IMAGES_ONLY,
               "llamafactory": Key("video_maxlen", omit_default=True)})
     """The video processor's ``max_frames`` (LLaMA-Factory ``video_maxlen``). None: the processor's own."""
     vision_tower: str = knob(
         "frozen", help="the vision tower: frozen, LoRA adapters on its linears, or trained in full", choices=VISION_TOWER,
         cli=Cli(alias=("--train-vision-tower", "full")),
         tag=Tag(lambda plan: None if plan.vision_tower == "frozen" else f"vit-{plan.vision_tower}"),
-        keys={"advisor": _NO_PROCESSOR, "axolotl": Refused("it has no key to train the vision tower"),
-              "trl": Refused("its SFT script has no key to train the vision tower"),
+        keys={"advisor": _vision_key("tower"), "axolotl": Refused("it has no key to train the vision tower"),
+              "trl": _vision_key("tower"),
               "llamafactory": Custom("freeze_vision_tower")})
     """frozen (the default of every stack: ms-swift freeze_vit, LLaMA-Factory freeze_vision_tower), lora (adapters on
     the tower's linear modules, as --lora-targets names them), full (every tower weight trained)."""
     train_projector: bool = knob(
         False, help="train the projector / merger between the tower and the language model",
         tag=Tag("+proj"),
-        keys={"advisor": _NO_PROCESSOR, "axolotl": Refused("it has no key to train the projector"),
-              "trl": Refused("its SFT script has no key to train the projector"),
+        keys={"advisor": _vision_key("train_projector"), "axolotl": Refused("it has no key to train the projector"),
+              "trl": _vision_key("train_projector"),
               "llamafactory": Custom("freeze_multi_modal_projector")})
     """Train the projector (Qwen's merger, the deepstack mergers, multi_modal_projector) in full; frozen by default
     (LLaMA-Factory freeze_multi_modal_projector: true, ms-swift freeze_aligner: true)."""
     vision_gradient_checkpointing: bool = knob(
         False, help="recompute each vision-tower block in backward (apart from --gradient-checkpointing)",
         tag=Tag("vit-ckpt"),
-        keys={"advisor": _NO_PROCESSOR, "axolotl": Refused("it has no key for the tower's own checkpointing"),
-              "trl": Refused("it has no key for the tower's own checkpointing"),
+        keys={"advisor": _vision_key("gradient_checkpointing"),
+              "axolotl": Refused("it has no key for the tower's own checkpointing"),
+              "trl": _vision_key("gradient_checkpointing"),
               "llamafactory": Refused("its gradient checkpointing follows the language model's; it has no key for "
                                       "the tower's own")})
     """Checkpoint the vision tower's blocks (their inputs kept, the rest recomputed in backward). Off unless given:

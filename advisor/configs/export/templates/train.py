@@ -10,6 +10,8 @@ advisor.yaml's sections are handed to the classes that run them, unchanged:
 ``lora`` -> peft.LoraConfig, ``training`` -> TrainingArguments (whose ``deepspeed`` names
 deepspeed.json when the plan offloads to the CPU). Texts are tokenized, joined with the EOS token
 and cut into blocks of ``advisor.max_seq_length`` tokens, the length the plan was sized for.
+A vision-language model (a ``vision`` section) loads with AutoModelForImageTextToText and its processor, and
+trains on JSONL samples with their images (vision_setup.py, beside this script, says how).
 
 Without a CUDA GPU the script still runs (slowly, for a smoke test) and says what it changed:
 fp32 weights instead of bf16/fp16, no autocast, SDPA instead of flash-attention, no DeepSpeed.
@@ -283,6 +285,7 @@ def main(argv=None) -> dict:
     lora = dict(cfg["lora"]) if cfg.get("lora") else None
     training = dict(cfg["training"])
     advisor = cfg.get("advisor") or {}
+    vision = cfg.get("vision")  # a vision-language model: its processor, what trains (vision_setup.py)
     seq_len = int(advisor.get("max_seq_length") or 1024)
     loss_kind = advisor.get("loss") or ("chunked" if advisor.get("chunked_ce") else "plain")
     chunked_ce = loss_kind == "chunked"
@@ -325,9 +328,17 @@ def main(argv=None) -> dict:
         # materializing the whole model in host RAM per process (advisor.memory.host.load_host_bytes)
         load["device_map"] = {"": targs.local_process_index}
     say(f"loading {source}")
-    model = AutoModelForCausalLM.from_pretrained(source, **load)
+    if vision is not None:
+        import vision_setup
+        from transformers import AutoModelForImageTextToText
+
+        model = AutoModelForImageTextToText.from_pretrained(source, **load)
+        processor = vision_setup.load_processor(source, vision, load["trust_remote_code"])
+        tokenizer = processor.tokenizer
+    else:
+        model = AutoModelForCausalLM.from_pretrained(source, **load)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=load["trust_remote_code"])
     model.config.use_cache = False  # the KV cache is useless in training and clashes with checkpointing
-    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=load["trust_remote_code"])
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
 
@@ -336,17 +347,29 @@ def main(argv=None) -> dict:
 
         # prepare_model_for_kbit_training is deliberately not called: it casts every norm and the
         # embeddings to fp32, memory the plan did not count. Inputs need grads for checkpointing:
-        if targs.gradient_checkpointing:
+        if targs.gradient_checkpointing or (vision or {}).get("gradient_checkpointing"):
             model.enable_input_require_grads()
+        if vision is not None:  # full module paths: short names and all-linear would reach the tower
+            lora["target_modules"] = vision_setup.lora_target_paths(model, lora["target_modules"],
+                                                                    vision.get("tower") == "lora")
         model = get_peft_model(model, LoraConfig(**lora))
         model.print_trainable_parameters()
+    parts = vision_setup.set_trainable(model, vision) if vision is not None else None
 
     if advisor.get("activation_offload") and not targs.gradient_checkpointing:
         offload_activations(model)  # with checkpointing, gradient_checkpointing_kwargs.offload does it
-    data = pack(tokenizer, load_texts(Path(args.data)), seq_len,
-                min_blocks=targs.per_device_train_batch_size * targs.gradient_accumulation_steps, per_document=packing)
-    say(f"{len(data)} block(s) of {seq_len} tokens; micro batch {targs.per_device_train_batch_size}, "
-        f"accumulation {targs.gradient_accumulation_steps}")
+    if vision is not None:
+        data = vision_setup.load_samples(Path(args.data))
+        collate = vision_setup.collator(processor, seq_len)
+        say(f"{len(data)} sample(s) of at most {seq_len} tokens; micro batch {targs.per_device_train_batch_size}, "
+            f"accumulation {targs.gradient_accumulation_steps}")
+    else:
+        data = pack(tokenizer, load_texts(Path(args.data)), seq_len,
+                    min_blocks=targs.per_device_train_batch_size * targs.gradient_accumulation_steps,
+                    per_document=packing)
+        collate = default_data_collator
+        say(f"{len(data)} block(s) of {seq_len} tokens; micro batch {targs.per_device_train_batch_size}, "
+            f"accumulation {targs.gradient_accumulation_steps}")
 
     class AdvisorTrainer(Trainer):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -361,9 +384,13 @@ def main(argv=None) -> dict:
     extra = {}
     if advisor.get("optimizer_in_backward"):
         extra["optimizers"] = optimizer_in_backward(model, targs)
-    if checkpoint_layers is not None and targs.gradient_checkpointing:
+    if vision is not None:  # each block's own flag: the language model's layers and the tower's apart
+        callback = vision_setup.checkpointing(model, targs.gradient_checkpointing,
+                                              bool(vision.get("gradient_checkpointing")), checkpoint_layers)
+        extra["callbacks"] = [callback] if callback else []
+    elif checkpoint_layers is not None and targs.gradient_checkpointing:
         extra["callbacks"] = [checkpoint_only(model, int(checkpoint_layers))]
-    trainer = AdvisorTrainer(model=model, args=targs, train_dataset=data, data_collator=default_data_collator,
+    trainer = AdvisorTrainer(model=model, args=targs, train_dataset=data, data_collator=collate,
                              processing_class=tokenizer, **extra)
     result = trainer.train()
     kinds = [type(m).__name__ for m in model.modules()]
@@ -383,9 +410,13 @@ def main(argv=None) -> dict:
         if predicted:
             say(f"peak reserved {summary['peak_reserved_bytes'] / 2**30:.2f} GiB, "
                 f"advisor predicted {predicted / 2**30:.2f} GiB")
+    if parts is not None:
+        summary["vision_trainable_params"] = parts
     if not args.no_save:
         trainer.save_model()
         summary["saved_to"] = targs.output_dir
+        if lora and vision is not None:
+            summary["non_lora_trainables"] = vision_setup.save_non_lora(model, targs.output_dir)
     print("ADVISOR_TRAIN_SUMMARY " + json.dumps(summary), flush=True)
     return summary
 

@@ -93,6 +93,7 @@ def main(argv=None) -> dict:
     import yaml
 
     cfg = yaml.safe_load(cfg_path.read_text(encoding="utf-8")) or {}
+    vision = cfg.pop("vision", None)  # a vision-language model: its processor, what trains (vision_setup.py)
     sft, model_kw = split_config(cfg)
 
     import torch
@@ -110,6 +111,11 @@ def main(argv=None) -> dict:
     for key in ("output_dir", "deepspeed"):  # relative paths are relative to trl.yaml
         if sft.get(key) and not Path(sft[key]).is_absolute():
             sft[key] = str(cfg_path.parent / sft[key])
+    lm_checkpointing = bool(sft.get("gradient_checkpointing"))
+    if vision is not None and lm_checkpointing:
+        # each block's own flag is set by vision_setup's callback (the tower's apart); SFTTrainer would turn on
+        # every block, the tower's included, before it runs
+        sft["gradient_checkpointing"] = False
     sft_args = SFTConfig(**sft)
     model_args = ModelConfig(**model_kw)
 
@@ -122,17 +128,33 @@ def main(argv=None) -> dict:
         if cuda and not sft_args.deepspeed:
             load["device_map"] = {"": sft_args.local_process_index}
     say(f"loading {source}")
-    model = AutoModelForCausalLM.from_pretrained(source, **load)
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    peft_config = get_peft_config(model_args)
+    callbacks = []
+    if vision is not None:
+        import vision_setup
+        from transformers import AutoModelForImageTextToText
 
-    texts = load_texts(Path(args.data))
-    data = Dataset.from_list([{sft_args.dataset_text_field: t} for t in texts])
+        model = AutoModelForImageTextToText.from_pretrained(source, **load)
+        processing = vision_setup.load_processor(source, vision)
+        if peft_config is not None:  # full module paths: short names and all-linear would reach the tower
+            peft_config.target_modules = vision_setup.lora_target_paths(model, peft_config.target_modules,
+                                                                        vision.get("tower") == "lora")
+        callback = vision_setup.checkpointing(model, lm_checkpointing, bool(vision.get("gradient_checkpointing")),
+                                              every_n=(sft.get("gradient_checkpointing_kwargs") or {}).get(
+                                                  "every_n_layers"))
+        callbacks = [callback] if callback else []
+        data = Dataset.from_list(vision_setup.load_samples(Path(args.data)))
+    else:
+        model = AutoModelForCausalLM.from_pretrained(source, **load)
+        processing = AutoTokenizer.from_pretrained(source)
+        if processing.pad_token is None:
+            processing.pad_token = processing.eos_token
+        data = Dataset.from_list([{sft_args.dataset_text_field: t} for t in load_texts(Path(args.data))])
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    trainer = SFTTrainer(model=model, args=sft_args, train_dataset=data, processing_class=tokenizer,
-                         peft_config=get_peft_config(model_args))
+    trainer = SFTTrainer(model=model, args=sft_args, train_dataset=data, processing_class=processing,
+                         peft_config=peft_config, callbacks=callbacks)
+    parts = vision_setup.set_trainable(trainer.model, vision) if vision is not None else None
     result = trainer.train()
     trained = trainer.model
     kinds = [type(m).__name__ for m in trained.modules()]
@@ -147,9 +169,13 @@ def main(argv=None) -> dict:
     if cuda:
         summary["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
         summary["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+    if parts is not None:
+        summary["vision_trainable_params"] = parts
     if not args.no_save:
         trainer.save_model()
         summary["saved_to"] = sft_args.output_dir
+        if peft_config is not None and vision is not None:
+            summary["non_lora_trainables"] = vision_setup.save_non_lora(trained, sft_args.output_dir)
     print("ADVISOR_TRAIN_SUMMARY " + json.dumps(summary), flush=True)
     return summary
 
