@@ -112,7 +112,9 @@ class ServePlan:
 
     def short(self) -> str:
         w = f"int4-{self.quant_method}-g{self.group_size}" if self.weight_format == "int4" else self.weight_format
-        img = f" ({self.vision.tokens} image tokens)" if self.vision is not None and self.vision.tokens else ""
+        v = self.vision
+        img = f" ({v.tokens} {'image' if not v.video_tokens else 'image+video'} tokens)" if v is not None and \
+            v.tokens else ""
         return f"{w} kv:{self.kv_dtype} ctx {self.context_len}{img} x {self.concurrency} seq, block {self.block_size}"
 
     def to_dict(self) -> dict[str, Any]:

@@ -269,9 +269,7 @@ def hf_tower_bytes(model: ModelSpec, vision: ServeVision | None, batch: int) -> 
     through a block (the same widths) with their pixels."""
     if vision is None or not vision.vision_tokens:
         return 0
-    import json as _json
-
-    sample = _json.loads(vision.sample)
+    sample = json.loads(vision.sample)
     pixels = sum(_pixel_values(model, i["vision_tokens"], 1) for i in sample.get("images", []))
     if sample.get("video"):
         pixels += _pixel_values(model, sample["video"]["vision_tokens"], 1)
