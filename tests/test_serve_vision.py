@@ -218,3 +218,17 @@ def test_bad_input_is_one_line_exit_2(capsys, argv, flag):
     assert code == 2
     lines = [ln for ln in err.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and flag in lines[0], err
+
+
+def test_estimate_takes_the_images_too(capsys):
+    """`advisor estimate --task inference` reads the same flags: one plan, the images in its context."""
+    base = ["estimate", "--task", "inference", "--model", VL, "--gpu", "rtx-4090", "--context-len", "4096",
+            "--concurrency", "4", "--json"]
+    code, out, err = run_cli(capsys, *base, "--image-size", "1024x768")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["plan"]["image_tokens"] == 999 and d["ledger"]["encoder_cache"] > 0
+    assert d["vision"]["image_tokens_per_image"] == [999] and d["vision"]["vision_tokens"] == 3996
+    code, out, err = run_cli(capsys, *base[:-3], "--concurrency", "4", "--context-len", "512", "--image-size",
+                             "1024x768")
+    assert code == 2 and "--context-len" in err

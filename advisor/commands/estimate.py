@@ -63,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
         result["plan"] = splan.to_dict()
         result["kv_cache_bytes_per_token"] = report.extra["kv_cache_bytes_per_token"]
         result["kv_cache_bytes_per_sequence"] = report.extra["kv_cache_bytes_per_sequence"]
+        if splan.vision is not None:
+            result["vision"] = {**splan.vision.to_dict(), "profile": report.extra.get("vision_profile")}
     else:
         from advisor.runtime.backends import PROBES, BackendFailed, BackendOptions, get_backend
 
