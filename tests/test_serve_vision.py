@@ -165,6 +165,10 @@ def test_export_carries_the_multimodal_flags(tmp_path, capsys, vl):
     assert v["image_tokens_per_image"] == [999, processor_tokens(vl, 640, 480)[0]]
     assert v["image_tokens"] == sum(v["image_tokens_per_image"]) and v["vision_tokens"] == 4 * v["image_tokens"]
     assert v["text_tokens_per_prompt"] == d["best"]["plan"]["context_len"] - v["image_tokens"]
+    from advisor.search.serve_space import load_serve_space
+
+    # the searched contexts are the space's text contexts plus a prompt's image tokens
+    assert v["text_tokens_per_prompt"] in load_serve_space("inference").search["context_len"]
     assert d["best"]["ledger"]["encoder_cache"] == v["ledger"]["encoder_cache"] > 0
     args = vars(_vllm_parser().parse_args(_script_args(tmp_path / "serve_vllm.sh")))
     assert args["limit_mm_per_prompt"] == {"image": 2, "video": 0}
