@@ -124,6 +124,9 @@ def serve_vision(model: ModelSpec, sample) -> ServeVision | None:
         # the largest image the processor makes within its bounds (vllm qwen2_vl.py get_max_image_tokens)
         big = count_image(model, VLLM_HUGE_SIDE, VLLM_HUGE_SIDE, min_pixels=sample.min_pixels,
                           max_pixels=sample.max_pixels, images_in_sample=images)
+        # a tiling processor (InternVL, LLaVA-OneVision) cuts most tiles at some aspect ratio, not the square: the
+        # largest of the prompt's own images when it makes more (a lower bound of vLLM's largest item)
+        big = max([big, *(vis.images if vis else ())], key=lambda i: (i.tokens, i.vision_tokens))
         item_tokens, item_patches = big.tokens, big.vision_tokens
         item_pixels = _pixel_values(model, big.vision_tokens, 1)
     if vis is not None and vis.video is not None and vis.video.tokens > item_tokens:
