@@ -22,6 +22,51 @@ STUDY_FLAGS = {
 }
 
 
+SERVE_SAMPLE_KNOBS = ("image_sizes", "video_frames", "video_seconds", "max_pixels", "min_pixels", "video_max_pixels",
+                      "video_total_pixels", "video_fps", "max_frames")
+"""The knobs of a prompt's images and video (the training side's flags, advisor.core.plan): the serving workload of a
+vision-language model (advisor.memory.serve_vision), not knobs of a training search."""
+
+
+def serve_sample(args: argparse.Namespace):
+    """The Plan holding a prompt's images and video as the flags give them (``--image-size`` repeatable, the pixel
+    bounds, the video flags), validated; each a one-line input error naming its flag."""
+    from advisor.core.plan import Plan, parse_image_size
+
+    values = {}
+    for name in SERVE_SAMPLE_KNOBS:
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if name == "image_sizes":
+            value = tuple(parse_image_size(v) for v in (value if isinstance(value, list) else [value]))
+        values[name] = value
+    return Plan(**values).validate()
+
+
+def _vision_summary(model, plan, report) -> dict | None:
+    """The ``vision`` object of the output: a prompt's images as the processor counts them, the context they take,
+    and vLLM's multimodal terms of the chosen plan (advisor.memory.serve_vision)."""
+    vision = plan.vision
+    if vision is None:
+        return None
+    from advisor.memory.serve_vision import encoder_budget, items_per_batch
+
+    compute, cache = encoder_budget(vision, plan.batched_tokens)
+    out = vision.to_dict()
+    out.update({
+        "context_len": plan.context_len, "text_tokens_per_prompt": plan.context_len - vision.tokens,
+        "encoder_compute_budget": compute, "encoder_cache_size": cache,
+        "profiled_items": items_per_batch(vision, plan.batched_tokens, plan.context_len, plan.concurrency),
+        "ledger": {k: report.device.get(k, 0) for k in ("vision_weights", "vision_constants", "encoder_cache",
+                                                          "vision_activations")},
+        "profile": report.extra.get("vision_profile"),
+        "tower": {"class": model.vision.tower_class, "blocks": model.vision.depth, "width": model.vision.hidden_size,
+                  "params": model.vision.tower_params, "projector_params": model.vision.projector_params},
+    })
+    return out
+
+
 def refuse_study_flags(args: argparse.Namespace) -> None:
     """A flag `tune --task inference` does not support is an input error naming it, never silently ignored."""
     from advisor.core.errors import AdvisorInputError
@@ -43,6 +88,10 @@ def _simulate_check(model, cand, gpu) -> dict:
     from advisor.memory.inference import estimate_inference
     from advisor.search.serve_grid import largest_static_batch
 
+    if model.vision is not None:  # the trace builds a causal LM from the config; a tower is not traced
+        return {"engine": "hf (transformers generate, static cache, bf16)", "skipped": True,
+                "what": f"{model.vision.model_class} is a vision-language model: the fake-tensor serving trace "
+                        "builds text models only (AutoModelForCausalLM); the vision terms are estimated"}
     batch = largest_static_batch(model, cand.plan, gpu, cand.limit_bytes)
     plan = replace(cand.plan, weight_format="bf16", kv_dtype="bf16", concurrency=max(batch, 1))
     est = estimate_inference(model, plan, None, engine="hf")
@@ -66,14 +115,20 @@ def run_inference(args: argparse.Namespace) -> int:
     from advisor.search.serve_space import load_serve_space
     from advisor.memory.inference import vllm_memory_utilization
 
+    from advisor.memory.serve_vision import check_context, serve_vision
+
+    sample = serve_sample(args)
     target = target_from_args(args, budget_required=True)
     model, gpu, assumed, budget = target.model, target.gpu, target.gpu_assumed, target.budget
+    vision = serve_vision(model, sample)
     space_ref = args.space if getattr(args, "space", "default") not in (None, "default") else "inference"
     space = load_serve_space(space_ref, getattr(args, "overrides", None) or [])
     ctx, conc = getattr(args, "context_len", None), getattr(args, "concurrency", None)
     if ctx is not None and model.max_position_embeddings and ctx > model.max_position_embeddings:
         raise AdvisorInputError("--context-len", f"longer than {model.name}'s maximum context "
                                 f"{model.max_position_embeddings}", ctx)
+    if ctx is not None:
+        check_context(vision, ctx)
     headroom = getattr(args, "headroom", HEADROOM)
     # vLLM may use gpu_memory_utilization x total = the budget less the headroom (rounded down): the same
     # feasibility rule as training (advisor.core.fit)
@@ -81,7 +136,7 @@ def run_inference(args: argparse.Namespace) -> int:
     if util <= 0:
         raise AdvisorInputError("--gpu-budget", "leaves nothing for vLLM after the headroom", budget.text)
     limit = int(util * gpu.memory_bytes)
-    cands = search(model, space, gpu, limit, util, context_len=ctx, concurrency=conc)
+    cands = search(model, space, gpu, limit, util, context_len=ctx, concurrency=conc, vision=vision)
     if not any(c.fits for c in cands):
         smallest = min(cands, key=lambda c: c.report.peak_bytes)
         raise AdvisorInputError(
@@ -114,6 +169,8 @@ def run_inference(args: argparse.Namespace) -> int:
         "pareto": [c.to_dict() for c in selection.pareto[:12]],
         "n_candidates": len(cands), "simulation_check": check, "exports": exports,
     }
+    if model.vision is not None:
+        result["vision"] = _vision_summary(model, best.plan, best.report) if best else None
     if getattr(args, "json", False):
         print(json.dumps(result, indent=2, default=str))
     else:
@@ -134,15 +191,22 @@ def _print(result: dict, budget) -> None:
     print(f"best: {result['explanation']}")
     print("ledger (estimated, vLLM):")
     for k, v in best["ledger"].items():
-        print(f"  {k:<16} {v / gib:8.2f} GiB")
+        print(f"  {k:<18} {v / gib:8.2f} GiB")
     plan = best["plan"]
-    print(f"  {'total':<16} {best['peak_bytes'] / gib:8.2f} GiB  "
+    print(f"  {'total':<18} {best['peak_bytes'] / gib:8.2f} GiB  "
           f"(KV {plan['concurrency']} x {result['kv_cache_bytes_per_sequence']:,} B per {plan['context_len']:,}-token "
           "sequence)")
     print("pareto front (served tokens, tokens/s predicted, quality prior):")
     for c in result["pareto"][:8]:
         print(f"  {c['plan_short']:<48} {c['served_tokens']:>9,}  {c['tokens_per_s']:>8,.0f}  {c['quality']:.3f}")
-    if result["simulation_check"]:
+    if result.get("vision"):
+        v = result["vision"]
+        print(f"images per prompt: {', '.join(map(str, v['image_tokens_per_image'])) or 'none'} tokens "
+              f"({v['vision_tokens']:,} tower patches); {v['text_tokens_per_prompt']:,} text tokens left of the "
+              f"{v['context_len']:,}-token context; limit_mm_per_prompt {json.dumps(v['limit_mm_per_prompt'])}")
+    if result["simulation_check"] and result["simulation_check"].get("skipped"):
+        print(f"ledger check skipped: {result['simulation_check']['what']}")
+    elif result["simulation_check"]:
         s = result["simulation_check"]
         print(f"ledger check, transformers generate() at the exported batch {s['batch']} x {s['context_len']:,} tokens "
               f"(bf16 weights): estimate {s['estimated_tensor_peak_bytes'] / gib:.2f} GiB vs fake-tensor trace "

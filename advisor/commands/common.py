@@ -203,6 +203,8 @@ def add_plan_override_flags(p: argparse.ArgumentParser, plan: type = Plan) -> No
                 options["type"] = range_type(k.range)
             if k.cli.metavar:
                 options["metavar"] = k.cli.metavar
+            if k.cli.repeat:  # each flag one more value of the tuple (--image-size 1024x768 --image-size 640x480)
+                options["action"] = "append"
             g.add_argument(k.flag, **options)
         add_alias_flag(g, k)
 
@@ -226,7 +228,10 @@ def plan_overrides(args: argparse.Namespace, overrides: list[str] | tuple[str, .
                                     "estimate takes it for one plan)", value)
         if k.name in given:
             raise AdvisorInputError(k.flag, f"contradicts the override {k.name}=... given beside it", value)
-        text = "true" if value is True else format_value(value)
+        if isinstance(value, list):  # a repeated flag: the list the space's YAML reads (image_sizes=[a, b])
+            text = value[0] if len(value) == 1 else "[" + ", ".join(value) + "]"
+        else:
+            text = "true" if value is True else format_value(value)
         out.append(f"{k.name}={text}")
         if k.cli.implies and value != k.default and k.cli.implies[0] not in given:
             implied, implied_value = k.cli.implies

@@ -52,14 +52,19 @@ def run(args: argparse.Namespace) -> int:
                               "source": model.source},
                     "gpu": gpu.to_dict() if gpu else None, "gpu_assumed": target.gpu_assumed, "task": args.task}
     if args.task == "inference":
+        from advisor.commands._inference import serve_sample
         from advisor.memory.inference import ServePlan, estimate_inference
+        from advisor.memory.serve_vision import serve_vision
 
+        # a prompt's images (--image-size, the pixel bounds): part of the context (advisor.memory.serve_vision)
         splan = ServePlan(weight_format=args.weight_format, kv_dtype=args.kv_dtype, context_len=args.context_len,
-                          concurrency=args.concurrency).validate()
+                          concurrency=args.concurrency, vision=serve_vision(model, serve_sample(args))).validate()
         report = estimate_inference(model, splan, gpu)
         result["plan"] = splan.to_dict()
         result["kv_cache_bytes_per_token"] = report.extra["kv_cache_bytes_per_token"]
         result["kv_cache_bytes_per_sequence"] = report.extra["kv_cache_bytes_per_sequence"]
+        if splan.vision is not None:
+            result["vision"] = {**splan.vision.to_dict(), "profile": report.extra.get("vision_profile")}
     else:
         from advisor.runtime.backends import PROBES, BackendFailed, BackendOptions, get_backend
 

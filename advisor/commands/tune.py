@@ -89,7 +89,11 @@ def run(args: argparse.Namespace) -> int:
         from advisor.commands._inference import refuse_study_flags, run_inference
 
         refuse_study_flags(args)
-        fixed = [f for f in plan_overrides(args) if not f.startswith("task=")]  # --task inference itself
+        from advisor.commands._inference import SERVE_SAMPLE_KNOBS
+
+        # --task inference itself, and a prompt's images (the serving workload: advisor.memory.serve_vision)
+        text_only = argparse.Namespace(**{k: (None if k in SERVE_SAMPLE_KNOBS else v) for k, v in vars(args).items()})
+        fixed = [f for f in plan_overrides(text_only) if not f.startswith("task=")]
         if fixed:
             from advisor.core.errors import AdvisorInputError
 

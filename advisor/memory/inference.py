@@ -24,7 +24,7 @@ per-token formula 2 L n_kv d p is the special case of every layer caching K and 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import Any
 
@@ -71,6 +71,9 @@ class ServePlan:
     """vLLM chunked-prefill budget: tokens in one forward pass (prefill chunks + decodes)."""
     max_new_tokens: int = 0
     """Tokens generated per sequence (hf engine); 0: a quarter of the context, at most 512."""
+    vision: Any = None
+    """A vision-language model's served images (advisor.memory.serve_vision.ServeVision): their tokens are part
+    of ``context_len``, and vLLM's multimodal terms follow from them; None: a text model."""
 
     def validate(self) -> "ServePlan":
         if self.weight_format not in WEIGHT_FORMATS:
@@ -88,6 +91,10 @@ class ServePlan:
                 not 0 <= self.max_new_tokens < self.context_len:
             raise AdvisorInputError("max_new_tokens", f"must be in [0, context_len={self.context_len})",
                                     self.max_new_tokens)
+        if self.vision is not None:
+            from advisor.memory.serve_vision import check_context
+
+            check_context(self.vision, self.context_len)
         return self
 
     @property
@@ -105,14 +112,21 @@ class ServePlan:
 
     def short(self) -> str:
         w = f"int4-{self.quant_method}-g{self.group_size}" if self.weight_format == "int4" else self.weight_format
-        return f"{w} kv:{self.kv_dtype} ctx {self.context_len} x {self.concurrency} seq, block {self.block_size}"
+        v = self.vision
+        img = f" ({v.tokens} {'image' if not v.video_tokens else 'image+video'} tokens)" if v is not None and \
+            v.tokens else ""
+        return f"{w} kv:{self.kv_dtype} ctx {self.context_len}{img} x {self.concurrency} seq, block {self.block_size}"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The plan's fields (a text model's exactly as before); the served images are the output's ``vision``."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "vision"}
+        if self.vision is not None:
+            d["image_tokens"] = self.vision.tokens
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ServePlan":
-        names = {f.name for f in fields(cls)}
+        names = {f.name for f in fields(cls)} - {"vision"}
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
@@ -392,6 +406,10 @@ def estimate_inference(model: ModelSpec, plan: ServePlan, gpu: GpuSpec | None = 
         device["transient"] = act
         device["cuda_graphs"] = graphs
         tensor_peak = weights + consts + kv + act + graphs
+        if model.vision is not None:
+            vision_rows = _vllm_vision_rows(model, plan, act, extra, notes)
+            device.update(vision_rows)
+            tensor_peak += sum(vision_rows.values())
         frag = _overhead_terms(gpu)["fragmentation"] * act  # the KV cache is one allocation; activations fragment
         from advisor.memory.overhead import outside_allocator_bytes
 
@@ -403,8 +421,17 @@ def estimate_inference(model: ModelSpec, plan: ServePlan, gpu: GpuSpec | None = 
     else:
         prefill, where = hf_transient(model, plan, plan.prompt_len, plan.concurrency)
         decode, _ = hf_transient(model, plan, 1, plan.concurrency)
+        if model.vision is not None:
+            from advisor.memory.serve_vision import hf_tower_bytes
+
+            # transformers loads the tower and projector in bf16 with the model, and runs the tower on every
+            # prompt's images before the prefill (the larger of the two forwards is the peak)
+            device["vision_weights"] = int(model.vision.params * COMPUTE_BYTES)
+            tower = hf_tower_bytes(model, plan.vision, plan.concurrency)
+            if tower > prefill:
+                prefill, where = tower, "vision tower"
         device["transient"] = prefill
-        tensor_peak = weights + consts + kv + prefill
+        tensor_peak = weights + consts + kv + prefill + device.get("vision_weights", 0)
         from advisor.memory.overhead import framework_overhead
 
         # the weights are loaded once, a segment each; what fragments is what comes and goes: the
@@ -421,6 +448,40 @@ def estimate_inference(model: ModelSpec, plan: ServePlan, gpu: GpuSpec | None = 
         tensor_peak_bytes=int(tensor_peak), peak_bytes=int(tensor_peak + overhead), peak_phase=phase,
         notes=tuple(notes), extra=extra, kv_cache=KvCache(per_token, per_sequence, tokens),
     )
+
+
+def _vllm_vision_rows(model: ModelSpec, plan: ServePlan, act: int, extra: dict, notes: list) -> dict[str, int]:
+    """The vision rows of the vLLM ledger (advisor.memory.serve_vision): the tower's weights as vLLM holds them,
+    the encoder cache, and the tower's profiling forward where it exceeds the language model's profiling phase.
+
+    vLLM reserves the peak of its profiling run (gpu_worker.py ``determine_available_memory``: the torch peak of
+    ``profile_run``), which passes two phases: the tower over the dummy items, beside their pixels
+    (``tower_profile``), then the language model's dummy run beside the cached encoder outputs and the same pixels
+    (``pixel_values + encoder_cache + act``). The rows sum to the larger: ``transient`` is the language model's,
+    ``encoder_cache`` the cached outputs, ``vision_activations`` the rest."""
+    from advisor.memory.serve_vision import vllm_vision_terms
+
+    t = vllm_vision_terms(model, plan.vision, plan)
+    lm_phase = t["pixel_values"] + t["encoder_cache"] + act
+    tower_phase = t["tower_profile"]
+    profile = max(lm_phase, tower_phase)
+    rows = {"vision_weights": t["vision_weights"], "vision_constants": t["vision_constants"],
+            "encoder_cache": t["encoder_cache"], "vision_activations": profile - t["encoder_cache"] - act}
+    rows = {k: v for k, v in rows.items() if v or (k == "encoder_cache" and plan.vision is not None
+                                                   and plan.vision.enabled)}
+    extra["vision_profile"] = {"tower_phase_bytes": tower_phase, "language_model_phase_bytes": lm_phase,
+                               "peak_in": "vision tower" if tower_phase > lm_phase else "language model",
+                               "encoder_cache_bytes": t["encoder_cache"], "pixel_values_bytes": t["pixel_values"]}
+    if not t["vision_weights"]:
+        notes.append("limit_mm_per_prompt is 0 for every modality: vLLM builds no vision tower (text only)")
+    elif plan.vision is None or not plan.vision.enabled:
+        notes.append("no image per prompt: the tower is loaded but vLLM skips the encoder's profiling "
+                     "(limit_mm_per_prompt 0)")
+    else:
+        notes.append(f"vLLM profiles the encoder at its largest item ({plan.vision.item_tokens:,} tokens, "
+                     f"{plan.vision.item_patches:,} patches), whatever the served images: lower --max-pixels to "
+                     "shrink the encoder cache and the tower's profile")
+    return rows
 
 
 def vllm_memory_utilization(budget_bytes: int, total_bytes: int, headroom: float) -> float:

@@ -37,6 +37,10 @@ LABELS = {
     "vllm_weights": "vLLM weights",
     "vllm_reserve": "vLLM CUDA graphs and non-torch",
     "rollout": "Generation batch (ids, log-probs)",
+    "vision_weights": "Vision tower and projector",
+    "vision_constants": "Vision tower scales",
+    "encoder_cache": "Encoder cache (vision outputs)",
+    "vision_activations": "Vision tower profile (pixels, activations)",
 }
 
 

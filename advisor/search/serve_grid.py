@@ -71,12 +71,30 @@ def weight_formats(model: ModelSpec, space: ServeSpace, gpu: GpuSpec | None = No
     return formats
 
 
-def base_plans(model: ModelSpec, space: ServeSpace, context_len: int | None,
-               gpu: GpuSpec | None = None) -> Iterator[ServePlan]:
-    """Every discrete combination (the checkpoint style, and with it the group size, only varies for int4)."""
+def served_contexts(model: ModelSpec, space: ServeSpace, context_len: int | None, vision=None) -> list[int]:
+    """The contexts (vLLM --max-model-len) to plan: ``--context-len`` as given (it must hold the images: checked by
+    the plan), else each of the space's text contexts plus a prompt's image tokens (vLLM's max_model_len holds "the
+    number of text tokens plus multimodal tokens"), within the model's maximum."""
     s = space.search
     limit = model.max_position_embeddings or max(s["context_len"])
-    contexts = [context_len] if context_len else sorted(c for c in set(s["context_len"]) if c <= limit) or [limit]
+    if context_len:
+        return [context_len]
+    extra = vision.tokens if vision is not None else 0
+    contexts = sorted({c + extra for c in s["context_len"] if c + extra <= limit})
+    if not contexts and extra:
+        from advisor.core.errors import AdvisorInputError
+
+        raise AdvisorInputError("--image-size", f"a prompt's images take {extra:,} tokens, and with the space's "
+                                f"shortest text context they exceed {model.name}'s maximum context {limit:,}",
+                                ",".join(map(str, vision.image_tokens_per_image)))
+    return contexts or [limit]
+
+
+def base_plans(model: ModelSpec, space: ServeSpace, context_len: int | None,
+               gpu: GpuSpec | None = None, vision=None) -> Iterator[ServePlan]:
+    """Every discrete combination (the checkpoint style, and with it the group size, only varies for int4)."""
+    s = space.search
+    contexts = served_contexts(model, space, context_len, vision)
     for wf, kv, block, ctx in product(weight_formats(model, space, gpu), s["kv_dtype"], s["block_size"], contexts):
         # an int4 plan is served from a checkpoint in that format: its group size is the checkpoint's
         # (advisor.core.serving_checkpoints), whatever group sizes the space lists
@@ -85,7 +103,7 @@ def base_plans(model: ModelSpec, space: ServeSpace, context_len: int | None,
         for group, method in quant:
             yield ServePlan(weight_format=wf, group_size=group, quant_method=method, kv_dtype=kv, block_size=block,
                             context_len=ctx, concurrency=1,
-                            max_num_batched_tokens=space.fixed["max_num_batched_tokens"])
+                            max_num_batched_tokens=space.fixed["max_num_batched_tokens"], vision=vision)
 
 
 def largest_concurrency(model: ModelSpec, plan: ServePlan, gpu: GpuSpec, limit_bytes: int, util: float,
@@ -127,10 +145,11 @@ def largest_static_batch(model: ModelSpec, plan: ServePlan, gpu: GpuSpec | None,
 
 
 def search(model: ModelSpec, space: ServeSpace, gpu: GpuSpec, limit_bytes: int, util: float,
-           context_len: int | None = None, concurrency: int | None = None) -> list[Candidate]:
-    """Score every point of the space; with ``concurrency`` given it is pinned, else maximised."""
+           context_len: int | None = None, concurrency: int | None = None, vision=None) -> list[Candidate]:
+    """Score every point of the space; with ``concurrency`` given it is pinned, else maximised. ``vision``
+    (advisor.memory.serve_vision.ServeVision): a vision-language model's served images."""
     out = []
-    for plan in base_plans(model, space, context_len, gpu):
+    for plan in base_plans(model, space, context_len, gpu, vision):
         if concurrency:
             out.append(score(model, replace(plan, concurrency=concurrency), gpu, limit_bytes, util))
         else:

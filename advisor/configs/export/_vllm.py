@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.core.catalog import ModelSpec
+from advisor.memory.ledger import LABELS
 from advisor.search.serve_grid import Candidate
 from advisor.memory.inference import ServePlan
 
@@ -76,12 +77,15 @@ def checkpoint_lines(model: ModelSpec, plan: ServePlan) -> list[str]:
     if not needs_made_checkpoint(model, plan):
         return []
     scheme, out = SCHEME[plan.weight_format], served_model_id(model, plan)
+    # a vision-language model's tower stays 16-bit, as vLLM's ledger holds it (serve_priors.yaml vision.tower_format)
+    tower = [f"re:{model.vision.tower_path}.*"] if model.vision else []
+    ignored = ", ".join(f'"{n}"' for n in ["lm_head", *tower])
     return [f"# {plan.weight_format} weights need a checkpoint in that format, and none of {model.hf_id} is listed "
             "(advisor/data/serving_checkpoints.yaml). Make one once with llm-compressor (pip install llmcompressor;",
             "# calibration on 512 samples, a GPU with room for the 16-bit model), then this script serves it:",
             f"#   python -c 'from llmcompressor import oneshot; from llmcompressor.modifiers.quantization import "
             f"GPTQModifier; oneshot(model=\"{model.hf_id}\", dataset=\"open_platypus\", recipe=GPTQModifier("
-            f"targets=\"Linear\", scheme=\"{scheme}\", ignore=[\"lm_head\"]), output_dir=\"{out}\", "
+            f"targets=\"Linear\", scheme=\"{scheme}\", ignore=[{ignored}]), output_dir=\"{out}\", "
             "max_seq_length=2048, num_calibration_samples=512)'"]
 
 
@@ -108,6 +112,23 @@ def moe_notes(model: ModelSpec, plan: ServePlan) -> list[str]:
     return lines
 
 
+VISION_ROWS = ("vision_weights", "vision_constants", "encoder_cache", "vision_activations")
+
+
+def vision_notes(model: ModelSpec, plan: ServePlan) -> list[str]:
+    """What a vision-language plan's multimodal flags mean (comments of the script)."""
+    v = plan.vision
+    if model.vision is None or v is None:
+        return []
+    if not v.enabled:
+        return ["# text only: --limit-mm-per-prompt 0 for every modality, so vLLM plans no image memory "
+                "(docs.vllm.ai configuration/conserving_memory)"]
+    return [f"# a prompt holds {' + '.join(map(str, v.image_tokens_per_image)) or 0} image tokens"
+            f"{f' and {v.video_tokens} video tokens' if v.video_tokens else ''} of its {plan.context_len:,}; vLLM "
+            f"profiles the encoder at its largest item ({v.item_tokens:,} tokens, {v.item_patches:,} patches)"
+            + ("" if v.processor_kwargs else ": pass --max-pixels to bound it")]
+
+
 def vllm_args(model: ModelSpec, cand: Candidate) -> dict[str, Any]:
     """The `vllm serve` flags of a plan, in order."""
     plan = cand.plan
@@ -123,7 +144,28 @@ def vllm_args(model: ModelSpec, cand: Candidate) -> dict[str, Any]:
     q = quantization_flag(model, plan)
     if q:
         args["--quantization"] = q
+    args.update(multimodal_args(model, plan))
     return args
+
+
+def multimodal_args(model: ModelSpec, plan: ServePlan) -> dict[str, str]:
+    """A vision-language model's multimodal flags: ``--limit-mm-per-prompt`` as JSON (docs.vllm.ai "Engine
+    Arguments": ``--limit-mm-per-prompt '{"image": 16, "video": 2}'``; vllm/config/multimodal.py
+    ``MultiModalConfig.limit_per_prompt``), the images and video a prompt holds, 0 for a modality not served: vLLM
+    then plans no memory for it ("disable unused modalities completely by setting its limit to zero", docs.vllm.ai
+    configuration/conserving_memory "Multi-modal input limits"), and with every limit 0 it skips the encoder's
+    profiling and cache (encoder_cache_manager.py ``compute_mm_encoder_budget``: "All non-text modalities ...
+    explicitly disabled via limit_mm_per_prompt. Encoder cache will not be initialized."); and the pixel bounds given,
+    ``--mm-processor-kwargs '{"max_pixels": ...}'`` (the overrides vLLM passes to the HF processor: Engine Arguments
+    ``--mm-processor-kwargs``), which bound the largest item vLLM profiles."""
+    v = plan.vision
+    if model.vision is None or v is None:
+        return {}
+    out = {"--limit-mm-per-prompt": v.limit_mm_per_prompt()}
+    kwargs = v.mm_processor_kwargs()
+    if kwargs:
+        out["--mm-processor-kwargs"] = kwargs
+    return out
 
 
 def vllm_script(model: ModelSpec, cand: Candidate) -> str:
@@ -140,10 +182,12 @@ def vllm_script(model: ModelSpec, cand: Candidate) -> str:
         f" + constants {rep.device['quant_constants'] / gib:.2f} + KV cache {rep.device['kv_cache'] / gib:.2f}"
         f" ({kv_how})"
         f" + activations {rep.device['transient'] / gib:.2f} + CUDA graphs {rep.device['cuda_graphs'] / gib:.2f}"
-        f" + overhead {rep.device['overhead'] / gib:.2f} = {rep.peak_bytes / gib:.2f} GiB",
+        + "".join(f" + {LABELS[k].lower()} {rep.device[k] / gib:.2f}" for k in VISION_ROWS if k in rep.device)
+        + f" + overhead {rep.device['overhead'] / gib:.2f} = {rep.peak_bytes / gib:.2f} GiB",
         f"# vLLM may use gpu_memory_utilization x total = {cand.limit_bytes / gib:.2f} GiB; it gives the KV cache "
         "all of it that weights and activations leave, so capacity is at least the plan's.",
         *moe_notes(model, plan),
+        *vision_notes(model, plan),
         "set -euo pipefail",
     ]
     lines += checkpoint_lines(model, plan)
