@@ -88,10 +88,19 @@ def run(args: argparse.Namespace) -> int:
             from advisor.runtime.probe import data_profile
 
             data = data_profile(args.data, model.path)
-            result["data"] = {**data.to_dict(), "seq_len_for_memory": data.memory_seq_len(plan.seq_len, plan.packing),
+            data.refuse_image_flag(plan.image_sizes)
+            sized = data.sized(plan, model)  # the longest batch; the largest sample's images where they carry any
+            result["data"] = {**data.to_dict(), "seq_len_for_memory": sized.seq_len,
                               "real_token_fraction": data.real_token_fraction(plan.seq_len, plan.micro_batch,
                                                                               plan.packing)}
-            plan = data.sized(plan)
+            if data.images and model.is_vision_language:
+                _, lengths = data.largest_sample(model, plan)
+                result["data"].update(largest_sample_images=list(sized.image_sizes), longest_sample_tokens=max(lengths))
+                if sized.seq_len > plan.seq_len:  # a trainer would cut its text; planned whole
+                    result["data"]["warning"] = (f"the longest sample holds {max(lengths):,} tokens with its images, "
+                                                 f"more than --seq-len {plan.seq_len:,} text tokens beside the largest "
+                                                 f"images: planned at {sized.seq_len:,}")
+            plan = sized
         # a real run is held to the budget (a probe over it ends as oom)
         options = BackendOptions(budget_bytes=budget.bytes if budget and args.backend in PROBES else None)
 
@@ -149,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
 
         print_estimate(result, report, budget, args.headroom, host_budget=target.host_budget if args.task != "inference"
                        else None, gpus=args.gpus)
+        if (result.get("data") or {}).get("warning"):
+            Console().print(f"[yellow]--data: {result['data']['warning']}[/]")
         Console().print(f"[dim]answered by the {result['answered_by']}: {result['answered_by_reason']}[/]")
     return 0
 

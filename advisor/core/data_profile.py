@@ -3,6 +3,10 @@
 Without packing a batch is padded to its longest document (cut at seq_len), so the memory peak is
 set by the longest batch and a step carries padding; with packing every row is seq_len tokens of
 real documents. Built by advisor.runtime.probe.data_profile (tokenizer or a lengths file).
+
+Samples that carry images (a vision-language data file) are planned on the largest: the image sizes of the sample
+whose images take the most tokens (the model's own processor counts them: advisor.core.vision_tokens), at the
+sequence length of the longest sample's text and image tokens together.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ class DataProfile:
     """The file they were read from."""
     how: str
     """measured (the model's tokenizer), given (a lengths file) or estimated (characters / 4)."""
+    images: tuple[tuple[str, ...], ...] = ()
+    """Each document's image sizes (``WxH``), where the file's samples carry images; () when none does."""
 
     def longest(self, seq_len: int) -> int:
         """The longest batch's padded length: the longest document, cut at seq_len (truncation)."""
@@ -48,11 +54,46 @@ class DataProfile:
             return 1.0
         return self.mean_tokens(seq_len) / self.expected_padded(seq_len, micro_batch)
 
-    def sized(self, plan):
-        """``plan`` with the sequence length its memory peak is set by (the longest batch unless packed)."""
-        return plan.with_(seq_len=self.memory_seq_len(plan.seq_len, plan.packing))
+    def sized(self, plan, spec=None):
+        """``plan`` with the sequence length its memory peak is set by (the longest batch unless packed); with
+        images and a vision-language ``spec``, also the images of the sample they cost the most tokens
+        (``largest_sample``), and the text beside them (``seq_len``) that makes the language model's sequence the
+        longest sample's text and image tokens."""
+        if not self.images or spec is None or not spec.is_vision_language:
+            return plan.with_(seq_len=self.memory_seq_len(plan.seq_len, plan.packing))
+        from advisor.core.vision_tokens import count_sample
+
+        largest, lengths = self.largest_sample(spec, plan)
+        # seq_len is the text beside the images (docs/vision.md): the language model's sequence is the longest
+        # sample's text and image tokens together, not cut at seq_len (a sample's image tokens are never cut)
+        beside = count_sample(spec, plan.with_(image_sizes=largest)).text_tokens
+        return plan.with_(image_sizes=largest, seq_len=max(plan.seq_len if plan.packing else 1, max(lengths) - beside))
+
+    def refuse_image_flag(self, image_sizes) -> None:
+        """Images come from the samples or from --image-size, not both (a one-line error naming the flag)."""
+        if self.images and image_sizes:
+            from advisor.core.errors import AdvisorInputError
+
+            raise AdvisorInputError("--image-size", f"the --data samples carry their own images ({self.source}): "
+                                    "leave --image-size out", ",".join(image_sizes))
+
+    def largest_sample(self, spec, plan) -> tuple[tuple[str, ...], list[int]]:
+        """(the image sizes of the sample whose images take the most tokens at ``plan``'s pixel bounds, every
+        sample's text and in-sequence image tokens)."""
+        from advisor.core.vision_tokens import count_sample
+
+        counted: dict[tuple[str, ...], tuple[int, int]] = {}
+        for sizes in set(self.images):
+            vis = count_sample(spec, plan.with_(image_sizes=sizes)) if sizes else None
+            counted[sizes] = (vis.tokens, vis.text_tokens) if vis is not None else (0, 0)
+        largest = max(counted, key=lambda sizes: (counted[sizes][0], sizes))
+        return largest, [n + counted[sizes][1] for n, sizes in zip(self.lengths, self.images)]
 
     def to_dict(self) -> dict:
-        return {"source": self.source, "how": self.how, "documents": len(self.lengths),
-                "total_tokens": sum(self.lengths), "longest_tokens": max(self.lengths),
-                "mean_tokens": sum(self.lengths) / len(self.lengths)}
+        out = {"source": self.source, "how": self.how, "documents": len(self.lengths),
+               "total_tokens": sum(self.lengths), "longest_tokens": max(self.lengths),
+               "mean_tokens": sum(self.lengths) / len(self.lengths)}
+        if self.images:
+            out["samples_with_images"] = sum(1 for sizes in self.images if sizes)
+            out["images"] = sum(len(sizes) for sizes in self.images)
+        return out

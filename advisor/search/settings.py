@@ -90,20 +90,25 @@ def _space_shown(space: SearchSpace) -> str:
 
 
 def data_to_dict(d) -> dict[str, Any]:
-    return {"lengths": list(d.lengths), "source": d.source, "how": d.how}
+    return {"lengths": list(d.lengths), "source": d.source, "how": d.how,
+            **({"images": [list(sizes) for sizes in d.images]} if d.images else {})}
 
 
 def data_from_dict(d: Mapping[str, Any]):
     from advisor.core.data_profile import DataProfile
 
     return DataProfile(lengths=tuple(int(n) for n in d["lengths"]), source=str(d.get("source", "")),
-                       how=str(d.get("how", "given")))
+                       how=str(d.get("how", "given")),
+                       images=tuple(tuple(str(x) for x in sizes) for sizes in d.get("images") or ()))
 
 
 def _data_identity(d) -> dict[str, Any]:
     import hashlib
 
-    return {"documents": len(d.lengths), "lengths": hashlib.sha256(",".join(map(str, d.lengths)).encode()).hexdigest()}
+    out = {"documents": len(d.lengths), "lengths": hashlib.sha256(",".join(map(str, d.lengths)).encode()).hexdigest()}
+    if d.images:  # a study asked again with other images is another study
+        out["images"] = hashlib.sha256(";".join(",".join(sizes) for sizes in d.images).encode()).hexdigest()
+    return out
 
 
 # --------------------------------------------------------------------------- how the flags resolve
@@ -143,7 +148,9 @@ class Resolving:
             return None
         from advisor.runtime.probe import data_profile
 
-        return data_profile(self.flag("data"), self.target.model.path)
+        profile = data_profile(self.flag("data"), self.target.model.path)
+        profile.refuse_image_flag(self.flag("image_sizes"))
+        return profile
 
 
 def space_for_task(name: str, overrides: tuple[str, ...]) -> str:

@@ -924,7 +924,7 @@ def _comparable(value: Any) -> Any:
 
 def _sized(settings: TuneSettings, plan: Plan) -> Plan:
     """With --data, the plan at the sequence length its peak is set by (the longest batch unless packed)."""
-    return settings.data.sized(plan) if settings.data is not None else plan
+    return settings.data.sized(plan, settings.model) if settings.data is not None else plan
 
 
 def _weights_over_budget(settings: TuneSettings, plan: Plan) -> str:

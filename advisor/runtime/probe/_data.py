@@ -40,7 +40,15 @@ def default_train_texts() -> list[Path]:
 
 
 def read_documents(path: str | Path, flag: str = "--data") -> list[str]:
-    """Documents of a JSONL file (field "text") or of a plain text file (one document)."""
+    """Documents of a JSONL file (field "text", or a "messages" list: its contents joined) or of a plain text file
+    (one document)."""
+    return [text for text, _ in read_samples(path, flag)]
+
+
+def read_samples(path: str | Path, flag: str = "--data") -> list[tuple[str, tuple[str, ...]]]:
+    """(text, image sizes ``WxH``) of each sample of a JSONL file, or the one document of a text file. A sample's
+    ``images`` (a vision-language sample, as TRL's and LLaMA-Factory's datasets carry them) are paths relative to the
+    file (their size read from the image header, PIL), ``{"width": W, "height": H}``, or ``{"path": ...}``."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise AdvisorInputError(flag, "no such file", str(path))
@@ -51,7 +59,7 @@ def read_documents(path: str | Path, flag: str = "--data") -> list[str]:
     except OSError as e:
         raise AdvisorInputError(flag, f"cannot read {p} ({e.strerror})", str(path), show_value=False) from None
     if p.suffix.lower() != ".jsonl":
-        docs = [text] if text.strip() else []
+        docs = [(text, ())] if text.strip() else []
     else:
         docs = []
         for n, line in enumerate(text.splitlines(), 1):
@@ -61,13 +69,57 @@ def read_documents(path: str | Path, flag: str = "--data") -> list[str]:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise AdvisorInputError(flag, f"{p} line {n} is not JSON ({e.msg})", str(path), show_value=False) from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-                raise AdvisorInputError(flag, f'{p} line {n} needs a string field "text"', str(path), show_value=False)
-            if obj["text"].strip():
-                docs.append(obj["text"])
+            body = _sample_text(obj)
+            if body is None:
+                raise AdvisorInputError(flag, f'{p} line {n} needs a string field "text" (or a "messages" list)',
+                                        str(path), show_value=False)
+            images = tuple(_image_size(p, n, image, flag) for image in (obj.get("images") or []))
+            if body.strip() or images:
+                docs.append((body, images))
     if not docs:
         raise AdvisorInputError(flag, f"{p} holds no text", str(path), show_value=False)
     return docs
+
+
+def _sample_text(obj: Any) -> str | None:
+    """A sample's text: its "text", or its messages' text contents joined (None: neither)."""
+    if not isinstance(obj, dict):
+        return None
+    if isinstance(obj.get("text"), str):
+        return obj["text"]
+    messages = obj.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        return None
+    parts = []
+    for m in messages:
+        content = m.get("content")
+        items = [content] if isinstance(content, str) else content if isinstance(content, list) else []
+        parts += [c if isinstance(c, str) else c.get("text", "") for c in items if isinstance(c, (str, dict))]
+    return "\n".join(x for x in parts if isinstance(x, str))
+
+
+def _image_size(data: Path, line: int, image: Any, flag: str) -> str:
+    """One image of a sample as ``WxH``: given, or read from the file's header (PIL opens it lazily)."""
+    if isinstance(image, dict) and isinstance(image.get("width"), int) and isinstance(image.get("height"), int):
+        if image["width"] < 1 or image["height"] < 1:
+            raise AdvisorInputError(flag, f"{data} line {line}: an image needs a width and height of at least 1",
+                                    image, show_value=False)
+        return f"{image['width']}x{image['height']}"
+    where = image.get("path") if isinstance(image, dict) else image
+    if not isinstance(where, str):
+        raise AdvisorInputError(flag, f'{data} line {line}: an image is a path or {{"width": W, "height": H}}',
+                                image, show_value=False)
+    file = Path(where).expanduser()
+    file = file if file.is_absolute() else data.parent / file
+    try:
+        from PIL import Image
+
+        with Image.open(file) as im:
+            width, height = im.size
+    except (OSError, ValueError) as e:
+        raise AdvisorInputError(flag, f"{data} line {line}: cannot read the image {file} ({e})", where,
+                                show_value=False) from None
+    return f"{width}x{height}"
 
 
 @dataclass(frozen=True)
@@ -153,7 +205,9 @@ def eval_ids(paths: list[str], model_dir: str | None, vocab_size: int, max_token
 def data_profile(path: str | Path, model_dir: str | None, *, flag: str = "--data"):
     """Token lengths of a data file: a lengths file (one whole number per line: "given"), or JSONL / text
     tokenized with the model directory's tokenizer ("measured"), else characters / 4 ("estimated",
-    advisor.diagnosis.preflight's rule for a model without a local tokenizer)."""
+    advisor.diagnosis.preflight's rule for a model without a local tokenizer); and each sample's image sizes where
+    the samples carry images (their text lengths are the text's: the image tokens are the model's, counted by
+    ``DataProfile.sized``)."""
     from advisor.core.data_profile import DataProfile
 
     p = Path(path).expanduser()
@@ -167,8 +221,10 @@ def data_profile(path: str | Path, model_dir: str | None, *, flag: str = "--data
             if min(lengths) < 1:
                 raise AdvisorInputError(flag, f"{p}: token lengths must be at least 1", str(path), show_value=False)
             return DataProfile(lengths, str(p), "given")
-    docs = read_documents(path, flag)
+    samples = read_samples(path, flag)
+    docs = [text for text, _ in samples]
+    images = tuple(sizes for _, sizes in samples) if any(sizes for _, sizes in samples) else ()
     if model_dir and any((Path(model_dir) / f).is_file() for f in TOKENIZER_FILES):
         tok = load_tokenizer(model_dir, 1 << 20)
-        return DataProfile(tuple(len(tok.encode(d)) + 1 for d in docs), str(p), "measured")
-    return DataProfile(tuple(int(len(d) / 4) + 1 + 1 for d in docs), str(p), "estimated")
+        return DataProfile(tuple(len(tok.encode(d)) + 1 for d in docs), str(p), "measured", images)
+    return DataProfile(tuple(int(len(d) / 4) + 1 + 1 for d in docs), str(p), "estimated", images)
