@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -20,6 +16,7 @@ from advisor.configs.export import ExportContext, Unsupported, export_plan  # no
 from advisor.configs._trl import trl_config  # noqa: E402
 from advisor.core.catalog import resolve_model  # noqa: E402
 from advisor.core.plan import Plan  # noqa: E402
+from export_runs import run_export_script  # noqa: E402 (tests/export_runs.py)
 
 PLANS = {
     "qlora": Plan(method="qlora", quantization="nf4", double_quant=True, optimizer="paged_adamw_8bit",
@@ -71,21 +68,13 @@ def test_trl_refuses_what_it_cannot_express(qwen7b):
         trl_config(ExportContext(qwen7b, Plan(method="lora", lora_alpha=12.5)))
 
 
-def _run(script: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env,
-                          timeout=400, cwd=script.parent)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ADVISOR_TRAIN_SUMMARY ")]
-    return proc, (json.loads(lines[-1].split(" ", 1)[1]) if lines else {})
-
-
 @pytest.mark.slow
 def test_train_trl_runs_one_sfttrainer_step_on_cpu(tiny_model, qwen7b, tmp_path):
     plan = PLANS["dora-packed-fused"]
     export_plan(qwen7b, plan, tmp_path / "export", ["trl"])
     cfg = yaml.safe_load((tmp_path / "export" / "trl.yaml").read_text())
     assert cfg["use_dora"] is True and cfg["packing"] is True
-    proc, s = _run(tmp_path / "export" / "train_trl.py", "--data", str(tiny_model / "data.jsonl"), "--max-steps", "1",
+    proc, s = run_export_script(tmp_path / "export" / "train_trl.py", "--data", str(tiny_model / "data.jsonl"), "--max-steps", "1",
                    "--model-path", str(tiny_model), "--output-dir", str(tmp_path / "ckpt"), "--no-save")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert s["steps"] == 1 and math.isfinite(s["train_loss"]) and s["train_loss"] > 0

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +16,7 @@ from advisor.configs.read import read_config
 from advisor.core.catalog import resolve_model
 from advisor.core.plan import Plan
 from advisor.runtime.simulate.vision_tiny import tiny_vl_spec
+from export_runs import run_export_script  # tests/export_runs.py
 
 VISION = dict(image_sizes=("1280x720",), max_pixels=1003520, min_pixels=3136, vision_tower="lora",
               train_projector=True, vision_gradient_checkpointing=True, gradient_checkpointing=True)
@@ -61,7 +59,7 @@ def test_trl_yaml_vision_mapping_reads_back_and_trls_cli_parser_takes_the_rest(q
 
 
 @pytest.mark.parametrize("fmt", ["advisor", "trl"])
-def test_vision_exports_refuse_what_the_scripts_do_not_run(qwen25vl, tmp_path, fmt):
+def test_vision_exports_refuse_what_the_scripts_do_notrun_export_script(qwen25vl, tmp_path, fmt):
     with pytest.raises(Unsupported, match="images only"):
         export_plan(qwen25vl, Plan(method="lora", video_frames=8), tmp_path, [fmt])
     with pytest.raises(Unsupported, match="no packing"):
@@ -150,14 +148,6 @@ def tiny_gemma3(tmp_path_factory):
     return out, spec
 
 
-def _run(script: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env,
-                          timeout=400, cwd=script.parent)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ADVISOR_TRAIN_SUMMARY ")]
-    return proc, (json.loads(lines[-1].split(" ", 1)[1]) if lines else {})
-
-
 def _linears(spec, part: str) -> int:
     """Linears of the tiny model's language-model layers (attention q,k,v,o) or the tower's blocks (all of them)."""
     if part == "language":
@@ -209,7 +199,7 @@ def test_train_py_trains_a_vision_language_model_for_a_step_on_cpu(tiny_gemma3, 
     model_dir, spec = tiny_gemma3
     plan, expect = PLANS[name]
     export_plan(spec, plan, tmp_path / "export", ["advisor", "train"])
-    proc, s = _run(tmp_path / "export" / "train.py", "--data", str(model_dir / "data.jsonl"), "--max-steps", "1",
+    proc, s = run_export_script(tmp_path / "export" / "train.py", "--data", str(model_dir / "data.jsonl"), "--max-steps", "1",
                    "--model-path", str(model_dir), "--output-dir", str(tmp_path / "ckpt"), "--no-save")
     _check(proc, s, spec, plan, expect)
     if plan.vision_gradient_checkpointing:
@@ -222,7 +212,7 @@ def test_train_trl_trains_a_vision_language_model_for_a_step_on_cpu(tiny_gemma3,
     model_dir, spec = tiny_gemma3
     plan, expect = PLANS["lora-tower-lora-projector-ckpt"]
     export_plan(spec, plan, tmp_path / "export", ["trl"])
-    proc, s = _run(tmp_path / "export" / "train_trl.py", "--data", str(model_dir / "data.jsonl"), "--max-steps",
+    proc, s = run_export_script(tmp_path / "export" / "train_trl.py", "--data", str(model_dir / "data.jsonl"), "--max-steps",
                    "1", "--model-path", str(model_dir), "--output-dir", str(tmp_path / "ckpt"))
     _check(proc, s, spec, plan, expect)
     assert Path(s["non_lora_trainables"]).is_file()  # the projector, trained in full beside the adapters

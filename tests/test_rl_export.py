@@ -22,6 +22,7 @@ pytest.importorskip("trl")
 
 from advisor.configs.export import ExportContext, Unsupported, export_plan  # noqa: E402
 from advisor.configs._trl import trl_config  # noqa: E402
+from export_runs import run_export_script  # noqa: E402 (tests/export_runs.py)
 from advisor.configs.read import read_config  # noqa: E402
 from advisor.core.errors import ConfigErrors  # noqa: E402
 from advisor.core.catalog import resolve_model  # noqa: E402
@@ -156,14 +157,6 @@ def test_sft_only_formats_skip_an_rl_plan_with_a_reason(qwen7b, tmp_path):
         export_plan(qwen7b, DPO_PLANS["lora"], tmp_path / "x", ["train"])
 
 
-def _run(script: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env,
-                          timeout=400, cwd=script.parent)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ADVISOR_TRAIN_SUMMARY ")]
-    return proc, (json.loads(lines[-1].split(" ", 1)[1]) if lines else {})
-
-
 @pytest.mark.slow
 def test_train_grpo_runs_one_grpotrainer_step_on_cpu(tiny_model, qwen7b, tmp_path):
     plan = Plan(task="grpo", method="lora", micro_batch=4, num_generations=4, max_prompt_length=16,
@@ -176,9 +169,9 @@ def test_train_grpo_runs_one_grpotrainer_step_on_cpu(tiny_model, qwen7b, tmp_pat
     script = tmp_path / "export" / "train_grpo.py"
     common = ["--data", str(prompts), "--max-steps", "1", "--model-path", str(tiny_model), "--max-prompt-length",
               "16", "--output-dir", str(tmp_path / "ckpt"), "--no-save"]
-    proc, s = _run(script, *common)  # the reward is the user's: unwritten, the script stops and says where
+    proc, s = run_export_script(script, *common)  # the reward is the user's: unwritten, the script stops and says where
     assert proc.returncode != 0 and "reward_function" in proc.stderr + proc.stdout
-    proc, s = _run(script, *common, "--placeholder-reward")
+    proc, s = run_export_script(script, *common, "--placeholder-reward")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert s["steps"] == 1 and math.isfinite(s["train_loss"])
     assert s["num_generations"] == 4 and s["max_completion_length"] == 8 and s["beta"] == 0.04
@@ -195,7 +188,7 @@ def test_train_dpo_runs_one_dpotrainer_step_on_cpu(tiny_model, qwen7b, tmp_path)
     pairs.write_text("\n".join(json.dumps({"prompt": p, "chosen": c, "rejected": r}) for p, c, r in
                                [("the quick", " brown fox", " lazy dog"), ("weights", " gradients", " the cpu"),
                                 ("fine tune", " a small model", " quantized base")]) + "\n")
-    proc, s = _run(tmp_path / "export" / "train_dpo.py", "--data", str(pairs), "--max-steps", "1", "--model-path",
+    proc, s = run_export_script(tmp_path / "export" / "train_dpo.py", "--data", str(pairs), "--max-steps", "1", "--model-path",
                    str(tiny_model), "--output-dir", str(tmp_path / "ckpt"), "--no-save")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert s["steps"] == 1 and math.isfinite(s["train_loss"]) and s["train_loss"] > 0
@@ -224,7 +217,7 @@ def _tool_env(**extra: str) -> dict:
                 DO_NOT_TRACK="1", AXOLOTL_DO_NOT_TRACK="1", **extra)
 
 
-def _tool_run(python: str, script: str, env: dict, paths: list[Path], cwd: Path) -> list[dict]:
+def _toolrun_export_script(python: str, script: str, env: dict, paths: list[Path], cwd: Path) -> list[dict]:
     cwd.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run([python, "-c", script, *map(str, paths)], env=env, cwd=cwd, capture_output=True, text=True,
                           timeout=600)
@@ -307,7 +300,7 @@ def test_axolotl_validates_the_rl_exports(qwen7b, tmp_path):
     python = _tool_python("ADVISOR_AXOLOTL_PYTHON", "axolotl.utils.config")
     paths = [export_plan(qwen7b, plan, tmp_path / str(i), ["axolotl"])["axolotl"]
              for i, (_, plan) in enumerate(THIRDPARTY)]
-    results = _tool_run(python, AXOLOTL_RL_CHECK, _tool_env(), paths, tmp_path / "elsewhere")
+    results = _toolrun_export_script(python, AXOLOTL_RL_CHECK, _tool_env(), paths, tmp_path / "elsewhere")
     for (task, plan), got in zip(THIRDPARTY, results):
         assert got["rl"] == task and got["micro_batch_size"] == plan.micro_batch
         assert got["beta"] == (plan.beta if plan.beta is not None else {"grpo": 0.0, "dpo": 0.1}[task])
@@ -330,7 +323,7 @@ def test_llamafactory_parses_the_dpo_export(qwen7b, tmp_path):
     path = export_plan(qwen7b, plan, tmp_path, ["llamafactory"])["llamafactory"]
     env = _tool_env(LOCAL_RANK="0", RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                     MASTER_PORT=str(29500 + os.getpid() % 1000), DISABLE_VERSION_CHECK="0")
-    (got,) = _tool_run(python, LLAMAFACTORY_DPO_CHECK, env, [path], tmp_path / "elsewhere")
+    (got,) = _toolrun_export_script(python, LLAMAFACTORY_DPO_CHECK, env, [path], tmp_path / "elsewhere")
     assert got["stage"] == "dpo" and got["pref_loss"] == "sigmoid" and got["pref_beta"] == 0.1
     assert got["cutoff_len"] == plan.seq_len and got["finetuning_type"] == "lora" and got["lora_rank"] == plan.lora_r
     with pytest.raises(Unsupported, match="no GRPO stage"):

@@ -385,8 +385,8 @@ def main(argv=None) -> dict:
     if advisor.get("optimizer_in_backward"):
         extra["optimizers"] = optimizer_in_backward(model, targs)
     if vision is not None:  # each block's own flag: the language model's layers and the tower's apart
-        callback = vision_setup.checkpointing(model, targs.gradient_checkpointing,
-                                              bool(vision.get("gradient_checkpointing")), checkpoint_layers)
+        layers = (lambda n: checkpointed_layers(checkpoint_layers, n)) if targs.gradient_checkpointing else None
+        callback = vision_setup.checkpointing(model, layers, bool(vision.get("gradient_checkpointing")))
         extra["callbacks"] = [callback] if callback else []
     elif checkpoint_layers is not None and targs.gradient_checkpointing:
         extra["callbacks"] = [checkpoint_only(model, int(checkpoint_layers))]

@@ -139,9 +139,9 @@ def main(argv=None) -> dict:
         if peft_config is not None:  # full module paths: short names and all-linear would reach the tower
             peft_config.target_modules = vision_setup.lora_target_paths(model, peft_config.target_modules,
                                                                         vision.get("tower") == "lora")
-        callback = vision_setup.checkpointing(model, lm_checkpointing, bool(vision.get("gradient_checkpointing")),
-                                              every_n=(sft.get("gradient_checkpointing_kwargs") or {}).get(
-                                                  "every_n_layers"))
+        every_n = int((sft.get("gradient_checkpointing_kwargs") or {}).get("every_n_layers") or 1)
+        layers = (lambda n: range(0, n, every_n)) if lm_checkpointing else None
+        callback = vision_setup.checkpointing(model, layers, bool(vision.get("gradient_checkpointing")))
         callbacks = [callback] if callback else []
         data = Dataset.from_list(vision_setup.load_samples(Path(args.data)))
     else:

@@ -9,7 +9,7 @@ The memory plan was made for this model with what its ``vision`` settings say, s
   ``train_projector``; LoRA otherwise reaches the language model's linears only, named by their full paths, because
   peft matches short names and ``all-linear`` against every module of the model, the tower's included
   (peft/tuners/tuners_utils.py ``check_target_module_exists``);
-- checkpointing: the language model's layers as ``gradient_checkpointing`` (and ``checkpoint_layers``) say, the
+- checkpointing: the language model's layers as ``gradient_checkpointing`` (and which of them) say, the
   tower's blocks as ``vision.gradient_checkpointing`` says (transformers' ``gradient_checkpointing_enable`` turns
   on every block, the tower's included);
 - the data: JSONL, one sample a line, ``{"messages": [...], "images": ["a.png", ...]}`` (roles and contents as the
@@ -119,22 +119,11 @@ def set_trainable(model, vision: dict) -> dict[str, int]:
     return counts
 
 
-def checkpointed_layers(k, num_layers: int) -> list[int]:
-    """The decoder layers to checkpoint when only k of them are (advisor.core.plan.checkpointed_layers)."""
-    if k is None or k >= num_layers:
-        return list(range(num_layers))
-    for n in range(1, num_layers + 1):
-        if len(range(0, num_layers, n)) == k:
-            return list(range(0, num_layers, n))
-    return [i for i in range(num_layers) if i == 0 or (i * k) // num_layers != ((i - 1) * k) // num_layers]
-
-
-def checkpointing(model, language: bool, tower: bool, checkpoint_layers=None, every_n=None):
+def checkpointing(model, language, tower: bool):
     """A TrainerCallback that sets each block's own checkpointing flag before the first step: the language
-    model's when ``language`` (``checkpoint_layers`` of them, every ``every_n``-th, or all), the tower's when
-    ``tower``. Trainer turns
-    every block on at the start of training when ``gradient_checkpointing`` is set; the callback turns it on itself
-    (non-reentrant, as Trainer would) when only the tower is checkpointed. None when nothing is."""
+    model's layers ``language(number of decoder layers)`` picks (None: none), the tower's when ``tower``. Trainer
+    turns every block on at the start of training when ``gradient_checkpointing`` is set; the callback turns it on
+    itself (non-reentrant, as Trainer would) when only the tower is checkpointed. None when nothing is."""
     if not (language or tower):
         return None
     from transformers import TrainerCallback
@@ -148,8 +137,7 @@ def checkpointing(model, language: bool, tower: bool, checkpoint_layers=None, ev
             in_tower = {id(m) for m in vision_tower.modules()}
             blocks = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
             decoder = [m for m in blocks if id(m) not in in_tower]
-            chosen = (set() if not language else set(range(0, len(decoder), int(every_n))) if every_n
-                      else set(checkpointed_layers(checkpoint_layers, len(decoder))))
+            chosen = set(language(len(decoder))) if language else set()
             for m in blocks:
                 m.gradient_checkpointing = tower if id(m) in in_tower else False
             for i, m in enumerate(decoder):
