@@ -169,6 +169,35 @@ def test_mistral_small_3_1_is_untied_24b_with_pixtral():
     assert {m.in_features for m in spec.vision.projector_linears} >= {4 * 1024, 1024, 5120}
 
 
+def test_smolvlm2_adds_up_with_its_tower_and_connector():
+    """SmolVLM2: the 2.2B is SmolLM2-1.7B (vocab 49280, untied head) with a 27-layer SigLIP so400m and a pixel-shuffle
+    connector (Linear(1152 x 3^2, 2048), no bias): 2,246,784,880 (the 2.25B published); the 500M is SmolLM2-360M
+    with a 12-layer SigLIP base at 512 pixels, 4^2 patches into each token: 507,482,304. The language model is
+    SmolVLMModel's ``text_model``."""
+    big, small = resolve_model("smolvlm2-2.2b"), resolve_model("HuggingFaceTB/SmolVLM2-500M-Video-Instruct")
+    assert big.hf_id == "HuggingFaceTB/SmolVLM2-2.2B-Instruct" and resolve_model("smolvlm2-500m").hf_id == small.hf_id
+    assert big.params_total + big.vision.params == 2_246_784_880
+    assert small.params_total + small.vision.params == 507_482_304
+    assert (big.vision.depth, big.vision.patch_size, small.vision.depth, small.vision.patch_size) == (27, 14, 12, 16)
+    assert [(m.in_features, m.out_features, m.bias) for m in big.vision.projector_linears] == [(1152 * 9, 2048, False)]
+    assert not big.tie_word_embeddings and big.vision.tower_path == "model.vision_model"
+
+
+def test_smolvlm_with_an_image_is_answered_by_the_simulation():
+    """The closed form's vision terms do not describe SmolVLM's tiles and pixel-shuffle connector: with an image the
+    simulation answers (and builds its processor batch); without one the closed form counts its weights."""
+    from advisor.core.plan import Plan
+    from advisor.memory.closed_form import closed_form_describes
+    from advisor.runtime.simulate.vision import simulation_gap
+
+    spec = resolve_model("smolvlm2-2.2b")
+    with_image = Plan(method="lora", image_sizes=("1024x768",))
+    describes, why = closed_form_describes(spec, with_image)
+    assert not describes and "pixel shuffle" in why
+    assert closed_form_describes(spec, Plan(method="lora"))[0]
+    assert simulation_gap(spec, with_image) == ""
+
+
 def test_qwen7b_facts():
     spec = resolve_model("qwen7b")
     assert spec.hf_id == "Qwen/Qwen2.5-7B-Instruct"
