@@ -1,6 +1,6 @@
 """The simulation of vision-language models: the processor's batch traced under fake tensors equals the same step on
 real CPU tensors (peak, phase, every ledger category, the tower's and projector's parts), for tiny Qwen2.5-VL,
-Qwen3-VL, Gemma 3, Llama-3.2-Vision (Mllama), InternVL and SmolVLM models; LoRA reaches only what it is asked to;
+Qwen3-VL, Gemma 3, Llama-3.2-Vision (Mllama), InternVL, LLaVA-OneVision, Mistral 3 and SmolVLM models; LoRA reaches only what it is asked to;
 the tower frozen, LoRA'd or trained, each checkpointing on or off."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from advisor.runtime.simulate.vision_tiny import TINY_VL, tiny_vl_spec  # noqa: 
 
 FAMILIES = sorted(TINY_VL)
 IMAGES = {"qwen2_5_vl": ((84, 56),), "qwen3_vl": ((96, 64),), "gemma3": ((100, 80),), "mllama": ((40, 28),),
-          "internvl": ((112, 56),), "smolvlm": ((100, 60),)}
+          "internvl": ((112, 56),), "smolvlm": ((100, 60),), "llava_onevision": ((60, 40),), "mistral3": ((100, 60),)}
 METHODS = {"lora": dict(method="lora", lora_targets="all-linear"), "full": dict(method="full")}
 
 
@@ -155,3 +155,25 @@ def test_smolvlm_micro_batch_and_several_images_simulate_as_they_run():
     assert batch["pixel_values"].shape[:2] == (2, 5 + 5)
     assert int((batch["input_ids"][0] == spec.config["image_token_id"]).sum()) == 4 * 10
     _equal(spec, plan, settings)
+
+
+@pytest.mark.parametrize("family", ["llava_onevision", "mistral3"])
+def test_llava_onevision_and_mistral3_at_micro_batch_two_simulate_as_they_run(family):
+    """LLaVA-OneVision (anyres crops, image_sizes; a sample of two images one crop each, batch_num_images) and
+    Mistral 3 (Pixtral on any size in whole cells, image_sizes, the patch merger) at micro-batch 2: the placeholders
+    are the processor's count (the model checks them against its features) and the simulated step equals the real
+    one, with one image a sample and with two."""
+    from advisor.core.vision_tokens import count_image
+
+    spec = tiny_vl_spec(family)
+    plan = Plan(seq_len=64, micro_batch=2, gradient_checkpointing=True, **METHODS["lora"])
+    for images in (IMAGES[family], IMAGES[family] + ((30, 50),)):
+        settings = VisionSettings(images=images, projector_trained=True, tower_checkpointing=True)
+        batch = processor_batch(spec, plan, settings)
+        image_token = spec.config["image_token_index"]
+        want = sum(count_image(spec, w, h, images_in_sample=len(images)).tokens for w, h in images)
+        if family == "llava_onevision":
+            assert ((batch["input_ids"] == image_token).sum(1) == want).all()
+        else:  # an [IMG] per cell and a break per row: count_image's tokens in all, beside the 64 text tokens
+            assert batch["input_ids"].shape[1] == 64 + want
+        _equal(spec, plan, settings)

@@ -33,9 +33,8 @@ from advisor.runtime.build import IGNORE_INDEX, TrainingSetup
 PARTS = ("vision_tower", "projector")
 TOWER_MODES = ("frozen", "lora", "full")
 QWEN = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
-SIMULATED = (*QWEN, "gemma3", "mllama", "internvl", "smolvlm")
-"""The vision-language model types whose processor batch ``processor_batch`` builds (LLaVA-OneVision's and
-Mistral 3's are not built: the closed form answers them)."""
+SIMULATED = (*QWEN, "gemma3", "mllama", "internvl", "smolvlm", "llava_onevision", "mistral3")
+"""The vision-language model types whose processor batch ``processor_batch`` builds."""
 PIXELS_READ = ("smolvlm",)
 """Model types whose forward reads the pixels' values: SmolVLMModel.get_image_features drops the all-zero padding
 images (``pixel_values == 0.0``, then a boolean index), so under fake tensors the pixels carry their real values
@@ -271,6 +270,16 @@ def image_processor(spec, settings: VisionSettings):
         side = side[0] if isinstance(side, (list, tuple)) else side
         return transformers.GotOcr2ImageProcessorPil(size={"height": side, "width": side}, crop_to_patches=True,
                                                      min_patches=1, max_patches=12)
+    if mt == "llava_onevision":  # 384-pixel crops (preprocessor_config.json size), the config's pinpoints
+        side = stored.get("size", v.get("image_size", 384))
+        pins = [[int(a), int(b)] for a, b in cfg["image_grid_pinpoints"]]
+        return transformers.LlavaOnevisionImageProcessorPil(size={"height": side, "width": side},
+                                                            image_grid_pinpoints=pins)
+    if mt == "mistral3":  # PixtralProcessor gives its image processor patch x merge as the patch (whole cells)
+        cell = stored.get("patch_size", v.get("patch_size", 14)) * stored.get("spatial_merge_size",
+                                                                             cfg.get("spatial_merge_size", 2))
+        return transformers.PixtralImageProcessorPil(patch_size=cell, size={"longest_edge": stored.get(
+            "longest_edge", v.get("image_size", 1540))})
     if mt == "smolvlm":  # the catalog's preprocessor_config.json fields (size, max_image_size, do_image_splitting)
         return transformers.SmolVLMImageProcessorPil(size={"longest_edge": stored["longest_edge"]},
                                                      max_image_size={"longest_edge": stored["tile_size"]},
@@ -312,6 +321,29 @@ def processor_batch(spec, plan, settings: VisionSettings, seed: int = 0) -> dict
         out.update(pixel_values=o["pixel_values"], aspect_ratio_ids=o["aspect_ratio_ids"],
                    aspect_ratio_mask=o["aspect_ratio_mask"])
         num_tiles = o["num_tiles"]
+    elif mt == "llava_onevision":  # one image: its crops (1, crops, 3, 384, 384); several: one crop each
+        from advisor.core.vision_tokens import count_image
+
+        n = len(settings.images)
+        o = proc(images=[_images(settings)] if n > 1 else _images(settings), return_tensors="pt")
+        image_token = conf.image_token_index
+        # the processor's <image> tokens (LlavaOnevisionProcessor._get_number_of_features, vision_tokens.py)
+        tokens = [count_image(spec, w, h, images_in_sample=n).tokens for w, h in settings.images]
+        spans = [[image_token] * k for k in tokens]
+        pv = o["pixel_values"] if n == 1 else o["pixel_values"].reshape(n, -1, *o["pixel_values"].shape[-3:])
+        out.update(pixel_values=torch.cat([pv] * b), image_sizes=torch.cat([o["image_sizes"]] * b))
+        if n > 1:  # the model patches a sample's single image only (get_image_features' need_patching)
+            out["batch_num_images"] = torch.tensor([n] * b)
+    elif mt == "mistral3":  # each image resized in whole cells, padded to the largest: (images, 3, H, W)
+        o = proc(images=_images(settings) * b, return_tensors="pt")
+        image_token = conf.image_token_index
+        cell = int(proc.patch_size["height"]) if isinstance(proc.patch_size, dict) else int(proc.patch_size)
+        rows_cols = [(int(h) // cell, int(w) // cell) for h, w in o["image_sizes"][:len(settings.images)].tolist()]
+        # PixtralProcessor.replace_image_token: [IMG] per cell, [IMG_BREAK] per row, the last [IMG_END]; the two
+        # markers are text tokens here (their ids are the tokenizer's, not the config's)
+        spans = [([image_token] * cols + [image_token - 1]) * rows for rows, cols in rows_cols]
+        tokens = [rows * cols for rows, cols in rows_cols]
+        out.update(pixel_values=o["pixel_values"], image_sizes=o["image_sizes"])
     elif mt == "smolvlm":  # a sample's images as one nested list: (1, crops of every image, 3, tile, tile)
         o = proc(images=[_images(settings)], return_tensors="pt", return_row_col_info=True)
         tokens = image_tokens(spec, o, settings)
