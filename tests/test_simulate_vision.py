@@ -1,7 +1,7 @@
 """The simulation of vision-language models: the processor's batch traced under fake tensors equals the same step on
 real CPU tensors (peak, phase, every ledger category, the tower's and projector's parts), for tiny Qwen2.5-VL,
-Qwen3-VL, Gemma 3, Llama-3.2-Vision (Mllama) and InternVL models; LoRA reaches only what it is asked to; the tower
-frozen, LoRA'd or trained, each checkpointing on or off."""
+Qwen3-VL, Gemma 3, Llama-3.2-Vision (Mllama), InternVL, LLaVA-OneVision, Mistral 3 and SmolVLM models; LoRA reaches only what it is asked to;
+the tower frozen, LoRA'd or trained, each checkpointing on or off."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from advisor.runtime.simulate.vision_tiny import TINY_VL, tiny_vl_spec  # noqa: 
 
 FAMILIES = sorted(TINY_VL)
 IMAGES = {"qwen2_5_vl": ((84, 56),), "qwen3_vl": ((96, 64),), "gemma3": ((100, 80),), "mllama": ((40, 28),),
-          "internvl": ((112, 56),)}
+          "internvl": ((112, 56),), "smolvlm": ((100, 60),), "llava_onevision": ((60, 40),), "mistral3": ((100, 60),)}
 METHODS = {"lora": dict(method="lora", lora_targets="all-linear"), "full": dict(method="full")}
 
 
@@ -96,17 +96,21 @@ def test_lora_reaches_the_language_model_only_unless_the_tower_is_asked_for():
 
 
 @pytest.mark.parametrize("family,size,want", [("qwen2_5_vl", (1024, 768), 999), ("qwen3_vl", (1024, 768), 768),
-                                              ("gemma3", (1024, 768), 16)])
+                                              ("gemma3", (1024, 768), 16), ("smolvlm", (1024, 768), 20)])
 def test_the_batch_is_the_processors(family, size, want):
     """pixel_values and image_grid_thw are the image processor's own output for the image, and the placeholders in
     input_ids are its image-token count (999 for 1024x768 on Qwen2.5-VL, 768 on Qwen3-VL; the tiny Gemma 3 pools
-    to its mm_tokens_per_image)."""
+    to its mm_tokens_per_image; the tiny SmolVLM cuts 2 x 2 tiles of 32 pixels and the whole image, 4 tokens each)."""
     import numpy as np
 
     spec = tiny_vl_spec(family)
     settings = VisionSettings(images=(size,))
     batch = processor_batch(spec, Plan(seq_len=64, micro_batch=2), settings)
-    direct = image_processor(spec, settings)(images=[np.zeros((size[1], size[0], 3), np.uint8)], return_tensors="pt")
+    image = np.zeros((size[1], size[0], 3), np.uint8)
+    if family == "smolvlm":  # a sample's images as one nested list, the tiles' rows and columns with them
+        direct = image_processor(spec, settings)(images=[[image]], return_tensors="pt", return_row_col_info=True)
+    else:
+        direct = image_processor(spec, settings)(images=[image], return_tensors="pt")
     assert image_tokens(spec, direct, settings) == [want]
     assert batch["pixel_values"].shape == (2 * direct["pixel_values"].shape[0], *direct["pixel_values"].shape[1:])
     if "image_grid_thw" in direct:
@@ -137,3 +141,39 @@ def test_a_quantized_base_simulates_as_it_runs():
     plain, _ = _equal(spec, Plan(seq_len=96, method="lora", lora_targets="all-linear", gradient_checkpointing=True),
                       VisionSettings(images=IMAGES["qwen2_5_vl"]))
     assert fake.parts["vision_tower"]["weights"] < plain.parts["vision_tower"]["weights"]
+
+
+def test_smolvlm_micro_batch_and_several_images_simulate_as_they_run():
+    """SmolVLM at micro-batch 2 with two images a sample (the pixels' real values ride with the fake tensors, for
+    get_image_features' drop of padding images): the simulated step equals the real one, LoRA on the language model
+    with both checkpointings."""
+    spec = tiny_vl_spec("smolvlm")
+    plan = Plan(seq_len=64, micro_batch=2, gradient_checkpointing=True, **METHODS["lora"])
+    settings = VisionSettings(images=((100, 60), (40, 30)), tower_checkpointing=True)
+    batch = processor_batch(spec, plan, settings)
+    # each image resized to the 64-pixel longest edge (40x30 enlarged), 2 x 2 tiles and the whole image
+    assert batch["pixel_values"].shape[:2] == (2, 5 + 5)
+    assert int((batch["input_ids"][0] == spec.config["image_token_id"]).sum()) == 4 * 10
+    _equal(spec, plan, settings)
+
+
+@pytest.mark.parametrize("family", ["llava_onevision", "mistral3"])
+def test_llava_onevision_and_mistral3_at_micro_batch_two_simulate_as_they_run(family):
+    """LLaVA-OneVision (anyres crops, image_sizes; a sample of two images one crop each, batch_num_images) and
+    Mistral 3 (Pixtral on any size in whole cells, image_sizes, the patch merger) at micro-batch 2: the placeholders
+    are the processor's count (the model checks them against its features) and the simulated step equals the real
+    one, with one image a sample and with two."""
+    from advisor.core.vision_tokens import count_image
+
+    spec = tiny_vl_spec(family)
+    plan = Plan(seq_len=64, micro_batch=2, gradient_checkpointing=True, **METHODS["lora"])
+    for images in (IMAGES[family], IMAGES[family] + ((30, 50),)):
+        settings = VisionSettings(images=images, projector_trained=True, tower_checkpointing=True)
+        batch = processor_batch(spec, plan, settings)
+        image_token = spec.config["image_token_index"]
+        want = sum(count_image(spec, w, h, images_in_sample=len(images)).tokens for w, h in images)
+        if family == "llava_onevision":
+            assert ((batch["input_ids"] == image_token).sum(1) == want).all()
+        else:  # an [IMG] per cell and a break per row: count_image's tokens in all, beside the 64 text tokens
+            assert batch["input_ids"].shape[1] == 64 + want
+        _equal(spec, plan, settings)

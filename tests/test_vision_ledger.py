@@ -149,6 +149,22 @@ def test_estimate_json_vision_object(capsys, argv, per_image):
     assert d["answered_by"] == "closed form"
 
 
+@pytest.mark.slow
+def test_estimate_json_vision_object_of_a_simulated_family(capsys):
+    """SmolVLM2-2.2B with one 1024x768 image: the closed form does not describe its tiles and connector, so the
+    simulation answers (about 15 s on two cores) and says so; the vision object holds the processor's count (13
+    crops, 1,053 tokens) and the tower's and projector's traced bytes at the peak."""
+    d = _estimate(capsys, "--model", "smolvlm2-2.2b", "--method", "lora", "--image-size", "1024x768")
+    v = d["vision"]
+    assert d["answered_by"] == "simulation" and "pixel shuffle" in d["answered_by_reason"]
+    assert v["image_tokens_per_image"] == [1053] and v["images"][0]["crops"] == 13
+    assert v["vision_tokens"] == 13 * 27 * 27 and v["language_model_seq_len"] == 1024 + 1053
+    # the tower's bf16 parameters and its few buffers (position ids), traced as its weights
+    assert v["ledger"]["vision_tower"]["weights"] == pytest.approx(resolve_model("smolvlm2-2.2b").vision.tower_params
+                                                                   * 2, rel=1e-3)
+    assert v["ledger_source"].startswith("simulation")
+
+
 def test_estimate_json_video_full_tower_sharded(capsys):
     d = _estimate(capsys, "--model", "Qwen/Qwen2.5-VL-7B-Instruct", "--method", "full", "--train-vision-tower",
                   "--gpus", "4", "--sharding", "zero3", "--video-frames", "12", "--video-max-pixels", "50176",

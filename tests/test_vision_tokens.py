@@ -231,3 +231,37 @@ def test_a_placeholder_token_the_config_leaves_out_is_its_config_class_default(m
     placeholders = int((batch["input_ids"] == token).sum())
     assert placeholders == count_image(spec, 448, 448).tokens
     assert bool((batch["labels"][batch["input_ids"] == token] == -100).all())
+
+
+@pytest.mark.parametrize("model, width, height, tokens", [
+    ("smolvlm2-2.2b", 1024, 768, 1053), ("smolvlm2-500m", 1024, 768, 832), ("smolvlm2-2.2b", 3840, 2160, None),
+    ("smolvlm2-500m", 500, 2000, None), ("smolvlm2-2.2b", 100, 80, None), ("smolvlm2-500m", 512, 512, None)])
+def test_smolvlm_tiles_match_the_processor(model, width, height, tokens):
+    """SmolVLM2: the image processor (built from the catalog's size, max_image_size and do_image_splitting) resizes
+    the longest edge to longest_edge, cuts tiles and adds the whole image, every crop through the tower at the tile
+    size; the text gets the <image> tokens of the prompt string SmolVLMProcessor writes from the processor's rows
+    and columns (get_image_prompt_string: image_seq_len per crop; SmolVLMProcessor itself needs num2words, absent
+    here): 1024x768 is 3 x 4 tiles and the whole image, 13 x 81 = 1,053 tokens on the 2.2B, 13 x 64 = 832 on the
+    500M."""
+    from PIL import Image
+    from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
+
+    spec = resolve_model(model)
+    s = spec.processor["image"]
+    proc = _processor_class(s["class"])(size={"longest_edge": s["longest_edge"]},
+                                        max_image_size={"longest_edge": s["tile_size"]},
+                                        do_image_splitting=s["do_image_splitting"])
+    out = proc(images=[Image.new("RGB", (width, height))], return_tensors="np", return_row_col_info=True)
+    crops = out["pixel_values"].shape[1]
+    assert out["pixel_values"].shape[-2:] == (s["tile_size"], s["tile_size"])
+    text = get_image_prompt_string(out["rows"][0][0], out["cols"][0][0], s["image_seq_len"],
+                                   fake_token_around_image="<fake_token_around_image>", image_token="<image>",
+                                   global_image_token="<global-img>")
+    counted = count_image(spec, width, height)
+    assert counted.crops == crops and counted.tokens == text.count("<image>") == crops * s["image_seq_len"]
+    side = s["tile_size"] // spec.vision.patch_size
+    assert counted.vision_tokens == crops * side * side
+    # image_seq_len is what the connector's pixel shuffle leaves of a tile: (tile / patch)^2 / scale_factor^2
+    assert s["image_seq_len"] == side * side // spec.config["scale_factor"] ** 2
+    if tokens is not None:
+        assert counted.tokens == tokens

@@ -7,8 +7,11 @@ multiples of patch x merge (28 for Qwen2-VL / Qwen2.5-VL, 32 for Qwen3-VL) withi
 ``mm_tokens_per_image`` = 256 tokens); InternVL's 448-pixel tiles and thumbnail (``GotOcr2ImageProcessor``);
 LLaVA-OneVision's anyres 384-pixel tiles plus the whole image (``select_best_resolution`` and
 ``LlavaOnevisionProcessor._get_number_of_features``); Pixtral's (Mistral 3) resize within ``longest_edge`` to whole
-28-pixel cells (``get_resize_output_image_size``), an [IMG] per cell and a break per row. Where torchvision is absent transformers 5 builds the PIL backend of the same
-processor (``<Class>Pil``: the same resize arithmetic), which is what is used then.
+28-pixel cells (``get_resize_output_image_size``), an [IMG] per cell and a break per row; SmolVLM2's tiles within
+``longest_edge`` plus the whole image, ``image_seq_len`` tokens each
+(``SmolVLMImageProcessor.get_number_of_image_patches``, ``processing_smolvlm.get_image_prompt_string``). Where
+torchvision is absent transformers 5 builds the PIL backend of the same processor (``<Class>Pil``: the same resize
+arithmetic), which is what is used then.
 
 Two sequences come out of an image: the tower's own (``vision_tokens``: its patches, before merging) and the
 language model's (``tokens``: what the text sequence holds, after the merger or the pooling). A plan is sized on the
@@ -279,8 +282,35 @@ def count_image(spec, width: int, height: int, *, min_pixels: int | None = None,
         # (PixtralProcessor.replace_image_token); the tower: every 14-pixel patch, one sequence per image
         return ImageTokens(size=(width, height), resized=(rw, rh), grid=(1, rh // patch, rw // patch),
                            vision_tokens=(rh // patch) * (rw // patch), tokens=(cols + 1) * rows)
+    if cls == "SmolVLMImageProcessor":  # SmolVLM2: tiles of tile_size within longest_edge, plus the whole image
+        edge, tile, per_tile = int(s["longest_edge"]), int(s["tile_size"]), int(s["image_seq_len"])
+        split = bool(s.get("do_image_splitting", True))
+        rows, cols, tokens = _remembered((cls, edge, tile, per_tile, split, width, height),
+                                         lambda: _smolvlm_count(cls, edge, tile, per_tile, split, width, height))
+        crops = rows * cols + 1 if rows or cols else 1
+        side = tile // spec.vision.patch_size
+        # the tower runs every crop at tile x tile (SmolVLMModel.get_image_features: batch x crops images), its
+        # (tile / patch)^2 patches each; the connector's pixel shuffle leaves image_seq_len tokens a crop
+        return ImageTokens(size=(width, height), resized=(max(cols, 1) * tile, max(rows, 1) * tile),
+                           grid=(crops, side, side), vision_tokens=crops * side * side, tokens=tokens, crops=crops)
     raise AdvisorInputError("--image-size", f"the {cls} of {spec.name} has no token count here", spec.name,
                             show_value=False)
+
+
+def _smolvlm_count(cls: str, edge: int, tile: int, per_tile: int, split: bool, width: int, height: int) -> list:
+    """[rows, columns, <image> tokens] of one image for SmolVLM: the image processor's own
+    ``get_number_of_image_patches`` (resized to ``longest_edge``, cut into ``max_image_size`` tiles, plus the whole
+    image; no tiles when it fits one), and the ``<image>`` tokens of the prompt string SmolVLMProcessor writes for it
+    (processing_smolvlm ``get_image_prompt_string``: ``image_seq_len`` per tile and for the global image; the
+    ``<fake_token_around_image>``, ``<row_r_col_c>`` and ``<global-img>`` markers beside them are not counted)."""
+    from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
+
+    proc = _processor_class(cls)(size={"longest_edge": edge}, max_image_size={"longest_edge": tile},
+                                 do_image_splitting=split)
+    _, rows, cols = proc.get_number_of_image_patches(height, width, {})
+    text = get_image_prompt_string(int(rows), int(cols), per_tile, fake_token_around_image="<fake_token_around_image>",
+                                   image_token="<image>", global_image_token="<global-img>")
+    return [int(rows), int(cols), text.count("<image>")]
 
 
 def _pixtral_resize(cls: str, cell: int, edge: int, width: int, height: int) -> list[int]:
@@ -402,7 +432,8 @@ def count_sample(spec, plan) -> VisionInput | None:
                                images_in_sample=len(plan.image_sizes)) for s in plan.image_sizes)
     video = count_video(spec, plan)
     img = (spec.processor or {}).get("image", {})
-    settings = {k: img[k] for k in ("min_pixels", "max_pixels", "size", "tokens_per_image") if k in img}
+    settings = {k: img[k] for k in ("min_pixels", "max_pixels", "size", "tokens_per_image", "longest_edge",
+                                    "tile_size", "image_seq_len") if k in img}
     if plan.min_pixels:
         settings["min_pixels"] = plan.min_pixels
     if plan.max_pixels:

@@ -29,6 +29,13 @@ ATTENTION_LAYOUTS = (frozenset({"q_proj", "k_proj", "v_proj", "o_proj"}), frozen
 """The attention linears the closed form has terms for (training.layer_activation_bytes)."""
 MLP_LAYOUTS = (frozenset({"gate_proj", "up_proj", "down_proj"}), frozenset({"gate_up_proj", "down_proj"}))
 """The gated MLP linears it has terms for."""
+TOWERS_NOT_DESCRIBED = {
+    "smolvlm": "SmolVLM's vision side (every tile's pixels, copied again where get_image_features drops padding "
+               "images, and the connector's pixel shuffle into a bias-free projection): the closed form has terms "
+               "for one crop's pixels and a merger's norm and linears",
+}
+"""Vision-language families whose tower and projector, run on an image, the closed form's vision terms
+(advisor.memory.vision) do not describe; without an image their weights and trainable state are all it counts."""
 
 
 def closed_form_describes(model: ModelSpec, plan: Plan | None = None) -> tuple[bool, str]:
@@ -43,6 +50,9 @@ def closed_form_describes(model: ModelSpec, plan: Plan | None = None) -> tuple[b
                        "has terms for softmax attention only")
     if any(layer.attention == "mla" for layer in d.layers):
         return False, "multi-head latent attention: the closed form has terms for q/k/v/o attention only"
+    tower_gap = TOWERS_NOT_DESCRIBED.get(model.config.get("model_type", "")) if model.vision is not None else None
+    if tower_gap and plan is not None and has_vision_input(plan):
+        return False, tower_gap
     cross = model.vision.cross_attention_layers if model.vision is not None else ()
     if cross and plan is not None and has_vision_input(plan):
         return False, (f"cross-attention layers reading the image ({len(cross)} of {d.num_layers}): the closed form "

@@ -314,8 +314,11 @@ def vision_summary(extra: dict, model: ModelSpec, plan: Plan) -> dict:
         "trains": {"tower": plan.vision_tower, "projector": plan.train_projector,
                    "lora": extra["lora_targets_note"], "lora_modules": extra["lora_modules"],
                    "gradient_checkpointing": plan.vision_gradient_checkpointing},
-        "ledger": {k: extra[k] for k in ("weights", "quant_constants", "adapter_weights", "gradients",
-                                         "optimizer_states", "saved_activations", "pixel_values",
-                                         "forward_transient", "backward_transient", "attention_workspace")},
+        # a simulated report's (advisor.runtime.simulate.vision.simulated_vision): its traced parts by category
+        "ledger": extra["ledger"] if "ledger" in extra else {
+            k: extra[k] for k in ("weights", "quant_constants", "adapter_weights", "gradients", "optimizer_states",
+                                  "saved_activations", "pixel_values", "forward_transient", "backward_transient",
+                                  "attention_workspace")},
+        "ledger_source": extra.get("ledger_source", "closed form (advisor/memory/vision.py)"),
         "attention": plan.attn_impl,
     }

@@ -103,6 +103,11 @@ def _measure(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *, layers
              "phase_peaks": {k: v.bytes for k, v in sim.phases.items()}}
     if allocator is not None:
         extra["allocator"] = allocator.replay.to_dict()
+    if model.vision is not None:  # the sample as the processor counts it, the tower's and projector's traced bytes
+        from advisor.runtime.simulate.vision import simulated_vision
+
+        peak = sim.phases.get(sim.peak_phase)
+        extra["vision"] = simulated_vision(model, plan, peak.parts if peak is not None else {})
     return MemoryReport(
         source="simulated", backend="simulate", device=device, host=host, host_memory=hm,
         tensor_peak_bytes=int(tensor_peak),

@@ -454,8 +454,11 @@ def tag_layer_storages(layers, tracker, optimizer) -> None:
 def _decoder_layers(model):
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     inner = base.model
-    # a vision-language model's decoder layers are its language model's
-    return inner.language_model.layers if hasattr(inner, "language_model") else inner.layers
+    # a vision-language model's decoder layers are its language model's (SmolVLM's ``text_model``)
+    for name in ("language_model", "text_model"):
+        if hasattr(inner, name):
+            return getattr(inner, name).layers
+    return inner.layers
 
 
 def _identity_groups(tracker, setup, constants, plan: Plan) -> dict[int, str]:

@@ -33,9 +33,12 @@ from advisor.runtime.build import IGNORE_INDEX, TrainingSetup
 PARTS = ("vision_tower", "projector")
 TOWER_MODES = ("frozen", "lora", "full")
 QWEN = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
-SIMULATED = (*QWEN, "gemma3", "mllama", "internvl")
-"""The vision-language model types whose processor batch ``processor_batch`` builds (LLaVA-OneVision's and
-Mistral 3's are not built: the closed form answers them)."""
+SIMULATED = (*QWEN, "gemma3", "mllama", "internvl", "smolvlm", "llava_onevision", "mistral3")
+"""The vision-language model types whose processor batch ``processor_batch`` builds."""
+PIXELS_READ = ("smolvlm",)
+"""Model types whose forward reads the pixels' values: SmolVLMModel.get_image_features drops the all-zero padding
+images (``pixel_values == 0.0``, then a boolean index), so under fake tensors the pixels carry their real values
+(vision_shadow) for that index's shape."""
 
 
 @dataclass(frozen=True)
@@ -150,8 +153,8 @@ def tower_and_projectors(model) -> tuple[Any, list]:
             break
     else:
         raise AdvisorInputError("--model", f"no vision tower found in {type(base).__name__}", type(base).__name__)
-    projectors = [m for m in (getattr(inner, "multi_modal_projector", None), getattr(tower, "merger", None))
-                  if m is not None]
+    projectors = [m for m in (getattr(inner, "multi_modal_projector", None), getattr(inner, "connector", None),
+                              getattr(tower, "merger", None)) if m is not None]
     projectors += list(getattr(tower, "deepstack_merger_list", None) or [])
     return tower, projectors
 
@@ -165,9 +168,16 @@ def part_of_parameters(model) -> dict[int, str]:
     return parts
 
 
-def language_layers(model):
+def language_model(model):
+    """The language model inside a ``*ForConditionalGeneration`` model (peft-wrapped or not): ``model.language_model``,
+    SmolVLM's ``model.text_model``."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return base.model.language_model.layers
+    inner = base.model
+    return getattr(inner, "language_model", None) or inner.text_model
+
+
+def language_layers(model):
+    return language_model(model).layers
 
 
 def apply_trainable(model, settings: VisionSettings, method: str) -> None:
@@ -217,8 +227,7 @@ def lora_modules(model, spec, plan, settings: VisionSettings) -> list[str]:
     tower, projectors = tower_and_projectors(model)
     in_tower = {id(m) for m in tower.modules()} - {id(m) for p in projectors for m in p.modules()}
     in_projector = {id(m) for p in projectors for m in p.modules()}
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    lm = {id(m) for m in base.model.language_model.modules()}
+    lm = {id(m) for m in language_model(model).modules()}
     out = []
     for name, m in model.named_modules():
         if not isinstance(m, torch.nn.Linear):
@@ -261,6 +270,20 @@ def image_processor(spec, settings: VisionSettings):
         side = side[0] if isinstance(side, (list, tuple)) else side
         return transformers.GotOcr2ImageProcessorPil(size={"height": side, "width": side}, crop_to_patches=True,
                                                      min_patches=1, max_patches=12)
+    if mt == "llava_onevision":  # 384-pixel crops (preprocessor_config.json size), the config's pinpoints
+        side = stored.get("size", v.get("image_size", 384))
+        pins = [[int(a), int(b)] for a, b in cfg["image_grid_pinpoints"]]
+        return transformers.LlavaOnevisionImageProcessorPil(size={"height": side, "width": side},
+                                                            image_grid_pinpoints=pins)
+    if mt == "mistral3":  # PixtralProcessor gives its image processor patch x merge as the patch (whole cells)
+        cell = stored.get("patch_size", v.get("patch_size", 14)) * stored.get("spatial_merge_size",
+                                                                             cfg.get("spatial_merge_size", 2))
+        return transformers.PixtralImageProcessorPil(patch_size=cell, size={"longest_edge": stored.get(
+            "longest_edge", v.get("image_size", 1540))})
+    if mt == "smolvlm":  # the catalog's preprocessor_config.json fields (size, max_image_size, do_image_splitting)
+        return transformers.SmolVLMImageProcessorPil(size={"longest_edge": stored["longest_edge"]},
+                                                     max_image_size={"longest_edge": stored["tile_size"]},
+                                                     do_image_splitting=stored.get("do_image_splitting", True))
     raise AdvisorInputError("--model", f"no image processor known for {mt} in the simulation", mt)
 
 
@@ -298,6 +321,36 @@ def processor_batch(spec, plan, settings: VisionSettings, seed: int = 0) -> dict
         out.update(pixel_values=o["pixel_values"], aspect_ratio_ids=o["aspect_ratio_ids"],
                    aspect_ratio_mask=o["aspect_ratio_mask"])
         num_tiles = o["num_tiles"]
+    elif mt == "llava_onevision":  # one image: its crops (1, crops, 3, 384, 384); several: one crop each
+        from advisor.core.vision_tokens import count_image
+
+        n = len(settings.images)
+        o = proc(images=[_images(settings)] if n > 1 else _images(settings), return_tensors="pt")
+        image_token = conf.image_token_index
+        # the processor's <image> tokens (LlavaOnevisionProcessor._get_number_of_features, vision_tokens.py)
+        tokens = [count_image(spec, w, h, images_in_sample=n).tokens for w, h in settings.images]
+        spans = [[image_token] * k for k in tokens]
+        pv = o["pixel_values"] if n == 1 else o["pixel_values"].reshape(n, -1, *o["pixel_values"].shape[-3:])
+        out.update(pixel_values=torch.cat([pv] * b), image_sizes=torch.cat([o["image_sizes"]] * b))
+        if n > 1:  # the model patches a sample's single image only (get_image_features' need_patching)
+            out["batch_num_images"] = torch.tensor([n] * b)
+    elif mt == "mistral3":  # each image resized in whole cells, padded to the largest: (images, 3, H, W)
+        o = proc(images=_images(settings) * b, return_tensors="pt")
+        image_token = conf.image_token_index
+        cell = int(proc.patch_size["height"]) if isinstance(proc.patch_size, dict) else int(proc.patch_size)
+        rows_cols = [(int(h) // cell, int(w) // cell) for h, w in o["image_sizes"][:len(settings.images)].tolist()]
+        # PixtralProcessor.replace_image_token: [IMG] per cell, [IMG_BREAK] per row, the last [IMG_END]; the two
+        # markers are text tokens here (their ids are the tokenizer's, not the config's)
+        spans = [([image_token] * cols + [image_token - 1]) * rows for rows, cols in rows_cols]
+        tokens = [rows * cols for rows, cols in rows_cols]
+        out.update(pixel_values=o["pixel_values"], image_sizes=o["image_sizes"])
+    elif mt == "smolvlm":  # a sample's images as one nested list: (1, crops of every image, 3, tile, tile)
+        o = proc(images=[_images(settings)], return_tensors="pt", return_row_col_info=True)
+        tokens = image_tokens(spec, o, settings)
+        image_token = conf.image_token_id
+        spans = [[image_token] * n for n in tokens]  # the <image> tokens only counted (as InternVL's)
+        out.update(pixel_values=torch.cat([o["pixel_values"]] * b),
+                   pixel_attention_mask=torch.cat([o["pixel_attention_mask"]] * b))
     else:
         o = proc(images=_images(settings), return_tensors="pt")
         tokens = image_tokens(spec, o, settings)
@@ -356,6 +409,13 @@ def image_tokens(spec, processed, settings: VisionSettings) -> list[int]:
         side, patch = (side[0] if isinstance(side, list) else side), (patch[0] if isinstance(patch, list) else patch)
         per_tile = int((side // patch) ** 2 * cfg.get("downsample_ratio", 0.5) ** 2)
         return [int(n) * per_tile for n in processed["num_patches"]]
+    if mt == "smolvlm":  # SmolVLMProcessor's image_seq_len per crop: (tile / patch)^2 / scale_factor^2
+        from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
+
+        per_crop = int(spec.processor["image"]["image_seq_len"])
+        return [get_image_prompt_string(int(r), int(c), per_crop, fake_token_around_image="<fake_token_around_image>",
+                                        image_token="<image>", global_image_token="<global-img>").count("<image>")
+                for r, c in zip(processed["rows"][0], processed["cols"][0])]
     return [0] * len(settings.images)
 
 
@@ -375,7 +435,9 @@ def batch_for(spec, plan, settings: VisionSettings, fake: bool, device: str, see
 
     out = {}
     for k, v in real.items():
-        if v.dtype.is_floating_point:
+        if k == "pixel_values" and spec.config.get("model_type") in PIXELS_READ:
+            out[k] = with_shadow(v)
+        elif v.dtype.is_floating_point:
             out[k] = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=device)
         else:
             out[k] = with_shadow(v)
@@ -422,6 +484,24 @@ class VisionTrainingSetup(TrainingSetup):
             losses.append(loss if is_fake(loss) else float(loss))
         self.optimizer_step()
         return losses
+
+
+def simulated_vision(model, plan, parts: dict) -> dict:
+    """A simulated report's ``extra["vision"]`` (advisor.memory.vision.vision_summary reads it): the sample as the
+    processor counts it (advisor.core.vision_tokens), the tower LoRA's modules, and in place of the closed form's
+    vision terms the traced peak's tower and projector bytes by category (``parts``: ``tag_parts``)."""
+    from advisor.core.vision_tokens import count_sample
+    from advisor.memory.vision import tower_lora_modules
+
+    vis = count_sample(model, plan)
+    b = plan.micro_batch
+    modules, note = tower_lora_modules(model, plan)
+    in_text = vis.text_tokens if vis else 0
+    return {"sample": vis.to_dict() if vis else None, "language_model_seq_len": plan.seq_len + in_text,
+            "vision_tokens": (vis.vision_tokens if vis else 0) * b, "image_tokens": (vis.text_tokens if vis else 0) * b,
+            "lora_modules": list(modules), "lora_targets_note": note,
+            "ledger": {part: {k: int(v) for k, v in cats.items()} for part, cats in parts.items()},
+            "ledger_source": "simulation: the tower's and projector's storages live at the traced peak, by category"}
 
 
 def simulation_gap(spec, plan) -> str:
