@@ -195,7 +195,7 @@ def test_axolotl_parser_accepts_the_exports(tmp_path):
         vision = bool(plan.image_sizes)
         assert (got["processor_type"] == "AutoProcessor") == vision and got["freeze_mm_modules"] == vision
         if vision and plan.peft:  # a regex on the language model: no tower linear matches it
-            assert got["lora_target_modules"].startswith("model\\.language_model\\.")
+            assert got["lora_target_modules"].startswith("model\\.(?:language_model|text_model)\\.")
         assert got["adapter"] == (plan.method if plan.peft else None)
         assert got["load_in_4bit"] == plan.four_bit and got["load_in_8bit"] == (plan.quantization == "int8")
         assert got["sequence_len"] == plan.seq_len and got["micro_batch_size"] == plan.micro_batch

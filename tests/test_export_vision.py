@@ -216,3 +216,41 @@ def test_train_trl_trains_a_vision_language_model_for_a_step_on_cpu(tiny_gemma3,
                    "1", "--model-path", str(model_dir), "--output-dir", str(tmp_path / "ckpt"))
     _check(proc, s, spec, plan, expect)
     assert Path(s["non_lora_trainables"]).is_file()  # the projector, trained in full beside the adapters
+
+
+@pytest.mark.parametrize("model_type", sorted(__import__("advisor.runtime.simulate.vision_tiny",
+                                                         fromlist=["TINY_VL"]).TINY_VL))
+@pytest.mark.parametrize("tower, targets", [("frozen", ("q_proj", "v_proj")), ("lora", "all-linear")])
+def test_vision_setup_adapts_and_trains_what_the_simulation_does(model_type, tower, targets, monkeypatch):
+    """For every family: the exported script's LoRA module paths and trained parts (vision_setup.py) are the
+    simulation's (advisor.runtime.simulate.vision: lora_modules, apply_trainable), and the axolotl regex matches the
+    same language-model modules."""
+    import re
+
+    import torch
+
+    from advisor.core.adapters import language_model_regex
+    from advisor.runtime.simulate.vision import apply_trainable, build_vl_model, lora_modules, vision_settings
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "advisor/configs/export/templates"))
+    import vision_setup
+
+    spec = tiny_vl_spec(model_type)
+    plan = Plan(method="lora", lora_targets=targets, vision_tower=tower, train_projector=True,
+                image_sizes=("64x64",))
+    model = build_vl_model(spec, plan, "cpu", None, "sdpa", torch.float32)
+    short = targets if isinstance(targets, str) else list(targets)
+    paths = vision_setup.lora_target_paths(model, short, tower == "lora")
+    assert sorted(paths) == sorted(lora_modules(model, spec, plan, vision_settings(plan)))
+    if tower == "frozen":  # the axolotl regex reaches exactly the language model's modules the script adapts
+        regex = language_model_regex(spec, plan)
+        linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+        assert sorted(n for n in linear if re.fullmatch(regex, n)) == sorted(paths)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    vision_setup.set_trainable(model, {"tower": tower, "train_projector": True})
+    mine = {n for n, p in model.named_parameters() if p.requires_grad}
+    for p in model.parameters():
+        p.requires_grad_(False)
+    apply_trainable(model, vision_settings(plan), plan.method)
+    assert mine == {n for n, p in model.named_parameters() if p.requires_grad}

@@ -89,9 +89,9 @@ def export_targets(spec: ModelSpec | None, plan: Plan) -> list[str] | str:
     return lora_targets(spec, plan)[0]
 
 
-LANGUAGE_MODEL_PREFIX = r"model\.language_model\..*\."
-"""Where a vision-language model's language model sits in transformers 5 (``model.language_model``, every family
-the catalog holds): a peft ``target_modules`` regex on it (peft fullmatches a string against each module's path,
+LANGUAGE_MODEL_PREFIX = r"model\.(?:language_model|text_model)\..*\."
+"""Where a vision-language model's language model sits in transformers 5 (``model.language_model``; SmolVLM's
+``model.text_model``): a peft ``target_modules`` regex on it (peft fullmatches a string against each module's path,
 peft/tuners/tuners_utils.py ``check_target_module_exists``) adapts no tower linear."""
 
 

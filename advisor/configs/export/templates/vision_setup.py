@@ -66,10 +66,17 @@ def tower_and_projectors(model):
                   is not None), None)
     if tower is None:
         sys.exit(f"vision_setup: no vision tower found in {type(base).__name__}")
-    projectors = [m for m in (getattr(inner, "multi_modal_projector", None), getattr(tower, "merger", None))
-                  if m is not None]
+    projectors = [m for m in (getattr(inner, "multi_modal_projector", None), getattr(inner, "connector", None),
+                              getattr(tower, "merger", None)) if m is not None]
     projectors += list(getattr(tower, "deepstack_merger_list", None) or [])
     return tower, projectors
+
+
+def language_model(model):
+    """The language model of a ``*ForConditionalGeneration`` model: ``model.language_model`` (SmolVLM's
+    ``model.text_model``)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(base.model, "language_model", None) or base.model.text_model
 
 
 def lora_target_paths(model, targets, tower_lora: bool) -> list[str]:
@@ -78,8 +85,7 @@ def lora_target_paths(model, targets, tower_lora: bool) -> list[str]:
     projector's)."""
     import torch
 
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    language = {id(m) for m in base.model.language_model.modules()}
+    language = {id(m) for m in language_model(model).modules()}
     tower, projectors = tower_and_projectors(model)
     in_projector = {id(m) for p in projectors for m in p.modules()}
     in_tower = {id(m) for m in tower.modules()} - in_projector
