@@ -21,12 +21,34 @@ def test_sharding_divides_model_state_not_activations():
     one = estimate_training(spec, FULL)
     ddp, z2, z3 = (shard_report(one, spec, FULL, 8, s) for s in ("ddp", "zero2", "zero3"))
     assert ddp.peak_bytes == one.peak_bytes
-    assert z2.device["optimizer_states"] == one.device["optimizer_states"] // 8
+    fsdp = shard_report(one, spec, FULL, 8, "fsdp")
+    assert fsdp.device["optimizer_states"] == one.device["optimizer_states"] // 8
     assert z2.device["gradients"] == one.device["gradients"] // 8
     assert z2.device["weights"] == one.device["weights"]
     assert z3.device["weights"] < one.device["weights"] / 2
     assert z2.device["activations"] == one.device["activations"]
     assert z3.peak_bytes < z2.peak_bytes < ddp.peak_bytes
+
+
+def test_deepspeed_holds_an_fp32_copy_of_a_16bit_full_fine_tune(precision="bf16"):
+    """DeepSpeed's ZeRO keeps fp32 master weights of its partition and steps the optimizer on them (fp32 Adam
+    moments); FSDP keeps the weights' dtype; LoRA's states are unchanged (pure fp16 full fine-tuning is refused)."""
+    from advisor.memory.training import param_breakdown
+
+    spec = resolve_model("qwen7b")
+    plan = Plan(method="full", precision=precision, optimizer="adamw_torch", gradient_checkpointing=True)
+    one = estimate_training(spec, plan)
+    trainable = param_breakdown(spec, plan).trainable
+    for strategy in ("zero2", "zero3"):
+        z = shard_report(one, spec, plan, 8, strategy)
+        assert z.device["master_weights"] == trainable * 4 // 8
+        assert z.device["optimizer_states"] == trainable * 8 // 8  # two fp32 moments
+    f = shard_report(one, spec, plan, 8, "fsdp")
+    assert f.device["master_weights"] == 0 and f.device["optimizer_states"] == one.device["optimizer_states"] // 8
+    lora = Plan(method="lora", precision=precision, gradient_checkpointing=True)
+    one_lora = estimate_training(spec, lora)
+    assert shard_report(one_lora, spec, lora, 8, "zero3").device["optimizer_states"] == \
+        one_lora.device["optimizer_states"] // 8
 
 
 def test_zero3_moves_half_again_as_much_as_zero2():

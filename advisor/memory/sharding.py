@@ -61,6 +61,7 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
                               "comm_bytes_per_step": comm_bytes_per_step(model, plan, gpus, strategy)})
     d = dict(report.device)
     d.pop("overhead", None)
+    d.update(deepspeed_fp32_state(model, plan, strategy, d))
     for cat in ("gradients", "optimizer_states", "master_weights"):
         d[cat] = d.get(cat, 0) // gpus
     if strategy in SHARDS_PARAMETERS:
@@ -92,6 +93,28 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
                    reserved_peak_bytes=int(tensor_peak + parts["fragmentation"]), sharded=(gpus, strategy),
                    extra={**report.extra, "gpus": gpus, "sharding": strategy,
                           "comm_bytes_per_step": comm_bytes_per_step(model, plan, gpus, strategy)})
+
+
+DEEPSPEED_ENGINES = ("zero2", "zero3")
+"""The strategies the exports run on DeepSpeed (FSDP keeps the weights' dtype: no fp32 copy)."""
+
+
+def deepspeed_fp32_state(model: ModelSpec, plan: Plan, strategy: str, device: dict) -> dict[str, int]:
+    """A full fine-tune in bf16 weights on DeepSpeed's ZeRO holds an fp32 copy of the trainable parameters and runs
+    the optimizer on it, so its states are fp32 too (whole-model bytes here, divided by the caller): DeepSpeed's
+    bf16/fp16 engine keeps ``single_partition_of_fp32_groups`` (runtime/zero/stage_1_and_2.py) and
+    ``fp32_partitioned_groups_flat`` (runtime/zero/stage3.py), the master weights of ZeRO §3 (Rajbhandari et al.
+    2020: 4 + 8 bytes per parameter for Adam). The one-GPU ledger of the same plan has 16-bit states and no master;
+    with ZeRO-Offload both are on the host already (advisor.memory.host)."""
+    if strategy not in DEEPSPEED_ENGINES or plan.offload != "none" or plan.method != "full" \
+            or plan.param_dtype != "bf16":  # pure fp16 full fine-tuning is refused (advisor.core.plan)
+        return {}
+    from advisor.memory.training import optimizer_states_of, param_breakdown
+
+    fp32 = plan.with_(precision="mixed_bf16")  # what the optimizer sees: fp32 parameters
+    pb = param_breakdown(model, fp32)
+    return {"master_weights": device.get("master_weights", 0) + pb.trainable * DTYPE_BYTES["fp32"],
+            "optimizer_states": optimizer_states_of(plan.optimizer)(model, fp32, pb)}
 
 
 def expert_parallel_note(model: ModelSpec, gpus: int, strategy: str) -> str:
