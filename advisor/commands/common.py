@@ -130,7 +130,7 @@ def add_alias_flag(g, k) -> None:
         means = k.flag if value is True else f"{k.flag} {format_value(value)}"
         if k.cli.alias_implies:
             implied, implied_value = k.cli.alias_implies
-            means += " " + (flag_of(implied) if implied_value is True else f"{flag_of(implied)} {format_value(implied_value)}")
+            means += " " + flag_of(implied) + ("" if implied_value is True else f" {format_value(implied_value)}")
         said = f"{k.cli.alias_help}; " if k.cli.alias_help else ""
         g.add_argument(flag, dest=_alias_dest(flag), action="store_true", help=f"{said}the same as {means}")
 

@@ -445,7 +445,7 @@ class Plan:
     back on the GPU per recomputed layer (transformers' gradient_checkpointing_kwargs offload: save_on_cpu around
     checkpoint; Unsloth's offloaded gradient checkpointing, ALST's activation checkpoint offload, axolotl's
     activation_offloading: hidden_states, LLaMA-Factory's use_unsloth_gc). Without: TRL/torchtune activation
-    offloading of every saved activation (docs/checkpoint-offload.md)."""
+    offloading of every saved activation (docs/memory.md, checkpoint offload)."""
     # ---- the task: supervised fine-tuning, or GRPO / DPO on TRL's trainers (the workload), and their levers
     task: str = knob(
         SFT, help="sft (train is its alias), grpo (TRL GRPOTrainer: generate, score, train) or dpo (TRL DPOTrainer: "
