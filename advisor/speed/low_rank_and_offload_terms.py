@@ -48,8 +48,9 @@ def low_rank_projection(s: StepInputs) -> float:
 def activation_offload(s: StepInputs) -> float:
     """Offloaded activations cross the host link twice per micro-batch (to the host in forward, back
     in backward). Checkpoint offload (with checkpointing): transformers' save_on_cpu copies each
-    checkpointed layer's input with a blocking copy_ in pack and a .to(device) on the compute stream in
-    unpack (torch/autograd/graph.py save_on_cpu), so nothing is hidden: 2 x the inputs' bytes / the link.
+    checkpointed layer's input with copy_(non_blocking) into pinned memory in pack and .to(device) in
+    unpack, both on the compute stream, whose next kernels wait for them (torch/autograd/graph.py
+    save_on_cpu: no side stream), so nothing is hidden: 2 x the inputs' bytes / the link.
     Without checkpointing TRL / torchtune activation offloading copies every saved activation on a side
     stream, hidden behind the layers' matmuls (use_streams)."""
     plan = s.plan
