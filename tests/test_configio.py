@@ -78,12 +78,11 @@ def _expressible(fmt: str, plan: Plan) -> bool:
                 and int_alpha and (not plan.four_bit or plan.compute_dtype == plan.param_dtype))
     if plan.optimizer_in_backward or some_layers:
         return False  # advisor.yaml + train.py only
+    if plan.activation_offload and not plan.gradient_checkpointing:
+        return False  # axolotl and LLaMA-Factory offload only with checkpointing (checkpoint offload)
     if fmt == "axolotl":
-        # axolotl's validator: activation_offloading requires gradient_checkpointing, and with it the offload is
-        # every activation's, not the checkpointed inputs' the plan sized: no activation offload at all
-        return int_alpha and not plan.precision.startswith("mixed") and not plan.activation_offload
-    if plan.activation_offload:
-        return False  # LLaMA-Factory has no activation offloading
+        # checkpoint offload is axolotl's activation_offloading: hidden_states
+        return int_alpha and not plan.precision.startswith("mixed")
     if fmt == "llamafactory":
         ok_prec = plan.precision in (("mixed_bf16", "mixed_fp16", "bf16") if plan.method == "full" else ("bf16", "fp16"))
         pure_z3 = plan.method == "full" and plan.precision == "bf16" and plan.offload == "zero3_cpu"

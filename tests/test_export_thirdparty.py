@@ -57,6 +57,9 @@ PLANS = [
     ("qwen7b", Plan(method="qlora", quantization="nf4", loss="fused-linear", packing=True, expandable_segments=True), 1),
     # activation offload without checkpointing (axolotl refuses: its validator requires checkpointing)
     ("gemma-3-12b", Plan(method="lora", activation_offload=True), 1),
+    # checkpoint offload at long length (axolotl activation_offloading: hidden_states, LLaMA-Factory use_unsloth_gc)
+    ("qwen7b", Plan(method="lora", gradient_checkpointing=True, activation_offload=True, seq_len=32768,
+                    loss="fused-linear"), 1),
     # vision-language: the multimodal keys, LoRA on the language model alone, the tower and projector frozen
     ("qwen2.5-vl-7b", Plan(method="qlora", quantization="nf4", image_sizes=("1280x720",), gradient_checkpointing=True),
      1),
@@ -138,6 +141,7 @@ AXOLOTL_CHECK = textwrap.dedent("""
                     "micro_batch_size": m.micro_batch_size, "gradient_accumulation_steps": m.gradient_accumulation_steps,
                     "optimizer": str(getattr(m.optimizer, "value", m.optimizer)), "bf16": m.bf16, "fp16": m.fp16,
                     "gradient_checkpointing": bool(m.gradient_checkpointing),
+                    "activation_offloading": m.activation_offloading,
                     "attn_implementation": m.attn_implementation,
                     "chunked_cross_entropy": m.chunked_cross_entropy, "deepspeed": m.deepspeed,
                     "bnb_config_kwargs": m.bnb_config_kwargs, "lora_target_linear": m.lora_target_linear,
@@ -169,7 +173,7 @@ LLAMAFACTORY_CHECK = textwrap.dedent("""
                     "per_device_train_batch_size": t.per_device_train_batch_size,
                     "gradient_accumulation_steps": t.gradient_accumulation_steps, "optim": str(t.optim.value),
                     "bf16": t.bf16, "fp16": t.fp16, "deepspeed": bool(t.deepspeed),
-                    "enable_liger_kernel": m.enable_liger_kernel})
+                    "enable_liger_kernel": m.enable_liger_kernel, "use_unsloth_gc": m.use_unsloth_gc})
     print("RESULT " + json.dumps(out))
 """)
 
@@ -188,7 +192,7 @@ def _run(python: str, script: str, env: dict, files: list[tuple[Plan, int, Path]
 def test_axolotl_parser_accepts_the_exports(tmp_path):
     python = _python("ADVISOR_AXOLOTL_PYTHON", "axolotl.utils.config")
     files = _export("axolotl", tmp_path)
-    assert len(files) == len(PLANS) - 2  # mixed_bf16 and activation offload: refused with a reason
+    assert len(files) == len(PLANS) - 2  # mixed_bf16 and activation offload without checkpointing: refused
     results = _run(python, AXOLOTL_CHECK, _env(), files, tmp_path / "elsewhere")
     assert len(results) == len(files)
     for (plan, _, _), got in zip(files, results):
@@ -202,6 +206,7 @@ def test_axolotl_parser_accepts_the_exports(tmp_path):
         assert got["gradient_accumulation_steps"] == plan.grad_accum and got["optimizer"] == plan.optimizer
         assert got["bf16"] == (plan.precision == "bf16") and got["fp16"] == (plan.precision == "fp16")
         assert got["gradient_checkpointing"] == plan.gradient_checkpointing
+        assert (got["activation_offloading"] == "hidden_states") == plan.activation_offload  # checkpoint offload
         assert got["attn_implementation"] == plan.attn_impl
         assert bool(got["chunked_cross_entropy"]) == plan.chunked_ce
         if plan.peft:
@@ -226,7 +231,7 @@ def _documented_extras(tool: str) -> list[str]:
 def test_llamafactory_parser_accepts_the_exports(tmp_path):
     python = _python("ADVISOR_LLAMAFACTORY_PYTHON", "llamafactory.hparams.parser")
     files = _export("llamafactory", tmp_path)
-    # the chunked loss, some layers checkpointed and activation offload have no LLaMA-Factory key: refused
+    # the chunked loss, some layers checkpointed and offload without checkpointing have no LLaMA-Factory key: refused
     assert len(files) == len(PLANS) - 2
     # one process of a torch.distributed launch, as torchrun sets it up (FORCE_TORCHRUN=1 in the exported command)
     env = _env(LOCAL_RANK="0", RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
@@ -248,6 +253,7 @@ def test_llamafactory_parser_accepts_the_exports(tmp_path):
         assert got["gradient_accumulation_steps"] == plan.grad_accum
         assert got["bf16"] == (plan.activation_dtype == "bf16") and got["fp16"] == (plan.activation_dtype == "fp16")
         assert got["enable_liger_kernel"] == (plan.loss == "fused-linear")
+        assert got["use_unsloth_gc"] == plan.activation_offload  # checkpoint offload (the others are refused)
         if plan.peft:
             assert got["lora_rank"] == plan.lora_r and got["lora_alpha"] == plan.lora_alpha
     assert [got["deepspeed"] for got in results] == [

@@ -127,17 +127,27 @@ def add_alias_flag(g, k) -> None:
     """A knob's shorthand flag (``Cli.alias``: ``--chunked-ce`` for ``--loss chunked``), as store_true."""
     if k.cli.alias:
         flag, value = k.cli.alias
-        g.add_argument(flag, dest=_alias_dest(flag), action="store_true",
-                       help=f"the same as {k.flag} {format_value(value)}")
+        means = k.flag if value is True else f"{k.flag} {format_value(value)}"
+        if k.cli.alias_implies:
+            implied, implied_value = k.cli.alias_implies
+            means += " " + flag_of(implied) + ("" if implied_value is True else f" {format_value(implied_value)}")
+        said = f"{k.cli.alias_help}; " if k.cli.alias_help else ""
+        g.add_argument(flag, dest=_alias_dest(flag), action="store_true", help=f"{said}the same as {means}")
+
+
+def alias_given(args: argparse.Namespace, k) -> bool:
+    """Whether knob ``k``'s shorthand flag was given."""
+    return bool(k.cli.alias and getattr(args, _alias_dest(k.cli.alias[0]), False))
 
 
 def _with_alias(args: argparse.Namespace, k, value):
     """``value`` of knob ``k``, or the value its shorthand flag means when that flag was given (``--chunked-ce`` is
-    ``--loss chunked``); the shorthand beside a contradicting value is an input error naming it."""
-    if not (k.cli.alias and getattr(args, _alias_dest(k.cli.alias[0]), False)):
+    ``--loss chunked``); the shorthand beside a contradicting value is an input error naming it (a switch left off
+    contradicts nothing)."""
+    if not alias_given(args, k):
         return value
     flag, meant = k.cli.alias
-    if value not in (None, meant):
+    if value not in (None, meant) and not (k.is_switch and value is False):
         raise AdvisorInputError(flag, f"is {k.flag} {format_value(meant)}, which contradicts {k.flag} {value}", value)
     return meant
 
@@ -236,6 +246,13 @@ def plan_overrides(args: argparse.Namespace, overrides: list[str] | tuple[str, .
         if k.cli.implies and value != k.default and k.cli.implies[0] not in given:
             implied, implied_value = k.cli.implies
             out.append(f"{implied}={'true' if implied_value is True else format_value(implied_value)}")
+        if k.cli.alias_implies and alias_given(args, k):
+            implied, implied_value = k.cli.alias_implies
+            text = "true" if implied_value is True else format_value(implied_value)
+            if implied in given:
+                raise AdvisorInputError(k.cli.alias[0], f"implies {implied}={text}, which the override {implied}=... "
+                                        "given beside it may contradict: leave one out", True)
+            out.append(f"{implied}={text}")
     return out
 
 
@@ -265,6 +282,8 @@ def plan_from_args(args: argparse.Namespace, plan: type = Plan, card=None) -> Pl
     for k in knobs(plan):  # a knob that turns another on (--checkpoint-layers: --gradient-checkpointing)
         if k.cli.implies and values[k.name] != k.default:
             values[k.cli.implies[0]] = k.cli.implies[1]
+        if k.cli.alias_implies and alias_given(args, k):  # --checkpoint-offload: --gradient-checkpointing too
+            values[k.cli.alias_implies[0]] = k.cli.alias_implies[1]
     result = plan(**values).validate()
     problems = card.problems(result) if card is not None else []
     if len(problems) == 1:

@@ -42,6 +42,8 @@ from advisor.core.plan import ALL_LINEAR, ATTENTION, LOW_RANK_OPTIMIZERS, RL_TAS
 
 FILENAME = FORMATS["axolotl"].filename
 FORMAT = "axolotl"
+HIDDEN_STATES = "hidden_states"
+"""axolotl's activation_offloading value for checkpoint offload (utils/schemas/config.py, axolotl >= 0.18)."""
 
 
 def axolotl_config(ctx: ExportContext) -> dict[str, Any]:
@@ -165,12 +167,18 @@ def _memory_lever_fields(plan, spec) -> dict[str, Any]:
         out["optim_target_modules"] = list(GALORE_TARGETS)
         out["optim_args"] = optim_args(plan)
     if plan.activation_offload:
-        if plan.gradient_checkpointing:
-            raise Unsupported(FORMAT, "its activation_offloading offloads every activation; the plan offloads "
-                                      "only the checkpointed layer inputs (use the advisor.yaml export)")
-        # axolotl's validator: "activation_offloading requires gradient_checkpointing" (utils/schemas/validation.py)
-        raise Unsupported(FORMAT, "its activation_offloading requires gradient_checkpointing; the plan offloads "
-                                  "activations without checkpointing (use the advisor.yaml or trl.yaml export)")
+        if not plan.gradient_checkpointing:
+            # axolotl's validator: "activation_offloading requires gradient_checkpointing" (schemas/validation.py)
+            raise Unsupported(FORMAT, "its activation_offloading requires gradient_checkpointing; the plan offloads "
+                                      "activations without checkpointing (use the advisor.yaml or trl.yaml export)")
+        if plan.task in RL_TASKS:
+            raise Unsupported(FORMAT, "its DPO / GRPO trainers have no checkpoint offload (ActivationOffloadingMixin "
+                                      "is its SFT trainer's, core/trainers/base.py): use the trl.yaml export")
+        # checkpoint offload: axolotl >= 0.18's activation_offloading: hidden_states offloads only the checkpointed
+        # layers' inputs to pinned host memory (monkeypatch/checkpoint_activation_offload.py
+        # CheckpointHiddenStatesOffload, on a side stream with max_fwd_stash_size 2: up to two inputs still on the
+        # GPU while their copies run); its true is TRL's offloader of every activation, which the plan does not size
+        out["activation_offloading"] = HIDDEN_STATES
     return out
 
 
@@ -273,9 +281,12 @@ def read(data: dict, c: Collect, plan_type: type) -> tuple[str | None, dict, dic
         c.defaulted.append("optimizer")
     read_optim_args(data.get("optim_args"), "optim_args", c, f)
     offload = data.get("activation_offloading", False)
-    if offload not in (True, False, None):
-        c.bad("activation_offloading", "only true/false are planned (legacy / disk offload are not)", offload)
-    f["activation_offload"] = offload is True
+    if offload not in (HIDDEN_STATES, False, None):
+        c.bad("activation_offloading", f"only {HIDDEN_STATES} (checkpoint offload) or false are planned (true / legacy "
+              "/ disk are TRL's offloader of every activation, which replaces recompute for LoRA)", offload)
+    f["activation_offload"] = offload == HIDDEN_STATES
+    if f["activation_offload"]:  # axolotl turns checkpointing on for it (core/builders/base.py)
+        f["gradient_checkpointing"] = True
     attn = data.get("attn_implementation")
     if attn is None:
         attn = ("flash_attention_2" if data.get("flash_attention") else "eager" if data.get("eager_attention")

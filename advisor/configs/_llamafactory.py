@@ -24,7 +24,8 @@ dtype other than the autocast dtype, a non-integer lora_alpha, pure_bf16 with Ze
 The fused-linear loss maps to ``enable_liger_kernel`` (Liger's fused linear cross-entropy never
 holds all logits; it also swaps in Liger's RMSNorm/SwiGLU/RoPE kernels, which only lower the memory
 the plan was sized for); the chunked loss has no LLaMA-Factory field and is refused. DoRA is
-``use_dora``; packing is ``packing`` with ``neat_packing`` (no attention across packed documents).
+``use_dora``; packing is ``packing`` with ``neat_packing`` (no attention across packed documents); checkpoint
+offload (activation offload with checkpointing) is ``use_unsloth_gc``.
 GaLore / APOLLO are ``use_galore`` / ``galore_target`` / ``galore_rank`` / ``galore_update_interval`` /
 ``galore_layerwise`` and ``use_apollo`` / ``apollo_target`` / ``apollo_rank`` / ``apollo_update_interval``
 (src/llamafactory/hparams/finetuning_args.py GaloreArguments, ApolloArguments; the GaLore optimizer class
@@ -114,6 +115,7 @@ def llamafactory_config(ctx: ExportContext) -> dict[str, Any]:
             cfg["double_quantization"] = DECLARED
     cfg["flash_attn"] = FLASH_ATTN[plan.attn_impl]
     cfg["disable_gradient_checkpointing"] = not plan.gradient_checkpointing
+    cfg.update(checkpoint_offload_keys(plan))
     if plan.loss == "chunked":
         raise Unsupported(FORMAT, "LLaMA-Factory has no chunked loss: use --loss fused-linear (enable_liger_kernel)")
     if plan.loss == "fused-linear":
@@ -163,6 +165,19 @@ def llamafactory_config(ctx: ExportContext) -> dict[str, Any]:
         if "why" not in training_hyperparameters(plan):
             cfg["learning_rate"] = RL_LEARNING_RATE[plan.method]
     return cfg
+
+
+def checkpoint_offload_keys(plan) -> dict[str, Any]:
+    """Checkpoint offload is ``use_unsloth_gc``: LLaMA-Factory's UnslothGradientCheckpointing keeps each checkpointed
+    layer's input on the host (``hidden_states.to("cpu", non_blocking=True)``, pinned by torch's _to_copy) and
+    brings it back for the layer's recompute (model/model_utils/checkpointing.py); offload without checkpointing
+    has no key."""
+    if not plan.activation_offload:
+        return {}
+    if not plan.gradient_checkpointing:
+        raise Unsupported(FORMAT, "it has no activation offloading without checkpointing (use_unsloth_gc offloads "
+                                  "the checkpointed layer inputs): use the advisor.yaml or trl.yaml export")
+    return {"use_unsloth_gc": True}
 
 
 LF_GALORE_OPTIM = {"galore_adamw": "adamw_torch", "galore_adamw_8bit": "adamw_8bit",
@@ -258,6 +273,9 @@ def read(data: dict, c: Collect, plan_type: type) -> tuple[str | None, dict, dic
         f["lora_targets"] = c.targets(data.get("lora_target", "all"), "lora_target", comma=True)
     f["gradient_checkpointing"] = not c.get(data, "disable_gradient_checkpointing", "disable_gradient_checkpointing",
                                             "bool", False, record=False)
+    f["activation_offload"] = c.get(data, "use_unsloth_gc", "use_unsloth_gc", "bool", False, record=False)
+    if f["activation_offload"] and not f["gradient_checkpointing"]:
+        c.bad("use_unsloth_gc", "is LLaMA-Factory's checkpointing: it needs disable_gradient_checkpointing false", True)
     f["optimizer"] = c.choice(data.get("optim", HF_OPTIM_DEFAULT), OPTIM_ALIASES, "optim")
     _read_low_rank(data, c, f)
     f["attn_impl"] = c.choice(data.get("flash_attn", "auto"), {"auto": "sdpa", **{v: k for k, v in FLASH_ATTN.items()}},

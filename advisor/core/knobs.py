@@ -84,6 +84,11 @@ class Cli:
     """What the default means, where its value alone says too little ("0: the micro-batch")."""
     alias: tuple[str, Any] | None = None
     """(flag, value): a second flag that sets this knob to ``value`` (``--chunked-ce`` is ``--loss chunked``)."""
+    alias_implies: tuple[str, Any] | None = None
+    """(knob, value): the alias flag also sets that knob (``--checkpoint-offload`` is ``--activation-offload
+    --gradient-checkpointing``); the knob's own flag does not."""
+    alias_help: str | None = None
+    """What the alias flag's help says before "the same as ..." (the lever it names)."""
     implies: tuple[str, Any] | None = None
     """(knob, value): setting this knob away from its default sets that knob (``--checkpoint-layers``
     turns ``--gradient-checkpointing`` on)."""
@@ -313,6 +318,9 @@ def knobs(plan_type: type) -> tuple[Knob, ...]:
     for k in out:
         if k.cli.implies and k.cli.implies[0] not in names:
             raise TypeError(f"knob {k.name} implies {k.cli.implies[0]!r}, which is not a field of {plan_type.__name__}")
+        if k.cli.alias_implies and (not k.cli.alias or k.cli.alias_implies[0] not in names):
+            raise TypeError(f"knob {k.name}'s alias implies {k.cli.alias_implies[0]!r}: it needs an alias and a field "
+                            f"of {plan_type.__name__}")
         if k.tag is not None and k.tag.after is not None and k.tag.after not in words:
             raise TypeError(f"knob {k.name}'s tag comes after {k.tag.after!r}, which has no word of its own in short()")
         if k.tag is not None and k.tag.joined and k.tag.after is None:

@@ -432,12 +432,20 @@ class Plan:
               "trl": Custom("gradient_checkpointing_kwargs")})
     """With gradient_checkpointing: how many decoder layers are checkpointed (None: all of them)."""
     activation_offload: bool = knob(
-        False, help="keep saved activations in pinned host memory (with checkpointing: the layer inputs)",
+        False, help="keep saved activations in pinned host memory (with checkpointing: the layer inputs, "
+                    "--checkpoint-offload)",
+        cli=Cli(alias=("--checkpoint-offload", True), alias_implies=("gradient_checkpointing", True),
+                alias_help="checkpoint offload (Unsloth's / ALST's): each checkpointed layer's input in pinned host "
+                           "memory, counted against --host-budget"),
         tag=Tag("act-offload", after="gradient_checkpointing"), search=Search(order=90),
         keys={"advisor": Custom("advisor.activation_offload"), "axolotl": Custom("activation_offloading"),
-              "llamafactory": Refused("it has no activation offloading key"), "trl": Custom("activation_offloading")})
-    """Keep saved activations in pinned host memory (with checkpointing: the checkpointed layer inputs,
-    transformers' activation_checkpointing_kwargs offload; without: TRL/torchtune activation offloading)."""
+              "llamafactory": Custom("use_unsloth_gc"), "trl": Custom("activation_offloading")})
+    """Keep saved activations in pinned host memory. With checkpointing this is *checkpoint offload*
+    (``--checkpoint-offload``): each checkpointed layer's input hidden state (seq x hidden x 2 B) in host memory, one
+    back on the GPU per recomputed layer (transformers' gradient_checkpointing_kwargs offload: save_on_cpu around
+    checkpoint; Unsloth's offloaded gradient checkpointing, ALST's activation checkpoint offload, axolotl's
+    activation_offloading: hidden_states, LLaMA-Factory's use_unsloth_gc). Without: TRL/torchtune activation
+    offloading of every saved activation (docs/memory.md, checkpoint offload)."""
     # ---- the task: supervised fine-tuning, or GRPO / DPO on TRL's trainers (the workload), and their levers
     task: str = knob(
         SFT, help="sft (train is its alias), grpo (TRL GRPOTrainer: generate, score, train) or dpo (TRL DPOTrainer: "

@@ -904,6 +904,23 @@ def offloaded_weight_views(model: ModelSpec, plan: Plan) -> int:
                                                     for m in layer.linears)
 
 
+def checkpoint_offload_inputs(model: ModelSpec, plan: Plan) -> int:
+    """Checkpoint offload: how many layer inputs go to the host, one per checkpointed layer the step runs (each
+    batch x seq x hidden in the activation dtype: save_on_cpu around checkpoint, transformers modeling_utils
+    _activation_checkpointing_enable)."""
+    if not (plan.activation_offload and plan.gradient_checkpointing):
+        return 0
+    return len(set(checkpointed_layers(plan, model.num_layers)) - tensors.idle_layers(model, plan))
+
+
+def checkpoint_offload_bytes(model: ModelSpec, plan: Plan) -> int:
+    """The bytes checkpoint offload copies to the host in one forward, and back in backward: each checkpointed
+    layer's input, micro_batch x seq_len x hidden x activation bytes (Chen et al. 2016's checkpoint; the tensors
+    themselves, not their pinned blocks)."""
+    return checkpoint_offload_inputs(model, plan) * DTYPE_BYTES[plan.activation_dtype] * plan.micro_batch \
+        * plan.seq_len * model.hidden_size
+
+
 def offloaded_activation_blocks(model: ModelSpec, plan: Plan, pb: ParamBreakdown, lt: LayerTerms | None = None) -> int:
     """Pinned host bytes of an activation offload, one power-of-two block per copy (advisor.memory.host): with
     checkpointing, each checkpointed layer's input (save_on_cpu around checkpoint); without, a copy each time a
@@ -915,8 +932,7 @@ def offloaded_activation_blocks(model: ModelSpec, plan: Plan, pb: ParamBreakdown
     p = DTYPE_BYTES[plan.activation_dtype]
     T = plan.micro_batch * plan.seq_len
     if plan.gradient_checkpointing:
-        return len(set(checkpointed_layers(plan, L)) - tensors.idle_layers(model, plan)) \
-            * pinned_block_bytes(p * T * model.hidden_size)
+        return checkpoint_offload_inputs(model, plan) * pinned_block_bytes(p * T * model.hidden_size)
     lt = lt or layer_terms(model, plan, pb)
     total = 0
     for layer, indices in tensors.run_layer_kinds(model, plan):

@@ -47,19 +47,25 @@ def low_rank_projection(s: StepInputs) -> float:
 @term("activation_offload", kind="link", label="activation offload link")
 def activation_offload(s: StepInputs) -> float:
     """Offloaded activations cross the host link twice per micro-batch (to the host in forward, back
-    in backward). Under checkpointing transformers' save_on_cpu copies the checkpointed layer
-    inputs on the compute stream (nothing hidden); without it TRL / torchtune activation offloading
-    copies every saved activation on a side stream, hidden behind the layers' matmuls (use_streams)."""
+    in backward). Checkpoint offload (with checkpointing): transformers' save_on_cpu copies each
+    checkpointed layer's input with copy_(non_blocking) into pinned memory in pack and .to(device) in
+    unpack, both on the compute stream, whose next kernels wait for them (torch/autograd/graph.py
+    save_on_cpu: no side stream), so nothing is hidden: 2 x the inputs' bytes / the link.
+    Without checkpointing TRL / torchtune activation offloading copies every saved activation on a side
+    stream, hidden behind the layers' matmuls (use_streams)."""
     plan = s.plan
     if not plan.activation_offload:
         return 0.0
+    if plan.gradient_checkpointing:
+        from advisor.memory.training import checkpoint_offload_bytes
+
+        # the inputs' own bytes, not their power-of-two pinned blocks (the copies move the tensors)
+        return 2 * checkpoint_offload_bytes(s.model, plan) / s.host_link
     from advisor.memory.rl import step_ledger as estimate_training
 
-    # what the ledger moves to the host: the checkpointed layers' inputs, or every saved activation of
-    # 1 KiB or more (the weight views matmul saves and the loss's log-softmax included)
+    # what the ledger moves to the host: every saved activation of 1 KiB or more (the weight views matmul
+    # saves and the loss's log-softmax included)
     offloaded = estimate_training(s.model, plan).host.get("activations", 0)
-    if plan.gradient_checkpointing:
-        return 2 * offloaded / s.host_link
     window = all_layers(s, lambda s, kind: layer_forward_seconds(s, kind) + layer_gemm_seconds(s, "dx", kind)
                         + layer_gemm_seconds(s, "dw", kind))
     return max(0.0, 2 * offloaded / s.host_link - window)
