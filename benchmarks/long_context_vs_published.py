@@ -138,7 +138,8 @@ BOUNDS = {
         assumed="sequence_parallel_size 1: data parallel over 8 GPUs; ZeRO-3 with the optimizer offloaded read as "
                 "zero3_cpu (which also offloads the parameters: 2 GB a GPU that the recipe keeps sharded on the "
                 "GPUs); Liger read as --loss fused-linear; past Llama-3.1's 131072 (RoPE, no memory); 'not packed': "
-                "ultrachat samples are far shorter than 160000, so the run may never have held a 160000-token sequence (a weak bound)"),
+                "ultrachat samples are far shorter than 160000, so the run may never have held a 160000-token "
+                "sequence (a weak bound)"),
     "Liger README, Llama-3-8B full, FSDP1 8 x A100, batch 8, HF": dict(
         ids=("liger-readme-llama3-8b-fsdp-8xA100-oom4k-vs-16k",), which="HF",
         model="llama-3-8b", gpu="a100-80gb", gpus=8, sharding="fsdp", grade="C", fit=None, oom=4096,
@@ -375,7 +376,8 @@ WHY_NOT = {
                                   "swift2-chatglm3-6b-32k-sp4-4gpu", "swift2-chatglm3-6b-32k-sp2-4gpu")},
     **{i: (SP, _SP_360) for i in ("360lf-qwen2.5-14b-full-sft-sp8-maxlen-175k",
                                   "360lf-qwen2.5-72b-full-sft-sp8-maxlen-128k",
-                                  "360lf-qwen2.5-7b-full-dpo-sp4-maxlen-32k", "360lf-qwen2.5-7b-full-dpo-sp8-maxlen-84k",
+                                  "360lf-qwen2.5-7b-full-dpo-sp4-maxlen-32k",
+                                  "360lf-qwen2.5-7b-full-dpo-sp8-maxlen-84k",
                                   "360lf-qwen2.5-14b-full-dpo-sp4-maxlen-32k",
                                   "360lf-qwen2.5-14b-full-dpo-sp8-maxlen-72k",
                                   "360lf-qwen2.5-72b-full-dpo-sp8-maxlen-46k",
