@@ -530,15 +530,14 @@ def findings() -> list[str]:
     n_params = model_of(e["model"]).params_total
     d = r.device
     out.append(f"- ZeRO-3 full fine-tuning in bf16 (the ms-swift 16K rows, 4 GPUs): the ledger's peak is the "
-               f"optimizer step, with optimizer states {d.get('optimizer_states', 0) / GiB:.2f} GiB (bf16 moments, "
-               f"4 B a parameter / 4 ranks), master weights {d.get('master_weights', 0) / GiB:.2f} GiB and a "
-               f"transient of {d.get('transient', 0) / GiB:.2f} GiB (2 B x {n_params / 1e9:.2f}B parameters: foreach "
-               "AdamW's temporary of the whole model, kept per GPU by advisor.memory.sharding, as "
-               "reports/vlm_vs_published.md found for ZeRO-3). DeepSpeed's ZeRO optimizer keeps fp32 master "
-               "partitions and fp32 Adam moments whatever the model's dtype (12 B a parameter: "
-               f"{12 * n_params / e['gpus'] / GiB:.1f} GiB a rank here) and steps on each rank's partition (no "
-               "whole-model temporary). The two errors pull in opposite directions; the row's 0.78x says the missing "
-               "fp32 states weigh more. Not fixed here (the advisor package is not this report's to change).")
+               f"optimizer step, with fp32 optimizer states {d.get('optimizer_states', 0) / GiB:.2f} GiB and fp32 "
+               f"master weights {d.get('master_weights', 0) / GiB:.2f} GiB a rank (DeepSpeed's fp32 partition, "
+               "advisor.memory.sharding.deepspeed_fp32_state: 12 B a parameter / 4 ranks), and a transient of "
+               f"{d.get('transient', 0) / GiB:.2f} GiB (2 B x {n_params / 1e9:.2f}B parameters: foreach AdamW's "
+               "temporary of the whole model, kept whole on each GPU by advisor.memory.sharding, as "
+               "reports/vlm_vs_published.md found for ZeRO-3). DeepSpeed steps each rank's partition in sub-groups "
+               "(sub_group_size, 1e9 elements), so that temporary is at most a sub-group's: the row's over-prediction "
+               "is that term (the one-GPU ledger's phases are not re-sharded one by one; not fixed yet).")
     a = ledger("llama-3.1-8b-instruct", dict(FULL, offload="zero3_cpu", packing=True, seq_len=65000), "h200")
     out.append(f"- The ALST baseline (8B full, zero3_cpu, 65K on one H200): run peak {a.run_peak_bytes / GiB:.1f} GiB, "
                f"of which transient {a.device.get('transient', 0) / GiB:.1f} GiB (the plain loss over 65,000 x "
