@@ -1,8 +1,8 @@
 """What runs on a card: the one rule of which plans a GPU (and a model's class) can run.
 
 Every hardware rule is data in ``advisor/data/card_rules.yaml``, each with its source: bf16 only from
-Ampere (sm80) on, FlashAttention-2 only there too, FlashAttention-3 only on Hopper (sm90), Triton kernels (Liger, torchao's low-bit AdamW) from
-sm70, bitsandbytes from sm60; and what runs but by a slower path (LLM.int8() without int8 tensor cores,
+Ampere (sm80) on, FlashAttention-2 only there too, FlashAttention-3 only on Hopper (sm90), Triton kernels
+(Liger, torchao's low-bit AdamW) from sm70, bitsandbytes from sm60; and what runs but by a slower path (LLM.int8() without int8 tensor cores,
 the grouped-GEMM experts fallback), said but never refused. The model side, which attention
 implementations transformers runs for the model's class, is an input (``model_facts``).
 
