@@ -85,6 +85,24 @@ def test_ampere_hopper_and_blackwell_take_bf16_and_flash_attention_2():
         assert card_problems(plan, gpu) == [] and Card.of(gpu).notes(plan) == []
 
 
+def test_flash_attention_3_runs_on_hopper_only_and_its_refusal_names_the_flag():
+    """FlashAttention-3 is built for sm90 (flash-attn README, hopper/): refused on Ada, Ampere, Blackwell (B200 sm100,
+    RTX 5090 sm120) and older cards with one line naming --attn-impl; every Hopper card of the catalog takes it."""
+    fa3 = Plan(attn_impl="flash_attention_3")
+    for key in ("rtx-4090", "a100-80gb", "b200", "rtx-5090", "t4"):
+        [error] = card_problems(fa3.with_(precision="fp16") if key == "t4" else fa3, resolve_gpu(key))
+        assert (error.where, error.value) == ("--attn-impl", "flash_attention_3") and "\n" not in str(error)
+        assert str(error).startswith("--attn-impl: the ") and "Hopper" in error.rule
+        assert "flash_attention_2" in error.rule
+    hopper = [k for k in gpu_catalog() if resolve_gpu(k).sm == 90]
+    assert {"h100-sxm", "h200"} <= set(hopper)
+    for key in hopper:
+        assert card_problems(fa3, resolve_gpu(key)) == [] and Card.of(resolve_gpu(key)).notes(fa3) == []
+    assert card_problems(fa3, replace(H100, sm=None)) == []  # unknown capability, bf16: may be Hopper
+    assert _refused(fa3, replace(T4, sm=None)) == {("--attn-impl", "flash_attention_3"), ("--precision", "bf16")}
+    assert main(["estimate", "--model", "qwen0.5b", "--gpu", "a100-80gb", "--attn-impl", "flash_attention_3"]) == 2
+
+
 def test_older_cards_lose_triton_then_bitsandbytes():
     triton = Plan(precision="fp16", loss="fused-linear", optimizer="adamw_torch_8bit")
     assert _refused(triton, P100) == {("--loss", "fused-linear"), ("--optimizer", "adamw_torch_8bit")}
@@ -147,7 +165,7 @@ def test_every_lever_value_with_code_of_its_own_is_under_a_rule_or_checked_witho
             assert values <= set(knob_of(Plan, knob).choices), (knob, values - set(knob_of(Plan, knob).choices))
     for r in card_rules():
         assert r.source and r.lacks and r.instead and r.fix and r.effect in ("refuse", "note")
-        assert (r.sm_below is None) != (r.sm_from is None), r.id
+        assert [r.sm_below, r.sm_from, r.sm_not_in or None].count(None) == 2, r.id  # one kind of bound
     assert all(n["source"] and n["why"] for n in not_card_rules())
 
 
@@ -156,8 +174,9 @@ def test_every_lever_value_with_code_of_its_own_is_under_a_rule_or_checked_witho
 
 def test_attention_implementations_are_read_from_the_model_class():
     gemma, qwen = model_facts(resolve_model("gemma-2-9b")), model_facts(resolve_model("qwen7b"))
-    assert gemma.class_name == "Gemma2ForCausalLM" and gemma.attention == {"eager", "flash_attention_2"}
-    assert qwen.class_name == "Qwen2ForCausalLM" and qwen.attention == {"eager", "sdpa", "flash_attention_2"}
+    flash = {"flash_attention_2", "flash_attention_3"}  # one class attribute, _supports_flash_attn, for both
+    assert gemma.class_name == "Gemma2ForCausalLM" and gemma.attention == {"eager", *flash}
+    assert qwen.class_name == "Qwen2ForCausalLM" and qwen.attention == {"eager", "sdpa", *flash}
     assert default_attention(gemma) == "eager" and default_attention(qwen) == "sdpa"
     [error] = card_problems(Plan(attn_impl="sdpa"), None, resolve_model("gemma-2-9b"))
     assert error.where == "--attn-impl" and error.value == "sdpa" and "Gemma2ForCausalLM" in error.rule

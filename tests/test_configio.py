@@ -37,7 +37,7 @@ def plans(draw) -> Plan:
     if method == "full" and precision == "fp16":
         precision = "mixed_fp16"
     attn = draw(st.sampled_from(ATTENTION))
-    if attn == "flash_attention_2" and precision == "fp32":
+    if attn in ("flash_attention_2", "flash_attention_3") and precision == "fp32":
         attn = "sdpa"
     if offload != "none":
         optimizer = "adamw_torch"
@@ -87,7 +87,8 @@ def _expressible(fmt: str, plan: Plan) -> bool:
         ok_prec = plan.precision in (("mixed_bf16", "mixed_fp16", "bf16") if plan.method == "full" else ("bf16", "fp16"))
         pure_z3 = plan.method == "full" and plan.precision == "bf16" and plan.offload == "zero3_cpu"
         cd_ok = not plan.four_bit or plan.compute_dtype == plan.activation_dtype
-        return int_alpha and ok_prec and not pure_z3 and cd_ok and plan.loss != "chunked"
+        no_fa3 = plan.attn_impl != "flash_attention_3"  # LLaMA-Factory 0.9.5 lists fa3 but raises for it
+        return int_alpha and ok_prec and not pure_z3 and cd_ok and plan.loss != "chunked" and no_fa3
     if fmt == "trl":
         return int_alpha and (not plan.four_bit or plan.compute_dtype == plan.param_dtype)
     return True

@@ -21,6 +21,16 @@ SMOLLM3 = {"model_type": "smollm3", "hidden_size": 64, "intermediate_size": 128,
 GEMMA3 = {"model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 6,
           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512, "sliding_window": 64,
           "max_position_embeddings": 2048}
+QWEN3_5 = {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+           "text_config": {"model_type": "qwen3_5_text", "hidden_size": 64, "intermediate_size": 128,
+                           "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                           "layer_types": ["linear_attention"] * 3 + ["full_attention"], "linear_num_key_heads": 2,
+                           "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+                           "vocab_size": 512, "max_position_embeddings": 2048},
+           "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                             "out_hidden_size": 64}}
+"""A tiny synthetic Qwen3.5 (transformers qwen3_5: Gated DeltaNet layers, three of four, then gated attention),
+not a checkpoint: the catalog holds no Qwen3.5 size until its published config.json is in hand (issue 31)."""
 
 
 def _local(tmp_path, name, config):
@@ -46,6 +56,16 @@ def test_a_mixture_of_experts_never_in_the_catalog_is_answered_by_the_simulation
     assert d["fits"] is True and d["ledger"]["weights"] > 0
     # the step-time model times routed experts (advisor/speed/experts.py): its speed is predicted all the same
     assert d["tokens_per_s"] > 0 and d["throughput"]["source"] == "predicted"
+
+
+def test_qwen3_5s_hybrid_linear_attention_is_answered_by_the_simulation(tmp_path, capsys):
+    pytest.importorskip("torch")
+    spec = resolve_model(_local(tmp_path, "tiny-qwen3.5", QWEN3_5))
+    assert [layer.attention for layer in spec.description.layers] == ["linear", "linear", "linear", "full"]
+    d = _estimate(capsys, "--model", str(tmp_path / "tiny-qwen3.5"), "--method", "lora", "--seq-len", "64",
+                  "--gpu-budget", "8GB")
+    assert d["answered_by"] == "simulation" and "linear-attention layers (3 of 4" in d["answered_by_reason"]
+    assert d["peak_bytes"] > 0 and d["fits"] is True
 
 
 def test_a_dense_architecture_never_in_the_catalog_is_answered_by_the_closed_form(tmp_path, capsys):

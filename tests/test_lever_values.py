@@ -110,6 +110,7 @@ MEMORY = {
     "attn_impl": {
         "sdpa": lambda p, r, ref: dev(r, "activations") > 0,
         "flash_attention_2": lambda p, r, ref: dev(r, "activations") == dev(ref, "activations"),  # no scores either
+        "flash_attention_3": lambda p, r, ref: dev(r, "activations") == dev(ref, "activations"),  # as FA2
         "eager": lambda p, r, ref: dev(r, "activations") > dev(ref, "activations"),  # seq x seq scores saved
     },
     "offload": {
@@ -185,6 +186,7 @@ SPEED = {
     "attn_impl": {
         "sdpa": lambda p, t, ref: t["attention"] > 0,
         "flash_attention_2": lambda p, t, ref: t["attention"] > 0,
+        "flash_attention_3": lambda p, t, ref: t["attention"] > 0,
         "eager": lambda p, t, ref: t["attention"] > ref["attention"],
     },
     "offload": {"none": lambda p, t, ref: t["offload"] == 0,

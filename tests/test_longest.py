@@ -97,3 +97,46 @@ def test_tune_max_below_every_plan_is_a_clear_error(capsys, tmp_path):
                  "--reports-dir", str(tmp_path)])
     assert code == 2 and "--seq-len: no plan of space 'default'" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # no study was made
+
+
+@pytest.fixture(scope="module")
+def lora_config(tmp_path_factory):
+    from advisor.configs.export import export_plan
+    from advisor.core.catalog import resolve_model
+    from advisor.core.plan import Plan
+
+    root = tmp_path_factory.mktemp("longest")
+    return str(export_plan(resolve_model("qwen0.5b"), Plan(method="lora", seq_len=512), root,
+                           formats=["advisor"])["advisor"])
+
+
+def _preflight(capsys, config, *argv):
+    code = main(["preflight", config, "--gpu-budget", "4GB", "--json", *argv])
+    return code, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("backend", ["estimate", "simulate"])
+def test_preflight_answers_the_longest_the_config_fits(capsys, lora_config, backend):
+    """`advisor preflight CONFIG --seq-len max`: GO at the longest length the config's plan fits (the search advisor
+    estimate asks, on the preflight's own measure), the same length as estimate's on the closed form."""
+    code, d = _preflight(capsys, lora_config, "--seq-len", "max", "--backend", backend)
+    longest, search = d["max_seq_len"], d["seq_len_search"]
+    assert code == 0 and d["verdict"] == "GO" and d["plan"]["seq_len"] == longest == search["max_seq_len"]
+    assert search["step"] == (1 if backend == "estimate" else 64) and search["next_seq_len"] == longest + search["step"]
+    found = next(f for f in d["findings"] if f["check"] == "memory.longest")
+    assert found["severity"] == "ok" and f"{longest:,} tokens" in found["title"]
+    assert _preflight(capsys, lora_config, "--max-seq-len", str(longest), "--backend", backend)[1]["verdict"] == "GO"
+    over = _preflight(capsys, lora_config, "--seq-len", str(search["next_seq_len"]), "--backend", backend)[1]
+    assert next(f for f in over["findings"] if f["check"] == "memory.fit")["severity"] != "ok"
+    if backend == "estimate":
+        assert longest == _estimate(capsys, "--seq-len", "max")[1]["max_seq_len"]
+
+
+def test_preflight_max_that_cannot_be_answered_is_a_clear_error(capsys, lora_config):
+    assert main(["preflight", lora_config, "--seq-len", "max", "--backend", "estimate"]) == 2
+    assert "--seq-len: max needs a budget" in capsys.readouterr().err
+    assert main(["preflight", lora_config, "--gpu-budget", "4GB", "--seq-len", "max", "--max-seq-len", "100"]) == 2
+    assert "--seq-len: give --seq-len or --max-seq-len, not both" in capsys.readouterr().err
+    code, d = _preflight(capsys, lora_config, "--seq-len", "max", "--backend", "estimate", "--gpu-budget", "1GB")
+    assert code == 1 and d["verdict"] == "NO-GO" and d["max_seq_len"] is None
+    assert next(f for f in d["findings"] if f["check"] == "memory.longest")["severity"] == "error"

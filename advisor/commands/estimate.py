@@ -165,14 +165,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _longest(model, plan, budget, headroom: float, measure, backend: str) -> tuple:
-    """``plan`` at the longest sequence that fits the budget, and the search's figures (advisor.memory.longest): by
-    the token on the closed form, by 64 tokens on a simulation or a probe (each length is a trace or a run)."""
-    from advisor.core.fit import fits
-    from advisor.memory.longest import STEP, ceiling_of, longest_seq_len, peaks
+    """``plan`` at the longest sequence that fits the budget, and the search's figures (advisor.memory.longest)."""
+    from advisor.memory.longest import longest_plan
 
-    fit = longest_seq_len(peaks(measure, plan), lambda peak: fits(peak, budget.bytes, headroom), ceiling_of(model),
-                          step=1 if backend == "estimate" else STEP)
-    return plan.with_(seq_len=fit.max_seq_len or fit.step), fit.to_dict()
+    plan, fit = longest_plan(model, plan, budget.bytes, headroom, measure, backend)
+    return plan, fit.to_dict()
 
 
 def answered_by(model, task: str, backend: str, report) -> dict:

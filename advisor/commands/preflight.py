@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from advisor.commands.common import add_host_budget_flag, number, positive_int
+from advisor.commands.common import _argparse_type, add_host_budget_flag, number, positive_int
 from advisor.core.fit import HEADROOM
+from advisor.core.plan import parse_seq_len
 
 
 def add_parser(subs) -> None:
@@ -20,6 +21,9 @@ def add_parser(subs) -> None:
     add_host_budget_flag(p)
     p.add_argument("--data", help="training data (JSONL with 'text', or .txt): longest sequence and total tokens")
     p.add_argument("--max-seq-len", type=positive_int, help="longest sequence (without --data)")
+    p.add_argument("--seq-len", type=_argparse_type(parse_seq_len),
+                   help="max: the longest sequence the config's plan fits (GO with it, as max_seq_len in the JSON); "
+                        "a number: as --max-seq-len")
     p.add_argument("--epochs", type=number(low=0), help="epochs for the time estimate")
     p.add_argument("--headroom", type=number(low=0, low_inclusive=True, high=1), default=HEADROOM,
                    help="fraction of the budget kept free (default: %(default)s)")
@@ -44,7 +48,7 @@ def run_preflight_cmd(args: argparse.Namespace) -> int:
 
     result = run_preflight(PreflightInput(
         config=args.config, gpu_budget=args.gpu_budget, gpu=args.gpu, data=args.data, probe=args.probe,
-        max_seq_len=args.max_seq_len, headroom=args.headroom, epochs=args.epochs,
+        max_seq_len=args.max_seq_len, seq_len=args.seq_len, headroom=args.headroom, epochs=args.epochs,
         trust_remote_code=args.trust_remote_code, backend=args.backend, host_budget=args.host_budget))
     who = memory_answered_by(result.model, result.plan, result.extra.get("backend", args.backend))
     if args.json:

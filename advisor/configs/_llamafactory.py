@@ -58,6 +58,11 @@ FILENAME = FORMATS["llamafactory"].filename
 FORMAT = "llamafactory"
 
 FLASH_ATTN = {"sdpa": "sdpa", "eager": "disabled", "flash_attention_2": "fa2"}
+FA3_UNSUPPORTED = ("LLaMA-Factory 0.9.5 lists flash_attn: fa3 but does not run it (model_utils/attention.py "
+                   "configure_attn_implementation raises NotImplementedError for fa3, except gpt-oss's kernel; main "
+                   "maps it to flash_attention_3 after 0.9.5, #10742): use --attn-impl flash_attention_2 for this "
+                   "format")
+"""Why an LLaMA-Factory export refuses flash_attention_3 (read in hiyouga/LLaMA-Factory v0.9.5)."""
 
 
 def precision_flags(plan) -> dict[str, bool]:
@@ -113,6 +118,8 @@ def llamafactory_config(ctx: ExportContext) -> dict[str, Any]:
         if plan.four_bit:
             cfg["quantization_type"] = plan.quantization
             cfg["double_quantization"] = DECLARED
+    if plan.attn_impl == "flash_attention_3":
+        raise Unsupported(FORMAT, FA3_UNSUPPORTED)
     cfg["flash_attn"] = FLASH_ATTN[plan.attn_impl]
     cfg["disable_gradient_checkpointing"] = not plan.gradient_checkpointing
     cfg.update(checkpoint_offload_keys(plan))

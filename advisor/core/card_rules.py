@@ -1,8 +1,8 @@
 """What runs on a card: the one rule of which plans a GPU (and a model's class) can run.
 
 Every hardware rule is data in ``advisor/data/card_rules.yaml``, each with its source: bf16 only from
-Ampere (sm80) on, FlashAttention-2 only there too, Triton kernels (Liger, torchao's low-bit AdamW) from
-sm70, bitsandbytes from sm60; and what runs but by a slower path (LLM.int8() without int8 tensor cores,
+Ampere (sm80) on, FlashAttention-2 only there too, FlashAttention-3 only on Hopper (sm90), Triton kernels
+(Liger, torchao's low-bit AdamW) from sm70, bitsandbytes from sm60; and what runs but by a slower path (LLM.int8() without int8 tensor cores,
 the grouped-GEMM experts fallback), said but never refused. The model side, which attention
 implementations transformers runs for the model's class, is an input (``model_facts``).
 
@@ -20,7 +20,7 @@ from typing import Any, Mapping
 from advisor.core.data_files import load_data_file
 from advisor.core.errors import AdvisorInputError
 from advisor.core.knobs import knob_of
-from advisor.core.plan import Plan
+from advisor.core.plan import ATTENTION, Plan
 
 AUTO = "auto"
 """A search space's choice for a knob the card decides (``CARD_DECIDED``): the value ``Card.choice`` gives."""
@@ -63,6 +63,8 @@ class CardRule:
     source: str
     detail: str = ""
     """More on what happens there (pre-flight's evidence)."""
+    sm_not_in: tuple[int, ...] = ()
+    """Cards whose compute capability is none of these are concerned (a kernel built for one architecture only)."""
 
     def on(self, gpu: Any) -> bool:
         """Does the rule concern this card? A card of unknown compute capability is judged only by its bf16
@@ -70,6 +72,8 @@ class CardRule:
         if gpu is None:
             return False
         low, high = _sm_range(gpu)
+        if self.sm_not_in:  # concerned when it cannot be any of them (unknown: only where its range excludes them)
+            return not any(low <= sm <= high for sm in self.sm_not_in)
         if self.sm_below is not None:
             return high < self.sm_below
         return self.sm_from is not None and low >= self.sm_from
@@ -90,7 +94,7 @@ def card_rules() -> tuple[CardRule, ...]:
                                                              for k, v in r["when"].items()},
                           sm_below=r.get("sm_below"), sm_from=r.get("sm_from"), effect=r["effect"],
                           lacks=r["lacks"], instead=r["instead"], fix=r["fix"], source=r["source"],
-                          detail=r.get("detail", ""))
+                          detail=r.get("detail", ""), sm_not_in=tuple(r.get("sm_not_in", ())))
                  for r in load_data_file("card_rules.yaml")["rules"])
 
 
@@ -157,7 +161,7 @@ def model_facts(model: Any) -> ModelFacts:
     description = getattr(model, "description", None)
     if description is None:
         return ModelFacts()
-    attention = frozenset(i for i in ("eager", "sdpa", "flash_attention_2") if description.supports_attention(i))
+    attention = frozenset(i for i in ATTENTION if description.supports_attention(i))
     return ModelFacts(class_name=description.model_class, attention=attention, experts=description.moe is not None,
                       transformers_version=description.transformers_version)
 
@@ -255,8 +259,9 @@ class Card:
         facts = self.model
         if facts.attention is None or impl in facts.attention:
             return []
-        runs = sorted(facts.attention, key=["sdpa", "flash_attention_2", "eager"].index)
-        attrs = {"sdpa": "_supports_sdpa", "flash_attention_2": "_supports_flash_attn"}.get(impl, "?")
+        runs = sorted(facts.attention, key=["sdpa", "flash_attention_2", "flash_attention_3", "eager"].index)
+        attrs = {"sdpa": "_supports_sdpa", "flash_attention_2": "_supports_flash_attn",
+                 "flash_attention_3": "_supports_flash_attn"}.get(impl, "?")
         where = f"transformers {facts.transformers_version}".strip()
         rule = (f"{facts.class_name} does not run {impl} in {where} ({attrs} is False); use "
                 f"{' or '.join(runs)}")

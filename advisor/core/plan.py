@@ -28,7 +28,12 @@ FUSED_BACKWARD_OPTIMIZERS = names_where("in_backward")
 """Optimizers that update each parameter inside backward and free its gradient at once."""
 PAGED_OPTIMIZERS = names_where("paged")
 """Optimizers whose states live in CUDA unified memory (bitsandbytes paged)."""
-ATTENTION = ("sdpa", "eager", "flash_attention_2")
+ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3")
+FLASH_ATTENTION = ("flash_attention_2", "flash_attention_3")
+"""The flash-attn kernels (FlashAttention-2; FlashAttention-3, the Hopper build of flash-attn's ``hopper/``, module
+``flash_attn_interface``): tiled exact attention that saves q, k, v, the output and the log-sum-exp per head, no
+score matrix (Dao 2023, FlashAttention-2 §3.1; Shah et al. 2024, FlashAttention-3 §3), and honours position_ids
+for packed rows (transformers modeling_flash_attention_utils._flash_attention_forward, both versions)."""
 OFFLOADS = ("none", "zero2_cpu", "zero3_cpu")
 LOSSES = ("plain", "chunked", "fused-linear")
 """plain: the model's own loss over all logits; chunked: the output projection and loss over chunks of
@@ -360,7 +365,8 @@ class Plan:
         search=Search(order=130, required=True, ladder=prefer("sdpa", "flash_attention_2"), frugal=first),
         keys={"advisor": Key("model.attn_implementation", listed=True), "axolotl": Custom("attn_implementation"),
               "llamafactory": Custom("flash_attn"), "trl": Key("attn_implementation")})
-    """Attention implementation: sdpa, eager (materializes the scores), flash_attention_2."""
+    """Attention implementation: sdpa, eager (materializes the scores), flash_attention_2, flash_attention_3 (Hopper
+    only: card_rules.yaml)."""
     offload: str = knob(
         "none", help="DeepSpeed CPU offload", choices=OFFLOADS,
         tag=Tag(after="optimizer"),
@@ -722,8 +728,8 @@ class Plan:
             if self.dora is True:
                 bad("dora", "peft's lora.ParamWrapper on the stacked experts refuses DoRA: use "
                     f"{flag_of('lora_experts', type(self))} off with DoRA", self.dora)
-        if self.attn_impl == "flash_attention_2" and self.activation_dtype == "fp32":
-            bad("attn_impl", "flash_attention_2 computes in fp16/bf16 only; use sdpa or eager with fp32",
+        if self.attn_impl in FLASH_ATTENTION and self.activation_dtype == "fp32":
+            bad("attn_impl", f"{self.attn_impl} computes in fp16/bf16 only; use sdpa or eager with fp32",
                 self.attn_impl)
         if self.offload != "none":
             if self.optimizer != "adamw_torch":
@@ -906,9 +912,10 @@ def rl_plan_problems(plan: Plan, bad) -> None:
     if plan.task == GRPO and plan.generation.startswith("vllm") and plan.quantization == "int8":
         bad("generation", "vLLM does not load bitsandbytes 8-bit weights in flight (TRL VLLMGeneration refuses "
             "Linear8bitLt): use transformers generation, or nf4", plan.generation)
-    if plan.padding_free and plan.task == DPO and plan.attn_impl != "flash_attention_2":
+    if plan.padding_free and plan.task == DPO and plan.attn_impl not in FLASH_ATTENTION:
         bad("padding_free", "padding-free batches keep sequences apart by position_ids, which only "
-            "flash_attention_2 honours: use --attn-impl flash_attention_2", plan.padding_free)
+            "flash attention honours: use --attn-impl flash_attention_2 (flash_attention_3 on Hopper)",
+            plan.padding_free)
 
 
 def rl_problems(plan: Plan, gpus: int = 1) -> list[AdvisorInputError]:

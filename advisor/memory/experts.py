@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from advisor.core.architecture import LayerDescription
 from advisor.core.catalog import ModelSpec
-from advisor.core.plan import DTYPE_BYTES, Plan
+from advisor.core.plan import DTYPE_BYTES, FLASH_ATTENTION, Plan
 
 COVERED = ("qwen3_moe", "olmoe", "mixtral", "gpt_oss", "deepseek_v2")
 """Model types whose routers, experts and attention the closed form has terms for (each checked against the
@@ -84,8 +84,9 @@ def moe_intermediate(layer: LayerDescription) -> int:
 
 def effective_attention(model: ModelSpec, plan: Plan) -> str:
     """The attention the step runs: the plan's where the class accepts it, else what transformers picks
-    (advisor.runtime.build._attention; flash_attention_2 saves what sdpa saves)."""
-    impl = "sdpa" if plan.attn_impl == "flash_attention_2" else plan.attn_impl
+    (advisor.runtime.build._attention; flash_attention_2 and _3 save what sdpa saves: q, k, v, the output and the
+    log-sum-exp, advisor.core.plan.FLASH_ATTENTION)."""
+    impl = "sdpa" if plan.attn_impl in FLASH_ATTENTION else plan.attn_impl
     if model.supports_attention(impl):
         return impl
     d = model.description

@@ -93,3 +93,15 @@ def peaks(measure: Callable, plan) -> Peak:
 def ceiling_of(model) -> int:
     """The longest searched: the model's trained context (past it the model needs RoPE scaling)."""
     return int(model.max_position_embeddings or 131072)
+
+
+def longest_plan(model, plan, budget_bytes: int, headroom: float, measure: Callable, backend: str) -> tuple:
+    """``plan`` at the longest sequence whose run (``measure(plan)``, a report with the run's phases) fits
+    ``budget_bytes`` less ``headroom``, and the search: by the token on the closed form (``backend`` estimate), by
+    ``STEP`` tokens on a simulation or a probe (each length is a trace or a run). advisor estimate and advisor
+    preflight ask it (``--seq-len max``)."""
+    from advisor.core.fit import fits
+
+    fit = longest_seq_len(peaks(measure, plan), lambda peak: fits(peak, budget_bytes, headroom), ceiling_of(model),
+                          step=1 if backend == "estimate" else STEP)
+    return plan.with_(seq_len=fit.max_seq_len or fit.step), fit

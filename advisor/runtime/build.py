@@ -31,7 +31,7 @@ from typing import Any, Iterable
 from advisor.core.catalog import ModelSpec, build_hf_config
 from advisor.core.errors import AdvisorInputError
 from advisor.core.optimizers import optimizer as optimizer_declaration
-from advisor.core.plan import Plan
+from advisor.core.plan import FLASH_ATTENTION, Plan
 from advisor.memory.training import CE_CHUNK_TOKENS
 from advisor.runtime.tensors import IGNORE_INDEX, TORCH_DTYPES, is_fake, torch_dtype  # noqa: F401 (re-exported)
 
@@ -332,11 +332,14 @@ def select_layers(cfg, spec: ModelSpec, layers: tuple[int, ...]) -> None:
 def _attention(spec: ModelSpec, plan: Plan, target: str, notes: list[str]) -> str:
     """The attention the traced (or probed) model runs: the plan's, where the model class accepts it."""
     impl = plan.attn_impl
-    if impl == "flash_attention_2":
+    if impl in FLASH_ATTENTION:
         import importlib.util
 
-        if not (target.startswith("cuda") and importlib.util.find_spec("flash_attn") is not None):
-            notes.append("flash_attention_2 run as sdpa (flash_attn absent or not on CUDA): the same saved tensors "
+        # FlashAttention-2 is the flash_attn package, FlashAttention-3 its Hopper build's flash_attn_interface
+        # (transformers utils/import_utils.is_flash_attn_2_available / is_flash_attn_3_available)
+        package = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}[impl]
+        if not (target.startswith("cuda") and importlib.util.find_spec(package) is not None):
+            notes.append(f"{impl} run as sdpa ({package} absent or not on CUDA): the same saved tensors "
                          "(q, k, v, output, logsumexp)")
             impl = "sdpa"
     if not spec.supports_attention(impl):

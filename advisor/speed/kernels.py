@@ -5,6 +5,7 @@ arithmetic over ``StepInputs``; no torch.
 
 from __future__ import annotations
 
+from advisor.core.plan import FLASH_ATTENTION
 from advisor.speed.inputs import StepInputs, lever_row
 from advisor.speed.layers import LayerKind
 
@@ -55,7 +56,7 @@ def attended_keys(s: StepInputs, kind: LayerKind, impl: str) -> float:
     w = kind.window
     if kind.attention != "sliding" or not w or seq <= w:
         return 0.5
-    if impl in ("flash_attention_2", "flex_attention"):
+    if impl in FLASH_ATTENTION or impl == "flex_attention":  # FlashAttention-3 takes window_size as FA2 does
         return (w * (w + 1) / 2 + (seq - w) * w) / (seq * seq)
     return 1.0
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from advisor.core.catalog import GpuSpec, ModelSpec
-from advisor.core.plan import DTYPE_BYTES, Plan
+from advisor.core.plan import DTYPE_BYTES, FLASH_ATTENTION, Plan
 from advisor.memory.sharding import DEFAULT_SHARDING, SHARDS_PARAMETERS, SHARDS_STATES
 from advisor.speed.experts import (expert_lora_seconds, expert_loop_exposed_seconds, experts_elementwise_bytes,
                                    experts_gemm_seconds, experts_launches)
@@ -155,7 +155,7 @@ def attention_elementwise_per_token(s: StepInputs, kind: LayerKind) -> float:
     out = 8 * p * (qd + kvd) + 2 * p * qd
     if kind.qk_norm:
         out += (4 * p + 28) * (qd + kvd)
-    if m.num_kv_heads < m.num_heads and s.plan.attn_impl != "flash_attention_2":
+    if m.num_kv_heads < m.num_heads and s.plan.attn_impl not in FLASH_ATTENTION:
         out += 4 * p * qd
     if kind.attention_gated:
         out += 5 * p * qd

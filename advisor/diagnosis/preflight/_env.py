@@ -70,6 +70,13 @@ def check_versions(plan: Plan, versions: dict[str, str | None] | None = None) ->
                                 ("use attn_implementation: sdpa (no extra package)",
                                  "pip install flash-attn --no-build-isolation (needs a matching CUDA toolkit)"),
                                 "environment"))
+    if plan.attn_impl == "flash_attention_3" and importlib.util.find_spec("flash_attn_interface") is None:
+        # transformers is_flash_attn_3_available: the flash-attn-3 distribution's flash_attn_interface module
+        findings.append(Finding("env.flash-attn", "error", "flash_attention_3 requested but FlashAttention-3 is not "
+                                "installed", "importlib cannot find flash_attn_interface",
+                                ("use attn_implementation: flash_attention_2 or sdpa",
+                                 "build flash-attn's hopper/ directory (cd hopper && python setup.py install; "
+                                 "CUDA >= 12.3, an H100/H800-class GPU)"), "environment"))
     shown = {k: v for k, v in versions.items() if v}
     findings.append(Finding("env.versions", "info", "library versions",
                             ", ".join(f"{k} {v}" for k, v in shown.items()), (), "environment", {"versions": versions}))

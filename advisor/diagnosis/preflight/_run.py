@@ -14,7 +14,7 @@ from advisor.diagnosis.doctor import ledger_over
 from advisor.diagnosis.findings import Finding, verdict
 from advisor.memory.ledger import LABELS, MemoryReport
 from advisor.core.plan import Plan
-from advisor.diagnosis.preflight import _config, _env, _rl, _vision
+from advisor.diagnosis.preflight import _config, _env, _longest, _rl, _vision
 from advisor.diagnosis.preflight._data import DataStats, data_stats
 from advisor.core.units import Budget, format_bytes
 
@@ -27,6 +27,8 @@ class PreflightInput:
     data: str | None = None
     probe: bool = False
     max_seq_len: int | None = None
+    seq_len: int | str | None = None
+    """--seq-len: a length (as ``max_seq_len``), or max: the longest the config's plan fits (advisor.memory.longest)."""
     headroom: float = HEADROOM
     epochs: float | None = None
     trust_remote_code: bool = False
@@ -52,6 +54,8 @@ class PreflightResult:
     """No GPU was named or detected: ``gpu`` is the catalog GPU the budget matches."""
     host_budget: Budget | None = None
     """The host RAM checked against (--host-budget, else detected)."""
+    longest: dict[str, Any] | None = None
+    """--seq-len max: the search (advisor.memory.longest.LongestFit.to_dict); ``plan`` is at its length."""
 
     @property
     def exit_code(self) -> int:
@@ -72,6 +76,7 @@ class PreflightResult:
             else None,
             "data": self.data.__dict__ if self.data else None, "hours": self.hours,
             "findings": [f.to_dict() for f in self.findings],
+            **({"max_seq_len": self.longest["max_seq_len"], "seq_len_search": self.longest} if self.longest else {}),
         }
 
 
@@ -112,25 +117,48 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
     findings += _env.check_gpu(plan, target.known_gpu, budget.bytes if budget else None)
     findings += _env.check_card(plan, target.known_gpu, model)
 
+    seq_max = _longest.asked(inp.seq_len, inp.max_seq_len, budget, plan)
     stats = data_stats(inp.data, model.path) if inp.data else None
-    seq = inp.max_seq_len or plan.seq_len
-    if stats is not None and stats.longest_tokens and not plan.packing and plan.task != "grpo":
-        # padded batches: the longest one sets the peak; packed rows are always seq_len tokens
-        seq = min(seq, max(1, stats.longest_tokens))
+    seq = inp.max_seq_len or (inp.seq_len if not seq_max else None) or plan.seq_len
+
+    def data_capped(seq: int) -> int:
+        if stats is not None and stats.longest_tokens and not plan.packing and plan.task != "grpo":
+            # padded batches: the longest one sets the peak; packed rows are always seq_len tokens
+            return min(seq, max(1, stats.longest_tokens))
+        return seq
+
+    seq = data_capped(seq)
     evaluates = str(training.get("eval_strategy") or training.get("evaluation_strategy") or "no") != "no"
     mem_plan = plan.with_(seq_len=seq)
     if evaluates and not plan.eval_batch:
         # TrainingArguments.per_device_eval_batch_size defaults to 8
         mem_plan = mem_plan.with_(eval_batch=int(training.get("per_device_eval_batch_size") or 8))
-    report = None
+    report = longest = None
     if not any(f.severity == "error" and f.area == "config" for f in findings):
+        def measured(backend: str):
+            """The run's report, at the longest length that fits for --seq-len max (the search and the plan)."""
+            if not seq_max:
+                return _memory(model, mem_plan, gpu, evaluates, backend), None, mem_plan
+            from advisor.memory.longest import longest_plan
+
+            at, fit = longest_plan(model, mem_plan, budget.bytes, inp.headroom,
+                                   lambda p: _memory(model, p, gpu, evaluates, backend), backend)
+            at = at.with_(seq_len=data_capped(at.seq_len))
+            return _memory(model, at, gpu, evaluates, backend), fit, at
+
         try:
-            report = _memory(model, mem_plan, gpu, evaluates, backend)
+            report, fit, mem_plan = measured(backend)
         except AdvisorInputError:
             if backend == "estimate" or not _rl.is_rl(plan):
                 raise
             backend = "estimate"  # a GRPO/DPO step the simulation does not run: the closed form answers it
-            report = _memory(model, mem_plan, gpu, evaluates, backend)
+            report, fit, mem_plan = measured(backend)
+        if fit is not None:
+            from advisor.memory.closed_form import CLOSED_FORM, SIMULATION
+
+            findings += [_longest.finding(fit, budget, CLOSED_FORM if backend == "estimate" else SIMULATION)]
+            longest = fit.to_dict()
+            plan, seq = plan.with_(seq_len=fit.max_seq_len or fit.step), mem_plan.seq_len
         findings += memory_findings(report, budget, inp.headroom, seq, stats, mem_plan)
         findings += _vision.pixel_budget_findings(model, mem_plan, gpu, budget, inp.headroom)
         if _rl.is_rl(plan):
@@ -147,7 +175,8 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
     order = {"error": 0, "warning": 1, "info": 2, "ok": 3}
     findings.sort(key=lambda f: order[f.severity])
     return PreflightResult(verdict(findings), findings, model, plan, budget, gpu, report, stats, hours,
-                           extra={"backend": backend}, gpu_assumed=target.gpu_assumed, host_budget=target.host_budget)
+                           extra={"backend": backend}, gpu_assumed=target.gpu_assumed, host_budget=target.host_budget,
+                           longest=longest)
 
 
 def _memory(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, evaluates: bool = True,

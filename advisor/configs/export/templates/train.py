@@ -245,8 +245,8 @@ def adapt_to_cpu(model_s: dict, quant: dict | None, training: dict) -> None:
         say("no CUDA GPU: Liger's fused linear cross-entropy off (Triton kernels need a GPU); the model's own loss")
         training["use_liger_kernel"] = False
         training.pop("liger_kernel_config", None)
-    if model_s.get("attn_implementation") == "flash_attention_2":
-        say("no CUDA GPU: attention sdpa instead of flash_attention_2")
+    if model_s.get("attn_implementation") in ("flash_attention_2", "flash_attention_3"):
+        say(f"no CUDA GPU: attention sdpa instead of {model_s['attn_implementation']}")
         model_s["attn_implementation"] = "sdpa"
     kwargs = training.get("gradient_checkpointing_kwargs") or {}
     if kwargs.get("offload"):

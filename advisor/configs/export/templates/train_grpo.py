@@ -105,8 +105,8 @@ def adapt_to_cpu(train: dict, model: dict) -> None:
         say("no CUDA GPU: bf16/fp16 autocast off (use_cpu=True)")
     train["bf16"] = train["fp16"] = False
     train["use_cpu"] = True
-    if model.get("attn_implementation") == "flash_attention_2":
-        say("no CUDA GPU: attention sdpa instead of flash_attention_2")
+    if model.get("attn_implementation") in ("flash_attention_2", "flash_attention_3"):
+        say(f"no CUDA GPU: attention sdpa instead of {model['attn_implementation']}")
         model["attn_implementation"] = "sdpa"
     if train.get("deepspeed"):
         say("no CUDA GPU: DeepSpeed skipped (it needs a GPU)")

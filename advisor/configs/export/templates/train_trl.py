@@ -79,8 +79,8 @@ def adapt_to_cpu(sft: dict, model: dict) -> None:
         say("no CUDA GPU: bf16/fp16 autocast off (use_cpu=True)")
     sft["bf16"] = sft["fp16"] = False
     sft["use_cpu"] = True
-    if model.get("attn_implementation") == "flash_attention_2":
-        say("no CUDA GPU: attention sdpa instead of flash_attention_2")
+    if model.get("attn_implementation") in ("flash_attention_2", "flash_attention_3"):
+        say(f"no CUDA GPU: attention sdpa instead of {model['attn_implementation']}")
         model["attn_implementation"] = "sdpa"
     if sft.get("deepspeed"):
         say("no CUDA GPU: DeepSpeed ZeRO offload skipped (it needs a GPU); training with the plain optimizer")
