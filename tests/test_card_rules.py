@@ -200,8 +200,9 @@ def test_the_model_facts_agree_with_the_classes_transformers_imports():
         cls_name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[spec.model_type]
         module = importlib.import_module(f"transformers.models.{spec.model_type}.modeling_{spec.model_type}")
         cls = getattr(module, cls_name)
+        # one class flag covers both flash-attention versions (modeling_utils.py _flash_attn_can_dispatch)
         real = {"eager"} | ({"sdpa"} if cls._supports_sdpa else set()) | (
-            {"flash_attention_2"} if cls._supports_flash_attn else set())
+            {"flash_attention_2", "flash_attention_3"} if cls._supports_flash_attn else set())
         facts = model_facts(spec)
         assert facts.class_name == cls_name and facts.attention == real, spec.model_type
 
