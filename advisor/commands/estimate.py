@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
                               "real_token_fraction": data.real_token_fraction(plan.seq_len, plan.micro_batch,
                                                                               plan.packing)}
             if data.images and model.is_vision_language:
-                _, lengths = data.largest_sample(model, plan)
+                _, _, lengths = data.largest_sample(model, plan)
                 result["data"].update(largest_sample_images=list(sized.image_sizes), longest_sample_tokens=max(lengths))
                 if sized.seq_len > plan.seq_len:  # a trainer would cut its text; planned whole
                     result["data"]["warning"] = (f"the longest sample holds {max(lengths):,} tokens with its images, "

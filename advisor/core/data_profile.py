@@ -61,12 +61,9 @@ class DataProfile:
         longest sample's text and image tokens."""
         if not self.images or spec is None or not spec.is_vision_language:
             return plan.with_(seq_len=self.memory_seq_len(plan.seq_len, plan.packing))
-        from advisor.core.vision_tokens import count_sample
-
-        largest, lengths = self.largest_sample(spec, plan)
+        largest, beside, lengths = self.largest_sample(spec, plan)
         # seq_len is the text beside the images (docs/vision.md): the language model's sequence is the longest
         # sample's text and image tokens together, not cut at seq_len (a sample's image tokens are never cut)
-        beside = count_sample(spec, plan.with_(image_sizes=largest)).text_tokens
         return plan.with_(image_sizes=largest, seq_len=max(plan.seq_len if plan.packing else 1, max(lengths) - beside))
 
     def refuse_image_flag(self, image_sizes) -> None:
@@ -77,9 +74,9 @@ class DataProfile:
             raise AdvisorInputError("--image-size", f"the --data samples carry their own images ({self.source}): "
                                     "leave --image-size out", ",".join(image_sizes))
 
-    def largest_sample(self, spec, plan) -> tuple[tuple[str, ...], list[int]]:
-        """(the image sizes of the sample whose images take the most tokens at ``plan``'s pixel bounds, every
-        sample's text and in-sequence image tokens)."""
+    def largest_sample(self, spec, plan) -> tuple[tuple[str, ...], int, list[int]]:
+        """(the image sizes of the sample whose images take the most tokens at ``plan``'s pixel bounds, the tokens
+        those images take in the language model's sequence, every sample's text and in-sequence image tokens)."""
         from advisor.core.vision_tokens import count_sample
 
         counted: dict[tuple[str, ...], tuple[int, int]] = {}
@@ -87,7 +84,7 @@ class DataProfile:
             vis = count_sample(spec, plan.with_(image_sizes=sizes)) if sizes else None
             counted[sizes] = (vis.tokens, vis.text_tokens) if vis is not None else (0, 0)
         largest = max(counted, key=lambda sizes: (counted[sizes][0], sizes))
-        return largest, [n + counted[sizes][1] for n, sizes in zip(self.lengths, self.images)]
+        return largest, counted[largest][1], [n + counted[sizes][1] for n, sizes in zip(self.lengths, self.images)]
 
     def to_dict(self) -> dict:
         out = {"source": self.source, "how": self.how, "documents": len(self.lengths),
