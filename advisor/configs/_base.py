@@ -144,14 +144,19 @@ def vision_script_rules(ctx: "ExportContext", fmt: str, who: str = "the exported
                                "samples): plan without --packing")
 
 
+def template(name: str) -> str:
+    """An exported script's text: ``advisor/configs/export/templates/<name>``, copied byte for byte (what the tests run
+    is what a user gets)."""
+    from importlib import resources
+
+    return resources.files("advisor.configs.export.templates").joinpath(name).read_text(encoding="utf-8")
+
+
 def write_vision_script(ctx: "ExportContext", out_dir: Path) -> Path | None:
     """vision_setup.py beside the exported script, for a vision-language model (byte for byte the template)."""
     if not ctx.spec.is_vision_language:
         return None
-    from importlib import resources
-
-    text = resources.files("advisor.configs.export.templates").joinpath(VISION_SCRIPT).read_text(encoding="utf-8")
-    return write_text(out_dir / VISION_SCRIPT, text)
+    return write_text(out_dir / VISION_SCRIPT, template(VISION_SCRIPT))
 
 
 @dataclass(frozen=True)

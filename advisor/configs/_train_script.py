@@ -7,18 +7,18 @@ model's side is ``templates/vision_setup.py``, written beside it.
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 
 from advisor.configs.formats import FORMATS
-from advisor.configs._base import ExportContext, Unsupported, vision_script_rules, write_text, write_vision_script
+from advisor.configs._base import (ExportContext, Unsupported, template, vision_script_rules, write_text,
+                                   write_vision_script)
 from advisor.core.plan import RL_TASKS
 
 FILENAME = FORMATS["train"].filename
 
 
 def template_text() -> str:
-    return resources.files("advisor.configs.export.templates").joinpath("train.py").read_text(encoding="utf-8")
+    return template("train.py")
 
 
 def write(ctx: ExportContext, out_dir: Path) -> Path:

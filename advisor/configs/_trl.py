@@ -27,7 +27,6 @@ itself:
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
@@ -35,7 +34,8 @@ from advisor.configs.formats import FORMATS
 from advisor.configs._base import (ADAM, LR_SCHEDULER, PRECISION_FLAGS, TORCH_DTYPE, TORCH_TO_PLAN, VISION_SCRIPT,
                                    WARMUP_STEPS, Collect, ExportContext, Unsupported, comment_block, dump_yaml,
                                    env_prefix, parallel_fields, plan_summary, require_int_alpha,
-                                   training_hyperparameters, vision_script_rules, write_text, write_vision_script)
+                                   template, training_hyperparameters, vision_script_rules, write_text,
+                                   write_vision_script)
 from advisor.configs import _trl_rl
 from advisor.configs._deepspeed import check_batch, read_offload
 from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_unexpressible
@@ -182,7 +182,7 @@ def _trl_cli(ctx: ExportContext) -> str:
 
 
 def template_text() -> str:
-    return resources.files("advisor.configs.export.templates").joinpath(SCRIPT).read_text(encoding="utf-8")
+    return template(SCRIPT)
 
 
 def _run_lines(ctx: ExportContext) -> list[str]:

@@ -20,10 +20,9 @@ no copy), of a full fine-tune a frozen copy TRL builds: a frozen copy beside a L
 
 from __future__ import annotations
 
-from importlib import resources
 from typing import Any
 
-from advisor.configs._base import Collect, ExportContext, Unsupported, training_hyperparameters
+from advisor.configs._base import Collect, ExportContext, Unsupported, template, training_hyperparameters
 from advisor.core.plan import DPO, GRPO, TRL_BETA, effective_beta
 
 FORMAT = "trl"
@@ -102,7 +101,7 @@ def rl_config(cfg: dict[str, Any], ctx: ExportContext) -> dict[str, Any]:
 
 
 def template_text(task: str) -> str:
-    return resources.files("advisor.configs.export.templates").joinpath(SCRIPTS[task]).read_text(encoding="utf-8")
+    return template(SCRIPTS[task])
 
 
 def header_lines(ctx: ExportContext) -> list[str]:
