@@ -19,15 +19,17 @@ pyver=$("$py" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]
 
 # axolotl 0.19.0 is the newest on the index here (0.21.0 would need Python 3.12; 0.19.0 takes >=3.10).
 # Its pins for what axolotl.utils.config.validate_config and its plugins import (transformers, pydantic,
-# accelerate, the hub, peft, datasets; addict unpinned).
+# accelerate, the hub, peft, datasets; addict unpinned). kernels: the range each tool's transformers takes
+# (transformers imports it at once); the project's own transformers pulls a newer one into site-packages.
 AXOLOTL="axolotl==0.19.0"
 AXOLOTL_DEPS="transformers==5.16.1 pydantic==2.12.5 accelerate==1.13.0 huggingface_hub==1.17.0 peft==0.20.0
-  PyYAML==6.0.3 datasets==4.8.4 addict"
+  PyYAML==6.0.3 datasets==4.8.4 addict kernels==0.16.2"
 # LLaMA-Factory 0.9.5: the highest versions its requirements allow for what hparams.parser imports.
 # liger-kernel: its presence only (LLaMA-Factory checks the installed version for enable_liger_kernel; the kernels
 # need a GPU and triton, so it goes in without dependencies).
 LLAMAFACTORY="llamafactory==0.9.5 liger-kernel==0.8.1"
-LLAMAFACTORY_DEPS="transformers==5.6.0 peft==0.18.1 trl==0.24.0 accelerate==1.11.0 datasets==4.0.0 omegaconf"
+LLAMAFACTORY_DEPS="transformers==5.6.0 peft==0.18.1 trl==0.24.0 accelerate==1.11.0 datasets==4.0.0 omegaconf
+  kernels==0.12.3"
 
 build() {  # name "packages installed without dependencies" "packages installed with theirs" -> the venv's python
   local name=$1 tool=$2 deps=$3
