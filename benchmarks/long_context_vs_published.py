@@ -1,8 +1,8 @@
 """Predicted vs published GPU memory and longest trainable length of long-context fine-tuning runs.
 
 Every point of ``../shared/published_runs/vlm_longctx_runs.json`` (its ``long_context`` list; grades A/B/C) is listed.
-A point whose run the advisor expresses (transformers' Trainer + peft + bitsandbytes + DeepSpeed, one sequence per
-GPU: no sequence parallelism) is predicted by the closed form on the point's own counter, as
+A point whose run the advisor expresses (transformers' Trainer + peft + bitsandbytes + DeepSpeed; sequence parallelism
+by --sp-degree: Ulysses, ring) is predicted by the closed form on the point's own counter, as
 benchmarks/memory_vs_published.py reads counters (its ``Case``, ``train_phases`` and ``counter_peak``, which maps a
 counter to a phase's bytes through its ``COUNTER_FIELD``, are imported, not copied):
 
@@ -14,9 +14,9 @@ counter to a phase's bytes through its ``COUNTER_FIELD``, are imported, not copi
 
 A bound holds when the advisor's ``max_seq_len`` is at least the published length that fit and below the length the
 source saw OOM (where it gives one), or not far above the published length (at most ``NEAR`` times it) where it
-gives none. Sequence parallelism (Ulysses, ring, zigzag, context parallel), Megatron, Unsloth's kernels and
-offloaded checkpointing, tiled MLP, EasyContext and 360-LLaMA-Factory's SP are not modelled by the advisor: those
-points are listed with what differs, never fitted; a few get the nearest plain plan "for reference only".
+gives none. Megatron, Unsloth's kernels, tiled MLP, ms-swift's combined Ulysses x ring, EasyContext and 360-LLaMA-
+Factory's zigzag ring DPO are not modelled by the advisor: those points are listed with what differs, never fitted; a
+few get the nearest plain plan "for reference only".
 
 Models the catalog lacks (Llama-2-7B, Meta-Llama-3-8B) take memory_vs_published's ``ARCH`` (each hub config.json).
 
@@ -140,6 +140,38 @@ BOUNDS = {
                 "GPUs); Liger read as --loss fused-linear; past Llama-3.1's 131072 (RoPE, no memory); 'not packed': "
                 "ultrachat samples are far shorter than 160000, so the run may never have held a 160000-token "
                 "sequence (a weak bound)"),
+    "ALST, Llama-3.1-8B full, 8 x H100, no Liger, no SP": dict(
+        ids=("alst-h100-llama3.1-8b-full-sp8-llama-8b-no-ulysses-no-liger-no-extras",),
+        model="llama-3.1-8b-instruct", gpu="h100-sxm", gpus=8, sharding="zero3", grade="B", fit=32000, oom=None,
+        plan=dict(FULL, offload="zero3_cpu", packing=True, attn_impl="flash_attention_2"), ceiling=1000000,
+        stack="ArcticTraining (ZeRO-3, optimizer offloaded) on transformers",
+        assumed="'no-ulysses': data parallel over 8 GPUs (the file's sequence_parallel_size 8 unused); the ladder's "
+                "first rung, not the longest that fits; optimizer offload read as zero3_cpu"),
+    "ALST, Llama-3.1-8B full, 8 x H100, Ulysses SP8 + Liger": dict(
+        ids=("alst-h100-llama3.1-8b-full-sp8-llama-8b-no-mlp-no-act-offload",),
+        model="llama-3.1-8b-instruct", gpu="h100-sxm", gpus=8, sharding="zero3", grade="B", fit=1100000, oom=None,
+        plan=dict(FULL, offload="zero3_cpu", packing=True, attn_impl="flash_attention_2", loss="fused-linear",
+                  sp_degree=8), ceiling=4000000,
+        stack="ArcticTraining (DeepSpeed ZeRO-3 + Ulysses SP for HF, torch 2.8 nightly)",
+        assumed="Ulysses over the 8 GPUs (--sp-degree 8); Liger as --loss fused-linear; optimizer offload read as "
+                "zero3_cpu; past Llama-3.1's 131072 positions (RoPE, no memory)"),
+    "ALST, Llama-3.1-8B full, 8 x H100, Ulysses SP8 + Liger + checkpoint offload": dict(
+        ids=("alst-h100-llama3.1-8b-full-sp8-llama-8b-yes-act-offload",),
+        model="llama-3.1-8b-instruct", gpu="h100-sxm", gpus=8, sharding="zero3", grade="B", fit=2400000, oom=None,
+        plan=dict(FULL, offload="zero3_cpu", packing=True, attn_impl="flash_attention_2", loss="fused-linear",
+                  sp_degree=8, activation_offload=True), ceiling=8000000,
+        stack="ArcticTraining (DeepSpeed ZeRO-3 + Ulysses SP for HF, torch 2.8 nightly)",
+        assumed="as the row above, with ALST's activation-checkpoint offload as --checkpoint-offload (the host RAM "
+                "it needs is not checked here: ALST's nodes had 1.9 TB)"),
+    "360-LLaMA-Factory, Qwen2.5-14B full, 8 x A800, ring SP8": dict(
+        ids=("360lf-qwen2.5-14b-full-sft-sp8-maxlen-175k",),
+        model="qwen2.5-14b", gpu="a100-80gb", gpus=8, sharding="zero3", grade="B", fit=175000, oom=None,
+        plan=dict(FULL, offload="zero3_cpu", attn_impl="flash_attention_2", loss="plain", sp_degree=8,
+                  sp_backend="ring"), ceiling=1000000,
+        stack="360-LLaMA-Factory (zigzag ring-flash-attn, ZeRO-3 offload)",
+        assumed="an 80 GB A800 read as an A100-80GB; 'no other optimization': the plain loss (fp32 logits of the "
+                "shard); the advisor's ring gathers the whole sequence's k/v per layer (torch context parallel's "
+                "allgather) where ring-flash-attn passes one block at a time: more memory than 360-LF holds"),
     "Liger README, Llama-3-8B full, FSDP1 8 x A100, batch 8, HF": dict(
         ids=("liger-readme-llama3-8b-fsdp-8xA100-oom4k-vs-16k",), which="HF",
         model="llama-3-8b", gpu="a100-80gb", gpus=8, sharding="fsdp", grade="C", fit=None, oom=4096,
@@ -358,11 +390,12 @@ GROUP_ORDER = (SP, UNSLOTH, TILED, MEGATRON, DATASET, NOT_RUN)
 _SP_SWIFT = ("ms-swift's sequence parallelism (Ulysses heads x zigzag ring) splits every sequence over the SP "
              "group; CELOSS_PARALLEL_SIZE chunks its cross-entropy; the advisor has no sequence-parallel knob")
 _SP_360 = ("360-LLaMA-Factory: zigzag ring attention (ring-flash-attn) over the SP group, ZeRO-3 with offload, "
-           "sequences padded to a multiple of the SP degree; no advisor knob for SP")
+           "sequences padded to a multiple of the SP degree; its DPO rows and 72B rows (32 x A800 in the table) "
+           "left as listed")
 _SP_EASY = ("EasyContext: ring / zigzag ring attention (ring-flash-attn, yunchang) over 8 GPUs, ZeRO-3 with "
             "parameter and optimizer offload, flash-attn's fused cross-entropy; no advisor knob for SP")
 _SP_ALST = ("ALST: Ulysses SP over 8 GPUs (all-to-all of heads), Liger, tiled MLP and/or activation-checkpoint "
-            "offload; no advisor knob for SP or tiled MLP")
+            "offload; the advisor's --sp-degree and --checkpoint-offload express the rest, tiled MLP not (yet)")
 _SWIFT2 = ("ChatGLM3-6B-32K is not in the catalog; ms-swift 2.x's xtuner-based Ulysses SP; method (2.x default "
            "LoRA) and length (the page's max_length 2048 unless overridden) not stated")
 _UNS = ("Unsloth: its Triton kernels (RoPE, RMSNorm, SwiGLU, LoRA MLP / QKV with a hand-written backward that saves "
@@ -374,8 +407,7 @@ WHY_NOT = {
         SP, _SP_SWIFT + "; QwQ-32B is not in the catalog (Qwen2.5-32B's architecture); YaRN to 512000"),
     **{i: (SP, _SWIFT2) for i in ("swift2-chatglm3-6b-32k-sp1-2gpu", "swift2-chatglm3-6b-32k-sp2-2gpu",
                                   "swift2-chatglm3-6b-32k-sp4-4gpu", "swift2-chatglm3-6b-32k-sp2-4gpu")},
-    **{i: (SP, _SP_360) for i in ("360lf-qwen2.5-14b-full-sft-sp8-maxlen-175k",
-                                  "360lf-qwen2.5-72b-full-sft-sp8-maxlen-128k",
+    **{i: (SP, _SP_360) for i in ("360lf-qwen2.5-72b-full-sft-sp8-maxlen-128k",
                                   "360lf-qwen2.5-7b-full-dpo-sp4-maxlen-32k",
                                   "360lf-qwen2.5-7b-full-dpo-sp8-maxlen-84k",
                                   "360lf-qwen2.5-14b-full-dpo-sp4-maxlen-32k",
@@ -389,10 +421,7 @@ WHY_NOT = {
     **{i: (SP, _SP_EASY) for i in ("easycontext-llama2-7b-full-zigzag_ring_attn-64k",
                                    "easycontext-llama2-7b-full-zigzag_ring_attn-512k",
                                    "easycontext-llama2-7b-full-zigzag_ring_attn-700k")},
-    **{i: (SP, _SP_ALST) for i in ("alst-h100-llama3.1-8b-full-sp8-llama-8b-no-ulysses-no-liger-no-extras",
-                                   "alst-h100-llama3.1-8b-full-sp8-llama-8b-no-mlp-no-act-offload",
-                                   "alst-h100-llama3.1-8b-full-sp8-llama-8b-yes-mlp",
-                                   "alst-h100-llama3.1-8b-full-sp8-llama-8b-yes-act-offload",
+    **{i: (SP, _SP_ALST) for i in ("alst-h100-llama3.1-8b-full-sp8-llama-8b-yes-mlp",
                                    "alst-h100-llama3.1-8b-full-sp8-llama-8b",
                                    "alst-h100-qwen3-32b-full-sp8-1550k",
                                    "alst-h100-llama-3.1-70b-instruct-full-sp8-200k")},

@@ -31,7 +31,7 @@ MODEL = resolve_model("qwen0.5b")
 GPU = resolve_gpu("a100-80gb")
 BASES = (Plan(method="lora"), Plan(method="full"), Plan(method="qlora", quantization="nf4"),
          Plan(task="grpo", method="lora"), Plan(task="grpo", method="lora", generation="vllm-colocate"),
-         Plan(task="dpo", method="lora"))
+         Plan(task="dpo", method="lora"), Plan(method="lora", sp_degree=2, loss="fused-linear", seq_len=8192))
 """A value is tried on the first of these where its knob applies and the plan is valid (the GRPO and DPO levers
 on the task's plans)."""
 VISION_MODEL = resolve_model("qwen2-vl-2b")
@@ -113,6 +113,10 @@ MEMORY = {
         "flash_attention_3": lambda p, r, ref: dev(r, "activations") == dev(ref, "activations"),  # as FA2
         "eager": lambda p, r, ref: dev(r, "activations") > dev(ref, "activations"),  # seq x seq scores saved
     },
+    "sp_backend": {  # one rank's shard either way; ring gathers the whole sequence's k/v in backward
+        "ulysses": lambda p, r, ref: any("Ulysses" in n for n in r.notes) and dev(r, "activations") > 0,
+        "ring": lambda p, r, ref: dev(r, "transient") > dev(ref, "transient"),
+    },
     "offload": {
         "none": lambda p, r, ref: r.host_bytes == 0,
         "zero2_cpu": lambda p, r, ref: dev(r, "optimizer_states") == 0 and r.host.get("optimizer_states", 0) > 0,
@@ -188,6 +192,10 @@ SPEED = {
         "flash_attention_2": lambda p, t, ref: t["attention"] > 0,
         "flash_attention_3": lambda p, t, ref: t["attention"] > 0,
         "eager": lambda p, t, ref: t["attention"] > ref["attention"],
+    },
+    "sp_backend": {  # the exchange: all-to-alls of q/k/v/output, or the whole sequence's k/v gathered
+        "ulysses": lambda p, t, ref: t["sequence_parallel"] > 0,
+        "ring": lambda p, t, ref: 0 < t["sequence_parallel"] != ref["sequence_parallel"],
     },
     "offload": {"none": lambda p, t, ref: t["offload"] == 0,
                 **{o: (lambda p, t, ref: t["offload"] > 0 and t["optimizer"] == 0) for o in ("zero2_cpu", "zero3_cpu")}},

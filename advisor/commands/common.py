@@ -313,7 +313,10 @@ def check_plan_against_model(model, plan) -> None:
     from advisor.core.plan import lora_target_modules, vision_model_problems
 
     lora_target_modules(plan, list(model.linear_shapes()), attention_linears(model))
-    problems = vision_model_problems(plan, model.vision is not None, model.name)
+    from advisor.memory.sequence_parallel import sequence_parallel_problems
+
+    problems = vision_model_problems(plan, model.vision is not None, model.name) + sequence_parallel_problems(model,
+                                                                                                            plan)
     if problems:
         raise problems[0]
     if plan.checkpoint_layers is not None and plan.checkpoint_layers > model.num_layers:

@@ -82,7 +82,10 @@ def run(args: argparse.Namespace) -> int:
         check_plan_against_model(model, plan)
         from advisor.core.plan import rl_problems
 
-        for problem in rl_problems(plan, args.gpus):  # the GRPO rules that need the GPU count
+        from advisor.memory.sequence_parallel import sequence_parallel_problems
+
+        # the GRPO rules and sequence parallelism's that need the GPU count
+        for problem in rl_problems(plan, args.gpus) + sequence_parallel_problems(model, plan, args.gpus):
             raise problem
         if getattr(args, "data", None):
             from advisor.runtime.probe import data_profile

@@ -35,8 +35,8 @@ from advisor.configs.formats import FORMATS
 from advisor.configs._base import (ADAM, LIGER_FUSED_LOSS_ONLY, LR_SCHEDULER, PRECISION_FLAGS, TORCH_DTYPE,
                                    TORCH_TO_PLAN, WARMUP_STEPS, Collect, ExportContext, Unsupported, alloc_env,
                                    comment_block, dump_yaml, env_prefix, lora_alpha_value, parallel_fields,
-                                   plan_summary, training_hyperparameters, vision_script_rules, write_text,
-                                   write_vision_script)
+                                   plan_summary, sequence_parallel_rules, training_hyperparameters,
+                                   vision_script_rules, write_text, write_vision_script)
 from advisor.configs._keys import DECLARED, fill, read_declared, refuse_unexpressible, unplaced
 from advisor.configs._deepspeed import check_batch, deepspeed_config, read_offload
 from advisor.configs._training_args import (checkpoint_layers_of, liger_fused_loss, read_checkpointing,
@@ -172,12 +172,18 @@ def sections(ctx: ExportContext) -> dict[str, Any]:
         "training": training,
         "deepspeed": deepspeed_config(plan, ctx.zero_stage) if ctx.zero_stage is not None else None,
         "vision": {} if ctx.spec.is_vision_language else None,  # vision_setup.py's settings (declared keys)
+        # accelerate's ParallelismConfig, built by train.py (declared keys)
+        "sequence_parallel": {} if plan.sp_degree > 1 else None,
         "advisor": advisor,
     }
     unplaced(plan, FORMAT, doc)
     return {name: fill(section, plan, FORMAT, name, before="plan" if name == "advisor" else None)
             if isinstance(section, dict) and name != "deepspeed" else section for name, section in doc.items()
-            if section is not None or name != "vision"}
+            if section is not None or name not in OPTIONAL_SECTIONS}
+
+
+OPTIONAL_SECTIONS = ("vision", "sequence_parallel")
+"""Sections written only for a plan that has them (a null one is not written)."""
 
 
 def _sharded_storage(ctx: ExportContext, quant: dict | None) -> dict | None:
@@ -227,6 +233,7 @@ VISION_HEADER = [
 
 def write(ctx: ExportContext, out_dir: Path) -> Path:
     vision_script_rules(ctx, FORMAT)
+    sequence_parallel_rules(ctx, FORMAT)
     if ctx.spec.is_vision_language and ctx.plan.loss == "chunked":
         raise Unsupported(FORMAT, "train.py's chunked loss runs the language model on token ids alone (no pixel "
                                   "values): plan the plain or fused-linear loss")
@@ -249,7 +256,8 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
 
 # --------------------------------------------------------------------------- reading
 
-_SECTIONS = ("model", "quantization", "lora", "deepspeed_config", "model_name_or_path", "max_seq_length", "advisor")
+_SECTIONS = ("model", "quantization", "lora", "deepspeed_config", "model_name_or_path", "max_seq_length", "advisor",
+             *OPTIONAL_SECTIONS)
 """Keys beside a flat TrainingArguments file's own."""
 
 
@@ -305,10 +313,9 @@ def read(data: dict, c: Collect, plan_type: type, fmt: str = "advisor") -> tuple
     else:
         f["method"] = "full"
     advisor = c.section(data, "advisor") or {}
-    vision = c.section(data, "vision")
     read_declared(c, plan_type, FORMAT, _lookup(
         {"model": model, "quantization": quant, "lora": lora, "training": training, "advisor": advisor,
-         "vision": vision}, sect), f)
+         **{name: c.section(data, name) for name in OPTIONAL_SECTIONS}}, sect), f)
     check_batch(c, ds, f, sect)
 
     f["activation_offload"] = bool(ckpt["kwargs"].get("offload")) or c.get(

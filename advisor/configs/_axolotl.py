@@ -179,6 +179,16 @@ def _memory_lever_fields(plan, spec) -> dict[str, Any]:
         # CheckpointHiddenStatesOffload, on a side stream with max_fwd_stash_size 2: up to two inputs still on the
         # GPU while their copies run); its true is TRL's offloader of every activation, which the plan does not size
         out["activation_offloading"] = HIDDEN_STATES
+    if plan.sp_degree > 1:
+        # axolotl's context_parallel_size is ring attention by ring-flash-attn, which its validator ties to
+        # flash_attention_2 and (packed) micro-batch 1 (utils/schemas/validation.py check_context_parallel_size)
+        if plan.sp_backend != "ring":
+            raise Unsupported(FORMAT, "its context_parallel_size is ring attention (ring-flash-attn); Ulysses is not "
+                                      "offered: use --sp-backend ring, or the advisor.yaml / trl.yaml export")
+        if plan.attn_impl != "flash_attention_2":
+            raise Unsupported(FORMAT, "its ring attention (context_parallel_size) needs --attn-impl flash_attention_2")
+        if plan.packing and plan.micro_batch > 1:
+            raise Unsupported(FORMAT, "ring-flash-attn takes packed sequences at --micro-batch 1 only")
     return out
 
 
@@ -287,6 +297,10 @@ def read(data: dict, c: Collect, plan_type: type) -> tuple[str | None, dict, dic
     f["activation_offload"] = offload == HIDDEN_STATES
     if f["activation_offload"]:  # axolotl turns checkpointing on for it (core/builders/base.py)
         f["gradient_checkpointing"] = True
+    if (data.get("context_parallel_size") or data.get("sequence_parallel_degree") or 1) > 1:
+        f["sp_backend"] = "ring"  # axolotl's context parallelism is ring-flash-attn's
+        if data.get("sequence_parallel_degree") and not data.get("context_parallel_size"):
+            f["sp_degree"] = c.get(data, "sequence_parallel_degree", "sequence_parallel_degree", "int")
     attn = data.get("attn_implementation")
     if attn is None:
         attn = ("flash_attention_2" if data.get("flash_attention") else "eager" if data.get("eager_attention")

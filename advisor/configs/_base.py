@@ -144,12 +144,44 @@ def vision_script_rules(ctx: "ExportContext", fmt: str, who: str = "the exported
                                "samples): plan without --packing")
 
 
+def sequence_parallel_rules(ctx: "ExportContext", fmt: str) -> None:
+    """What the transformers Trainer's sequence parallelism runs on (accelerate ParallelismConfig; transformers docs,
+    deepspeed_alst.md): Ulysses (sp_backend deepspeed) under a DeepSpeed engine, ring attention (torch context
+    parallel, cp_size) under FSDP2 with sdpa; TRL refuses packing with context parallelism (SFTTrainer.__init__)."""
+    plan = ctx.plan
+    if plan.sp_degree == 1:
+        return
+    if plan.sp_backend == "ulysses" and ctx.zero_stage is None:
+        raise Unsupported(fmt, "Ulysses sequence parallelism (accelerate sp_backend deepspeed) runs inside DeepSpeed: "
+                               "use --sharding zero2 or zero3")
+    if plan.sp_backend == "ring":
+        if not ctx.fsdp:
+            raise Unsupported(fmt, "ring attention (accelerate cp_size, torch context parallel) runs under FSDP2 "
+                                   "only: use --sharding fsdp")
+        if plan.attn_impl != "sdpa":
+            raise Unsupported(fmt, "torch context parallel replaces sdpa's kernels only: use --attn-impl sdpa")
+        if plan.packing:
+            raise Unsupported(fmt, "TRL and the Trainer refuse packing with context parallelism (it drops the "
+                                   "documents' mask): plan without --packing, or use --sp-backend ulysses")
+
+
 def template(name: str) -> str:
     """An exported script's text: ``advisor/configs/export/templates/<name>``, copied byte for byte (what the tests run
     is what a user gets)."""
     from importlib import resources
 
     return resources.files("advisor.configs.export.templates").joinpath(name).read_text(encoding="utf-8")
+
+
+PARALLEL_SCRIPT = "parallel_setup.py"
+"""Beside an exported script of a sequence-parallel plan: accelerate's ParallelismConfig from its section."""
+
+
+def write_parallel_script(ctx: "ExportContext", out_dir: Path) -> Path | None:
+    """parallel_setup.py beside the exported script, for a sequence-parallel plan (byte for byte the template)."""
+    if ctx.plan.sp_degree == 1:
+        return None
+    return write_text(out_dir / PARALLEL_SCRIPT, template(PARALLEL_SCRIPT))
 
 
 def write_vision_script(ctx: "ExportContext", out_dir: Path) -> Path | None:

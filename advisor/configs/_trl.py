@@ -34,8 +34,8 @@ from advisor.configs.formats import FORMATS
 from advisor.configs._base import (ADAM, LR_SCHEDULER, PRECISION_FLAGS, TORCH_DTYPE, TORCH_TO_PLAN, VISION_SCRIPT,
                                    WARMUP_STEPS, Collect, ExportContext, Unsupported, comment_block, dump_yaml,
                                    env_prefix, parallel_fields, plan_summary, require_int_alpha,
-                                   template, training_hyperparameters, vision_script_rules, write_text,
-                                   write_vision_script)
+                                   sequence_parallel_rules, template, training_hyperparameters, vision_script_rules,
+                                   write_parallel_script, write_text, write_vision_script)
 from advisor.configs import _trl_rl
 from advisor.configs._deepspeed import check_batch, read_offload
 from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_unexpressible
@@ -137,6 +137,10 @@ def trl_config(ctx: ExportContext) -> dict[str, Any]:
         # what SFTConfig has no field for, read by train_trl.py's vision_setup.py (`trl sft` ignores the key)
         out["vision"] = fill({}, ctx.plan, FORMAT, "vision")
         out["remove_unused_columns"] = False  # the samples' messages and images reach TRL's collator
+    if ctx.plan.sp_degree > 1:
+        # accelerate's ParallelismConfig, built by train_trl.py (SFTConfig's parallelism_config is an object, not
+        # a YAML value; `trl sft` ignores the key: give it an accelerate config with parallelism_config_sp_size)
+        out["sequence_parallel"] = fill({}, ctx.plan, FORMAT, "sequence_parallel")
     return out
 
 
@@ -199,6 +203,7 @@ def _run_lines(ctx: ExportContext) -> list[str]:
 def write(ctx: ExportContext, out_dir: Path) -> Path:
     if ctx.plan.task not in RL_TASKS:
         vision_script_rules(ctx, FORMAT)
+        sequence_parallel_rules(ctx, FORMAT)
     elif ctx.spec.is_vision_language:
         raise Unsupported(FORMAT, f"the exported {ctx.plan.task.upper()} script trains text models only")
     cfg = trl_config(ctx)
@@ -218,6 +223,7 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
     script = write_text(out_dir / SCRIPT, template_text())
     script.chmod(0o755)
     write_vision_script(ctx, out_dir)
+    write_parallel_script(ctx, out_dir)
     return path
 
 

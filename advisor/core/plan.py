@@ -30,6 +30,8 @@ PAGED_OPTIMIZERS = names_where("paged")
 """Optimizers whose states live in CUDA unified memory (bitsandbytes paged)."""
 ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3")
 FLASH_ATTENTION = ("flash_attention_2", "flash_attention_3")
+SP_BACKENDS = ("ulysses", "ring")
+"""Sequence parallelism's exchanges (Plan.sp_backend)."""
 """The flash-attn kernels (FlashAttention-2; FlashAttention-3, the Hopper build of flash-attn's ``hopper/``, module
 ``flash_attn_interface``): tiled exact attention that saves q, k, v, the output and the log-sum-exp per head, no
 score matrix (Dao 2023, FlashAttention-2 §3.1; Shah et al. 2024, FlashAttention-3 §3), and honours position_ids
@@ -108,6 +110,10 @@ def _rl(values) -> bool:
 
 def _not_rl(values) -> bool:
     return not _rl(values)
+
+
+def _sequence_parallel(values) -> bool:
+    return _not_rl(values) and (values.get("sp_degree") or 1) > 1
 
 
 def _colocate(values) -> bool:
@@ -452,6 +458,29 @@ class Plan:
     checkpoint; Unsloth's offloaded gradient checkpointing, ALST's activation checkpoint offload, axolotl's
     activation_offloading: hidden_states, LLaMA-Factory's use_unsloth_gc). Without: TRL/torchtune activation
     offloading of every saved activation (docs/memory.md, checkpoint offload)."""
+    sp_degree: int = knob(
+        1, help="sequence parallelism: GPUs that share each sequence, each holding seq_len / N of its tokens (a divisor "
+                "of --gpus and of the attention heads)", range=_WHOLE, applies=_not_rl,
+        tag=Tag(lambda plan: None if plan.sp_degree == 1 else f"sp{plan.sp_degree}"
+                + ("" if plan.sp_backend == "ulysses" else f"-{plan.sp_backend}")),
+        keys={"advisor": Key("sequence_parallel.size", omit_default=True),
+              "axolotl": Key("context_parallel_size", omit_default=True),
+              "llamafactory": Refused("LLaMA-Factory 0.9.5's trainer (v0 hparams) has no sequence parallelism (its v1 "
+                                      "plugins and 360-LLaMA-Factory's sequence_parallel_size are other code paths)"),
+              "trl": Key("sequence_parallel.size", omit_default=True)})
+    """Sequence parallelism over ``sp_degree`` of the run's GPUs (docs/multi-gpu.md): each rank holds seq_len /
+    sp_degree tokens of the sequence; the ranks exchange q/k/v around attention (Ulysses: all-to-all to head shards,
+    Jacobs et al. 2023, DeepSpeed's ALST UlyssesSPAttentionHF) or pass k/v round a ring (ring attention, Liu et al.
+    2023; torch context parallel). The embeddings and the loss are split with the sequence; a vision tower is not."""
+    sp_backend: str = knob(
+        "ulysses", help="sequence parallelism's exchange: ulysses (DeepSpeed ALST all-to-all, accelerate sp_backend "
+                        "deepspeed) or ring (ring attention: accelerate's torch context parallel, axolotl's "
+                        "ring-flash-attn)", choices=SP_BACKENDS, applies=_sequence_parallel,
+        keys={"advisor": Key("sequence_parallel.backend"), "axolotl": Custom("context_parallel_size"),
+              "llamafactory": Unkeyed("no sequence parallelism (--sp-degree is refused)"),
+              "trl": Key("sequence_parallel.backend")})
+    """ulysses: all-to-all before and after attention, each rank attending over the whole sequence with
+    heads / sp_degree heads; ring: each rank keeps its queries and gathers or rotates k/v (cp_comm_strategy)."""
     # ---- the task: supervised fine-tuning, or GRPO / DPO on TRL's trainers (the workload), and their levers
     task: str = knob(
         SFT, help="sft (train is its alias), grpo (TRL GRPOTrainer: generate, score, train) or dpo (TRL DPOTrainer: "
@@ -731,6 +760,11 @@ class Plan:
         if self.attn_impl in FLASH_ATTENTION and self.activation_dtype == "fp32":
             bad("attn_impl", f"{self.attn_impl} computes in fp16/bf16 only; use sdpa or eager with fp32",
                 self.attn_impl)
+        if self.sp_degree > 1 and self.attn_impl == "eager":
+            # eager's 4-D mask is the local shard's; ALST discards it (UlyssesSPAttentionHF.register_with_transformers
+            # refuses eager), torch context parallel replaces only sdpa's kernels
+            bad("attn_impl", "sequence parallelism needs sdpa or flash attention (eager materializes a mask of the "
+                "local shard that the exchange discards)", self.attn_impl)
         if self.offload != "none":
             if self.optimizer != "adamw_torch":
                 bad("optimizer", "DeepSpeed CPU offload runs its own CPU Adam: use adamw_torch with offload",

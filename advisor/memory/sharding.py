@@ -29,6 +29,7 @@ from advisor.core.errors import AdvisorInputError
 from advisor.memory.host import SHARDED, whole_model_load
 from advisor.memory.ledger import MemoryReport
 from advisor.memory.overhead import framework_overhead
+from advisor.memory.sequence_parallel import rank_plan
 from advisor.memory.training import logits_bytes
 from advisor.core.plan import DTYPE_BYTES, Plan
 
@@ -77,7 +78,7 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
             d["reference_weights"] = d["reference_weights"] // gpus
     tensor_peak = sum(d.values())
     overhead, parts = framework_overhead(tensor_peak, gpu, expandable_segments=plan.expandable_segments,
-                                         loss_transient_bytes=max(logits_bytes(model, plan)))
+                                         loss_transient_bytes=max(logits_bytes(model, rank_plan(plan))))
     d["overhead"] = overhead
     # ZeRO partitions the offloaded state across ranks; each rank's offloaded activations stay its own
     hm = report.host_memory.scaled(gpus, SHARDED) if report.host_memory is not None else None

@@ -14,7 +14,7 @@ i intermediate, V vocabulary, L layers, p = bytes of the activation dtype.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from advisor.core.architecture import LayerDescription
 from advisor.core.catalog import GpuSpec, ModelSpec
@@ -23,7 +23,7 @@ from advisor.memory.ledger import MemoryReport, empty
 from advisor.memory.overhead import overhead_of as framework_overhead_of
 from advisor.core.plan import DTYPE_BYTES, Plan, checkpointed_layers
 from advisor.core.adapters import adapted_modules
-from advisor.memory import experts, loss_dora_packing, tensors, vision
+from advisor.memory import experts, loss_dora_packing, sequence_parallel, tensors, vision
 from advisor.memory.experts import (FP32_NORM_WEIGHT, SHARED_INPUT, linear_input_of, normalized_bytes,  # noqa: F401
                                      sliding_mask_bytes, sliding_window_applies)
 from advisor.memory.host import OFFLOAD_MIN_BYTES, host_memory, pinned_block_bytes, pinned_bytes_of
@@ -390,6 +390,18 @@ def layer_terms(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> LayerTerms:
                       offload_stash(model, plan, d.layers[-1]))
 
 
+def sequence_parallel_layer_terms(lt: LayerTerms, model: ModelSpec, plan: Plan) -> LayerTerms:
+    """A sequence-parallel rank's layer terms: the shard's, and each attention layer's replicated k/v heads when the
+    ranks outnumber them (advisor.memory.sequence_parallel.kv_replication_bytes)."""
+    extra = sequence_parallel.kv_replication_bytes(model, plan)
+    if not extra:
+        return lt
+    attends = [layer.attention != "linear" for layer in model.description.layers]
+    saved = tuple(x + extra if x and a else x for x, a in zip(lt.saved, attends))
+    tensors = tuple(t + (extra,) if t and a else t for t, a in zip(lt.tensors, attends))
+    return replace(lt, saved=saved, tensors=tensors)
+
+
 def offload_stash(model: ModelSpec, plan: Plan, last: LayerDescription) -> int:
     """TRL's forward stash: the last FWD_STASH tensors the last layer saved. A dense layer: its MLP's gate,
     activation and up outputs (p*T*i each) and the second norm's fp32 input and rsqrt (transformers Qwen2MLP /
@@ -468,6 +480,7 @@ def estimate_step(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *,
     ``reference_forward``: a no-grad forward of a reference model run after the forward and before backward, every
     saved activation alive (DPOTrainer._compute_loss), its peak transient."""
     plan.validate()
+    sharded, plan = plan, sequence_parallel.rank_plan(plan)  # one rank's shard of a sequence-parallel step
     vis = None
     if vision.applies(model, plan):
         from advisor.core.vision_tokens import count_sample
@@ -485,7 +498,7 @@ def estimate_step(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *,
     states = optimizer_state_bytes(model, plan, pb)
     host = empty()
     masters = 0
-    notes: list[str] = moe_notes(model, plan)
+    notes: list[str] = moe_notes(model, plan) + sequence_parallel.sequence_parallel_notes(model, sharded)
     p = DTYPE_BYTES[plan.activation_dtype]
     full = plan.method == "full"
 
@@ -502,7 +515,7 @@ def estimate_step(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *,
                 + ZERO3_PREFETCH
             weights = int(min(model.params_total, live) * DTYPE_BYTES[plan.param_dtype])
 
-    lt = layer_terms(model, plan, pb)
+    lt = sequence_parallel_layer_terms(layer_terms(model, plan, pb), model, sharded)
     layer_acts = lt.biggest
     L = model.num_layers
     T = plan.micro_batch * plan.seq_len
@@ -527,6 +540,7 @@ def estimate_step(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *,
         acts = sum(lt.saved) + final_norm + head_input
         recomputed = 0
     acts += _packing_dora_activation_bytes(model, plan, pb)
+    acts += sequence_parallel.position_ids_bytes(sharded)
     logits_fwd, logits_bwd = head if head is not None else logits_bytes(model, plan)
 
     # the largest dequantized weight of a 4/8-bit layer exists during its matmul (bitsandbytes dequantize_4bit)
@@ -547,6 +561,9 @@ def estimate_step(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *,
     opt_temp = optimizer_transient_bytes(model, plan, pb) if plan.offload == "none" else 0
     # backward of one layer: gradients of its largest activations, and a dequantized weight
     layer_bwd_temp = lt.backward_temp + dequant
+    # ring attention's backward gathers the whole sequence's k and v again and makes their full-length gradients
+    # before the reduce-scatter (torch context parallel, cp_comm_strategy allgather): modelled, not traced
+    layer_bwd_temp += 2 * sequence_parallel.ring_exchange_bytes(model, sharded)
     if plan.activation_offload and not plan.gradient_checkpointing and not model.is_moe and not any(
             layer.attention == "mla" for layer in model.description.layers):
         # the offload's layer phases count the layer's saved tensors whole, though TRL's hooks bring back the

@@ -61,6 +61,9 @@ class TrainingSetup:
     """What differs from the plan as given (e.g. flash_attention_2 replaced by sdpa on the CPU)."""
     phase_hook: Any = None
     """Called with "forward", "backward", "optimizer", "zero_grad" as the step moves on (the tracker's marks)."""
+    shard: tuple[int, int] | None = None
+    """(rank, sp_degree) of a sequence-parallel step: the batch is that rank's shard of the sequence, and the model is
+    given the shard's global positions (Ulysses needs position_ids in every forward: UlyssesSPAttentionHF)."""
 
     def _phase(self, name: str) -> None:
         if self.phase_hook is not None:
@@ -80,6 +83,8 @@ class TrainingSetup:
         """Forward with labels, the model's causal-LM loss, backward; returns the loss (detached)."""
         self._phase("forward")
         pos = packed_position_ids(input_ids) if self.plan.packing else None
+        if pos is None and self.shard is not None:
+            pos = shard_position_ids(input_ids, self.shard[0])
         with self._autocast():
             if self.plan.loss == "chunked":
                 loss = chunked_causal_lm_loss(self.model, input_ids, labels, position_ids=pos)
@@ -153,6 +158,15 @@ class TrainingSetup:
 
 
 # --------------------------------------------------------------------------- loss
+
+
+def shard_position_ids(input_ids, rank: int):
+    """A sequence-parallel rank's positions: its shard of the sequence, from rank x shard length on (what the
+    Trainer's UlyssesSPDataLoaderAdapter hands each rank)."""
+    import torch
+
+    b, s = input_ids.shape
+    return torch.arange(rank * s, (rank + 1) * s, device=input_ids.device).unsqueeze(0).expand(b, s)
 
 
 def packed_position_ids(input_ids):

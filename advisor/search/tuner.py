@@ -855,6 +855,9 @@ def gpu_count_problems(plan: Plan, gpus: int) -> list[AdvisorInputError]:
     if plan.task == "grpo" and plan.generation == "vllm-server" and plan.vllm_gpus >= gpus:
         return [AdvisorInputError("--vllm-gpus", f"a vLLM server on {plan.vllm_gpus} of the run's {gpus} GPU(s) "
                                   "leaves none to train (vllm-server needs --gpus above --vllm-gpus)", plan.vllm_gpus)]
+    if plan.sp_degree > 1 and gpus % plan.sp_degree:
+        return [AdvisorInputError("--sp-degree", f"must divide --gpus {gpus} (each sequence-parallel group is "
+                                  f"{plan.sp_degree} of the run's GPUs)", plan.sp_degree)]
     return rl_problems(plan, train_gpus(gpus, plan))
 
 

@@ -497,6 +497,33 @@ def offload(s: StepInputs) -> float:
     return t
 
 
+@term("sequence_parallel", kind="link", label="sequence-parallel exchange")
+def sequence_parallel_exchange(s: StepInputs) -> float:
+    """A sequence-parallel rank's exchange around attention, per micro-batch, over the GPUs' peer link (neither
+    overlaps compute: ALST's all-to-alls block, and accelerate's context parallel all-gathers by default):
+
+    - Ulysses: an all-to-all of q, k, v and of the output per attention layer, forward and backward (and the
+      recomputation), each rank sending (P-1)/P of its shard (Jacobs et al. 2023, DeepSpeed-Ulysses §3.1);
+    - ring: k and v all-gathered per attention layer in forward, again in backward, and their gradients
+      reduce-scattered ((P-1)/P of the whole sequence's k/v each; torch context parallel, cp_comm_strategy allgather).
+    """
+    degree, backend = s.stack.get("sequence_parallel", (1, "ulysses"))
+    if degree <= 1:
+        return 0.0
+    m, plan = s.model, s.plan
+    tokens = plan.micro_batch * plan.seq_len  # the rank's shard
+    attends = sum(kind.count for kind in s.kinds if kind.attention != "linear")
+    share = (degree - 1) / degree
+    if backend == "ulysses":
+        replicated = max(1, degree // m.num_kv_heads)
+        per_pass = share * tokens * (2 * m.q_dim + 2 * replicated * m.kv_dim) * s.act_bytes
+        passes = 2 + s.checkpointed_fraction
+    else:
+        per_pass = share * degree * tokens * 2 * m.kv_dim * s.act_bytes
+        passes = 3 + s.checkpointed_fraction
+    return attends * passes * per_pass / s.interconnect
+
+
 @term("collectives", per="step", kind="link", label="collectives")
 def collectives(s: StepInputs) -> float:
     """Ring collectives move (N-1)/N of the buffer per GPU (ZeRO §7.2). DDP all-reduces gradients

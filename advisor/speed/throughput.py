@@ -183,6 +183,12 @@ def predict_throughput(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1
         vis = count_sample(model, plan)
         if vis is not None and vis.text_tokens:
             plan = plan.with_(seq_len=plan.seq_len + vis.text_tokens)
+    if plan.sp_degree > 1:
+        # one rank's step: its shard of the sequence through every linear layer; attention over the whole sequence
+        # with heads / P heads, P times the shard's attention FLOPs (Jacobs et al. 2023, DeepSpeed-Ulysses §3)
+        stack["attention_scale"] = stack.get("attention_scale", 1.0) * plan.sp_degree
+        stack["sequence_parallel"] = (plan.sp_degree, plan.sp_backend)
+        plan = rank_plan(plan)
     s = StepInputs(model, plan, gpu, gpus, sharding, k, stack)
     raw = evaluate_terms(s)
     source, scale = "predicted", {"gpu": 1.0, "cpu": 1.0, "link": 1.0}
@@ -233,6 +239,12 @@ def rl_train_step(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int, shardin
     from advisor.memory.rl_head import step_plan
 
     return predict_throughput(model, step_plan(plan).with_(loss="fused-linear"), gpu, gpus, sharding)
+
+
+def rank_plan(plan: Plan) -> Plan:
+    from advisor.memory.sequence_parallel import rank_plan as of
+
+    return of(plan)
 
 
 def packed_attention_scale(lengths: list[int], seq_len: int) -> float:

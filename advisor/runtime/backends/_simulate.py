@@ -69,6 +69,7 @@ def _measure(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *, layers
     # the offload's host copies, traced in the pinned allocator's power-of-two blocks (simulate.tracker)
     offloaded = max((p.host_bytes for p in sim.phases.values()), default=0)
     from advisor.memory.host import host_memory
+    from advisor.memory.sequence_parallel import rank_plan
     from advisor.memory.training import logits_bytes, paged_spill
 
     device = {**empty(), **device}
@@ -92,7 +93,7 @@ def _measure(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *, layers
                      f"CUDA caching-allocator model{' with expandable segments' if expandable else ''}{rebuilt} "
                      f"({allocator.seconds:.2f} s)" + ("" if allocator.method == "replayed" else f"; {allocator.method}"))
     # no replay (an offload plan): the estimate's fragmentation rule, on the same loss transient as the closed form's
-    loss = None if allocator else max(logits_bytes(model, plan))
+    loss = None if allocator else max(logits_bytes(model, rank_plan(plan)))
     over = overhead_of(tensor_peak, gpu, fragmentation_bytes=allocator.fragmentation_bytes if allocator else None,
                        expandable_segments=expandable, loss_transient_bytes=loss)
     notes += over.notes()

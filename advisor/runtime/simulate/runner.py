@@ -144,7 +144,8 @@ traced step of 2 to one of the whole accumulation)."""
 def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: int | None = None,
                target_device: str = "cuda", quant_impl: str = "auto", seed: int = 0,
                checkpoint_set: tuple[int, ...] | None = None, layers: tuple[int, ...] | None = None,
-               micro_steps: int | None = TRACED_MICRO_STEPS, vision=None, tower_layers: int | None = None) -> StepTrace:
+               micro_steps: int | None = TRACED_MICRO_STEPS, vision=None, tower_layers: int | None = None,
+               sp_rank: int = 0) -> StepTrace:
     """Trace warm-up + one measured step of ``plan`` on ``spec`` (``num_layers`` decoder layers, or the layers of
     the full model at the indices ``layers``: advisor.runtime.build.select_layers), each of ``micro_steps``
     micro-batches (None: all ``grad_accum`` of them).
@@ -162,6 +163,8 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
     from advisor.runtime.build import build_training_setup, host_allocations
     from advisor.runtime.simulate.standins import quant_constant_tensors
     from advisor.runtime.simulate.tracker import LiveBytes
+    from advisor.memory.sequence_parallel import rank_plan
+    from advisor.runtime.simulate.sequence_parallel import ulysses_rank
 
     start = time.perf_counter()
     tracker = LiveBytes()
@@ -234,6 +237,8 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
         marks.setdefault(name, tracker.clock)
 
     gap = 1 if plan.optimizer in LOW_RANK_OPTIMIZERS else None
+    sharded = plan if plan.sp_degree > 1 else None  # a sequence-parallel plan: its rank's shard is what is traced
+    plan = rank_plan(plan)
     PACKED["on"] = plan.packing
     from advisor.runtime.simulate import vision as vl
 
@@ -241,7 +246,8 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
     if multimodal:
         from advisor.runtime.simulate.vision_shadow import shadow_values
     shadow = shadow_values() if multimodal and fake else contextlib.nullcontext()
-    with cuda_semantics(), offload_semantics(), fake_mode, shadow, tracker, host_allocations(tracker.on_host, pack):
+    with cuda_semantics(), offload_semantics(), fake_mode, shadow, tracker, host_allocations(tracker.on_host, pack), \
+            contextlib.ExitStack() as exchange:
         # built outside the saved-tensor hook: a graph made while building (DoRA's weight norm at peft's
         # init, never backpropagated) would stay alive through the hook's reference to its own output
         if multimodal:
@@ -253,6 +259,9 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
             setup = build_training_setup(spec, plan, device="cpu", num_layers=num_layers, quant_impl=quant_impl,
                                          seed=seed, target_device=target_device, checkpoint_set=checkpoint_set,
                                          on_grad=on_grad, proj_gap=gap, layers=layers)
+        if sharded is not None:
+            setup.shard = (sp_rank, sharded.sp_degree)
+            exchange.enter_context(ulysses_rank(setup.model, sharded))
         layer_hooks = tag_layers(_decoder_layers(setup.model), tracker)
         if multimodal:
             layer_hooks += vl.tag_parts(setup.model, tracker)

@@ -305,6 +305,13 @@ def main(argv=None) -> dict:
     ds = training.get("deepspeed")
     if ds and not Path(ds).exists() and (here / Path(ds).name).exists():
         training["deepspeed"] = str(here / Path(ds).name)  # the export was moved: the file beside advisor.yaml
+    sp = cfg.get("sequence_parallel")
+    if sp and cuda:
+        import parallel_setup  # beside this script
+
+        training["parallelism_config"] = parallel_setup.parallelism_config(sp, model_s.get("attn_implementation"))
+    elif sp:
+        say("no CUDA GPU: sequence parallelism off (one process holds the whole sequence)")
     targs = TrainingArguments(**training)
 
     source = args.model_path or model_s["name_or_path"]

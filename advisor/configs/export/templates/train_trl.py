@@ -94,6 +94,7 @@ def main(argv=None) -> dict:
 
     cfg = yaml.safe_load(cfg_path.read_text(encoding="utf-8")) or {}
     vision = cfg.pop("vision", None)  # a vision-language model: its processor, what trains (vision_setup.py)
+    sp = cfg.pop("sequence_parallel", None)  # accelerate's ParallelismConfig (parallelism_config below)
     sft, model_kw = split_config(cfg)
 
     import torch
@@ -116,6 +117,12 @@ def main(argv=None) -> dict:
         # each block's own flag is set by vision_setup's callback (the tower's apart); SFTTrainer would turn on
         # every block, the tower's included, before it runs
         sft["gradient_checkpointing"] = False
+    if sp and cuda:
+        import parallel_setup  # beside this script
+
+        sft["parallelism_config"] = parallel_setup.parallelism_config(sp, model_kw.get("attn_implementation"))
+    elif sp:
+        say("no CUDA GPU: sequence parallelism off (one process holds the whole sequence)")
     sft_args = SFTConfig(**sft)
     model_args = ModelConfig(**model_kw)
 
