@@ -336,6 +336,29 @@ def test_qwen3_next_three_linear_attention_layers_then_one_full():
     assert spec.moe.num_experts == 512 and spec.moe.shared_expert_intermediate_size == 512
 
 
+@pytest.mark.parametrize("name,key,layers,tied", [("Qwen/Qwen3.5-0.8B", "qwen3.5-0.8b", 24, True),
+                                                  ("qwen35-4b", "qwen3.5-4b", 32, True),
+                                                  ("qwen/qwen3.5-9b", "qwen3.5-9b", 32, False),
+                                                  ("qwen3.5-27b-text", "qwen3.5-27b", 64, False)])
+def test_qwen3_5_dense_sizes_are_qwen3_nexts_pattern_with_a_dense_mlp(name, key, layers, tied):
+    """Qwen3.5's language model (issue 31): three Gated DeltaNet layers then one gated-attention layer, no experts,
+    a 248,320-token vocabulary; the 0.8B and 4B tie their embeddings, the 9B and 27B do not."""
+    spec = resolve_model(name)
+    d = spec.description
+    assert spec.source == "catalog" and spec.name == key and spec.model_type == "qwen3_5_text"
+    assert [layer.attention for layer in d.layers[:4]] == ["linear", "linear", "linear", "full"]
+    assert d.attention_kinds() == {"linear": layers * 3 // 4, "full": layers // 4}
+    assert not spec.is_moe and spec.vocab_size == 248_320 and spec.tie_word_embeddings is tied
+    assert d.layers[0].cache.bytes_per_token == 0 and d.layers[0].cache.fixed_bytes > 0
+
+
+def test_qwen3_5_9b_layers_match_the_count_read_off_the_checkpoint():
+    """The 9B's 32 decoder layers hold 6,919,561,728 parameters and each untied embedding 1,017,118,720 (a note read
+    off the Qwen3.5-9B checkpoint, cited in models.yaml): the catalog's fields rebuild them exactly."""
+    spec = resolve_model("qwen3.5-9b")
+    assert spec.params_total == 6_919_561_728 + 2 * 1_017_118_720 + 4096  # + the final norm
+
+
 def test_gemma3_multimodal_config_json_reads_its_text_decoder(tmp_path):
     """A Gemma-3 4B config.json as published (Gemma3ForConditionalGeneration, text_config without vocab_size) reads
     as the catalog's text decoder: the same description, answered from the stored one."""

@@ -30,7 +30,7 @@ QWEN3_5 = {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGene
            "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
                              "out_hidden_size": 64}}
 """A tiny synthetic Qwen3.5 (transformers qwen3_5: Gated DeltaNet layers, three of four, then gated attention),
-not a checkpoint: the catalog holds no Qwen3.5 size until its published config.json is in hand (issue 31)."""
+not a checkpoint (the catalog holds the dense sizes' language models since issue 31; this is a local directory)."""
 
 
 def _local(tmp_path, name, config):
