@@ -67,6 +67,10 @@ LOSS_LEVERS = [
     ("qwen2.5-7b-instruct", Plan(method="lora", packing=True, gradient_checkpointing=True, seq_len=4096)),
     ("qwen2.5-7b-instruct", Plan(method="lora", packing=True, loss="fused-linear", micro_batch=2, seq_len=2048,
                                  gradient_checkpointing=True, lora_targets="all-linear")),
+    # packed 2K documents at 16K (--doc-len): sdpa's bool mask held through the recompute, flash varlen without one
+    *[("llama-3.1-8b-instruct", Plan(method="qlora", quantization="nf4", packing=True, doc_len=2048, seq_len=16384,
+                                     gradient_checkpointing=True, loss="fused-linear", attn_impl=a))
+      for a in ("sdpa", "flash_attention_2")],
 ]
 
 

@@ -333,7 +333,7 @@ def test_one_dtype_table():
 def test_the_workload_is_declared_on_its_knobs_and_the_space_reads_it():
     from advisor.search.space import fixed_knobs, load_space, plan_from_params
 
-    assert set(fixed_knobs(Plan)) == {"seq_len", "eval_batch", "max_new_tokens", "task", "num_generations",
+    assert set(fixed_knobs(Plan)) == {"seq_len", "doc_len", "eval_batch", "max_new_tokens", "task", "num_generations",
                                       "max_prompt_length", "max_completion_length", "beta", "image_sizes",
                                       "video_frames", "video_seconds"}
     assert all(knob_of(Plan, n).role == "workload" and knob_of(Plan, n).search is None for n in fixed_knobs(Plan))

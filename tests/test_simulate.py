@@ -37,6 +37,10 @@ LOSS_LEVERS = [Plan(seq_len=96, loss="fused-linear", **METHODS["full"]),
           Plan(seq_len=96, dora=True, lora_dropout=0.0, method="lora"),
           Plan(seq_len=96, packing=True, micro_batch=2, **METHODS["lora"]),
           Plan(seq_len=96, packing=True, attn_impl="eager", **METHODS["lora"]),
+          # --doc-len: four documents of 24; 40 + 40 + 16 (the last cut); one document (no packed row, no mask)
+          Plan(seq_len=96, packing=True, doc_len=24, **METHODS["lora"]),
+          Plan(seq_len=96, packing=True, doc_len=40, attn_impl="eager", **METHODS["lora"]),
+          Plan(seq_len=96, packing=True, doc_len=96, **METHODS["lora"]),
           Plan(seq_len=96, packing=True, loss="fused-linear", gradient_checkpointing=True, **METHODS["full"])]
 
 

@@ -270,10 +270,13 @@ def test_a_data_profile_counts_real_tokens_and_packed_attention_per_document():
     assert padded.real_token_fraction == pytest.approx(475 / 1000)
     at_1000 = predict_throughput(QWEN, plan.with_(seq_len=1000), A100)
     assert padded.tokens_per_s == pytest.approx(at_1000.tokens_per_s * 475 / 1000)
-    if "packing" in Plan.__dataclass_fields__:
-        packed = predict_throughput(QWEN, plan.with_(packing=True), A100, data=_Profile())
-        plain = predict_throughput(QWEN, plan.with_(packing=True), A100)
-        assert packed.terms["attention"] < plain.terms["attention"] and packed.real_token_fraction == 1.0
+    # flash varlen runs each document's own block; sdpa's block-diagonal mask costs the whole seq^2 (documents or not)
+    flash = plan.with_(packing=True, attn_impl="flash_attention_2")
+    packed = predict_throughput(QWEN, flash, A100, data=_Profile())
+    plain = predict_throughput(QWEN, flash, A100)
+    assert packed.terms["attention"] < plain.terms["attention"] and packed.real_token_fraction == 1.0
+    sdpa = predict_throughput(QWEN, plan.with_(packing=True), A100, data=_Profile())
+    assert sdpa.terms["attention"] == predict_throughput(QWEN, plan.with_(packing=True), A100).terms["attention"]
 
 
 def test_mixed_precision_casts_every_fp32_weight_each_forward():

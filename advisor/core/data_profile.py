@@ -60,11 +60,29 @@ class DataProfile:
         (``largest_sample``), and the text beside them (``seq_len``) that makes the language model's sequence the
         longest sample's text and image tokens."""
         if not self.images or spec is None or not spec.is_vision_language:
-            return plan.with_(seq_len=self.memory_seq_len(plan.seq_len, plan.packing))
+            return self.packed(plan).with_(seq_len=self.memory_seq_len(plan.seq_len, plan.packing))
         largest, beside, lengths = self.largest_sample(spec, plan)
         # seq_len is the text beside the images (docs/vision.md): the language model's sequence is the longest
         # sample's text and image tokens together, not cut at seq_len (a sample's image tokens are never cut)
         return plan.with_(image_sizes=largest, seq_len=max(plan.seq_len if plan.packing else 1, max(lengths) - beside))
+
+    def packed(self, plan):
+        """``plan`` with these documents' length when it packs them: their token-weighted mean, the one length
+        whose rows cost the attention these documents do (advisor.core.packed_docs.token_weighted_length)."""
+        if not getattr(plan, "packing", False):
+            return plan
+        self.refuse_doc_len_flag(plan.doc_len)
+        from advisor.core.packed_docs import token_weighted_length
+
+        return plan.with_(doc_len=token_weighted_length(self.lengths, plan.seq_len))
+
+    def refuse_doc_len_flag(self, doc_len) -> None:
+        """Packed documents' length comes from the data or from --doc-len, not both (a one-line error naming it)."""
+        if doc_len is not None:
+            from advisor.core.errors import AdvisorInputError
+
+            raise AdvisorInputError("--doc-len", f"the --data documents give their own lengths ({self.source}): "
+                                    "leave --doc-len out", doc_len)
 
     def refuse_image_flag(self, image_sizes) -> None:
         """Images come from the samples or from --image-size, not both (a one-line error naming the flag)."""

@@ -116,6 +116,10 @@ def _sequence_parallel(values) -> bool:
     return _not_rl(values) and (values.get("sp_degree") or 1) > 1
 
 
+def _packed(values) -> bool:
+    return values.get("packing") is True and _not_rl(values)
+
+
 def _colocate(values) -> bool:
     return _grpo(values) and values.get("generation") == "vllm-colocate"
 
@@ -221,6 +225,7 @@ _RL_LLAMAFACTORY = Refused("LLaMA-Factory has no GRPO stage (its stages: pt, sft
 _DPO_LLAMAFACTORY = Custom()  # stage: dpo, pref_beta (advisor.configs._rl_tools)
 _ENV = Unkeyed("an environment variable: the header's launch command sets PYTORCH_CUDA_ALLOC_CONF")
 _IN_THE_DATA = Unkeyed("the data carries its images and videos: their sizes shape the plan, not the file")
+_DOCS_IN_THE_DATA = Unkeyed("the packing collator reads the documents' lengths from the data, not the file")
 _NO_PIXEL_KEY = Refused("it has no key for the vision settings of the plan")
 _IMAGES_ONLY = Refused("the exported script batches images only (a video's frames are not read): export a video "
                        "plan to LLaMA-Factory")
@@ -366,6 +371,16 @@ class Plan:
               "trl": Custom("packing")})
     """Pack several documents into each sequence of seq_len tokens (position_ids restart per document:
     no padding, no cross-document attention); without it a batch is padded to its longest document."""
+    doc_len: int | None = knob(
+        None, help="tokens per document packed into a sequence (--packing; --data gives its own documents' lengths)",
+        range=_WHOLE, applies=_packed, workload=Workload(),
+        cli=Cli(metavar="N", default_means="not stated: several per sequence, attention timed as one sequence long"),
+        tag=Tag(lambda plan: f"doc{plan.doc_len}" if plan.doc_len else None, after="packing"),
+        keys={"advisor": Key("advisor.doc_len", omit_default=True), "axolotl": _DOCS_IN_THE_DATA,
+              "llamafactory": _DOCS_IN_THE_DATA, "trl": _DOCS_IN_THE_DATA})
+    """The length of the documents packed into each sequence (advisor.core.packed_docs): with flash-attention's
+    varlen kernel attention costs sum(doc_len^2), with sdpa / eager the block-diagonal mask costs the whole
+    seq_len^2. The user's data, not a lever: a --data file gives it (DataProfile.sized)."""
     attn_impl: str = knob(
         "sdpa", help="attention implementation", choices=ATTENTION, tag=Tag(),
         search=Search(order=130, required=True, ladder=prefer("sdpa", "flash_attention_2"), frugal=first),
@@ -777,6 +792,12 @@ class Plan:
         optimizer_problems(self, bad)
         rl_plan_problems(self, bad)
         vision_plan_problems(self, bad)
+        if self.doc_len is not None and not _packed(vars(self)):
+            bad("doc_len", f"is the length of packed documents: add {flag_of('packing')} (supervised fine-tuning)",
+                self.doc_len)
+        elif self.doc_len is not None and self.doc_len > self.seq_len:
+            bad("doc_len", f"a packed sequence holds whole documents of at most {flag_of('seq_len')} "
+                f"{self.seq_len} tokens", self.doc_len)
         if self.precision in ("fp16",) and self.method == "full":
             bad("precision", "pure fp16 full fine-tuning diverges (no fp32 master weights): use mixed_fp16 or bf16",
                 self.precision)

@@ -8,7 +8,8 @@ activation dtype, (i, o) a linear module's fan-in and fan-out, r the LoRA rank.
 from __future__ import annotations
 
 from advisor.core.catalog import ModelSpec
-from advisor.core.plan import DTYPE_BYTES, Plan
+from advisor.core.packed_docs import builds_packed_mask, documents_per_row
+from advisor.core.plan import DTYPE_BYTES, FLASH_ATTENTION, Plan
 
 
 # --------------------------------------------------------------------------- the loss
@@ -108,21 +109,35 @@ def dora_forward_spike(model: ModelSpec, plan: Plan, modules: tuple[str, ...]) -
 
 
 def packed_mask_bytes(model: ModelSpec, plan: Plan) -> int:
-    """The block-diagonal mask of packed documents, built once per forward (bool b x 1 x s x s) and held to the
-    end of backward; eager builds its additive mask with or without packing, flash-attention 2 runs varlen on
-    cu_seqlens and needs none (transformers masking_utils.find_packed_sequence_indices, sdpa_mask)."""
-    if not plan.packing or plan.attn_impl != "sdpa":
+    """The block-diagonal mask of packed documents under sdpa, built once per forward (bool b x 1 x s x s) and held
+    to the end of backward: a packed row turns sdpa's causal skip off (transformers masking_utils.create_causal_mask:
+    allow_is_causal_skip = False; sdpa_mask). Eager builds its additive mask with or without packing (counted with
+    eager's scores); flash-attention runs varlen on cu_seqlens and builds none (flash_attention_mask); a row of
+    one document is no packed row (find_packed_sequence_indices returns None)."""
+    if plan.attn_impl != "sdpa" or not builds_packed_mask(plan):
         return 0
     return plan.micro_batch * plan.seq_len ** 2
 
 
 def packed_layer_bytes(model: ModelSpec, plan: Plan) -> int:
-    """What each layer keeps for packed documents under sdpa: the bool mask made an additive bias in the
-    compute dtype, saved by the memory-efficient kernel (aten convert_boolean_attn_mask,
+    """What each layer keeps for packed documents. Under sdpa: the bool mask made an additive bias in the compute
+    dtype, saved by the memory-efficient kernel (aten convert_boolean_attn_mask,
     _scaled_dot_product_efficient_attention), and k, v expanded by repeat_kv (transformers uses sdpa's
-    enable_gqa only without a mask: integrations/sdpa_attention.use_gqa_in_sdpa)."""
-    if not plan.packing or plan.attn_impl != "sdpa":
+    enable_gqa only without a mask: integrations/sdpa_attention.use_gqa_in_sdpa). Under flash-attention: the
+    int32 cu_seqlens of the flattened batch, saved for backward (varlen_cu_seqlens_bytes)."""
+    if plan.packing and plan.attn_impl in FLASH_ATTENTION:
+        return varlen_cu_seqlens_bytes(plan)
+    if plan.attn_impl != "sdpa" or not builds_packed_mask(plan):
         return 0
     p = DTYPE_BYTES[plan.activation_dtype]
     T = plan.micro_batch * plan.seq_len
     return p * plan.micro_batch * plan.seq_len ** 2 + p * T * 2 * (model.q_dim - model.kv_dim)
+
+
+def varlen_cu_seqlens_bytes(plan: Plan) -> int:
+    """flash varlen's cumulative document lengths, int32 (documents + 1) of the flattened batch, one per layer
+    (transformers prepare_fa_kwargs_from_position_ids; flash_attn FlashAttnVarlenFunc saves cu_seqlens_q/k, one
+    tensor here)."""
+    if not plan.packing or plan.attn_impl not in FLASH_ATTENTION:
+        return 0
+    return 4 * (plan.micro_batch * documents_per_row(plan) + 1)

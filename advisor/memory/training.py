@@ -541,6 +541,7 @@ def estimate_step(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *,
         recomputed = 0
     acts += _packing_dora_activation_bytes(model, plan, pb)
     acts += sequence_parallel.position_ids_bytes(sharded)
+    packed_mask = loss_dora_packing.packed_mask_bytes(model, plan)  # held to the end of backward (every layer's input)
     logits_fwd, logits_bwd = head if head is not None else logits_bytes(model, plan)
 
     # the largest dequantized weight of a 4/8-bit layer exists during its matmul (bitsandbytes dequantize_4bit)
@@ -580,8 +581,9 @@ def estimate_step(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *,
     phases = {
         "loss": dict(gradients=grads_held, activations=acts, transient=logits_fwd + autocast_cache),
         "backward": dict(gradients=grads_held, activations=acts, transient=logits_bwd + autocast_cache),
-        "backward-end": dict(gradients=end_grads, activations=(x + recomputed) if plan.gradient_checkpointing
-                             else layer_acts, transient=layer_bwd_temp + autocast_cache),
+        "backward-end": dict(gradients=end_grads, activations=((x + recomputed) if plan.gradient_checkpointing
+                                                               else layer_acts) + packed_mask,
+                             transient=layer_bwd_temp + autocast_cache),
         # after the first layer's backward: the embedding's gradient, no activations left
         "backward-embedding": dict(gradients=grads, activations=0, transient=emb_bwd_temp + autocast_cache),
         "optimizer": dict(gradients=grads, activations=0, transient=opt_temp),
@@ -591,7 +593,7 @@ def estimate_step(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *,
         # gradients exist; each layer input is released after its backward (torch.utils.checkpoint)
         # every layer's input, and what LLM.int8 linears hold on their context inside the checkpointed layers
         phases["backward-recompute"] = dict(gradients=last_grads,
-                                            activations=L * x + sum(lt.int8_held) + recomputed,
+                                            activations=L * x + sum(lt.int8_held) + recomputed + packed_mask,
                                             transient=layer_bwd_temp + autocast_cache)
     else:
         # the last layer's backward, every layer's activations still held (the logits are gone by then)

@@ -82,7 +82,7 @@ class TrainingSetup:
     def micro_step(self, input_ids, labels):
         """Forward with labels, the model's causal-LM loss, backward; returns the loss (detached)."""
         self._phase("forward")
-        pos = packed_position_ids(input_ids) if self.plan.packing else None
+        pos = packed_position_ids(input_ids, self.plan.doc_len) if self.plan.packing else None
         if pos is None and self.shard is not None:
             pos = shard_position_ids(input_ids, self.shard[0])
         with self._autocast():
@@ -169,16 +169,17 @@ def shard_position_ids(input_ids, rank: int):
     return torch.arange(rank * s, (rank + 1) * s, device=input_ids.device).unsqueeze(0).expand(b, s)
 
 
-def packed_position_ids(input_ids):
-    """Position ids of packed rows: two documents per row, each counting from 0 (what a packing collator
-    gives: TRL's padding-free bfd, DataCollatorWithFlattening); no attention_mask, so transformers masks
-    attention per document (masking_utils.find_packed_sequence_indices). Memory does not depend on where
-    the documents meet."""
+def packed_position_ids(input_ids, doc_len: int | None = None):
+    """Position ids of packed rows: each document counting from 0, doc_len tokens each and a shorter one where they
+    do not fill the row, or two halves when doc_len is not stated (advisor.core.packed_docs.row_documents); what a
+    packing collator gives (TRL's padding-free bfd, DataCollatorWithFlattening). No attention_mask, so transformers
+    masks attention per document (masking_utils.find_packed_sequence_indices) or flash-attention runs varlen."""
     import torch
 
+    from advisor.core.packed_docs import row_documents
+
     b, s = input_ids.shape
-    half = s // 2
-    row = torch.cat([torch.arange(half, device=input_ids.device), torch.arange(s - half, device=input_ids.device)])
+    row = torch.cat([torch.arange(n, device=input_ids.device) for n in row_documents(s, doc_len)])
     return row.unsqueeze(0).expand(b, s)
 
 

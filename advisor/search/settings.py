@@ -150,6 +150,8 @@ class Resolving:
 
         profile = data_profile(self.flag("data"), self.target.model.path)
         profile.refuse_image_flag(self.flag("image_sizes"))
+        given = [o.split("=", 1)[1].strip() for o in self.overrides if o.split("=", 1)[0].strip() == "doc_len"]
+        profile.refuse_doc_len_flag(self.flag("doc_len") or (given[-1] if given else None))
         return profile
 
 

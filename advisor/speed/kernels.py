@@ -5,6 +5,7 @@ arithmetic over ``StepInputs``; no torch.
 
 from __future__ import annotations
 
+from advisor.core.packed_docs import builds_packed_mask
 from advisor.core.plan import FLASH_ATTENTION
 from advisor.speed.inputs import StepInputs, lever_row
 from advisor.speed.layers import LayerKind
@@ -54,6 +55,11 @@ def attended_keys(s: StepInputs, kind: LayerKind, impl: str) -> float:
     while kv_length < the window), which SDPA's memory-efficient kernel applies to every block: the whole s^2."""
     seq = s.plan.seq_len
     w = kind.window
+    if impl == "sdpa" and builds_packed_mask(s.plan):
+        # packed documents: an explicit block-diagonal mask and is_causal False; SDPA's flash backend takes no mask
+        # (aten sdp_utils.cpp check_for_attn_mask), its memory-efficient kernel reads the bias of every key block
+        # (kernel_forward.h bounds the key loop only for a causal custom_mask_type): the whole s^2, none skipped
+        return 1.0
     if kind.attention != "sliding" or not w or seq <= w:
         return 0.5
     if impl in FLASH_ATTENTION or impl == "flex_attention":  # FlashAttention-3 takes window_size as FA2 does
@@ -84,7 +90,9 @@ def attention_seconds(s: StepInputs, kind: LayerKind | None = None) -> tuple[flo
     flops = (2.0 * b * seq * seq * heads * (d_qk + d_v) * attended_keys(s, kind, impl)
              * s.stack.get("attention_scale", 1.0))
     eff = lever_row(s, "attention_efficiency")
-    shape = seq / (seq + s.k["attention_half_seq"])
+    # varlen runs each document's block: its tiles fill as a sequence of the documents' token-weighted length does
+    L = seq * s.stack.get("attention_scale", 1.0) if plan.packing and impl in FLASH_ATTENTION else seq
+    shape = L / (L + s.k["attention_half_seq"])
     fwd = flops / (s.peak_flops * eff["forward"] * shape)
     bwd = flops * s.k["flash_backward_flops_ratio"] / (s.peak_flops * eff["backward"] * shape)
     return fwd, bwd

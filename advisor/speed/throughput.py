@@ -47,7 +47,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from advisor.core.catalog import GpuSpec, ModelSpec
-from advisor.core.plan import Plan, has_vision_input
+from advisor.core.packed_docs import packed_attention_scale, varlen_attention_scale
+from advisor.core.plan import FLASH_ATTENTION, Plan, has_vision_input
 from advisor.memory.sharding import DEFAULT_SHARDING
 from advisor.speed.inputs import StepInputs
 from advisor.speed import low_rank_and_offload_terms  # noqa: F401 - registers low_rank_projection, activation_offload, paged_spill
@@ -170,10 +171,11 @@ def predict_throughput(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int = 1
     if plan.task != "sft":
         return _rl_prediction(model, plan, gpu, gpus, sharding)
     frac, stack = 1.0, dict(stack or {})
+    if plan.packing:  # flash varlen: each document's own block; sdpa / eager: the whole masked seq^2 (kernels)
+        stack.setdefault("attention_scale", packed_attention_scale(list(data.lengths), plan.seq_len)
+                         if data is not None and plan.attn_impl in FLASH_ATTENTION else varlen_attention_scale(plan))
     if data is not None:
-        if plan.packing:
-            stack.setdefault("attention_scale", packed_attention_scale(list(data.lengths), plan.seq_len))
-        else:
+        if not plan.packing:
             padded = max(1, round(data.expected_padded(plan.seq_len, plan.micro_batch)))
             frac = min(1.0, data.mean_tokens(plan.seq_len) / padded)
             plan = plan.with_(seq_len=padded)
@@ -245,11 +247,3 @@ def rank_plan(plan: Plan) -> Plan:
     from advisor.memory.sequence_parallel import rank_plan as of
 
     return of(plan)
-
-
-def packed_attention_scale(lengths: list[int], seq_len: int) -> float:
-    """With packing each document attends only to itself (flash-attn varlen, a block-diagonal mask):
-    attention FLOPs scale by sum(s_i^2) / (sum(s_i) x seq_len) against one seq_len-long sequence."""
-    docs = [min(n, seq_len) for n in lengths if n > 0]
-    total = sum(docs)
-    return sum(n * n for n in docs) / (total * seq_len) if total else 1.0

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from advisor.core.catalog import ModelSpec
 from advisor.memory.ledger import CATEGORIES
 from advisor.core.plan import Plan
+from advisor.core.packed_docs import builds_packed_mask
 
 PHASES = ("forward", "backward", "optimizer")
 PACKED = {"on": False}
@@ -239,7 +240,9 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
     gap = 1 if plan.optimizer in LOW_RANK_OPTIMIZERS else None
     sharded = plan if plan.sp_degree > 1 else None  # a sequence-parallel plan: its rank's shard is what is traced
     plan = rank_plan(plan)
-    PACKED["on"] = plan.packing
+    # a fake tensor's packed rows are read as the real run reads its position ids: sdpa / eager mask rows of two or
+    # more documents; flash-attention's mask interface returns None (it runs varlen on cu_seqlens)
+    PACKED["on"] = builds_packed_mask(plan)
     from advisor.runtime.simulate import vision as vl
 
     multimodal = vl.is_vision(spec)
