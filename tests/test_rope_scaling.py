@@ -145,3 +145,43 @@ def test_ledger_within_3_percent_of_the_simulation_with_rope_scaling(rope):
     est = estimate_training(spec, plan).tensor_peak_bytes
     assert abs(est - sim) / sim < 0.03, (est, sim)
     assert math.isclose(sim, simulate(spec, plan.with_(rope_scaling="none")).peak_bytes, rel_tol=1e-4)
+
+
+@pytest.mark.parametrize("fmt,section", [("advisor", "model"), ("trl", "model_init_kwargs"),
+                                         ("axolotl", "overrides_of_model_config")])
+def test_each_exports_overrides_load_the_scaled_rope(fmt, section, tiny_model, tmp_path):
+    """What advisor.yaml's model section (train.py), trl.yaml's model_init_kwargs (SFTTrainer / train_trl.py) and
+    axolotl's overrides_of_model_config carry, applied as each applies it, gives the model the scaled rope; and each
+    file reads back to the plan."""
+    import yaml
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from advisor.configs.export import export_plan
+    from advisor.configs.read import read_config
+
+    spec = resolve_model("qwen7b")
+    plan = Plan(method="lora", gradient_checkpointing=True, seq_len=65536, rope_scaling="yarn:2")
+    path = export_plan(spec, plan, tmp_path, [fmt])[fmt]
+    overrides = yaml.safe_load(path.read_text())[section]
+    if fmt == "axolotl":  # axolotl sets each key on the loaded config (loaders/utils.py load_model_config)
+        cfg = AutoConfig.from_pretrained(tiny_model)
+        for key in ("rope_parameters", "max_position_embeddings"):
+            setattr(cfg, key, overrides[key])
+        model = AutoModelForCausalLM.from_pretrained(tiny_model, config=cfg)
+    else:  # from_pretrained(**kwargs) sets them on the loaded config
+        model = AutoModelForCausalLM.from_pretrained(
+            tiny_model, **{k: overrides[k] for k in ("rope_parameters", "max_position_embeddings")})
+    assert model.model.rotary_emb.rope_type == "yarn" and model.config.max_position_embeddings == 65536
+    assert model.model.rotary_emb.attention_scaling > 1
+    _, back, _ = read_config(path, check_fields=False)
+    assert back.rope_scaling == "yarn:2"
+
+
+def test_llamafactory_refuses_a_factor_it_would_not_compute(tmp_path):
+    from advisor.configs.export import export_plan
+
+    spec = resolve_model("qwen7b")
+    with pytest.raises(AdvisorInputError, match=r"ceil\(cutoff_len / 32,768\) = 2: use --rope-scaling yarn:2"):
+        export_plan(spec, Plan(method="lora", seq_len=65536, rope_scaling="yarn:4"), tmp_path, ["llamafactory"])
+    with pytest.raises(AdvisorInputError, match="none at cutoff_len 1,024"):
+        export_plan(spec, Plan(method="lora", seq_len=1024, rope_scaling="yarn:2"), tmp_path, ["llamafactory"])

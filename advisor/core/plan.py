@@ -413,7 +413,7 @@ class Plan:
                      "yarn:4 reaches 4 x max_position_embeddings)", workload=Workload(),
         cli=Cli(metavar="TYPE:FACTOR", parse=lambda text: parse_rope_scaling(text), default_means="none"),
         tag=Tag(lambda plan: None if plan.rope_scaling == "none" else "rope-" + plan.rope_scaling),
-        keys={"advisor": Custom("model.rope_parameters"), "axolotl": Custom("model_config.rope_parameters"),
+        keys={"advisor": Custom("model.rope_parameters"), "axolotl": Custom("overrides_of_model_config.rope_parameters"),
               "llamafactory": Custom("rope_scaling"), "trl": Custom("model_init_kwargs.rope_parameters")})
     """RoPE scaling (advisor.core.rope): the model's positions rescaled so that factor x its trained context fits.
     The user's workload, not a lever: it changes the model trained (its config.json's rope_parameters, which
