@@ -41,14 +41,16 @@ def parse_rope_scaling(text: Any) -> str:
     return f"{kind}:{factor:g}"
 
 
-def rope_type(value: str) -> str | None:
-    """The scaling's rope type (None: no scaling)."""
-    return None if value in (None, NONE) else value.split(":")[0]
+def rope_type(value: str | None) -> str | None:
+    """The scaling's rope type (None: no scaling); ``value`` as a plan or a space file holds it."""
+    value = parse_rope_scaling(value or NONE)
+    return None if value == NONE else value.split(":")[0]
 
 
-def rope_factor(value: str) -> float:
+def rope_factor(value: str | None) -> float:
     """The scaling's factor (1: no scaling)."""
-    return 1.0 if value in (None, NONE) else float(value.split(":")[1])
+    value = parse_rope_scaling(value or NONE)
+    return 1.0 if value == NONE else float(value.split(":")[1])
 
 
 def scaled_context(context: int, value: str) -> int:
