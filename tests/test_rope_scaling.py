@@ -185,3 +185,24 @@ def test_llamafactory_refuses_a_factor_it_would_not_compute(tmp_path):
         export_plan(spec, Plan(method="lora", seq_len=65536, rope_scaling="yarn:4"), tmp_path, ["llamafactory"])
     with pytest.raises(AdvisorInputError, match="none at cutoff_len 1,024"):
         export_plan(spec, Plan(method="lora", seq_len=1024, rope_scaling="yarn:2"), tmp_path, ["llamafactory"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["train", "trl"])
+def test_exported_script_trains_a_step_with_the_scaled_rope(script, tiny_model, tmp_path):
+    """train.py (advisor.yaml's model section) and train_trl.py (trl.yaml's model_init_kwargs) load the model with the
+    scaled rope and train a step on the CPU (exported for Qwen2.5-7B, run on the tiny copy: --model-path)."""
+    from export_runs import run_export_script
+
+    from advisor.configs.export import export_plan
+
+    plan = Plan(method="lora", seq_len=32, rope_scaling="yarn:2")
+    written = export_plan(resolve_model("qwen7b"), plan, tmp_path / "export", [script])
+    path = tmp_path / "export" / ("train.py" if script == "train" else "train_trl.py")
+    assert written
+    proc, summary = run_export_script(path, "--data", str(tiny_model / "data.jsonl"), "--max-steps", "1",
+                                      "--model-path", str(tiny_model), "--output-dir", str(tmp_path / "ckpt"),
+                                      "--no-save")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert summary["steps"] == 1 and math.isfinite(summary["train_loss"])
+    assert "'rope_type': 'yarn'" in proc.stdout and "max_position_embeddings=65536" in proc.stdout
