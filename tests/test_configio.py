@@ -4,6 +4,7 @@ it; broken files are reported with every bad key at once; only safe YAML/JSON lo
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 
 import pytest
@@ -48,7 +49,12 @@ def plans(draw) -> Plan:
     ckpt = draw(st.booleans())
     targets = draw(st.one_of(st.just("all-linear"),
                              st.lists(st.sampled_from(LINEARS), min_size=1, max_size=7, unique=True).map(tuple)))
+    seq_len = draw(st.integers(1, 131072))
+    rope_kind = draw(st.sampled_from([None, "linear", "dynamic", "yarn", "llama3"]))
+    factor = draw(st.sampled_from(["LLaMA-Factory's", 2, 3.5]))  # LLaMA-Factory's: ceil(cutoff_len / context)
+    factor = max(2, math.ceil(seq_len / SPEC.max_position_embeddings)) if factor == "LLaMA-Factory's" else factor
     plan = Plan(
+        rope_scaling="none" if rope_kind is None else f"{rope_kind}:{factor:g}",
         method=method, quantization=q, double_quant=q in ("nf4", "fp4") and draw(st.booleans()),
         compute_dtype=draw(st.sampled_from(["bf16", "fp16", "fp32"])), precision=precision,
         lora_r=draw(st.integers(1, 256)),
@@ -60,7 +66,7 @@ def plans(draw) -> Plan:
         checkpoint_layers=draw(st.sampled_from([None, 1, 7, 14, 20])) if ckpt else None,
         activation_offload=draw(st.booleans()), optim_rank=draw(st.sampled_from([8, 128, 512])),
         optim_proj_gap=draw(st.sampled_from([50, 200])),
-        seq_len=draw(st.integers(1, 131072)), attn_impl=attn, offload=offload, loss=draw(st.sampled_from(["plain", "chunked", "fused-linear"])),
+        seq_len=seq_len, attn_impl=attn, offload=offload, loss=draw(st.sampled_from(["plain", "chunked", "fused-linear"])),
         dora=method == "lora" and q == "none" and draw(st.booleans()), packing=draw(st.booleans()),
     )
     assert not plan.problems(), plan.problems()
@@ -88,7 +94,11 @@ def _expressible(fmt: str, plan: Plan) -> bool:
         pure_z3 = plan.method == "full" and plan.precision == "bf16" and plan.offload == "zero3_cpu"
         cd_ok = not plan.four_bit or plan.compute_dtype == plan.activation_dtype
         no_fa3 = plan.attn_impl != "flash_attention_3"  # LLaMA-Factory 0.9.5 lists fa3 but raises for it
-        return int_alpha and ok_prec and not pure_z3 and cd_ok and plan.loss != "chunked" and no_fa3
+        # LLaMA-Factory computes the RoPE factor itself: ceil(cutoff_len / max_position_embeddings), past it only
+        context = SPEC.max_position_embeddings
+        rope_ok = plan.rope_scaling == "none" or (
+            plan.seq_len > context and float(plan.rope_scaling.split(":")[1]) == math.ceil(plan.seq_len / context))
+        return int_alpha and ok_prec and not pure_z3 and cd_ok and plan.loss != "chunked" and no_fa3 and rope_ok
     if fmt == "trl":
         return int_alpha and (not plan.four_bit or plan.compute_dtype == plan.param_dtype)
     return True

@@ -65,6 +65,9 @@ PLANS = [
      1),
     ("gemma-3-12b-it", Plan(method="full", precision="bf16", image_sizes=("1024x768",), optimizer="adamw_8bit"), 1),
     # several GPUs: ZeRO-3 sharding and DDP
+    # RoPE scaling past the trained context (32,768): LLaMA-Factory's factor is ceil(cutoff_len / 32,768)
+    ("qwen7b", Plan(method="lora", gradient_checkpointing=True, seq_len=65536, rope_scaling="yarn:2"), 1),
+    ("qwen7b", Plan(method="lora", gradient_checkpointing=True, seq_len=98304, rope_scaling="linear:3"), 1),
     ("meta-llama/Llama-3.1-70B-Instruct", Plan(method="lora", gradient_checkpointing=True), 8),
     ("qwen7b", Plan(method="qlora", quantization="nf4", gradient_checkpointing=True), 8),
 ]
@@ -173,7 +176,8 @@ LLAMAFACTORY_CHECK = textwrap.dedent("""
                     "per_device_train_batch_size": t.per_device_train_batch_size,
                     "gradient_accumulation_steps": t.gradient_accumulation_steps, "optim": str(t.optim.value),
                     "bf16": t.bf16, "fp16": t.fp16, "deepspeed": bool(t.deepspeed),
-                    "enable_liger_kernel": m.enable_liger_kernel, "use_unsloth_gc": m.use_unsloth_gc})
+                    "enable_liger_kernel": m.enable_liger_kernel, "use_unsloth_gc": m.use_unsloth_gc,
+                    "rope_scaling": getattr(m.rope_scaling, "value", m.rope_scaling)})
     print("RESULT " + json.dumps(out))
 """)
 
@@ -254,6 +258,8 @@ def test_llamafactory_parser_accepts_the_exports(tmp_path):
         assert got["bf16"] == (plan.activation_dtype == "bf16") and got["fp16"] == (plan.activation_dtype == "fp16")
         assert got["enable_liger_kernel"] == (plan.loss == "fused-linear")
         assert got["use_unsloth_gc"] == plan.activation_offload  # checkpoint offload (the others are refused)
+        # --rope-scaling: the type; LLaMA-Factory's factor, ceil(cutoff_len / max_position_embeddings), is the plan's
+        assert got["rope_scaling"] == (None if plan.rope_scaling == "none" else plan.rope_scaling.split(":")[0])
         if plan.peft:
             assert got["lora_rank"] == plan.lora_r and got["lora_alpha"] == plan.lora_alpha
     assert [got["deepspeed"] for got in results] == [

@@ -25,6 +25,7 @@ PLANS = {
                               micro_batch=2, seq_len=32, lora_r=4, lora_alpha=8.0),
     "full-zero2": Plan(method="full", precision="mixed_bf16", offload="zero2_cpu", attn_impl="flash_attention_2"),
     "lora-eval-batch": Plan(method="lora", eval_batch=4),
+    "lora-rope-yarn": Plan(method="lora", gradient_checkpointing=True, seq_len=65536, rope_scaling="yarn:2"),
 }
 
 
@@ -58,6 +59,9 @@ def test_trl_yaml_parses_with_trls_own_parser(name, qwen7b, tmp_path, monkeypatc
     assert model.load_in_4bit == plan.four_bit
     if plan.packing:
         assert sft.packing_strategy == "bfd"
+    if plan.rope_scaling != "none":  # the model's config overrides, passed to from_pretrained
+        assert sft.model_init_kwargs["rope_parameters"]["rope_type"] == "yarn"
+        assert sft.model_init_kwargs["max_position_embeddings"] == 2 * qwen7b.max_position_embeddings
 
 
 def test_trl_refuses_what_it_cannot_express(qwen7b):

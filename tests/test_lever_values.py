@@ -335,7 +335,7 @@ def test_the_workload_is_declared_on_its_knobs_and_the_space_reads_it():
 
     assert set(fixed_knobs(Plan)) == {"seq_len", "doc_len", "eval_batch", "max_new_tokens", "task", "num_generations",
                                       "max_prompt_length", "max_completion_length", "beta", "image_sizes",
-                                      "video_frames", "video_seconds"}
+                                      "video_frames", "video_seconds", "rope_scaling"}
     assert all(knob_of(Plan, n).role == "workload" and knob_of(Plan, n).search is None for n in fixed_knobs(Plan))
     assert knob_of(Plan, "micro_batch").role == "lever"
     space = load_space("default", ["seq_len=2048", "max_new_tokens=64"])

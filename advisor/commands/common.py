@@ -322,14 +322,29 @@ def check_plan_against_model(model, plan) -> None:
     if plan.checkpoint_layers is not None and plan.checkpoint_layers > model.num_layers:
         raise AdvisorInputError("--checkpoint-layers", f"{model.name} has {model.num_layers} decoder layers",
                                 plan.checkpoint_layers)
-    if plan.task == "grpo" and model.max_position_embeddings and \
-            plan.max_prompt_length + plan.max_completion_length > model.max_position_embeddings:
+    context_problem(model, plan)
+
+
+def context_problem(model, plan) -> None:
+    """A sequence past the model's context (its trained context, or factor x it under --rope-scaling): a one-line
+    error that names --rope-scaling and the factor that would reach it."""
+    from advisor.core.rope import extend_hint, scaled_context
+
+    trained = model.max_position_embeddings
+    if not trained:
+        return
+    context = scaled_context(trained, plan.rope_scaling)
+    said = f"{model.name}'s context of {context:,} tokens" + (
+        "" if context == trained else f" ({plan.rope_scaling} x {trained:,})")
+    longest = plan.max_prompt_length + plan.max_completion_length if plan.task == "grpo" else plan.seq_len
+    if longest <= context:
+        return
+    hint = extend_hint(trained, longest)
+    if plan.task == "grpo":
         raise AdvisorInputError("--max-completion-length", f"prompt + completion ({plan.max_prompt_length:,} + "
-                                f"{plan.max_completion_length:,}) is longer than {model.name}'s context of "
-                                f"{model.max_position_embeddings:,} tokens", plan.max_completion_length)
-    if plan.task != "grpo" and model.max_position_embeddings and plan.seq_len > model.max_position_embeddings:
-        raise AdvisorInputError("--seq-len", f"longer than {model.name}'s context of {model.max_position_embeddings:,} tokens",
-                                plan.seq_len)
+                                f"{plan.max_completion_length:,}) is longer than {said}; {hint}",
+                                plan.max_completion_length)
+    raise AdvisorInputError("--seq-len", f"longer than {said}; {hint}", plan.seq_len)
 
 
 def add_study_flags(p: argparse.ArgumentParser) -> None:

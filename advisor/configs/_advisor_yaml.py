@@ -66,6 +66,9 @@ def model_section(ctx: ExportContext) -> dict[str, Any]:
     if ships_mxfp4(ctx.spec) and not ctx.plan.quantized:
         # transformers cannot train MXFP4 (card_rules.yaml mxfp4): train.py loads with Mxfp4Config(dequantize=True)
         section["dequantize_mxfp4"] = True
+    from advisor.configs._rope import rope_overrides
+
+    section.update(rope_overrides(ctx.spec, ctx.plan))  # --rope-scaling: train.py passes both to from_pretrained
     return section
 
 
@@ -327,6 +330,9 @@ def read(data: dict, c: Collect, plan_type: type, fmt: str = "advisor") -> tuple
     else:
         checkpoint_layers_of(ckpt, name, c, f)
     f["seq_len"] = _seq_len(data, training, advisor, sect, c, plan_type)
+    from advisor.configs._rope import read_rope
+
+    f["rope_scaling"] = read_rope(model, "model", c)
     f["loss"] = _loss(advisor, training, c)
     env = advisor.get("env") if isinstance(advisor.get("env"), dict) else {}
     if env.get("PYTORCH_CUDA_ALLOC_CONF"):

@@ -119,6 +119,11 @@ def axolotl_config(ctx: ExportContext) -> dict[str, Any]:
     cfg["save_steps"] = 500
     refuse_unexpressible(plan, FORMAT)
     cfg.update(_memory_lever_fields(plan, ctx.spec))
+    from advisor.configs._rope import rope_overrides
+
+    rope = rope_overrides(ctx.spec, plan)
+    if rope:  # --rope-scaling: axolotl 0.19 sets each key on the loaded config (loaders/utils.py; rope_scaling is gone)
+        cfg["overrides_of_model_config"] = rope
     cfg = fill(cfg, plan, FORMAT)
     if plan.task in RL_TASKS:  # rl: grpo|dpo (advisor.configs._rl_tools)
         cfg = _rl_tools.axolotl_rl(cfg, ctx)
@@ -306,6 +311,13 @@ def read(data: dict, c: Collect, plan_type: type) -> tuple[str | None, dict, dic
         attn = ("flash_attention_2" if data.get("flash_attention") else "eager" if data.get("eager_attention")
                 else "sdpa")
     f["attn_impl"] = c.choice(attn, {a: a for a in ATTENTION}, "attn_implementation")
+    from advisor.configs._rope import read_rope
+
+    if data.get("rope_scaling"):  # axolotl 0.19's deprecated.py refuses it: "should now be a key under model_config"
+        c.bad("rope_scaling", "axolotl no longer takes it: put rope_parameters under overrides_of_model_config",
+              data["rope_scaling"])
+    where = "model_config" if "model_config" in data else "overrides_of_model_config"  # the field and its alias
+    f["rope_scaling"] = read_rope(data.get(where), where, c)
     f["loss"] = ("fused-linear" if data.get("liger_fused_linear_cross_entropy") or data.get("cut_cross_entropy")
                  else "chunked" if data.get("chunked_cross_entropy") else "plain")
     f["offload"], _ = read_offload(c, data.get("deepspeed"), "deepspeed")

@@ -40,6 +40,8 @@ declares ``Custom``.
 
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,7 @@ from advisor.configs._deepspeed import read_offload
 from advisor.configs._trl_rl import RL_LEARNING_RATE
 from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_unexpressible
 from advisor.configs._training_args import all_layers_only, read_optim_args
+from advisor.core.errors import AdvisorInputError
 from advisor.core.plan import RL_TASKS, compute_dtype_for
 
 FILENAME = FORMATS["llamafactory"].filename
@@ -123,6 +126,7 @@ def llamafactory_config(ctx: ExportContext) -> dict[str, Any]:
     cfg["flash_attn"] = FLASH_ATTN[plan.attn_impl]
     cfg["disable_gradient_checkpointing"] = not plan.gradient_checkpointing
     cfg.update(checkpoint_offload_keys(plan))
+    cfg.update(rope_scaling_keys(ctx.spec, plan))
     if plan.loss == "chunked":
         raise Unsupported(FORMAT, "LLaMA-Factory has no chunked loss: use --loss fused-linear (enable_liger_kernel)")
     if plan.loss == "fused-linear":
@@ -185,6 +189,61 @@ def checkpoint_offload_keys(plan) -> dict[str, Any]:
         raise Unsupported(FORMAT, "it has no activation offloading without checkpointing (use_unsloth_gc offloads "
                                   "the checkpointed layer inputs): use the advisor.yaml or trl.yaml export")
     return {"use_unsloth_gc": True}
+
+
+def lf_rope_context(config: dict, context: int) -> int:
+    """The length LLaMA-Factory scales from: the checkpoint's rope_scaling original_max_position_embeddings where it
+    has one (Llama-3.1's 8,192), else max_position_embeddings (model/model_utils/rope.py configure_rope)."""
+    own = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    return int(own.get("original_max_position_embeddings") or context) if isinstance(own, dict) else context
+
+
+def lf_rope_factor(config: dict, context: int, cutoff_len: int) -> int | None:
+    """LLaMA-Factory's own factor for cutoff_len: ceil(cutoff_len / the length it scales from), None where cutoff_len
+    is within it (it disables the scaling: "Input length is smaller than max length"; configure_rope)."""
+    old = lf_rope_context(config, context)
+    return math.ceil(cutoff_len / old) if cutoff_len > old else None
+
+
+def rope_scaling_keys(spec, plan) -> dict[str, Any]:
+    """--rope-scaling is ``rope_scaling: TYPE``; LLaMA-Factory computes the factor itself from cutoff_len, so a plan
+    whose factor is not that one is refused with the factor that it would run."""
+    from advisor.core.rope import rope_factor, rope_type
+
+    kind = rope_type(plan.rope_scaling)
+    if kind is None:
+        return {}
+    factor = lf_rope_factor(spec.config, spec.max_position_embeddings, plan.seq_len)
+    if factor != rope_factor(plan.rope_scaling):
+        old = lf_rope_context(spec.config, spec.max_position_embeddings)
+        runs = (f"ceil(cutoff_len / {old:,}) = {factor}: use --rope-scaling {kind}:{factor}" if factor else
+                f"none at cutoff_len {plan.seq_len:,} <= {old:,}")
+        raise Unsupported(FORMAT, f"it computes the RoPE factor itself from cutoff_len, {runs} (or the advisor.yaml "
+                                  f"export for {plan.rope_scaling})")
+    return {"rope_scaling": kind}
+
+
+def read_rope_scaling(data: dict, name: str | None, c: Collect) -> str:
+    """``rope_scaling: TYPE`` back to TYPE:FACTOR, the factor LLaMA-Factory computes for cutoff_len on the model (a
+    model the advisor resolves: the catalog, a directory, the HF cache)."""
+    from advisor.core.rope import NONE, TYPES
+
+    kind = data.get("rope_scaling")
+    if kind in (None, NONE):
+        return NONE
+    if kind not in TYPES:
+        c.bad("rope_scaling", f"only {', '.join(TYPES)} are planned", kind)
+        return NONE
+    from advisor.core.catalog import resolve_model
+
+    try:
+        spec = resolve_model(name)
+    except AdvisorInputError:
+        c.bad("rope_scaling", "LLaMA-Factory's factor comes from the model's context, and the advisor cannot "
+              "resolve model_name_or_path", kind)
+        return NONE
+    factor = lf_rope_factor(spec.config, spec.max_position_embeddings, int(data.get("cutoff_len") or 2048))
+    return NONE if factor is None else f"{kind}:{factor}"
 
 
 LF_GALORE_OPTIM = {"galore_adamw": "adamw_torch", "galore_adamw_8bit": "adamw_8bit",
@@ -281,6 +340,7 @@ def read(data: dict, c: Collect, plan_type: type) -> tuple[str | None, dict, dic
     f["gradient_checkpointing"] = not c.get(data, "disable_gradient_checkpointing", "disable_gradient_checkpointing",
                                             "bool", False, record=False)
     f["activation_offload"] = c.get(data, "use_unsloth_gc", "use_unsloth_gc", "bool", False, record=False)
+    f["rope_scaling"] = read_rope_scaling(data, name, c)
     if f["activation_offload"] and not f["gradient_checkpointing"]:
         c.bad("use_unsloth_gc", "is LLaMA-Factory's checkpointing: it needs disable_gradient_checkpointing false", True)
     f["optimizer"] = c.choice(data.get("optim", HF_OPTIM_DEFAULT), OPTIM_ALIASES, "optim")

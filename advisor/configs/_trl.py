@@ -130,6 +130,7 @@ def trl_config(ctx: ExportContext) -> dict[str, Any]:
     refuse_unexpressible(ctx.plan, FORMAT)
     # the optimizer's arguments, checkpointing kwargs and activation offloading, refused where TRL cannot say them
     out.update(_memory_lever_fields(ctx.plan, ctx.spec))
+    out.update(_rope_fields(ctx))
     out = fill(out, ctx.plan, FORMAT)
     if ctx.plan.task in RL_TASKS:  # GRPOConfig / DPOConfig instead of SFTConfig (advisor.configs._trl_rl)
         out = _trl_rl.rl_config(out, ctx)
@@ -158,6 +159,19 @@ def _memory_lever_fields(plan, spec) -> dict[str, Any]:
     if plan.activation_offload and not plan.gradient_checkpointing:
         out["activation_offloading"] = True
     return out
+
+
+def _rope_fields(ctx: ExportContext) -> dict[str, Any]:
+    """--rope-scaling: SFTConfig's ``model_init_kwargs`` (SFTTrainer passes them to from_pretrained for a model
+    named by its id, train_trl.py to its own from_pretrained): the config's rope_parameters and
+    max_position_embeddings (advisor.configs._rope)."""
+    from advisor.configs._rope import rope_overrides
+
+    rope = rope_overrides(ctx.spec, ctx.plan)
+    if rope and ctx.plan.task in RL_TASKS:
+        raise Unsupported(FORMAT, "its exported GRPO / DPO scripts load the policy (and vLLM its copy) without "
+                                  "model_init_kwargs: --rope-scaling is exported for SFT only")
+    return {"model_init_kwargs": rope} if rope else {}
 
 
 def _loss_note(plan) -> list[str]:
@@ -295,5 +309,8 @@ def read(data: dict, c: Collect, plan_type: type) -> tuple[str | None, dict, dic
         training, "activation_offloading", "activation_offloading", "bool", False, record=False)
     checkpoint_layers_of(ckpt, name, c, f)
     f["packing"] = c.get(data, "packing", "packing", "bool", False, record=False)
+    from advisor.configs._rope import read_rope
+
+    f["rope_scaling"] = read_rope(data.get("model_init_kwargs"), "model_init_kwargs", c)
     f["loss"] = "fused-linear"  # TRL's SFTTrainer always fuses the LM head into the loss (add_fused_lm_head)
     return name, f, {}

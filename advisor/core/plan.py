@@ -16,6 +16,7 @@ from advisor.core.errors import AdvisorInputError, ConfigErrors
 from advisor.core.knobs import (Cli, Custom, Key, Range, Refused, Search, Tag, Unkeyed, Workload, first, format_value,
                                 knob, knob_of, knobs, prefer, summary)
 from advisor.core.optimizers import names_where, optimizer, optimizers
+from advisor.core.rope import parse_rope_scaling
 
 METHODS = ("full", "lora", "qlora")
 QUANTIZATIONS = ("none", "int8", "nf4", "fp4")
@@ -428,6 +429,16 @@ class Plan:
         keys={"advisor": _NOT_RUN, "axolotl": _NOT_RUN, "llamafactory": _NOT_RUN, "trl": _NOT_RUN})
     """Tokens generated per sequence by a generation-based evaluation; 0: the run does not generate. The user's
     evaluation, not a lever."""
+    rope_scaling: str = knob(
+        "none", help="RoPE scaling past the model's trained context, TYPE:FACTOR (linear, dynamic, yarn, llama3; "
+                     "yarn:4 reaches 4 x max_position_embeddings)", workload=Workload(),
+        cli=Cli(metavar="TYPE:FACTOR", parse=lambda text: parse_rope_scaling(text), default_means="none"),
+        tag=Tag(lambda plan: None if plan.rope_scaling == "none" else "rope-" + plan.rope_scaling),
+        keys={"advisor": Custom("model.rope_parameters"), "axolotl": Custom("overrides_of_model_config.rope_parameters"),
+              "llamafactory": Custom("rope_scaling"), "trl": Custom("model_init_kwargs.rope_parameters")})
+    """RoPE scaling (advisor.core.rope): the model's positions rescaled so that factor x its trained context fits.
+    The user's workload, not a lever: it changes the model trained (its config.json's rope_parameters, which
+    inference must use too), not the memory of a step at a given length (docs/tuning.md)."""
     # ---- the optimizer's implementation, checkpointing granularity, activation offload
     optim_rank: int = knob(
         128, help="GaLore / APOLLO projection rank", range=_WHOLE, applies=_low_rank,
@@ -789,6 +800,11 @@ class Plan:
             if self.offload == "zero3_cpu" and self.four_bit:
                 bad("offload", "ZeRO-3 parameter offload of 4-bit bitsandbytes weights is not planned here; "
                     "use zero2_cpu with qlora", self.offload)
+        if self.rope_scaling != "none":
+            try:
+                parse_rope_scaling(self.rope_scaling)
+            except AdvisorInputError as e:
+                bad("rope_scaling", e.rule, self.rope_scaling)
         optimizer_problems(self, bad)
         rl_plan_problems(self, bad)
         vision_plan_problems(self, bad)

@@ -4,7 +4,8 @@ Every term of a step's ledger is non-decreasing in the sequence length (saved ac
 attention's workspace, the KV of an evaluation; weights and optimizer states do not move), so the lengths that fit
 are an interval from the shortest up, and bisection finds its end: the run's peak at the answer fits, at one step
 more it does not. The category that grows most over that step is what stops it. The search stops at the model's
-trained context (``max_position_embeddings``): past it the model needs RoPE scaling, which is not planned here.
+context (``max_position_embeddings``, or factor x it under ``--rope-scaling``): past it the model needs (more) RoPE
+scaling.
 Calculation only: the caller measures (the closed form, or the simulation) and renders.
 """
 
@@ -90,9 +91,12 @@ def peaks(measure: Callable, plan) -> Peak:
     return peak_at
 
 
-def ceiling_of(model) -> int:
-    """The longest searched: the model's trained context (past it the model needs RoPE scaling)."""
-    return int(model.max_position_embeddings or 131072)
+def ceiling_of(model, rope_scaling: str | None = None) -> int:
+    """The longest searched: the model's trained context, or factor x it under ``rope_scaling`` (--rope-scaling
+    yarn:4: 4 x max_position_embeddings, advisor.core.rope.scaled_context)."""
+    from advisor.core.rope import scaled_context
+
+    return scaled_context(int(model.max_position_embeddings or 131072), rope_scaling or "none")
 
 
 def longest_plan(model, plan, budget_bytes: int, headroom: float, measure: Callable, backend: str) -> tuple:
@@ -102,6 +106,6 @@ def longest_plan(model, plan, budget_bytes: int, headroom: float, measure: Calla
     preflight ask it (``--seq-len max``)."""
     from advisor.core.fit import fits
 
-    fit = longest_seq_len(peaks(measure, plan), lambda peak: fits(peak, budget_bytes, headroom), ceiling_of(model),
+    fit = longest_seq_len(peaks(measure, plan), lambda peak: fits(peak, budget_bytes, headroom), ceiling_of(model, plan.rope_scaling),
                           step=1 if backend == "estimate" else STEP)
     return plan.with_(seq_len=fit.max_seq_len or fit.step), fit

@@ -315,6 +315,10 @@ def hf_config(spec: ModelSpec, plan: Plan, num_layers: int | None, attn: str, la
                 setattr(cfg, key, list(getattr(cfg, key))[:num_layers])
     cfg.use_cache = False  # training: no KV cache (forced by checkpointing in transformers, set by SFT recipes)
     cfg._attn_implementation = attn
+    if plan.rope_scaling != "none":  # the scaled rope's own init function runs (transformers ROPE_INIT_FUNCTIONS)
+        from advisor.core.rope import apply_rope_scaling
+
+        apply_rope_scaling(cfg, spec.max_position_embeddings, plan.rope_scaling)
     return cfg
 
 

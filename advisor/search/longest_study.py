@@ -95,7 +95,7 @@ def longest_of_space(settings, measure_estimate, measure_simulated=None) -> Long
     from advisor.search.tuner import _frugal_candidates
 
     budget = settings.budget.bytes
-    ceiling = ceiling_of(settings.model)
+    ceiling = ceiling_of(settings.model, settings.space.fixed.get("rope_scaling"))
     short = settings.space.fixed.get("seq_len") or 1024
     global_batch = settings.space.fixed.get("global_batch")
     candidates = []
@@ -147,7 +147,7 @@ def reach(settings, plan: Plan, measure_estimate, measure_simulated=None,
     it decides a finalist at the edge of the budget (advisor.search.tuner.simulate_finalists)."""
     from advisor.runtime.simulate.vision import simulation_gap
 
-    ceiling = ceiling_of(settings.model)
+    ceiling = ceiling_of(settings.model, settings.space.fixed.get("rope_scaling"))
     closed_fit = closed_fit or bisect(settings, measure_estimate, plan, ceiling, 1)
     closed = closed_fit.max_seq_len
     if measure_simulated is None or not closed or simulation_gap(settings.model, plan):

@@ -465,7 +465,7 @@ def longest_lines(result: dict, fmt) -> list[str]:
     fit = search["search"]
     stops = f"; one step more ({fit['next_seq_len']:,} tokens) needs {fmt(fit['next_peak_bytes'])}, " \
             f"{fit['stops']} growing most" if fit.get("next_seq_len") and fit.get("stops") else ""
-    ceiling = " (the model's trained context: past it needs RoPE scaling)" if fit.get("at_ceiling") else ""
+    ceiling = " (the model's context: past it needs --rope-scaling)" if fit.get("at_ceiling") else ""
     closed = (f"; the closed form says {search['closed_form_max_seq_len']:,}"
               if search["answered_by"] != "closed form" and search.get("closed_form_max_seq_len") else "")
     lines = [f"Longest sequence that fits: {search['max_seq_len']:,} tokens{ceiling}, by {search['plan_short']} "

@@ -38,8 +38,8 @@ def finding(fit: LongestFit, budget: Budget, by: str) -> Finding:
                        ("lower the micro-batch, turn on gradient checkpointing or load the base in 4-bit; or run "
                         "`advisor tune --seq-len max` for the plan that reaches farthest",), "memory", data)
     if fit.at_ceiling:
-        why = ("the model's trained context (max_position_embeddings); longer needs RoPE scaling, which is not "
-               "planned here")
+        why = (f"the model's context ({fit.ceiling:,} tokens); longer needs --rope-scaling (yarn:FACTOR reaches "
+               "FACTOR x max_position_embeddings)")
     else:
         stops = LABELS.get(fit.stops, fit.stops or "the peak").lower()
         why = (f"{fit.next_seq_len:,} tokens peak at {budget.format(fit.next_peak_bytes)}: {stops} grows most "

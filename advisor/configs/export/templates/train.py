@@ -321,6 +321,10 @@ def main(argv=None) -> dict:
         "attn_implementation": model_s.get("attn_implementation"),
         "trust_remote_code": bool(model_s.get("trust_remote_code", False)),
     }
+    for key in ("rope_parameters", "max_position_embeddings"):  # --rope-scaling: overrides of the model's config
+        if model_s.get(key) is not None:
+            load[key] = model_s[key]
+            say(f"{key}={model_s[key]} (model)")
     if quant:
         from transformers import BitsAndBytesConfig
 

@@ -129,6 +129,10 @@ def main(argv=None) -> dict:
     source = args.model_path or model_args.model_name_or_path
     load = {"dtype": getattr(torch, model_args.dtype or "float32"),
             "attn_implementation": model_args.attn_implementation}
+    for key in ("rope_parameters", "max_position_embeddings"):  # --rope-scaling: SFTConfig.model_init_kwargs
+        if (sft_args.model_init_kwargs or {}).get(key) is not None:
+            load[key] = sft_args.model_init_kwargs[key]
+            say(f"{key}={load[key]} (model_init_kwargs)")
     quant = get_quantization_config(model_args)
     if quant is not None:
         load["quantization_config"] = quant
