@@ -646,6 +646,8 @@ def _cache_tensors(layer) -> tuple[int, dict[str, int]]:
     for name, value in vars(layer).items():
         if name.startswith("_"):
             continue
+        if isinstance(value, torch.Tensor) and value.dim() == 0:
+            continue  # a counter, not the cache (transformers 5.25 LinearAttentionLayer.cumulative_length_linear)
         if isinstance(value, torch.Tensor):
             found[name] = value.numel() * value.element_size()
         elif isinstance(value, dict):

@@ -55,7 +55,9 @@ def _measure(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *, layers
     else:  # nobody said what this is: say it (a simulation takes seconds to minutes)
         with progress.working(f"simulating {plan.short()} on {model.name}"):
             sim = _simulation(model, traced, layers)
-    notes = list(sim.notes)
+    from advisor.memory.sequence_parallel import sequence_parallel_notes
+
+    notes = sequence_parallel_notes(model, plan) + list(sim.notes)
     if sim.extrapolated and len(sim.layers_traced) == 2 and sim.layer_kinds == 1:
         notes.append(f"traced {sim.layers_traced[0]} and {sim.layers_traced[1]} decoder layers, "
                      f"extrapolated to {model.num_layers}")
