@@ -38,6 +38,7 @@ from advisor.configs._deepspeed import read_offload
 from advisor.configs._trl_rl import RL_LEARNING_RATE
 from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_unexpressible
 from advisor.configs._training_args import GALORE_TARGETS, all_layers_only, optim_args, read_optim_args
+from advisor.memory.tiled_mlp import num_shards
 from advisor.core.plan import ALL_LINEAR, ATTENTION, LOW_RANK_OPTIMIZERS, RL_TASKS, compute_dtype_for
 
 FILENAME = FORMATS["axolotl"].filename
@@ -179,7 +180,17 @@ def _memory_lever_fields(plan, spec) -> dict[str, Any]:
         # CheckpointHiddenStatesOffload, on a side stream with max_fwd_stash_size 2: up to two inputs still on the
         # GPU while their copies run); its true is TRL's offloader of every activation, which the plan does not size
         out["activation_offloading"] = HIDDEN_STATES
+    out.update(tiled_mlp_keys(plan, spec))
     return out
+
+
+def tiled_mlp_keys(plan, spec) -> dict[str, Any]:
+    """The tiled MLP is axolotl's ``tiled_mlp`` (monkeypatch/tiled_mlp: ALST's TiledMLP on the model's MLP class),
+    with ALST's shard count written out: axolotl's own default is ceil(seq / 32768) shards, not the
+    ceil(seq_len / hidden_size) the plan sizes (utils/schemas/config.py tiled_mlp_num_shards)."""
+    if not plan.tiled_mlp:
+        return {}
+    return {"tiled_mlp": True, "tiled_mlp_num_shards": num_shards(spec, plan)}
 
 
 def write(ctx: ExportContext, out_dir: Path) -> Path:
@@ -287,6 +298,10 @@ def read(data: dict, c: Collect, plan_type: type) -> tuple[str | None, dict, dic
     f["activation_offload"] = offload == HIDDEN_STATES
     if f["activation_offload"]:  # axolotl turns checkpointing on for it (core/builders/base.py)
         f["gradient_checkpointing"] = True
+    f["tiled_mlp"] = c.get(data, "tiled_mlp", "tiled_mlp", "bool", False, record=False) or False
+    if f["tiled_mlp"] and not isinstance(data.get("tiled_mlp_num_shards"), int):
+        c.bad("tiled_mlp_num_shards", "is required with tiled_mlp, a whole number: axolotl's default (seq / 32768 "
+              "shards) is not ALST's ceil(seq_len / hidden_size) the plan sizes", data.get("tiled_mlp_num_shards"))
     attn = data.get("attn_implementation")
     if attn is None:
         attn = ("flash_attention_2" if data.get("flash_attention") else "eager" if data.get("eager_attention")
