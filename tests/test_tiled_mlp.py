@@ -227,14 +227,15 @@ def test_an_axolotl_file_without_alsts_shard_count_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt,script", [("advisor", "train.py"), ("trl", "train_trl.py")])
+@pytest.mark.parametrize("fmt,script", [(("advisor", "train"), "train.py"), (("trl",), "train_trl.py")],
+                         ids=["train.py", "train_trl.py"])
 def test_the_exported_script_tiles_the_mlps_and_trains_a_step(tiny_model, tmp_path, fmt, script):
     """The exported script applies DeepSpeed's TiledMLP to the tiny model's two MLPs (hidden 32, 96 tokens: 3
     shards) and trains a step on the CPU."""
     from export_runs import run_export_script  # tests/export_runs.py
 
     plan = Plan(method="lora", lora_targets="all-linear", seq_len=96, tiled_mlp=True, lora_r=4, lora_alpha=8.0)
-    export_plan(resolve_model("qwen0.5b"), plan, tmp_path / "export", [fmt])
+    export_plan(resolve_model("qwen0.5b"), plan, tmp_path / "export", list(fmt))
     proc, s = run_export_script(tmp_path / "export" / script, "--data", str(tiny_model / "data.jsonl"), "--max-steps",
                                 "1", "--model-path", str(tiny_model), "--output-dir", str(tmp_path / "ckpt"),
                                 "--no-save")
