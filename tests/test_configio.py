@@ -63,6 +63,9 @@ def plans(draw) -> Plan:
         seq_len=draw(st.integers(1, 131072)), attn_impl=attn, offload=offload, loss=draw(st.sampled_from(["plain", "chunked", "fused-linear"])),
         dora=method == "lora" and q == "none" and draw(st.booleans()), packing=draw(st.booleans()),
     )
+    if q != "int8" and not plan.dora and (plan.gradient_checkpointing or not plan.activation_offload) \
+            and draw(st.booleans()):
+        plan = plan.with_(tiled_mlp=True)  # not with DoRA, LLM.int8 or TRL's offload of every activation
     assert not plan.problems(), plan.problems()
     return plan
 
@@ -88,7 +91,8 @@ def _expressible(fmt: str, plan: Plan) -> bool:
         pure_z3 = plan.method == "full" and plan.precision == "bf16" and plan.offload == "zero3_cpu"
         cd_ok = not plan.four_bit or plan.compute_dtype == plan.activation_dtype
         no_fa3 = plan.attn_impl != "flash_attention_3"  # LLaMA-Factory 0.9.5 lists fa3 but raises for it
-        return int_alpha and ok_prec and not pure_z3 and cd_ok and plan.loss != "chunked" and no_fa3
+        return int_alpha and ok_prec and not pure_z3 and cd_ok and plan.loss != "chunked" and no_fa3 \
+            and not plan.tiled_mlp  # LLaMA-Factory 0.9.5 has no tiled-MLP key
     if fmt == "trl":
         return int_alpha and (not plan.four_bit or plan.compute_dtype == plan.param_dtype)
     return True

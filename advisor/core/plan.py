@@ -462,8 +462,8 @@ class Plan:
               "trl": Key("tiled_mlp", omit_default=True)})
     """Tiled MLP (Bekman et al. 2025, ALST §3.2; deepspeed.runtime.sequence_parallel.ulysses_sp.TiledMLP): each dense
     decoder layer's MLP runs under no_grad over ceil(seq_len / hidden_size) shards of the sequence, saving only its
-    input; backward recomputes one shard at a time and backpropagates it (advisor.runtime.tiled_mlp). A layer with
-    routed experts keeps its own MLP."""
+    input; backward recomputes one shard at a time and backpropagates it (advisor.runtime.tiled_mlp). A mixture of
+    experts and a vision-language model keep their MLPs whole (advisor.memory.tiled_mlp.tiles)."""
     # ---- the task: supervised fine-tuning, or GRPO / DPO on TRL's trainers (the workload), and their levers
     task: str = knob(
         SFT, help="sft (train is its alias), grpo (TRL GRPOTrainer: generate, score, train) or dpo (TRL DPOTrainer: "

@@ -21,9 +21,10 @@ MLP_LINEARS = ("gate_proj", "up_proj", "down_proj")
 
 
 def tiles(model: ModelSpec, plan: Plan) -> bool:
-    """Whether the step tiles this model's MLPs: a dense gated MLP (a mixture of experts keeps its own,
-    advisor.runtime.build._tile_mlps)."""
-    return bool(plan.tiled_mlp) and not model.is_moe and set(MLP_LINEARS) <= set(model.linear_shapes())
+    """Whether the step tiles this model's MLPs: a dense gated MLP of a text model (a mixture of experts and a
+    vision-language model keep theirs whole, advisor.runtime.build._tile_mlps and the exported scripts)."""
+    return (bool(plan.tiled_mlp) and not model.is_moe and not model.is_vision_language
+            and set(MLP_LINEARS) <= set(model.linear_shapes()))
 
 
 def num_shards(model: ModelSpec, plan: Plan) -> int:

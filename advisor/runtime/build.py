@@ -254,7 +254,7 @@ def build_training_setup(spec: ModelSpec, plan: Plan, *, device: str = "cpu", nu
         for p in model.parameters():
             p.requires_grad_(True)
     if plan.tiled_mlp:
-        _tile_mlps(model, spec, notes)
+        _tile_mlps(model, spec, plan, notes)
     if plan.gradient_checkpointing:
         if plan.checkpoint_layers is None and not plan.activation_offload and checkpoint_set is None:
             # what Trainer does for TrainingArguments(gradient_checkpointing=True) in transformers 5:
@@ -286,11 +286,14 @@ def build_training_setup(spec: ModelSpec, plan: Plan, *, device: str = "cpu", nu
                          target_device=target, scaler=scaler, notes=notes)
 
 
-def _tile_mlps(model, spec: ModelSpec, notes: list[str]) -> None:
+def _tile_mlps(model, spec: ModelSpec, plan: Plan, notes: list[str]) -> None:
     """The tiled MLP: DeepSpeed's TiledMLP on each dense decoder MLP (advisor.runtime.tiled_mlp); a mixture of
-    experts keeps its MLPs whole, as the ledger counts it."""
-    if spec.is_moe:
-        notes.append("tiled MLP: not applied to a mixture of experts (its MLPs are routed; the ledger counts them whole)")
+    experts or a vision-language model keeps its MLPs whole, as the ledger counts them (advisor.memory.tiled_mlp)."""
+    from advisor.memory.tiled_mlp import tiles
+
+    if not tiles(spec, plan):
+        notes.append("tiled MLP: not applied (a mixture of experts or a vision-language model keeps its MLPs whole, "
+                     "as the ledger counts them)")
         return
     from advisor.runtime.tiled_mlp import apply_tiled_mlp
 

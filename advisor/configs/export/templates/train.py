@@ -390,7 +390,8 @@ def main(argv=None) -> dict:
         model.print_trainable_parameters()
     parts = vision_setup.set_trainable(model, vision) if vision is not None else None
 
-    tiled = tile_mlps(model) if advisor.get("tiled_mlp") else 0
+    # a vision-language model keeps its MLPs whole (the plan counts them so)
+    tiled = tile_mlps(model) if advisor.get("tiled_mlp") and vision is None else 0
     if advisor.get("activation_offload") and not targs.gradient_checkpointing:
         offload_activations(model)  # with checkpointing, gradient_checkpointing_kwargs.offload does it
     if vision is not None:

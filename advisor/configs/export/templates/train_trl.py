@@ -186,7 +186,7 @@ def main(argv=None) -> dict:
             processing.pad_token = processing.eos_token
         data = Dataset.from_list([{sft_args.dataset_text_field: t} for t in load_texts(Path(args.data))])
     # before SFTTrainer: peft then wraps the linears inside the tiled MLPs
-    tiled = tile_mlps(model) if tiled_mlp else 0
+    tiled = tile_mlps(model) if tiled_mlp and vision is None else 0  # a vision-language model: its MLPs whole
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     trainer = SFTTrainer(model=model, args=sft_args, train_dataset=data, processing_class=processing,
