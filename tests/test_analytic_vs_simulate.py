@@ -93,6 +93,7 @@ LEVERS = [Plan(method="full", gradient_checkpointing=True, optimizer=o) for o in
     Plan(method="lora", gradient_checkpointing=True, checkpoint_layers=10, activation_offload=True),
     Plan(method="lora", activation_offload=True),
     Plan(method="qlora", quantization="nf4", activation_offload=True, micro_batch=2),
+    Plan(method="lora", tiled_mlp=True, seq_len=8192, loss="fused-linear"),  # DeepSpeed's TiledMLP: 3 shards
     Plan(method="qlora", quantization="nf4", lora_r=8, activation_offload=True, micro_batch=2, grad_accum=4,
          loss="chunked", optimizer="adamw_torch_4bit"),  # the 24 GB tune's answer (the chunked loss calls the decoder)
     # LLM.int8 keeps each linear's input on its autograd context, out of reach of checkpointing and of the

@@ -69,6 +69,9 @@ def plans(draw) -> Plan:
         seq_len=seq_len, attn_impl=attn, offload=offload, loss=draw(st.sampled_from(["plain", "chunked", "fused-linear"])),
         dora=method == "lora" and q == "none" and draw(st.booleans()), packing=draw(st.booleans()),
     )
+    if q != "int8" and not plan.dora and (plan.gradient_checkpointing or not plan.activation_offload) \
+            and draw(st.booleans()):
+        plan = plan.with_(tiled_mlp=True)  # not with DoRA, LLM.int8 or TRL's offload of every activation
     assert not plan.problems(), plan.problems()
     return plan
 
@@ -98,7 +101,8 @@ def _expressible(fmt: str, plan: Plan) -> bool:
         context = SPEC.max_position_embeddings
         rope_ok = plan.rope_scaling == "none" or (
             plan.seq_len > context and float(plan.rope_scaling.split(":")[1]) == math.ceil(plan.seq_len / context))
-        return int_alpha and ok_prec and not pure_z3 and cd_ok and plan.loss != "chunked" and no_fa3 and rope_ok
+        return int_alpha and ok_prec and not pure_z3 and cd_ok and plan.loss != "chunked" and no_fa3 and rope_ok \
+            and not plan.tiled_mlp  # LLaMA-Factory 0.9.5 has no tiled-MLP key
     if fmt == "trl":
         return int_alpha and (not plan.four_bit or plan.compute_dtype == plan.param_dtype)
     return True

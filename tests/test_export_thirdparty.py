@@ -60,6 +60,8 @@ PLANS = [
     # checkpoint offload at long length (axolotl activation_offloading: hidden_states, LLaMA-Factory use_unsloth_gc)
     ("qwen7b", Plan(method="lora", gradient_checkpointing=True, activation_offload=True, seq_len=32768,
                     loss="fused-linear"), 1),
+    # tiled MLP at long length (axolotl tiled_mlp with ALST's tiled_mlp_num_shards; LLaMA-Factory has no key)
+    ("qwen7b", Plan(method="lora", gradient_checkpointing=True, tiled_mlp=True, seq_len=32768, loss="fused-linear"), 1),
     # vision-language: the multimodal keys, LoRA on the language model alone, the tower and projector frozen
     ("qwen2.5-vl-7b", Plan(method="qlora", quantization="nf4", image_sizes=("1280x720",), gradient_checkpointing=True),
      1),

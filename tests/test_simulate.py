@@ -219,6 +219,8 @@ LEVERS = [
     Plan(method="full", seq_len=64, gradient_checkpointing=True, activation_offload=True),
     Plan(method="lora", seq_len=64, gradient_checkpointing=True, checkpoint_layers=1, activation_offload=True),
     Plan(method="qlora", quantization="nf4", seq_len=64, activation_offload=True),
+    # DeepSpeed's TiledMLP: ceil(320 / 128) = 3 shards, the last one shorter
+    Plan(method="lora", lora_targets="all-linear", seq_len=320, gradient_checkpointing=True, tiled_mlp=True),
 ]
 
 

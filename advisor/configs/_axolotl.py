@@ -38,6 +38,7 @@ from advisor.configs._deepspeed import read_offload
 from advisor.configs._trl_rl import RL_LEARNING_RATE
 from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_unexpressible
 from advisor.configs._training_args import GALORE_TARGETS, all_layers_only, optim_args, read_optim_args
+from advisor.memory.tiled_mlp import num_shards
 from advisor.core.plan import ALL_LINEAR, ATTENTION, LOW_RANK_OPTIMIZERS, RL_TASKS, compute_dtype_for
 
 FILENAME = FORMATS["axolotl"].filename
@@ -194,7 +195,17 @@ def _memory_lever_fields(plan, spec) -> dict[str, Any]:
             raise Unsupported(FORMAT, "its ring attention (context_parallel_size) needs --attn-impl flash_attention_2")
         if plan.packing and plan.micro_batch > 1:
             raise Unsupported(FORMAT, "ring-flash-attn takes packed sequences at --micro-batch 1 only")
+    out.update(tiled_mlp_keys(plan, spec))
     return out
+
+
+def tiled_mlp_keys(plan, spec) -> dict[str, Any]:
+    """The tiled MLP is axolotl's ``tiled_mlp`` (monkeypatch/tiled_mlp: ALST's TiledMLP on the model's MLP class),
+    with ALST's shard count written out: axolotl's own default is ceil(seq / 32768) shards, not the
+    ceil(seq_len / hidden_size) the plan sizes (utils/schemas/config.py tiled_mlp_num_shards)."""
+    if not plan.tiled_mlp:
+        return {}
+    return {"tiled_mlp": True, "tiled_mlp_num_shards": num_shards(spec, plan)}
 
 
 def write(ctx: ExportContext, out_dir: Path) -> Path:
@@ -306,6 +317,10 @@ def read(data: dict, c: Collect, plan_type: type) -> tuple[str | None, dict, dic
         f["sp_backend"] = "ring"  # axolotl's context parallelism is ring-flash-attn's
         if data.get("sequence_parallel_degree") and not data.get("context_parallel_size"):
             f["sp_degree"] = c.get(data, "sequence_parallel_degree", "sequence_parallel_degree", "int")
+    f["tiled_mlp"] = c.get(data, "tiled_mlp", "tiled_mlp", "bool", False, record=False) or False
+    if f["tiled_mlp"] and not isinstance(data.get("tiled_mlp_num_shards"), int):
+        c.bad("tiled_mlp_num_shards", "is required with tiled_mlp, a whole number: axolotl's default (seq / 32768 "
+              "shards) is not ALST's ceil(seq_len / hidden_size) the plan sizes", data.get("tiled_mlp_num_shards"))
     attn = data.get("attn_implementation")
     if attn is None:
         attn = ("flash_attention_2" if data.get("flash_attention") else "eager" if data.get("eager_attention")

@@ -230,6 +230,8 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
         *_run_lines(ctx),
         *_loss_note(ctx.plan),
         *_checkpoint_note(ctx),
+        *(["tiled_mlp: DeepSpeed's TiledMLP, applied by train_trl.py (no SFTConfig field: `trl sft` ignores it)."]
+          if ctx.plan.tiled_mlp else []),
         *([f"deepspeed: {ctx.deepspeed_path} (by its absolute path: edit it if the folder moves)."]
           if ctx.zero_stage is not None else []),
     ])

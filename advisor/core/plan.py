@@ -507,6 +507,18 @@ class Plan:
               "trl": Key("sequence_parallel.backend")})
     """ulysses: all-to-all before and after attention, each rank attending over the whole sequence with
     heads / sp_degree heads; ring: each rank keeps its queries and gathers or rotates k/v (cp_comm_strategy)."""
+    tiled_mlp: bool = knob(
+        False, help="tiled MLP (DeepSpeed ALST TiledMLP): the MLP over ceil(seq/hidden) sequence shards, each "
+                    "recomputed in backward: one shard's intermediates alive, not the whole sequence's",
+        tag=Tag("tiled-mlp"), applies=_not_rl, search=Search(order=95, ladder=prefer(False), frugal=prefer(True)),
+        keys={"advisor": Key("advisor.tiled_mlp", omit_default=True), "axolotl": Custom("tiled_mlp"),
+              "llamafactory": Refused("LLaMA-Factory 0.9.5 has no tiled-MLP key (hparams/finetuning_args.py, "
+                                      "model_args.py)"),
+              "trl": Key("tiled_mlp", omit_default=True)})
+    """Tiled MLP (Bekman et al. 2025, ALST §3.2; deepspeed.runtime.sequence_parallel.ulysses_sp.TiledMLP): each dense
+    decoder layer's MLP runs under no_grad over ceil(seq_len / hidden_size) shards of the sequence, saving only its
+    input; backward recomputes one shard at a time and backpropagates it (advisor.runtime.tiled_mlp). A mixture of
+    experts and a vision-language model keep their MLPs whole (advisor.memory.tiled_mlp.tiles)."""
     # ---- the task: supervised fine-tuning, or GRPO / DPO on TRL's trainers (the workload), and their levers
     task: str = knob(
         SFT, help="sft (train is its alias), grpo (TRL GRPOTrainer: generate, score, train) or dpo (TRL DPOTrainer: "
@@ -806,6 +818,7 @@ class Plan:
             except AdvisorInputError as e:
                 bad("rope_scaling", e.rule, self.rope_scaling)
         optimizer_problems(self, bad)
+        tiled_mlp_problems(self, bad)
         rl_plan_problems(self, bad)
         vision_plan_problems(self, bad)
         if self.doc_len is not None and not _packed(vars(self)):
@@ -987,6 +1000,21 @@ def rl_plan_problems(plan: Plan, bad) -> None:
         bad("padding_free", "padding-free batches keep sequences apart by position_ids, which only "
             "flash attention honours: use --attn-impl flash_attention_2 (flash_attention_3 on Hopper)",
             plan.padding_free)
+
+
+def tiled_mlp_problems(plan: Plan, bad) -> None:
+    """What the tiled MLP is not planned with (its shards run under no_grad, then again in backward)."""
+    if plan.tiled_mlp is not True:
+        return
+    if plan.dora is True:
+        bad("tiled_mlp", "the tiled MLP with DoRA is not planned here (DoRA's magnitude re-runs each MLP matmul in "
+            "every shard): use --dora off", plan.tiled_mlp)
+    elif plan.quantization == "int8":
+        bad("tiled_mlp", "the tiled MLP over LLM.int8 linears is not planned here (MatMul8bitLt keeps its inputs on "
+            "ctx): use nf4 or no quantization", plan.tiled_mlp)
+    elif plan.activation_offload is True and not plan.gradient_checkpointing:
+        bad("tiled_mlp", "the tiled MLP under TRL's offload of every activation is not planned here: use it with "
+            "--checkpoint-offload or without offload", plan.tiled_mlp)
 
 
 def rl_problems(plan: Plan, gpus: int = 1) -> list[AdvisorInputError]:

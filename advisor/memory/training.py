@@ -23,7 +23,7 @@ from advisor.memory.ledger import MemoryReport, empty
 from advisor.memory.overhead import overhead_of as framework_overhead_of
 from advisor.core.plan import DTYPE_BYTES, Plan, checkpointed_layers
 from advisor.core.adapters import adapted_modules
-from advisor.memory import experts, loss_dora_packing, sequence_parallel, tensors, vision
+from advisor.memory import experts, loss_dora_packing, sequence_parallel, tensors, tiled_mlp, vision
 from advisor.memory.experts import (FP32_NORM_WEIGHT, SHARED_INPUT, linear_input_of, normalized_bytes,  # noqa: F401
                                      sliding_mask_bytes, sliding_window_applies)
 from advisor.memory.host import OFFLOAD_MIN_BYTES, host_memory, pinned_block_bytes, pinned_bytes_of
@@ -316,19 +316,19 @@ def dense_layer_saved_tensors(model: ModelSpec, plan: Plan, pb: ParamBreakdown, 
             saved.append(p * b * model.num_heads * s * s)
     # o_proj's input is the attention output itself (flash/sdpa return it so that transpose(1, 2) is
     # contiguous: no copy), already counted above
-    if any(input_saved(m) for m in mlp_in):
-        saved.append(p * T * h)
-    # gated MLP: gate output (activation input), activation output and up output (the product's inputs)
-    saved += [p * T * i] * 3
-    if input_saved("down_proj"):
-        saved.append(p * T * i)
+    mlp = tiled_mlp.mlp_saved_tensors(model, plan, pb, any(input_saved(m) for m in mlp_in), input_saved("down_proj"))
+    if tiled_mlp.tiles(model, plan):
+        # TiledMLP saves only the MLP's input; its shards' tensors exist one shard at a time, in its backward
+        saved.append(tiled_mlp.saved_input_bytes(model, plan))
+    else:
+        saved += mlp
     for m in pb.lora_modules:
+        if tiled_mlp.tiles(model, plan) and m in tiled_mlp.MLP_LINEARS:
+            continue  # counted in the MLP's saved tensors above
         fan_in = shapes[m][0]
         # peft casts the input to the fp32 adapter dtype; lora_A saves it, lora_B saves A's output
         # (peft/tuners/lora/layer.py Linear.forward)
-        saved += [4 * T * fan_in, 4 * T * plan.lora_r]
-        if plan.lora_dropout > 0:
-            saved.append(T * fan_in)  # dropout mask, 1 byte per element
+        saved += tiled_mlp.lora_saved(plan, T, fan_in)
     saved.append(loss_dora_packing.dora_layer_activation_bytes(model, plan, pb.lora_modules))
     saved.append(loss_dora_packing.packed_layer_bytes(model, plan))
     return [x for x in saved if x]
@@ -341,6 +341,8 @@ def layer_backward_transient(model: ModelSpec, plan: Plan, pb: ParamBreakdown, l
     advisor.memory.experts."""
     if layer.num_experts or layer.attention == "mla" or model.is_moe:
         return experts.layer_backward_transient(model, plan, layer, list(pb.lora_modules))
+    if tiled_mlp.tiles(model, plan):
+        return tiled_mlp.backward_transient(model, plan, pb)
     return 3 * DTYPE_BYTES[plan.activation_dtype] * plan.micro_batch * plan.seq_len * model.intermediate_size
 
 

@@ -268,6 +268,8 @@ def build_training_setup(spec: ModelSpec, plan: Plan, *, device: str = "cpu", nu
     if plan.method == "full":
         for p in model.parameters():
             p.requires_grad_(True)
+    if plan.tiled_mlp:
+        _tile_mlps(model, spec, plan, notes)
     if plan.gradient_checkpointing:
         if plan.checkpoint_layers is None and not plan.activation_offload and checkpoint_set is None:
             # what Trainer does for TrainingArguments(gradient_checkpointing=True) in transformers 5:
@@ -297,6 +299,20 @@ def build_training_setup(spec: ModelSpec, plan: Plan, *, device: str = "cpu", nu
         notes.append("mixed_fp16: GradScaler's in-place unscale is not simulated (no tensor memory)")
     return TrainingSetup(model=model, optimizer=optimizer, plan=plan, spec=spec, device=device,
                          target_device=target, scaler=scaler, notes=notes)
+
+
+def _tile_mlps(model, spec: ModelSpec, plan: Plan, notes: list[str]) -> None:
+    """The tiled MLP: DeepSpeed's TiledMLP on each dense decoder MLP (advisor.runtime.tiled_mlp); a mixture of
+    experts or a vision-language model keeps its MLPs whole, as the ledger counts them (advisor.memory.tiled_mlp)."""
+    from advisor.memory.tiled_mlp import tiles
+
+    if not tiles(spec, plan):
+        notes.append("tiled MLP: not applied (a mixture of experts or a vision-language model keeps its MLPs whole, "
+                     "as the ledger counts them)")
+        return
+    from advisor.runtime.tiled_mlp import apply_tiled_mlp
+
+    notes.append(f"tiled MLP: DeepSpeed TiledMLP on {apply_tiled_mlp(model)} decoder MLP(s)")
 
 
 def hf_config(spec: ModelSpec, plan: Plan, num_layers: int | None, attn: str, layers: tuple[int, ...] | None = None):

@@ -54,6 +54,7 @@ from advisor.speed.inputs import StepInputs
 from advisor.speed import low_rank_and_offload_terms  # noqa: F401 - registers low_rank_projection, activation_offload, paged_spill
 from advisor.speed import chunked_loss_terms  # noqa: F401 - registers the chunked loss's recompute term
 from advisor.speed import vision_terms  # noqa: F401 - registers the vision tower's term
+from advisor.speed import tiled_mlp_terms  # noqa: F401 - registers the tiled MLP's term
 from advisor.speed.calibration import for_gpu
 from advisor.speed.terms import TERMS, evaluate_terms, kind_lora_modules
 

@@ -19,7 +19,7 @@ On several GPUs launch it as advisor.yaml's ``advisor.launch`` says (``torchrun 
 training section names the DeepSpeed config (``deepspeed``) or FSDP (``fsdp``) the plan's sharding needs.
 
 Requires: torch, transformers, peft, PyYAML; bitsandbytes for quantized or 8-bit/paged plans;
-deepspeed for offload plans; liger-kernel (and a CUDA GPU) for the fused-linear loss.
+deepspeed for offload plans and tiled_mlp (its TiledMLP); liger-kernel (and a CUDA GPU) for the fused-linear loss.
 """
 
 from __future__ import annotations
@@ -173,6 +173,40 @@ def checkpoint_only(model, k):
             say(f"checkpointing {len(chosen)} of {len(layers)} decoder layers")
 
     return CheckpointOnly()
+
+
+def tile_mlps(model) -> int:
+    """ALST's tiled MLP (DeepSpeed TiledMLP, as ArcticTraining's tiled_mlp_forward_common wires it): each decoder
+    layer's dense gated MLP runs over ceil(seqlen / hidden_size) sequence shards under no_grad, and each shard's
+    forward runs again in backward, so one shard's intermediates are alive at a time. Returns how many MLPs."""
+    import math
+    import types
+
+    import torch
+
+    try:
+        from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
+    except ImportError:
+        sys.exit("tiled_mlp needs deepspeed (pip install deepspeed): it runs DeepSpeed's TiledMLP")
+
+    def forward(self, x):
+        shards = max(1, math.ceil(x.shape[-2] / x.shape[-1]))
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # every rank runs the same number of shards (ZeRO-3 gathers weights per shard): ALST takes the max
+            count = torch.tensor(shards, device=x.device)
+            torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+            shards = int(count.item())
+        return TiledMLP.apply(lambda mlp, part: type(mlp).forward(mlp, part), self, x, shards,
+                              list(self.parameters()))
+
+    tiled = 0
+    for layer in model.modules():
+        mlp = getattr(layer, "mlp", None)
+        if hasattr(layer, "self_attn") and all(hasattr(mlp, k) for k in ("gate_proj", "up_proj", "down_proj")):
+            mlp.forward = types.MethodType(forward, mlp)
+            tiled += 1
+    say(f"tiled MLP: DeepSpeed TiledMLP on {tiled} decoder MLP(s)")
+    return tiled
 
 
 def offload_activations(model) -> None:
@@ -367,6 +401,8 @@ def main(argv=None) -> dict:
         model.print_trainable_parameters()
     parts = vision_setup.set_trainable(model, vision) if vision is not None else None
 
+    # a vision-language model keeps its MLPs whole (the plan counts them so)
+    tiled = tile_mlps(model) if advisor.get("tiled_mlp") and vision is None else 0
     if advisor.get("activation_offload") and not targs.gradient_checkpointing:
         offload_activations(model)  # with checkpointing, gradient_checkpointing_kwargs.offload does it
     if vision is not None:
@@ -407,7 +443,7 @@ def main(argv=None) -> dict:
     kinds = [type(m).__name__ for m in model.modules()]
     summary = {"steps": trainer.state.global_step, "train_loss": result.training_loss,
                "device": "cuda" if cuda else "cpu", "chunked_ce": chunked_ce, "seq_len": seq_len,
-               "loss": loss_kind, "packing": packing, "liger": bool(targs.use_liger_kernel),
+               "loss": loss_kind, "packing": packing, "liger": bool(targs.use_liger_kernel), "tiled_mlps": tiled,
                "linear4bit_modules": kinds.count("Linear4bit"), "linear8bit_modules": kinds.count("Linear8bitLt"),
                "lora_modules": sum(k.startswith("Linear") and hasattr(m, "lora_A") for k, m in zip(kinds, model.modules())),
                "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
