@@ -167,7 +167,7 @@ def test_exports_write_sequence_parallelism_and_read_it_back(plan, sharding, for
 
 
 def test_trl_script_builds_accelerates_parallelism_config(tmp_path):
-    """parallel_setup.py (beside train.py and train_trl.py) builds accelerate's own ParallelismConfig (the Trainer
+    """long_context_setup.py (beside train.py and train_trl.py) builds accelerate's own ParallelismConfig (the Trainer
     shards batches by it), and trl.yaml otherwise parses with TRL's parser (the sequence_parallel mapping is the
     script's, as vision is)."""
     import importlib.util
@@ -179,9 +179,9 @@ def test_trl_script_builds_accelerates_parallelism_config(tmp_path):
     written = _exported(ULYSSES, "zero3", tmp_path)
     cfg = yaml.safe_load(written["trl"].read_text())
     sp = cfg.pop("sequence_parallel")
-    assert "import parallel_setup" in (tmp_path / "train_trl.py").read_text()
-    assert "import parallel_setup" in (tmp_path / "train.py").read_text()
-    spec = importlib.util.spec_from_file_location("parallel_setup", tmp_path / "parallel_setup.py")
+    assert "import long_context_setup" in (tmp_path / "train_trl.py").read_text()
+    assert "import long_context_setup" in (tmp_path / "train.py").read_text()
+    spec = importlib.util.spec_from_file_location("long_context_setup", tmp_path / "long_context_setup.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     pc = script.parallelism_config(sp, cfg["attn_implementation"])

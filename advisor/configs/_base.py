@@ -173,15 +173,17 @@ def template(name: str) -> str:
     return resources.files("advisor.configs.export.templates").joinpath(name).read_text(encoding="utf-8")
 
 
-PARALLEL_SCRIPT = "parallel_setup.py"
-"""Beside an exported script of a sequence-parallel plan: accelerate's ParallelismConfig from its section."""
+LONG_CONTEXT_SCRIPT = "long_context_setup.py"
+"""Beside an exported script of a sequence-parallel or tiled-MLP plan: accelerate's ParallelismConfig from its
+section, DeepSpeed's TiledMLP on the decoder MLPs."""
 
 
-def write_parallel_script(ctx: "ExportContext", out_dir: Path) -> Path | None:
-    """parallel_setup.py beside the exported script, for a sequence-parallel plan (byte for byte the template)."""
-    if ctx.plan.sp_degree == 1:
+def write_long_context_script(ctx: "ExportContext", out_dir: Path) -> Path | None:
+    """long_context_setup.py beside the exported script, for a plan with sequence parallelism or tiled MLP (byte for
+    byte the template)."""
+    if ctx.plan.sp_degree == 1 and not ctx.plan.tiled_mlp:
         return None
-    return write_text(out_dir / PARALLEL_SCRIPT, template(PARALLEL_SCRIPT))
+    return write_text(out_dir / LONG_CONTEXT_SCRIPT, template(LONG_CONTEXT_SCRIPT))
 
 
 def write_vision_script(ctx: "ExportContext", out_dir: Path) -> Path | None:

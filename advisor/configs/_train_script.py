@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from advisor.configs.formats import FORMATS
-from advisor.configs._base import (ExportContext, Unsupported, template, vision_script_rules, write_parallel_script,
-                                   write_text, write_vision_script)
+from advisor.configs._base import (ExportContext, Unsupported, template, vision_script_rules,
+                                   write_long_context_script, write_text, write_vision_script)
 from advisor.core.plan import RL_TASKS
 
 FILENAME = FORMATS["train"].filename
@@ -27,7 +27,7 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
                                    "(trl.yaml + its script)")
     vision_script_rules(ctx, "train")
     write_vision_script(ctx, out_dir)  # a vision-language model: its processor and what trains
-    write_parallel_script(ctx, out_dir)  # a sequence-parallel plan: accelerate's ParallelismConfig
+    write_long_context_script(ctx, out_dir)  # sequence parallelism, tiled MLP
     path = write_text(out_dir / FILENAME, template_text())
     path.chmod(0o755)
     return path

@@ -35,7 +35,7 @@ from advisor.configs._base import (ADAM, LR_SCHEDULER, PRECISION_FLAGS, TORCH_DT
                                    WARMUP_STEPS, Collect, ExportContext, Unsupported, comment_block, dump_yaml,
                                    env_prefix, parallel_fields, plan_summary, require_int_alpha,
                                    sequence_parallel_rules, template, training_hyperparameters, vision_script_rules,
-                                   write_parallel_script, write_text, write_vision_script)
+                                   write_long_context_script, write_text, write_vision_script)
 from advisor.configs import _trl_rl
 from advisor.configs._deepspeed import check_batch, read_offload
 from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_unexpressible
@@ -239,7 +239,7 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
     script = write_text(out_dir / SCRIPT, template_text())
     script.chmod(0o755)
     write_vision_script(ctx, out_dir)
-    write_parallel_script(ctx, out_dir)
+    write_long_context_script(ctx, out_dir)
     return path
 
 

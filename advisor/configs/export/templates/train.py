@@ -175,40 +175,6 @@ def checkpoint_only(model, k):
     return CheckpointOnly()
 
 
-def tile_mlps(model) -> int:
-    """ALST's tiled MLP (DeepSpeed TiledMLP, as ArcticTraining's tiled_mlp_forward_common wires it): each decoder
-    layer's dense gated MLP runs over ceil(seqlen / hidden_size) sequence shards under no_grad, and each shard's
-    forward runs again in backward, so one shard's intermediates are alive at a time. Returns how many MLPs."""
-    import math
-    import types
-
-    import torch
-
-    try:
-        from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
-    except ImportError:
-        sys.exit("tiled_mlp needs deepspeed (pip install deepspeed): it runs DeepSpeed's TiledMLP")
-
-    def forward(self, x):
-        shards = max(1, math.ceil(x.shape[-2] / x.shape[-1]))
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            # every rank runs the same number of shards (ZeRO-3 gathers weights per shard): ALST takes the max
-            count = torch.tensor(shards, device=x.device)
-            torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
-            shards = int(count.item())
-        return TiledMLP.apply(lambda mlp, part: type(mlp).forward(mlp, part), self, x, shards,
-                              list(self.parameters()))
-
-    tiled = 0
-    for layer in model.modules():
-        mlp = getattr(layer, "mlp", None)
-        if hasattr(layer, "self_attn") and all(hasattr(mlp, k) for k in ("gate_proj", "up_proj", "down_proj")):
-            mlp.forward = types.MethodType(forward, mlp)
-            tiled += 1
-    say(f"tiled MLP: DeepSpeed TiledMLP on {tiled} decoder MLP(s)")
-    return tiled
-
-
 def offload_activations(model) -> None:
     """Activation offloading without checkpointing, with TRL's rule (trl/models/activation_offloading.py):
     every tensor the decoder layers save, of 1 KiB or more and not a parameter, goes to (pinned) host memory
@@ -341,9 +307,9 @@ def main(argv=None) -> dict:
         training["deepspeed"] = str(here / Path(ds).name)  # the export was moved: the file beside advisor.yaml
     sp = cfg.get("sequence_parallel")
     if sp and cuda:
-        import parallel_setup  # beside this script
+        import long_context_setup  # beside this script
 
-        training["parallelism_config"] = parallel_setup.parallelism_config(sp, model_s.get("attn_implementation"))
+        training["parallelism_config"] = long_context_setup.parallelism_config(sp, model_s.get("attn_implementation"))
     elif sp:
         say("no CUDA GPU: sequence parallelism off (one process holds the whole sequence)")
     targs = TrainingArguments(**training)
@@ -402,7 +368,11 @@ def main(argv=None) -> dict:
     parts = vision_setup.set_trainable(model, vision) if vision is not None else None
 
     # a vision-language model keeps its MLPs whole (the plan counts them so)
-    tiled = tile_mlps(model) if advisor.get("tiled_mlp") and vision is None else 0
+    tiled = 0
+    if advisor.get("tiled_mlp") and vision is None:  # a vision-language model: its MLPs whole
+        import long_context_setup  # beside this script
+
+        tiled = long_context_setup.tile_mlps(model)
     if advisor.get("activation_offload") and not targs.gradient_checkpointing:
         offload_activations(model)  # with checkpointing, gradient_checkpointing_kwargs.offload does it
     if vision is not None:

@@ -87,47 +87,14 @@ def adapt_to_cpu(sft: dict, model: dict) -> None:
         sft["deepspeed"] = None
 
 
-def tile_mlps(model) -> int:
-    """ALST's tiled MLP (DeepSpeed TiledMLP, as ArcticTraining's tiled_mlp_forward_common wires it): each decoder
-    layer's dense gated MLP runs over ceil(seqlen / hidden_size) sequence shards under no_grad, and each shard's
-    forward runs again in backward, so one shard's intermediates are alive at a time. Returns how many MLPs."""
-    import math
-    import types
-
-    import torch
-
-    try:
-        from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
-    except ImportError:
-        sys.exit("tiled_mlp needs deepspeed (pip install deepspeed): it runs DeepSpeed's TiledMLP")
-
-    def forward(self, x):
-        shards = max(1, math.ceil(x.shape[-2] / x.shape[-1]))
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            # every rank runs the same number of shards (ZeRO-3 gathers weights per shard): ALST takes the max
-            count = torch.tensor(shards, device=x.device)
-            torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
-            shards = int(count.item())
-        return TiledMLP.apply(lambda mlp, part: type(mlp).forward(mlp, part), self, x, shards,
-                              list(self.parameters()))
-
-    tiled = 0
-    for layer in model.modules():
-        mlp = getattr(layer, "mlp", None)
-        if hasattr(layer, "self_attn") and all(hasattr(mlp, k) for k in ("gate_proj", "up_proj", "down_proj")):
-            mlp.forward = types.MethodType(forward, mlp)
-            tiled += 1
-    say(f"tiled MLP: DeepSpeed TiledMLP on {tiled} decoder MLP(s)")
-    return tiled
-
-
 def main(argv=None) -> dict:
     args = parse_args(argv)
     cfg_path = Path(args.config).resolve()
     import yaml
 
     cfg = yaml.safe_load(cfg_path.read_text(encoding="utf-8")) or {}
-    tiled_mlp = bool(cfg.pop("tiled_mlp", False))  # no SFTConfig field: applied here (tile_mlps), `trl sft` ignores it
+    # no SFTConfig field: applied here (long_context_setup.tile_mlps); `trl sft` ignores it
+    tiled_mlp = bool(cfg.pop("tiled_mlp", False))
     vision = cfg.pop("vision", None)  # a vision-language model: its processor, what trains (vision_setup.py)
     sp = cfg.pop("sequence_parallel", None)  # accelerate's ParallelismConfig (parallelism_config below)
     sft, model_kw = split_config(cfg)
@@ -153,9 +120,9 @@ def main(argv=None) -> dict:
         # every block, the tower's included, before it runs
         sft["gradient_checkpointing"] = False
     if sp and cuda:
-        import parallel_setup  # beside this script
+        import long_context_setup  # beside this script
 
-        sft["parallelism_config"] = parallel_setup.parallelism_config(sp, model_kw.get("attn_implementation"))
+        sft["parallelism_config"] = long_context_setup.parallelism_config(sp, model_kw.get("attn_implementation"))
     elif sp:
         say("no CUDA GPU: sequence parallelism off (one process holds the whole sequence)")
     sft_args = SFTConfig(**sft)
@@ -197,7 +164,11 @@ def main(argv=None) -> dict:
             processing.pad_token = processing.eos_token
         data = Dataset.from_list([{sft_args.dataset_text_field: t} for t in load_texts(Path(args.data))])
     # before SFTTrainer: peft then wraps the linears inside the tiled MLPs
-    tiled = tile_mlps(model) if tiled_mlp and vision is None else 0  # a vision-language model: its MLPs whole
+    tiled = 0
+    if tiled_mlp and vision is None:  # a vision-language model: its MLPs whole
+        import long_context_setup  # beside this script
+
+        tiled = long_context_setup.tile_mlps(model)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     trainer = SFTTrainer(model=model, args=sft_args, train_dataset=data, processing_class=processing,
