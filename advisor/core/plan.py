@@ -455,7 +455,7 @@ class Plan:
     tiled_mlp: bool = knob(
         False, help="tiled MLP (DeepSpeed ALST TiledMLP): the MLP over ceil(seq/hidden) sequence shards, each "
                     "recomputed in backward: one shard's intermediates alive, not the whole sequence's",
-        tag=Tag("tiled-mlp"), applies=_not_rl, search=Search(order=95, ladder=prefer(False), frugal=prefer(True)),
+        tag=Tag("tiled-mlp"), applies=_not_rl,
         keys={"advisor": Key("advisor.tiled_mlp", omit_default=True), "axolotl": Custom("tiled_mlp"),
               "llamafactory": Refused("LLaMA-Factory 0.9.5 has no tiled-MLP key (hparams/finetuning_args.py, "
                                       "model_args.py)"),
