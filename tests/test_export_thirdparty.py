@@ -237,8 +237,8 @@ def _documented_extras(tool: str) -> list[str]:
 def test_llamafactory_parser_accepts_the_exports(tmp_path):
     python = _python("ADVISOR_LLAMAFACTORY_PYTHON", "llamafactory.hparams.parser")
     files = _export("llamafactory", tmp_path)
-    # the chunked loss, some layers checkpointed and offload without checkpointing have no LLaMA-Factory key: refused
-    assert len(files) == len(PLANS) - 2
+    # the chunked loss, offload without checkpointing and the tiled MLP have no LLaMA-Factory key: refused
+    assert len(files) == len(PLANS) - 3
     # one process of a torch.distributed launch, as torchrun sets it up (FORCE_TORCHRUN=1 in the exported command)
     env = _env(LOCAL_RANK="0", RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(29500 + os.getpid() % 1000), DISABLE_VERSION_CHECK="0")
