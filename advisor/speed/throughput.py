@@ -49,6 +49,7 @@ from typing import Any
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.packed_docs import packed_attention_scale, varlen_attention_scale
 from advisor.core.plan import FLASH_ATTENTION, Plan, has_vision_input
+from advisor.memory.sequence_parallel import rank_plan
 from advisor.memory.sharding import DEFAULT_SHARDING
 from advisor.speed.inputs import StepInputs
 from advisor.speed import low_rank_and_offload_terms  # noqa: F401 - registers low_rank_projection, activation_offload, paged_spill
@@ -242,9 +243,3 @@ def rl_train_step(model: ModelSpec, plan: Plan, gpu: GpuSpec, gpus: int, shardin
     from advisor.memory.rl_head import step_plan
 
     return predict_throughput(model, step_plan(plan).with_(loss="fused-linear"), gpu, gpus, sharding)
-
-
-def rank_plan(plan: Plan) -> Plan:
-    from advisor.memory.sequence_parallel import rank_plan as of
-
-    return of(plan)
