@@ -41,7 +41,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="advisor", description="Find the best way to fine-tune (and serve) an LLM on your GPU memory.")
+    parser = _Parser(prog="advisor",
+                     description="Find the best way to fine-tune (and serve) an LLM on your GPU memory.")
     parser.add_argument("--version", action="version", version=f"vram-advisor {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     subs = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)

@@ -2,7 +2,8 @@
 
 For each recipe: its model and card mapped to the advisor's catalogs (benchmarks/recipe_plans.py with the
 tables of benchmarks/answers_vs_recipes.yaml; a model or card the catalogs lack is listed as such), the
-recipe expressed as a Plan (what the Plan cannot express is listed), predicted as the tuner predicts a trial (the estimate backend with the
+recipe expressed as a Plan (what the Plan cannot express is listed), predicted as the tuner predicts a trial
+(the estimate backend with the
 run's phases: fits or not on the card with the default headroom, tokens/s, the accuracy prior); then
 the advisor asked the same question (`advisor tune --backend simulate` on the default space, the
 recipe's sequence length, the card's whole memory as the budget), its answer exported and checked by
@@ -274,8 +275,10 @@ def render(rows: list[dict], summ: dict, recipes_path: str, preflight_backend: s
          f"advisor's own answer to the same question (`advisor tune --backend {summ['tune_backend']}` on the default "
          "space at the "
          f"recipe's sequence length, the card's whole memory as the budget, headroom {HEADROOM:.0%}), that answer's "
-         f"pre-flight on its exported advisor.yaml (`advisor preflight --backend {preflight_backend}`), and why the two "
-         "differ. Gain: the answer's predicted time to quality (token factor / tokens per second, as the selection ranks) "
+         f"pre-flight on its exported advisor.yaml (`advisor preflight --backend {preflight_backend}`), and why "
+         "the two "
+         "differ. Gain: the answer's predicted time to quality (token factor / tokens per second, as the selection "
+         "ranks) "
          "over the recipe's. Prior loss: the quality model's accuracy loss (`advisor/data/quality.yaml`, nats/token of "
          "excess held-out loss against the reference training; lower is better); quality: the answer's minus the "
          "recipe's. Every figure is predicted, none measured here.", "",
@@ -341,7 +344,8 @@ def _row(r: dict) -> str:
     if ex.published_tokens_per_s:
         pub.append(f"{ex.published_tokens_per_s:,.0f} tok/s")
     pub_s = "; ".join(pub) or "—"
-    head = f"| {ex.rid} ({rec['source_project'].split()[0]}, {rec.get('claim', '').split()[0]}) | {recipe_plan} | {card} |"
+    head = (f"| {ex.rid} ({rec['source_project'].split()[0]}, {rec.get('claim', '').split()[0]}) | {recipe_plan} "
+            f"| {card} |")
     if "recipe" not in r:
         why = ex.model_note if ex.model is None else ex.gpu_note if ex.gpu is None else "; ".join(ex.cannot)
         return head + f" not asked: {why} | {pub_s} | — | — | — | — |"

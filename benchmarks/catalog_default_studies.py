@@ -141,7 +141,8 @@ def markdown(rows: list[dict[str, Any]], budget: str, compare: dict[str, dict[st
         "cache is not counted again).",
         "",
     ]
-    head = "| model | wall s | CPU s | estimate by | simulated | simulations / traces | answer | run peak GiB | tokens/s |"
+    head = ("| model | wall s | CPU s | estimate by | simulated | simulations / traces | answer | run peak GiB "
+            "| tokens/s |")
     rule = "|---|---:|---:|---|---:|---:|---|---:|---:|"
     if compare:
         head += " before s | before CPU s | same answer |"
@@ -185,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--root", default=str(ROOT), help="the checkout whose advisor runs (default: this one)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds before a study is stopped")
     p.add_argument("--note", default="", help="a sentence added under the title (the machine, what ran beside it)")
-    p.add_argument("--render", metavar="FILE", help="write the table from the rows of an earlier --json-out; run nothing")
+    p.add_argument("--render", metavar="FILE",
+                   help="write the table from the rows of an earlier --json-out; run nothing")
     args = p.parse_args(argv)
     compare = {r["model"]: r for r in json.loads(Path(args.compare).read_text())} if args.compare else {}
     if args.render:

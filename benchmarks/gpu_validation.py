@@ -1,7 +1,8 @@
 """GPU validation: real probes against the simulated and analytic ledgers, written to reports/gpu_validation.md.
 
     python benchmarks/gpu_validation.py                       # one GPU: Qwen2.5 0.5B / 1.5B / 7B, < 8 minutes
-    python benchmarks/gpu_validation.py --device cpu --tiny   # CPU, tiny models (what CI runs): reports/gpu_validation_cpu.md
+    python benchmarks/gpu_validation.py --device cpu --tiny   # CPU, tiny models (what CI runs):
+                                                                reports/gpu_validation_cpu.md
 
 For each model (random initialization from the catalog config: nothing is downloaded) and each plan
 of the matrix (full, LoRA, QLoRA x gradient checkpointing x micro-batch), it runs a real probe in a
@@ -344,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
                             timeout=min(args.timeout, left), memory_limit_bytes=q.budget)
         print(f"[{time.monotonic() - t0:5.0f} s] squeezed to {q.budget / 2**30:.2f} GiB: {q.probe.status} "
               f"{q.probe.message}", flush=True)
-    out = Path(args.out or ROOT / "reports" / ("gpu_validation.md" if args.device == "cuda" else "gpu_validation_cpu.md"))
+    out = Path(args.out or ROOT / "reports" / ("gpu_validation.md" if args.device == "cuda"
+                                               else "gpu_validation_cpu.md"))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(rows, device=args.device, tiny=args.tiny, gpu=gpu, elapsed=time.monotonic() - t0,
                           versions=versions, squeezes=squeezes), encoding="utf-8")

@@ -439,7 +439,8 @@ def summary(rows: list[Row]) -> dict:
     if not rows:
         return {"n": 0}
     errs = [r.error for r in rows]
-    return {"n": len(rows), "median_abs": statistics.median(abs(e) for e in errs), "worst_abs": max(abs(e) for e in errs),
+    return {"n": len(rows), "median_abs": statistics.median(abs(e) for e in errs),
+            "worst_abs": max(abs(e) for e in errs),
             "worst_under": min(errs), "within_3": sum(abs(e) <= 0.03 for e in errs)}
 
 
@@ -451,7 +452,8 @@ def _fmt_sum(s: dict) -> str:
 
 
 def _row_table(rows: list[Row]) -> list[str]:
-    return ["| point | grade | counter | phases | published | printed to | predicted | error | beyond rounding | peak in "
+    return ["| point | grade | counter | phases | published | printed to | predicted | error | beyond rounding "
+            "| peak in "
             "| backend | assumed |",
             "|---|---|---|---|---:|---:|---:|---:|---:|---|---|---|",
             *(f"| {r.id} | {r.quality} | {r.counter} | {r.phases} | {r.published / GIB:.2f} GiB | "
@@ -545,7 +547,8 @@ def render_sweep(points: list[SweepPoint]) -> str:
              "", "| model | tokens | published | " + " | ".join(f"{b} | error" for b in backends) + " |",
              "|---|---:|---:|" + "---:|---:|" * len(backends)]
     for p in points:
-        cells = " | ".join(f"{p.predicted[b] / GIB:.2f} GiB | {p.predicted[b] / p.published - 1:+.1%}" for b in backends)
+        cells = " | ".join(f"{p.predicted[b] / GIB:.2f} GiB | {p.predicted[b] / p.published - 1:+.1%}"
+                           for b in backends)
         lines.append(f"| {p.model} | {p.seq} | {p.published / GIB:.2f} GiB | {cells} |")
     b = backends[-1] if backends else ""
     lines += ["", f"What each added token costs, {b} backend against the published figures (GiB): the growth of "
@@ -559,14 +562,16 @@ def render_sweep(points: list[SweepPoint]) -> str:
     for model, ps in by_model.items():
         offset = (ps[0].predicted[b] - ps[0].published) / GIB
         for lo, hi in ((ps[0], ps[-2]), (ps[-2], ps[-1])):
-            lines.append(f"| {model} | {offset:+.2f} | {lo.seq} -> {hi.seq} | {(hi.published - lo.published) / GIB:.2f} "
+            lines.append(f"| {model} | {offset:+.2f} | {lo.seq} -> {hi.seq} "
+                         f"| {(hi.published - lo.published) / GIB:.2f} "
                          f"| {(hi.predicted[b] - lo.predicted[b]) / GIB:.2f} | {(hi.live[b] - lo.live[b]) / GIB:.2f} |")
     if len(by_model) > 1:
         last = [(ps[-2], ps[-1]) for ps in by_model.values()]
         pub = [(hi.published - lo.published) / GIB for lo, hi in last]
         live = [(hi.live[b] - lo.live[b]) / GIB for lo, hi in last]
         pub_spread, live_spread = max(pub) - min(pub), max(live) - min(live)
-        lines += ["", f"From {last[0][0].seq} to {last[0][1].seq} tokens every model adds the same tokens over the same "
+        lines += ["", f"From {last[0][0].seq} to {last[0][1].seq} tokens every model adds the same tokens "
+                  "over the same "
                   f"vocabulary, whose loss is most of what a token costs: the live bytes at the predicted peak grow by "
                   f"{min(live):.1f}-{max(live):.1f} GiB across the models, the published figures by {min(pub):.1f}-"
                   f"{max(pub):.1f} GiB."]
@@ -737,7 +742,8 @@ def render_markdown(rows, skipped, seconds, backend, data: Path) -> str:
              "backend in each row: with `auto`, simulated where the counter is reserved memory or nvidia-smi, "
              "so that the step's allocations are replayed through the caching-allocator model, and the "
              "closed-form ledger for allocated bytes; the other phases by closed forms, or the load simulated "
-             "on fake tensors with the simulate backend; generation runs by the inference ledger); published figures are "
+             "on fake tensors with the simulate backend; generation runs by the inference ledger); published "
+             "figures are "
              "measured by their authors. Error = predicted / published - 1 (negative: an under-prediction, an OOM "
              "the advisor would not have seen).", "",
              "Reserved memory: with the simulate backend the training step's allocations (and the load's) are "
@@ -776,8 +782,8 @@ def main(argv=None) -> int:
                     help="leave out the section of published mixture-of-experts figures (benchmarks/"
                          "published_moe_memory.yaml; about a minute: some rows are answered by the simulation)")
     ap.add_argument("--qwen-sweep", action="store_true",
-                    help="also predict Qwen's LoRA profile at all six lengths (benchmarks/qwen_lora_sweep.yaml) with the "
-                         "estimate and simulate backends, and append the table (about 18 simulations)")
+                    help="also predict Qwen's LoRA profile at all six lengths (benchmarks/qwen_lora_sweep.yaml) "
+                         "with the estimate and simulate backends, and append the table (about 18 simulations)")
     args = ap.parse_args(argv)
     rows, skipped, seconds = run(args.data, args.backend, args.only)
     print(f"{'point':52} {'stack':12} {'counter':10} {'published':>10} {'predicted':>10} {'error':>7}  peak in")

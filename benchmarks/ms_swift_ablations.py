@@ -161,7 +161,8 @@ def fit(spec: dict) -> tuple[float, float, list[dict]]:
 def check_copies(spec: dict, data_path: Path | None) -> list[str]:
     """Published values in the YAML against the JSON (the JSON is the source of truth)."""
     if data_path is None:
-        return ["published_runs/ms_swift_benchmark.json not found: the values copied in ms_swift_ablations.yaml were used"]
+        return ["published_runs/ms_swift_benchmark.json not found: the values copied in ms_swift_ablations.yaml "
+                "were used"]
     data = {p["id"]: p for p in json.loads(data_path.read_text(encoding="utf-8"))}
     problems = []
     for pid, pt in spec["points"].items():
@@ -196,8 +197,10 @@ def report_section(spec: dict, rows: list[dict], copies: list[str], amort: list[
     d = spec["dataset_lengths"]
     L = ["## ms-swift one-change ablations", "",
          "From `published_runs/ms_swift_benchmark.json` (A100, Qwen-7B/14B-Chat, LoRA r8 on c_attn, checkpointing, "
-         "flash-attention, batch 1 x 16 accumulation unless changed), expressed in `benchmarks/ms_swift_ablations.yaml` "
-         "and computed by `benchmarks/ms_swift_ablations.py`. ms-swift timed samples/s of one dataset, so a ratio of two "
+         "flash-attention, batch 1 x 16 accumulation unless changed), expressed in "
+         "`benchmarks/ms_swift_ablations.yaml` "
+         "and computed by `benchmarks/ms_swift_ablations.py`. ms-swift timed samples/s of one dataset, so a ratio of "
+         "two "
          "speeds in one table is a throughput ratio. Samples are not padded to the maximum length: each point is "
          f"predicted over a modelled length profile ({' '.join(str(d['shape']).split())}; published: mean {d['mean']}, "
          f"std {d['std']}), January's runs keeping the samples of at most max length, December's cutting them to it; "
@@ -225,7 +228,8 @@ def report_section(spec: dict, rows: list[dict], copies: list[str], amort: list[
             verdict.append(f"gap {abs(r['published'] - 1):.0%} <= {GAP:.0%}: order not required "
                            f"({'kept' if r['same_order'] else 'differs'})")
         L.append(f"| {r['a']} → {r['b']} | {r['changed']} | {r['published']:.3f} | {r['predicted']:.3f} | "
-                 f"{pa['samples_per_s']:.2f} → {pb['samples_per_s']:.2f} | {pa['mean_tokens']:.0f} ({pa['padded']:.0f}) → "
+                 f"{pa['samples_per_s']:.2f} → {pb['samples_per_s']:.2f} | "
+                 f"{pa['mean_tokens']:.0f} ({pa['padded']:.0f}) → "
                  f"{pb['mean_tokens']:.0f} ({pb['padded']:.0f}) | {'; '.join(verdict)} |")
     L += ["", "Samples/s themselves are not compared: the modelled lengths set them, and ms-swift's Qwen remote code "
           "(flash-attn's fused rotary and RMSNorm where built) is not the stack the advisor models.", "",

@@ -145,7 +145,8 @@ def express_plan(recipe: dict, tables: dict) -> tuple[Plan, list[str], bool]:
         cannot.append("the QLoRA variant measured beside it (the LoRA one is expressed)")
         method = "lora"
     quant = recipe.get("quant") or {}
-    fields: dict[str, Any] = {"method": "full" if method.startswith("full") else "qlora" if "qlora" in method else "lora"}
+    fields: dict[str, Any] = {"method": "full" if method.startswith("full")
+                              else "qlora" if "qlora" in method else "lora"}
     if fields["method"] == "qlora":
         qtype = str(quant.get("type", "nf4")).lower()
         fields["quantization"] = "fp4" if "fp4" in qtype else "nf4"

@@ -84,8 +84,8 @@ EXPRESSED = {
         counter="unstated", unit=GB,
         assumed="batch 8 (DPOConfig default), ~1,000-token prompts padded to 1,024; GPU not stated (an 80 GB card). "
                 "TRL 0.12 computed the full logits of chosen and rejected (16 x 1,024 x 151,936 vocabulary, fp32 for "
-                "the log-softmax: about 10 GB alone); TRL 1.16 scores through its fused log-prob head, which the advisor "
-                "models: the gap is the releases', not fitted"),
+                "the log-softmax: about 10 GB alone); TRL 1.16 scores through its fused log-prob head, which the "
+                "advisor models: the gap is the releases', not fitted"),
     "llamafactory-3716-dpo-llama3-8b-lora-a10": dict(
         model="llama-3.1-8b-instruct", gpus={"": "a10g"},
         plan=dict(task="dpo", method="lora", lora_r=8, lora_alpha=16.0, lora_targets=("q_proj", "v_proj"),
@@ -198,7 +198,8 @@ def main(argv=None) -> int:
     points = d["points"]
     lines = ["# GRPO / DPO memory: the advisor against published runs", "",
              f"`python benchmarks/rl_vs_published.py` over `{DATA}` ({len(points)} points; grades A measured with the "
-             "configuration stated, B measured with a detail inferred, C a claim or ambiguous). Each point is compared on "
+             "configuration stated, B measured with a detail inferred, C a claim or ambiguous). Each point is compared "
+             "on "
              "its own counter; the advisor is the closed form (advisor/memory/rl.py) of TRL 1.16's trainers with peft, "
              "bitsandbytes and vLLM. Nothing is fitted to another stack: where a stack does something TRL does not, "
              "the difference is named.", "",

@@ -61,7 +61,8 @@ def main() -> None:
     else:
         for row in rows:
             print(row[0], "|", row[1], "|", " ".join(f"{v:.1f}" for v in row[2:9]), row[9])
-    print(f"\nbackend: {args.backend}; GiB; model {model.name} ({model.params_total:,} parameters); GPU overheads of {gpu.name}")
+    print(f"\nbackend: {args.backend}; GiB; model {model.name} ({model.params_total:,} parameters); GPU overheads of "
+          f"{gpu.name}")
 
 
 if __name__ == "__main__":

@@ -443,8 +443,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"median |error| {summ['median']:.1%}, worst {summ['worst']:.1%} ({summ['worst_id']}), "
           f"{summ['n']} points; one prediction {per_plan * 1e6:.0f} µs")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    quoted = predict_throughput(resolve_model("llama3b"), Plan(method="lora", lora_r=32, lora_targets=("q_proj", "v_proj"),
-                                                                micro_batch=4, seq_len=210),
+    quoted = predict_throughput(resolve_model("llama3b"),
+                                Plan(method="lora", lora_r=32, lora_targets=("q_proj", "v_proj"), micro_batch=4,
+                                     seq_len=210),
                                 resolve_gpu("l40s"), calibrated=False).tokens_per_s
     spec = ms_swift_ablations.load_spec()
     swift_rows = ms_swift_ablations.evaluate(spec)

@@ -24,11 +24,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from advisor.core.catalog import gpu_for_budget, resolve_model
-from advisor.search.select import TIE, TrialRecord, select
-from advisor.search.space import load_space, plan_from_params
-from advisor.search.tuner import Tuner, TuneSettings
-from advisor.core.units import parse_budget
+# after the sys.path insertion above: the script runs from a checkout without the package installed
+from advisor.core.catalog import gpu_for_budget, resolve_model  # noqa: E402
+from advisor.search.select import TIE, TrialRecord, select  # noqa: E402
+from advisor.search.space import load_space, plan_from_params  # noqa: E402
+from advisor.search.tuner import Tuner, TuneSettings  # noqa: E402
+from advisor.core.units import parse_budget  # noqa: E402
 
 CASES = {
     "estimate": [("qwen7b", "24GB", "default", ()), ("qwen7b", "16GB", "qlora", ()), ("llama8b", "48GB", "default", ()),
@@ -113,7 +114,8 @@ def main() -> None:
                          f"{t_grid:.0f} / {t_tune:.0f}"))
             print(*rows[-1], sep=" | ", flush=True)
     if args.markdown:
-        print("\n| model | budget | space | grid plans | trials to reach the grid's best | grid's best | ratio | seconds (grid / tuner) |")
+        print("\n| model | budget | space | grid plans | trials to reach the grid's best | grid's best | ratio | "
+              "seconds (grid / tuner) |")
         print("|---|---|---|---|---|---|---|---|")
         for r in rows:
             print("| " + " | ".join(map(str, r)) + " |")

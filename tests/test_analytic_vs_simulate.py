@@ -51,7 +51,8 @@ def test_analytic_within_5_percent_on_the_matrix():
     for model, plan in rows:
         err, est, sim = error(model, plan)
         worst = max(worst, abs(err))
-        table.append(f"{model:24s} {plan.short():64s} sim {sim / 2**30:8.3f} GiB  est {est / 2**30:8.3f} GiB  {err:+.2%}")
+        table.append(f"{model:24s} {plan.short():64s} sim {sim / 2**30:8.3f} GiB  "
+                     f"est {est / 2**30:8.3f} GiB  {err:+.2%}")
     print("\n".join(table))
     assert worst < TOLERANCE, "analytic error over 5%:\n" + "\n".join(table)
 

@@ -108,7 +108,8 @@ def test_older_cards_lose_triton_then_bitsandbytes():
     assert _refused(triton, P100) == {("--loss", "fused-linear"), ("--optimizer", "adamw_torch_8bit")}
     assert _refused(QLORA.with_(precision="fp16", compute_dtype="fp16"), P100) == set()
     assert _refused(QLORA.with_(precision="fp16", compute_dtype="fp16"), MAXWELL) == {("--quantization", "nf4")}
-    assert _refused(Plan(precision="fp16", optimizer="paged_adamw_8bit"), MAXWELL) == {("--optimizer", "paged_adamw_8bit")}
+    assert _refused(Plan(precision="fp16", optimizer="paged_adamw_8bit"), MAXWELL) == {
+        ("--optimizer", "paged_adamw_8bit")}
 
 
 def test_what_runs_by_a_slower_path_is_a_note_never_a_refusal():

@@ -202,7 +202,8 @@ def test_qwen7b_facts():
     spec = resolve_model("qwen7b")
     assert spec.hf_id == "Qwen/Qwen2.5-7B-Instruct"
     assert spec.params_total == 7_615_616_512
-    assert (spec.num_layers, spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim) == (28, 3584, 28, 4, 128)
+    assert (spec.num_layers, spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim) == (
+        28, 3584, 28, 4, 128)
 
 
 @pytest.mark.parametrize("name", ["qwen7b", "QWEN7B", "Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b-instruct"])

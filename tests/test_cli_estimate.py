@@ -34,7 +34,8 @@ def test_qlora_json_contract(capsys):
 
 
 def test_budget_gives_fits(capsys):
-    code, out, _ = run_cli(capsys, "estimate", "--model", "qwen7b", "--method", "full", "--gpu-budget", "24GB", "--json")
+    code, out, _ = run_cli(capsys, "estimate", "--model", "qwen7b", "--method", "full", "--gpu-budget", "24GB",
+                           "--json")
     d = json.loads(out)
     assert code == 0 and d["fits"] is False and d["budget"]["unit"] == "GiB"
 
@@ -91,7 +92,8 @@ def test_human_verdict_follows_the_budget(capsys, budget, verdict):
 ])
 def test_bad_input_subprocess(argv, flag):
     """The real console entry point: exit 2, one line on stderr naming the flag and the value, no traceback."""
-    proc = subprocess.run([sys.executable, "-m", "advisor", "estimate", *argv], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "advisor", "estimate", *argv], capture_output=True, text=True,
+                          timeout=120)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr

@@ -66,7 +66,8 @@ def plans(draw) -> Plan:
         checkpoint_layers=draw(st.sampled_from([None, 1, 7, 14, 20])) if ckpt else None,
         activation_offload=draw(st.booleans()), optim_rank=draw(st.sampled_from([8, 128, 512])),
         optim_proj_gap=draw(st.sampled_from([50, 200])),
-        seq_len=seq_len, attn_impl=attn, offload=offload, loss=draw(st.sampled_from(["plain", "chunked", "fused-linear"])),
+        seq_len=seq_len, attn_impl=attn, offload=offload,
+        loss=draw(st.sampled_from(["plain", "chunked", "fused-linear"])),
         dora=method == "lora" and q == "none" and draw(st.booleans()), packing=draw(st.booleans()),
     )
     if q != "int8" and not plan.dora and (plan.gradient_checkpointing or not plan.activation_offload) \
@@ -93,7 +94,8 @@ def _expressible(fmt: str, plan: Plan) -> bool:
         # checkpoint offload is axolotl's activation_offloading: hidden_states
         return int_alpha and not plan.precision.startswith("mixed")
     if fmt == "llamafactory":
-        ok_prec = plan.precision in (("mixed_bf16", "mixed_fp16", "bf16") if plan.method == "full" else ("bf16", "fp16"))
+        ok_prec = plan.precision in (("mixed_bf16", "mixed_fp16", "bf16") if plan.method == "full"
+                                     else ("bf16", "fp16"))
         pure_z3 = plan.method == "full" and plan.precision == "bf16" and plan.offload == "zero3_cpu"
         cd_ok = not plan.four_bit or plan.compute_dtype == plan.activation_dtype
         no_fa3 = plan.attn_impl != "flash_attention_3"  # LLaMA-Factory 0.9.5 lists fa3 but raises for it
@@ -175,7 +177,8 @@ def test_plan_rules_are_reported_with_the_files_keys(tmp_path):
     cfg = {"model_name_or_path": "Qwen/Qwen2.5-7B-Instruct", "stage": "sft", "finetuning_type": "lora",
            "quantization_bit": 4, "bf16": True, "cutoff_len": 512, "per_device_train_batch_size": 1,
            "optim": "paged_adamw_8bit", "deepspeed": "ds.json"}
-    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2,
+                                                                        "offload_optimizer": {"device": "cpu"}},
                                                   "train_micro_batch_size_per_gpu": 1}))
     p = tmp_path / "lf.yaml"
     p.write_text(yaml.safe_dump(cfg))

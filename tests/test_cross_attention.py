@@ -41,7 +41,8 @@ def test_idle_parameters_get_no_gradient_or_optimizer_state():
     lora = param_breakdown(spec, Plan(method="lora"))
     assert lora.trainable == lora.adapter * 32 // 40  # 8 of 40 layers skipped, every layer adapted alike
     full = param_breakdown(spec, Plan(method="full"))
-    skipped = sum(layer.params for layer in spec.description.layers if layer.index in spec.vision.cross_attention_layers)
+    skipped = sum(layer.params for layer in spec.description.layers
+                  if layer.index in spec.vision.cross_attention_layers)
     assert full.trainable == spec.params_total - skipped
     # DeepSpeed flattens every parameter that requires grad, stepped or not
     assert param_breakdown(spec, Plan(method="lora", offload="zero2_cpu")).trainable == lora.adapter

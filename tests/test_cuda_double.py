@@ -234,13 +234,15 @@ def test_without_a_gpu_or_the_double_the_cuda_readers_say_so(monkeypatch, capsys
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         probe_generate(tiny_spec(), ServePlan(concurrency=1, context_len=64, max_new_tokens=4))
     assert _overheads.main() == 1  # advisor calibrate's child: one line of JSON naming the failure
-    assert json.loads(capsys.readouterr().out) == {"error": "RuntimeError: no CUDA GPU: torch.cuda.is_available() is False"}
+    assert json.loads(capsys.readouterr().out) == {
+        "error": "RuntimeError: no CUDA GPU: torch.cuda.is_available() is False"}
 
 
 def test_a_budget_smaller_than_the_cuda_context_is_an_oom():
     from advisor.runtime.probe._classify import status_of_exception
 
-    assert status_of_exception("BudgetTooSmall", "the CUDA context alone takes 629,145,600 B of the 1 B budget") == "oom"
+    assert status_of_exception("BudgetTooSmall",
+                               "the CUDA context alone takes 629,145,600 B of the 1 B budget") == "oom"
 
 
 # ----------------------------------------------------------------------------- the Trainer callback
@@ -289,7 +291,8 @@ def _guarded_run(tmp_path, budget_bytes, *, evaluate=False):
                                     first_seq_len=SHORT, eval_seq_len=SHORT, eval_samples=4, check_steps=2)
         assert guard.reader is not None and guard.current is not None, "the callback's CUDA readers are in use"
         trainer = transformers.Trainer(model=model, args=args, callbacks=[guard],
-                                       train_dataset=_Seqs([SHORT, SHORT, LONG, SHORT] if not evaluate else [SHORT] * 4),
+                                       train_dataset=_Seqs([SHORT, SHORT, LONG, SHORT] if not evaluate
+                                                           else [SHORT] * 4),
                                        eval_dataset=_Seqs([SHORT] * 4) if evaluate else None)
         trainer.train()
         peak = cuda.max_memory_allocated()

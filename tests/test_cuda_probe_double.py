@@ -85,7 +85,8 @@ def test_the_budget_cap_is_a_real_out_of_memory_in_the_child(double):
     budget = CONTEXT_BYTES + 48 * MIB
     r = run_probe(SPEC, big, device="cuda", steps=1, warmup=0, memory_limit_bytes=budget)
     assert r.status == "oom" and r.device == "cuda" and r.test_double == GPU and r.budget_bytes == budget, r.message
-    assert "can't allocate memory" in r.message or "out of memory" in r.message.lower() or "over the budget" in r.message
+    assert ("can't allocate memory" in r.message or "out of memory" in r.message.lower()
+            or "over the budget" in r.message)
     # a budget that cannot hold the CUDA context: out of memory before the model is built
     r = run_probe(SPEC, PLAN, device="cuda", steps=1, warmup=0, memory_limit_bytes=100 * MIB)
     assert r.status == "oom" and "CUDA context alone" in r.message and r.steps_done == 0
@@ -128,7 +129,8 @@ def test_advisor_calibrate_measures_the_gpu_and_predictions_use_it(double, tiny_
     assert [p.workload for p in probes][0] == "idle process, first matmul" and len(probes) == 2
     assert all(p.gpu == double.name and p.driver == DRIVER for p in probes)
     after = overhead_of(10 * MIB, double)
-    assert after.source == label and after.parts["cuda_context"] == CONTEXT_BYTES and after.parts["cublas_workspace"] == 0
+    assert (after.source == label and after.parts["cuda_context"] == CONTEXT_BYTES
+            and after.parts["cublas_workspace"] == 0)
 
 
 def _preflight(config, *argv):

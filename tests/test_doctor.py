@@ -82,7 +82,8 @@ def test_cli_doctor_reads_the_config(tmp_path):
     log = tmp_path / "train.log"
     log.write_text(REAL_OOM)
     proc = subprocess.run([sys.executable, "-m", "advisor", "doctor", str(log), "--config",
-                           str(tmp_path / "out" / "advisor.yaml"), "--json"], capture_output=True, text=True, timeout=120)
+                           str(tmp_path / "out" / "advisor.yaml"), "--json"], capture_output=True, text=True,
+                          timeout=120)
     assert proc.returncode == 1, proc.stderr
     oom = json.loads(proc.stdout)["findings"][0]
     assert not any("LoRA adapters" in fix or "per_device_train_batch_size" in fix for fix in oom["fixes"])
@@ -117,7 +118,8 @@ def test_cli_doctor(tmp_path):
     assert missing.returncode == 2 and "logfile" in missing.stderr
 
 
-GRPO_LONG_OOM = """  File "/usr/lib/python3/site-packages/trl/trainer/grpo_trainer.py", line 1650, in _generate_and_score_completions
+GRPO_LONG_OOM = """  File "/usr/lib/python3/site-packages/trl/trainer/grpo_trainer.py", line 1650, \
+in _generate_and_score_completions
     old_per_token_logps, _ = self._get_per_token_logps_and_entropies(
 torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.32 GiB. GPU 0 has a total capacity of 47.53 GiB \
 of which 1.10 GiB is free.

@@ -153,7 +153,8 @@ def test_the_rule_imports_no_torch():
     from pathlib import Path
 
     code = ("import sys; from advisor.core.catalog import resolve_model; from advisor.memory.closed_form import "
-            "closed_form_describes; print(closed_form_describes(resolve_model('qwen30b-a3b'))[0], 'torch' in sys.modules)")
+            "closed_form_describes; print(closed_form_describes(resolve_model('qwen30b-a3b'))[0], "
+            "'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=str(Path(__file__).resolve().parents[1]))
     assert out.stdout.split() == ["True", "False"]

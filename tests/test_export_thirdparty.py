@@ -54,7 +54,8 @@ PLANS = [
     ("qwen7b", Plan(method="full", precision="bf16", optimizer="galore_adamw_8bit", gradient_checkpointing=True), 1),
     ("qwen7b", Plan(method="full", precision="bf16", optimizer="apollo_adamw"), 1),
     ("qwen7b", Plan(method="full", precision="bf16", optimizer="adalomo"), 1),
-    ("qwen7b", Plan(method="qlora", quantization="nf4", loss="fused-linear", packing=True, expandable_segments=True), 1),
+    ("qwen7b", Plan(method="qlora", quantization="nf4", loss="fused-linear", packing=True,
+                    expandable_segments=True), 1),
     # activation offload without checkpointing (axolotl refuses: its validator requires checkpointing)
     ("gemma-3-12b", Plan(method="lora", activation_offload=True), 1),
     # checkpoint offload at long length (axolotl activation_offloading: hidden_states, LLaMA-Factory use_unsloth_gc)
@@ -143,7 +144,8 @@ AXOLOTL_CHECK = textwrap.dedent("""
         m = validate_config(cfg, capabilities=caps, env_capabilities={"torch_version": torch.__version__.split("+")[0]})
         out.append({"adapter": m.adapter, "load_in_4bit": bool(m.load_in_4bit), "load_in_8bit": bool(m.load_in_8bit),
                     "lora_r": m.lora_r, "lora_alpha": m.lora_alpha, "sequence_len": m.sequence_len,
-                    "micro_batch_size": m.micro_batch_size, "gradient_accumulation_steps": m.gradient_accumulation_steps,
+                    "micro_batch_size": m.micro_batch_size,
+                    "gradient_accumulation_steps": m.gradient_accumulation_steps,
                     "optimizer": str(getattr(m.optimizer, "value", m.optimizer)), "bf16": m.bf16, "fp16": m.fp16,
                     "gradient_checkpointing": bool(m.gradient_checkpointing),
                     "activation_offloading": m.activation_offloading,

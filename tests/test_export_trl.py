@@ -4,7 +4,6 @@ the CPU with a tiny model built here (tests/conftest.py tiny_model; nothing down
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -78,8 +77,9 @@ def test_train_trl_runs_one_sfttrainer_step_on_cpu(tiny_model, qwen7b, tmp_path)
     export_plan(qwen7b, plan, tmp_path / "export", ["trl"])
     cfg = yaml.safe_load((tmp_path / "export" / "trl.yaml").read_text())
     assert cfg["use_dora"] is True and cfg["packing"] is True
-    proc, s = run_export_script(tmp_path / "export" / "train_trl.py", "--data", str(tiny_model / "data.jsonl"), "--max-steps", "1",
-                   "--model-path", str(tiny_model), "--output-dir", str(tmp_path / "ckpt"), "--no-save")
+    proc, s = run_export_script(tmp_path / "export" / "train_trl.py", "--data", str(tiny_model / "data.jsonl"),
+                   "--max-steps", "1", "--model-path", str(tiny_model), "--output-dir", str(tmp_path / "ckpt"),
+                   "--no-save")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert s["steps"] == 1 and math.isfinite(s["train_loss"]) and s["train_loss"] > 0
     assert s["device"] == "cpu" and s["max_length"] == plan.seq_len and s["packing"] is True

@@ -199,8 +199,9 @@ def test_train_py_trains_a_vision_language_model_for_a_step_on_cpu(tiny_gemma3, 
     model_dir, spec = tiny_gemma3
     plan, expect = PLANS[name]
     export_plan(spec, plan, tmp_path / "export", ["advisor", "train"])
-    proc, s = run_export_script(tmp_path / "export" / "train.py", "--data", str(model_dir / "data.jsonl"), "--max-steps", "1",
-                   "--model-path", str(model_dir), "--output-dir", str(tmp_path / "ckpt"), "--no-save")
+    proc, s = run_export_script(tmp_path / "export" / "train.py", "--data", str(model_dir / "data.jsonl"),
+                   "--max-steps", "1", "--model-path", str(model_dir), "--output-dir", str(tmp_path / "ckpt"),
+                   "--no-save")
     _check(proc, s, spec, plan, expect)
     if plan.vision_gradient_checkpointing:
         towers = spec.config["vision_config"]["num_hidden_layers"]
@@ -212,8 +213,8 @@ def test_train_trl_trains_a_vision_language_model_for_a_step_on_cpu(tiny_gemma3,
     model_dir, spec = tiny_gemma3
     plan, expect = PLANS["lora-tower-lora-projector-ckpt"]
     export_plan(spec, plan, tmp_path / "export", ["trl"])
-    proc, s = run_export_script(tmp_path / "export" / "train_trl.py", "--data", str(model_dir / "data.jsonl"), "--max-steps",
-                   "1", "--model-path", str(model_dir), "--output-dir", str(tmp_path / "ckpt"))
+    proc, s = run_export_script(tmp_path / "export" / "train_trl.py", "--data", str(model_dir / "data.jsonl"),
+                   "--max-steps", "1", "--model-path", str(model_dir), "--output-dir", str(tmp_path / "ckpt"))
     _check(proc, s, spec, plan, expect)
     assert Path(s["non_lora_trainables"]).is_file()  # the projector, trained in full beside the adapters
 

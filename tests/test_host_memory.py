@@ -54,7 +54,8 @@ def test_the_exports_offload_paths_pin_what_they_copy():
     from torch.autograd.graph import save_on_cpu
     from transformers import modeling_utils
 
-    assert "save_on_cpu(pin_memory=True" in inspect.getsource(modeling_utils.PreTrainedModel._activation_checkpointing_enable)
+    assert "save_on_cpu(pin_memory=True" in inspect.getsource(
+        modeling_utils.PreTrainedModel._activation_checkpointing_enable)
     assert "pin_memory=is_pinnable" in inspect.getsource(save_on_cpu.__init__)
 
 
@@ -349,7 +350,8 @@ def test_an_old_study_loads_with_its_host_memory_unchecked():
     from advisor.search.description import StudyDescription
     from advisor.search.space import load_space
 
-    d = StudyDescription(model=resolve_model("qwen7b"), gpu=resolve_gpu("rtx-4090"), budget=Budget(24 * GiB, "GB", "24GB"),
+    d = StudyDescription(model=resolve_model("qwen7b"), gpu=resolve_gpu("rtx-4090"),
+                         budget=Budget(24 * GiB, "GB", "24GB"),
                          space=load_space("default", []), backend="estimate",
                          host_budget=Budget(64 * GiB, "GB", "64GB"))
     stored = d.to_dict()

@@ -59,7 +59,8 @@ def _run(tmp_path, budget_bytes):
 def _predicted(seq_len):
     from advisor.memory.training import estimate_training
 
-    return estimate_training(resolve_model_tiny(), Plan(method="full", precision="fp32", seq_len=seq_len)).tensor_peak_bytes
+    return estimate_training(resolve_model_tiny(),
+                             Plan(method="full", precision="fp32", seq_len=seq_len)).tensor_peak_bytes
 
 
 def resolve_model_tiny():

@@ -12,7 +12,8 @@ from advisor.memory.training import estimate_training
 from advisor.core.plan import FUSED_BACKWARD_OPTIMIZERS, LOW_RANK_OPTIMIZERS, OPTIMIZERS, Plan
 
 MODELS = st.sampled_from([n for n in model_catalog() if closed_form_describes(resolve_model(n))[0]])
-METHOD_QUANT = st.sampled_from([("full", "none"), ("lora", "none"), ("lora", "int8"), ("qlora", "nf4"), ("qlora", "fp4")])
+METHOD_QUANT = st.sampled_from([("full", "none"), ("lora", "none"), ("lora", "int8"), ("qlora", "nf4"),
+                                ("qlora", "fp4")])
 
 
 @st.composite
@@ -30,7 +31,8 @@ def plans(draw):
         activation_offload=draw(st.booleans()), optim_rank=draw(st.sampled_from([8, 128])),
         method=method, quantization=quant, double_quant=quant in ("nf4", "fp4") and draw(st.booleans()),
         lora_r=draw(st.sampled_from([1, 4, 8, 16, 64, 256])),
-        lora_targets=draw(st.sampled_from([("q_proj", "v_proj"), ("q_proj", "k_proj", "v_proj", "o_proj"), "all-linear"])),
+        lora_targets=draw(st.sampled_from([("q_proj", "v_proj"), ("q_proj", "k_proj", "v_proj", "o_proj"),
+                                           "all-linear"])),
         gradient_checkpointing=ckpt, optimizer=optimizer,
         micro_batch=draw(st.integers(1, 8)), grad_accum=1 if in_backward else draw(st.integers(1, 4)),
         seq_len=draw(st.sampled_from([128, 512, 1024, 2048, 4096])),

@@ -143,7 +143,8 @@ MEMORY = {
         "adapter": lambda p, r, ref: dev(r, "reference_weights") == 0
         and r.tensor_peak_bytes >= memory(p.with_(reference="precomputed")).tensor_peak_bytes,
         "copy": lambda p, r, ref: dev(r, "reference_weights") > dev(ref, "weights") / 2,
-        "precomputed": lambda p, r, ref: dev(r, "reference_weights") == 0 and r.tensor_peak_bytes <= ref.tensor_peak_bytes,
+        "precomputed": lambda p, r, ref: (dev(r, "reference_weights") == 0
+                                          and r.tensor_peak_bytes <= ref.tensor_peak_bytes),
     },
     "loss": {
         "plain": lambda p, r, ref: dev(r, "transient") > 0,
@@ -198,7 +199,8 @@ SPEED = {
         "ring": lambda p, t, ref: 0 < t["sequence_parallel"] != ref["sequence_parallel"],
     },
     "offload": {"none": lambda p, t, ref: t["offload"] == 0,
-                **{o: (lambda p, t, ref: t["offload"] > 0 and t["optimizer"] == 0) for o in ("zero2_cpu", "zero3_cpu")}},
+                **{o: (lambda p, t, ref: t["offload"] > 0 and t["optimizer"] == 0)
+                   for o in ("zero2_cpu", "zero3_cpu")}},
     "generation": {
         "transformers": lambda p, t, ref: t["generate"] > 0 and t["sync"] == 0,
         "vllm-colocate": lambda p, t, ref: 0 < t["generate"] < ref["generate"] and t["sync"] > 0,

@@ -1,5 +1,5 @@
-"""`--seq-len max`: the longest sequence whose run fits the budget (bisection on the run's peak, advisor.memory.longest),
-and what stops one token more."""
+"""`--seq-len max`: the longest sequence whose run fits the budget (bisection on the run's peak,
+advisor.memory.longest), and what stops one token more."""
 
 from __future__ import annotations
 

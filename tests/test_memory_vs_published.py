@@ -57,7 +57,8 @@ def test_preflights_error_band_is_the_estimate_backends_measured_one(bench):
 
 
 def test_the_auto_section_is_rendered_from_its_rows(bench):
-    """--auto-section appends the auto backend's rows, a table and a summary per stack, generated, not written by hand."""
+    """--auto-section appends the auto backend's rows, a table and a summary per stack, generated, not written by
+    hand."""
     GiB = 2**30
     rows = [bench.Row("qwen-a", bench.HF, "nvidia-smi", "load+train", 10 * GiB, 9 * GiB, "train", "B", (), "simulate"),
             bench.Row("torchtune-b", bench.TORCHTUNE, "reserved", "train", 10 * GiB, 10.2 * GiB, "train", "A", (),
@@ -65,7 +66,8 @@ def test_the_auto_section_is_rendered_from_its_rows(bench):
     text = bench.render_auto_section(rows, ["qwen-", "torchtune-"])
     assert "--auto-section qwen- torchtune-" in text
     assert "transformers: 1 points: median abs. error 10.0%, worst 10.0%, most under -10.0%, within 3%: 0/1." in text
-    assert ("| qwen-a | B | nvidia-smi | load+train | 10.00 GiB | ±0 GiB | 9.00 GiB | -10.0% | -10.0% | train | simulate "
+    assert ("| qwen-a | B | nvidia-smi | load+train | 10.00 GiB | ±0 GiB | 9.00 GiB | -10.0% | -10.0% | train "
+            "| simulate "
             "|  |") in text
     assert "| worst abs. error <= 8% | -10.0% (qwen-a) | missed |" in text  # the goals, on the transformers rows
     assert "| torchtune-b |" in text and "litgpt:" not in text

@@ -121,7 +121,8 @@ def _default_positions(tree: ast.Module):
 
 def _rel(module: str) -> str:
     path = ROOT / Path(*module.split("."))
-    return (path.with_suffix(".py") if path.with_suffix(".py").exists() else path / "__init__.py").relative_to(ROOT).as_posix()
+    return (path.with_suffix(".py") if path.with_suffix(".py").exists()
+            else path / "__init__.py").relative_to(ROOT).as_posix()
 
 
 @pytest.mark.parametrize("d", DEFAULTS, ids=lambda d: d.name)
@@ -177,7 +178,8 @@ def test_no_second_module_defines_it(d):
                 findings.append(f"{path}  defines {name}  ->  use {d.module}.{d.name}")
     if d.value == -100:  # distinctive enough to look for anywhere
         findings += [f"{path}:{node.lineno}  -100  ->  use {d.module}.{d.name}" for path, tree in SOURCES.items()
-                     if path != home for node in ast.walk(tree) if isinstance(node, ast.UnaryOp) and _value(node) == -100]
+                     if path != home for node in ast.walk(tree)
+                     if isinstance(node, ast.UnaryOp) and _value(node) == -100]
     assert not findings, "\n".join(findings)
 
 

@@ -56,4 +56,5 @@ def test_failure_messages_are_classified():  # runs everywhere: the classifier t
     assert status_of_exception("MemoryError", "") == "oom"
     assert status_of_exception("ValueError", "bad shape") == "error"
     assert essence("OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. Of the allocated memory 7 GiB"
-                   " is allocated by PyTorch\nmore") == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+                   " is allocated by PyTorch\nmore") == ("OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                                                         "2.00 GiB.")

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
-import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest

@@ -22,12 +22,13 @@ def test_the_serving_ledger_states_its_kv_cache_and_the_vllm_script_reads_it(tmp
     plan = ServePlan(context_len=4096, concurrency=4)
     cand = score(model, plan, GPU, GPU.memory_bytes, 0.9)
     kv = cand.report.kv_cache
-    assert kv == KvCache(kv_cache_bytes_per_token(model, plan.kv_dtype), kv_cache_bytes_per_sequence(model, plan, "vllm"),
-                         kv_tokens(plan, "vllm"))
+    assert kv == KvCache(kv_cache_bytes_per_token(model, plan.kv_dtype),
+                         kv_cache_bytes_per_sequence(model, plan, "vllm"), kv_tokens(plan, "vllm"))
     bare = replace(cand, report=replace(cand.report, extra={}))  # no decision or export reads the diagnostics
     script = vllm_script(model, bare)
     assert f"{kv.tokens_in_flight:,} tokens x {kv.bytes_per_token:,} B" in script
-    assert "kv_cache" not in cand.report.to_dict() and cand.report.to_dict()["extra"]["tokens_in_flight"] == kv.tokens_in_flight
+    assert ("kv_cache" not in cand.report.to_dict()
+            and cand.report.to_dict()["extra"]["tokens_in_flight"] == kv.tokens_in_flight)
 
 
 def test_a_probe_states_its_test_double_and_preflight_reads_it(monkeypatch):

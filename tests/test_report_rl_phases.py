@@ -25,7 +25,8 @@ def setting():
     return resolve_model("qwen7b"), resolve_gpu("rtx-4090")
 
 
-@pytest.mark.parametrize("plan", [GRPO_VLLM, GRPO_AWAKE, GRPO_GENERATE, DPO], ids=["sleep2", "awake", "generate", "dpo"])
+@pytest.mark.parametrize("plan", [GRPO_VLLM, GRPO_AWAKE, GRPO_GENERATE, DPO],
+                         ids=["sleep2", "awake", "generate", "dpo"])
 def test_the_bars_add_up_and_the_peak_is_the_highest(plan, setting):
     pic = picture_of_plan(*setting[:1], plan.validate(), setting[1])
     assert pic is not None and pic.bars

@@ -81,8 +81,8 @@ def test_comparisons_put_the_recomputed_estimate_beside_recorded_numbers(probed)
     assert set(by_number) == {0, 1}
     est_q = estimate_training(s.model, QLORA, s.gpu).peak_bytes
     assert by_number[0].peak == {"estimated": est_q, "measured": probed["measured"]["peak_bytes"]}
-    assert by_number[0].tokens_per_s == {"predicted": pytest.approx(predict_throughput(s.model, QLORA, s.gpu).tokens_per_s),
-                                         "measured": 1234.5}
+    assert by_number[0].tokens_per_s == {
+        "predicted": pytest.approx(predict_throughput(s.model, QLORA, s.gpu).tokens_per_s), "measured": 1234.5}
     assert by_number[1].peak == {"estimated": estimate_training(s.model, LORA, s.gpu).peak_bytes,
                                  "simulated": probed["simulated"]["peak_bytes"]}
     assert "predicted" in by_number[1].tokens_per_s and "measured" not in by_number[1].tokens_per_s

@@ -12,7 +12,6 @@ import math
 import os
 import py_compile
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,8 +29,8 @@ from advisor.core.knobs import Unkeyed, knobs  # noqa: E402
 from advisor.core.plan import Plan, canonical  # noqa: E402
 
 GRPO_PLANS = {
-    "qlora-vllm-sleep": Plan(task="grpo", method="qlora", quantization="nf4", gradient_checkpointing=True, micro_batch=8,
-                             num_generations=8, max_prompt_length=256, max_completion_length=256,
+    "qlora-vllm-sleep": Plan(task="grpo", method="qlora", quantization="nf4", gradient_checkpointing=True,
+                             micro_batch=8, num_generations=8, max_prompt_length=256, max_completion_length=256,
                              generation="vllm-colocate", vllm_gpu_memory_utilization=0.35, vllm_sleep=2),
     "lora-generate-beta": Plan(task="grpo", method="lora", micro_batch=4, grad_accum=2, steps_per_generation=4,
                                num_generations=4, max_prompt_length=128, max_completion_length=512, beta=0.04),
@@ -188,8 +187,8 @@ def test_train_dpo_runs_one_dpotrainer_step_on_cpu(tiny_model, qwen7b, tmp_path)
     pairs.write_text("\n".join(json.dumps({"prompt": p, "chosen": c, "rejected": r}) for p, c, r in
                                [("the quick", " brown fox", " lazy dog"), ("weights", " gradients", " the cpu"),
                                 ("fine tune", " a small model", " quantized base")]) + "\n")
-    proc, s = run_export_script(tmp_path / "export" / "train_dpo.py", "--data", str(pairs), "--max-steps", "1", "--model-path",
-                   str(tiny_model), "--output-dir", str(tmp_path / "ckpt"), "--no-save")
+    proc, s = run_export_script(tmp_path / "export" / "train_dpo.py", "--data", str(pairs), "--max-steps", "1",
+                   "--model-path", str(tiny_model), "--output-dir", str(tmp_path / "ckpt"), "--no-save")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert s["steps"] == 1 and math.isfinite(s["train_loss"]) and s["train_loss"] > 0
     assert s["max_length"] == 32 and s["beta"] == 0.1 and s["precompute_ref_log_probs"] is False

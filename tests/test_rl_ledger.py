@@ -61,7 +61,8 @@ def test_vllm_pool_is_utilization_times_the_card_and_kv_is_what_is_left():
 
 
 def test_a_pool_too_small_for_the_batch_preempts_and_says_so():
-    plan = COLOCATE.with_(micro_batch=64, max_completion_length=4096, vllm_gpu_memory_utilization=0.25, num_generations=8)
+    plan = COLOCATE.with_(micro_batch=64, max_completion_length=4096, vllm_gpu_memory_utilization=0.25,
+                          num_generations=8)
     gen = generation_of(QWEN7, plan, A100)
     assert gen.starts and not gen.holds_batch
     assert any("preempts" in n for n in gen.notes)

@@ -142,9 +142,9 @@ def test_every_point_of_a_pinned_rl_space_is_a_valid_plan(name):
     from advisor.core.catalog import resolve_model
     from advisor.search.space import plan_from_params
 
-    pins = ["method=[lora,qlora]", "quantization=[nf4,none]", "double_quant=true", "lora_r=16", "lora_targets=all-linear",
-            "optimizer=adamw_torch_fused", "offload=none", "activation_offload=false", "expandable_segments=false",
-            "beta=0.04"]
+    pins = ["method=[lora,qlora]", "quantization=[nf4,none]", "double_quant=true", "lora_r=16",
+            "lora_targets=all-linear", "optimizer=adamw_torch_fused", "offload=none", "activation_offload=false",
+            "expandable_segments=false", "beta=0.04"]
     space = load_space(name, pins)
     arch = resolve_model("qwen7b").arch
     points = list(space.grid())

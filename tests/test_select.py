@@ -11,7 +11,8 @@ GiB = 2**30
 
 
 def rec(n, tps, peak_gib, acc=0.01, state="complete", method="lora", reason=""):
-    return TrialRecord(number=n, state=state, plan={"method": method}, plan_short=f"plan{n}", peak_bytes=int(peak_gib * GiB),
+    return TrialRecord(number=n, state=state, plan={"method": method}, plan_short=f"plan{n}",
+                       peak_bytes=int(peak_gib * GiB),
                        tokens_per_s=tps, accuracy_loss=acc, source="simulated", tokens_per_s_source="predicted",
                        accuracy_source="prior", reason=reason)
 
@@ -84,7 +85,8 @@ def test_explanation_names_the_deciding_step_time_terms():
     line = next(x for x in select(tie, 80 * GiB, 0.05, 0.1).explanation if x.startswith("Time-to-quality tie"))
     assert "recomputation" in line and "more headroom decided" in line
     less_accurate = [tie[0], replace(tie[1], accuracy_loss=0.05)]
-    line = next(x for x in select(less_accurate, 80 * GiB, 0.05, 0.1).explanation if x.startswith("Time-to-quality tie"))
+    line = next(x for x in select(less_accurate, 80 * GiB, 0.05, 0.1).explanation
+                if x.startswith("Time-to-quality tie"))
     assert line.endswith("the lower accuracy loss decided.")
     assert any(line.startswith("Its predicted step") and "matmuls" in line for line in sel.explanation)
     # records without terms (older studies) explain as before

@@ -7,8 +7,8 @@ import pytest
 
 from advisor.core.catalog import resolve_model
 from advisor.core.errors import AdvisorInputError
-from advisor.memory.inference import (ServePlan, estimate_inference, kv_cache_bytes_per_token, kv_tokens, serve_weight_bytes,
-                             vllm_memory_utilization)
+from advisor.memory.inference import (ServePlan, estimate_inference, kv_cache_bytes_per_token, kv_tokens,
+                             serve_weight_bytes, vllm_memory_utilization)
 
 
 def test_kv_per_token_qwen7b_gqa():
@@ -139,9 +139,9 @@ def test_serving_ledger_of_each_family_matches_the_simulated_step(name, B, C, ne
 
 
 def test_linear_attention_states_are_the_cache_of_qwen3_next():
-    """Qwen3-Next (36 Gated DeltaNet layers, 12 full; 4 and 8 layers simulated and extended). Its recurrent states count once per
-    sequence whatever the context; the prefill transient of the CPU trace is transformers' PyTorch reference of the
-    chunked scan (fp32 chunk tensors), which flash-linear-attention's kernels do not allocate."""
+    """Qwen3-Next (36 Gated DeltaNet layers, 12 full; 4 and 8 layers simulated and extended). Its recurrent states
+    count once per sequence whatever the context; the prefill transient of the CPU trace is transformers' PyTorch
+    reference of the chunked scan (fp32 chunk tensors), which flash-linear-attention's kernels do not allocate."""
     m = resolve_model("qwen3-next")
     plan = ServePlan(concurrency=2, context_len=2048, max_new_tokens=512)
     est = estimate_inference(m, plan, engine="hf")

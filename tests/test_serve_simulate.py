@@ -20,7 +20,8 @@ def test_fake_equals_real_cpu_tiny(arch):
     for phase in ("prefill", "decode"):
         r, f = getattr(real, phase), getattr(fake, phase)
         assert abs(f.bytes - r.bytes) <= 0.01 * r.bytes, (phase, r, f)
-        assert f.ledger["kv_cache"] == r.ledger["kv_cache"] == 3 * 96 * spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * 2
+        assert (f.ledger["kv_cache"] == r.ledger["kv_cache"]
+                == 3 * 96 * spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * 2)
     assert real.prefill.bytes > real.decode.bytes  # the prompt's activations are gone at decode
 
 

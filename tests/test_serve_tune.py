@@ -68,7 +68,8 @@ def test_vllm_script_consistent_with_plan(plan_7b_24gb):
     assert int(args["--block-size"]) == plan["block_size"]
     assert args["--kv-cache-dtype"] == {"bf16": "auto", "fp8": "fp8"}[plan["kv_dtype"]]
     util = float(args["--gpu-memory-utilization"])
-    assert util * d["gpu"]["memory_bytes"] >= led["weights"] + led["quant_constants"] + led["kv_cache"] + led["transient"]
+    assert (util * d["gpu"]["memory_bytes"]
+            >= led["weights"] + led["quant_constants"] + led["kv_cache"] + led["transient"])
     assert util * d["gpu"]["memory_bytes"] <= d["budget"]["bytes"]
     if plan["weight_format"] == "int4":
         assert args["--quantization"] in ("awq_marlin", "gptq_marlin")

@@ -90,4 +90,5 @@ def test_zero3_and_fsdp_load_a_shard_of_the_weights_and_one_module_at_a_time():
         assert load.live_bytes == pytest.approx(whole / 8 + embedding, rel=1e-6)
     # ZeRO-2 and DDP move the whole model to every GPU
     for strategy in ("ddp", "zero2"):
-        assert run_phases(spec, FULL, None, shard_report(one, spec, FULL, 8, strategy)).phases["load"].live_bytes == whole
+        assert run_phases(spec, FULL, None,
+                          shard_report(one, spec, FULL, 8, strategy)).phases["load"].live_bytes == whole

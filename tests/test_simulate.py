@@ -24,7 +24,8 @@ SPEC = tiny_spec("qwen2", num_layers=2)
 METHODS = {"full": dict(method="full"), "lora": dict(method="lora", lora_targets="all-linear"),
            "qlora": dict(method="qlora", quantization="nf4", double_quant=True)}
 SIM_VS_REAL = [Plan(seq_len=96, gradient_checkpointing=ckpt, optimizer=opt, **METHODS[m])
-               for m, ckpt, opt in itertools.product(METHODS, (False, True), ("adamw_torch", "adamw_8bit", "adafactor"))]
+               for m, ckpt, opt in itertools.product(METHODS, (False, True),
+                                                     ("adamw_torch", "adamw_8bit", "adafactor"))]
 
 
 # the levers of issue 15 that run on the CPU: the fused linear loss (its stand-in, the same code on fake and
@@ -74,7 +75,8 @@ def test_standins_equal_real_bitsandbytes(plan, target):
         assert standin.ledger[cat] == real.ledger[cat] > 0
 
 
-@pytest.mark.parametrize("optimizer", ["adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit", "adamw_torch", "adafactor"])
+@pytest.mark.parametrize("optimizer", ["adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit", "adamw_torch",
+                                       "adafactor"])
 def test_optimizer_state_sizes_are_bitsandbytes_real_ones(optimizer):
     """The state bitsandbytes (real, on the CPU) allocates equals the analytic formula."""
     from advisor.runtime.build import build_training_setup
@@ -201,7 +203,7 @@ def test_liger_chunk_rule():
     assert liger_chunk_tokens(8, 4096, 1000) == 8
 
 
-# --------------------------------------------------------------------------- issue 15: optimizers, checkpointing, offload
+# ------------------------------------------------------------------------ issue 15: optimizers, checkpointing, offload
 
 LEVERS = [
     Plan(method="full", seq_len=64, optimizer="adamw_torch_fused"),

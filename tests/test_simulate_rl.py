@@ -73,12 +73,14 @@ def check(plan: Plan, rl: RLWorkload) -> None:
     sim = trace_rl_step(SPEC, plan, rl, fake=True, target_device="cpu")
     real = measure_trl_step(SPEC, plan, rl)
     scored = rl.task == "grpo" and rl.beta > 0
-    assert set(sim.phases) == set(real.phases) == ({"score", "train", "optimizer"} if scored else {"train", "optimizer"})
+    assert set(sim.phases) == set(real.phases) == ({"score", "train", "optimizer"} if scored
+                                                   else {"train", "optimizer"})
     for name, phase in real.phases.items():
         got = sim.phases[name]
         assert abs(got.bytes - phase.bytes) <= TOLERANCE, (name, got.bytes, phase.bytes)
         for cat in RL_CATEGORIES:
-            assert abs(got.ledger[cat] - phase.ledger[cat]) <= TOLERANCE, (name, cat, got.ledger[cat], phase.ledger[cat])
+            assert abs(got.ledger[cat] - phase.ledger[cat]) <= TOLERANCE, (name, cat, got.ledger[cat],
+                                                                            phase.ledger[cat])
     assert sim.peak_phase == real.peak_phase
     # what the case is about is there: a copy's weights, the fused head's tile, the rollout's tensors
     assert (sim.ledger["reference"] > 0) == (sim.reference == "copy")

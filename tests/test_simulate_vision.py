@@ -1,7 +1,7 @@
 """The simulation of vision-language models: the processor's batch traced under fake tensors equals the same step on
 real CPU tensors (peak, phase, every ledger category, the tower's and projector's parts), for tiny Qwen2.5-VL,
-Qwen3-VL, Gemma 3, Llama-3.2-Vision (Mllama), InternVL, LLaVA-OneVision, Mistral 3 and SmolVLM models; LoRA reaches only what it is asked to;
-the tower frozen, LoRA'd or trained, each checkpointing on or off."""
+Qwen3-VL, Gemma 3, Llama-3.2-Vision (Mllama), InternVL, LLaVA-OneVision, Mistral 3 and SmolVLM models; LoRA reaches
+only what it is asked to; the tower frozen, LoRA'd or trained, each checkpointing on or off."""
 
 from __future__ import annotations
 

@@ -88,4 +88,5 @@ def test_gemma2_closed_form_within_3_percent(name, plan):
     assert closed_form_describes(spec, plan)[0]
     sim = simulate(spec, plan).peak_bytes
     est = estimate_training(spec, plan).tensor_peak_bytes
-    assert abs(est - sim) / sim < 0.03, f"{name} {plan.short()}: estimated {est / 2**30:.3f}, simulated {sim / 2**30:.3f}"
+    assert abs(est - sim) / sim < 0.03, (f"{name} {plan.short()}: estimated {est / 2**30:.3f}, "
+                                         f"simulated {sim / 2**30:.3f}")

@@ -212,7 +212,8 @@ def test_power_limited_card_capped_at_its_sustained_rate():
 
 def test_faster_gpu_is_faster():
     plan = Plan(method="lora", seq_len=2048, micro_batch=2)
-    speeds = [predict_throughput(QWEN, plan, resolve_gpu(g)).tokens_per_s for g in ("t4", "l4", "a100-80gb", "h100-sxm")]
+    speeds = [predict_throughput(QWEN, plan, resolve_gpu(g)).tokens_per_s
+              for g in ("t4", "l4", "a100-80gb", "h100-sxm")]
     assert speeds == sorted(speeds)
 
 
@@ -286,7 +287,8 @@ def test_mixed_precision_casts_every_fp32_weight_each_forward():
     mixed = terms(lora.with_(precision="mixed_bf16"))
     assert terms(lora)["autocast_cast"] == 0 and mixed["matmul"] == terms(lora)["matmul"]
     s = s_of(lora.with_(precision="mixed_bf16"))
-    weights = sum(QWEN.num_layers * i * o for i, o in QWEN.linear_shapes().values()) + QWEN.vocab_size * QWEN.hidden_size
+    weights = (sum(QWEN.num_layers * i * o for i, o in QWEN.linear_shapes().values())
+               + QWEN.vocab_size * QWEN.hidden_size)
     assert mixed["autocast_cast"] == pytest.approx(weights * 6 / s.mem_bw, rel=0.02)
     ckpt = terms(lora.with_(precision="mixed_bf16", gradient_checkpointing=True))
     assert ckpt["recompute"] > terms(lora.with_(gradient_checkpointing=True))["recompute"]

@@ -15,7 +15,8 @@ from advisor.search.space import load_space
 
 
 def _description(**changes) -> StudyDescription:
-    d = StudyDescription(model=resolve_model("qwen7b"), gpu=resolve_gpu("rtx-4090"), budget=Budget(24 * 10**9, "GB", "24GB"),
+    d = StudyDescription(model=resolve_model("qwen7b"), gpu=resolve_gpu("rtx-4090"),
+                         budget=Budget(24 * 10**9, "GB", "24GB"),
                          space=load_space("default", ["micro_batch=[1,2]"]), backend="simulate", gpu_assumed=True,
                          headroom=0.1, tolerance=0.02, seed=3, trials=7, gpus=2, sharding="fsdp",
                          versions={"torch": "2.13.0"}, environment={"driver": None})

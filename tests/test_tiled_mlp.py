@@ -50,7 +50,8 @@ def test_the_flag_and_its_rules_name_it_in_one_line():
 def test_alst_shard_count():
     llama = resolve_model("meta-llama/Llama-3.1-8B-Instruct")
     assert ledger_terms.num_shards(llama, Plan(seq_len=131072)) == 32  # ceil(131072 / 4096)
-    assert ledger_terms.num_shards(llama, Plan(seq_len=4097)) == 2 and ledger_terms.num_shards(llama, Plan(seq_len=9)) == 1
+    assert (ledger_terms.num_shards(llama, Plan(seq_len=4097)) == 2
+            and ledger_terms.num_shards(llama, Plan(seq_len=9)) == 1)
     assert ledger_terms.shard_tokens(llama, Plan(seq_len=4097, micro_batch=2)) == math.ceil(2 * 4097 / 2)
     assert not ledger_terms.tiles(resolve_model("qwen3-30b-a3b"), Plan(tiled_mlp=True))  # routed experts: untiled
 
@@ -186,7 +187,8 @@ def test_its_quality_entry_is_exact():
     from advisor.core.data_files import load_data_file
 
     entry = load_data_file("quality.yaml")["levers"]["tiled_mlp"]
-    assert entry["true"]["kind"] == entry["false"]["kind"] == "exact" and "Arctic Long Sequence Training" in entry["true"]["source"]
+    assert (entry["true"]["kind"] == entry["false"]["kind"] == "exact"
+            and "Arctic Long Sequence Training" in entry["true"]["source"])
 
 
 # --------------------------------------------------------------------------- exports

@@ -29,7 +29,8 @@ def test_qwen7b_24gb_recommends_peft_and_rejects_full(tmp_path, capsys):
     assert d["n_trials"] == 25 and d["n_pruned"] >= 1
     best = d["best"]
     assert best["plan"]["method"] in ("lora", "qlora")
-    assert best["peak_bytes"] <= 24 * 2**30 * 0.95 and best["source"] in ("estimated", "simulated")  # an answer at the edge is simulated
+    # an answer at the edge is simulated
+    assert best["peak_bytes"] <= 24 * 2**30 * 0.95 and best["source"] in ("estimated", "simulated")
     assert best["tokens_per_s"] > 0
     # the predicted step-time terms travel with the answer, and the explanation names its largest ones
     p = best["plan"]
@@ -79,8 +80,8 @@ def _finished(db: Path) -> int:
 @pytest.mark.slow
 def test_sigkill_midway_then_rerun_finishes_without_repeats(tmp_path):
     reports = tmp_path / "reports"
-    cmd = [sys.executable, "-m", "advisor", "tune", "--gpu-budget", "24GB", "--model", "qwen7b", "--backend", "estimate",
-           "--trials", "40", "--json", "--reports-dir", str(reports), "--study", "killed"]
+    cmd = [sys.executable, "-m", "advisor", "tune", "--gpu-budget", "24GB", "--model", "qwen7b", "--backend",
+           "estimate", "--trials", "40", "--json", "--reports-dir", str(reports), "--study", "killed"]
     db = reports / "killed" / "study.db"
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.time() + 60

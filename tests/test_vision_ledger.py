@@ -58,7 +58,8 @@ def test_what_trains_in_the_tower_moves_its_ledger():
     lora = vision(Plan(method="lora", image_sizes=IMAGE, vision_tower="lora"))
     full = vision(Plan(method="full", image_sizes=IMAGE, vision_tower="full"))
     proj = vision(Plan(method="lora", image_sizes=IMAGE, train_projector=True))
-    assert lora["adapter_weights"] > 0 and lora["saved_activations"] > 0 and lora["gradients"] == lora["adapter_weights"]
+    assert (lora["adapter_weights"] > 0 and lora["saved_activations"] > 0
+            and lora["gradients"] == lora["adapter_weights"])
     # the default targets (q/k/v/o_proj) name no tower linear: every block linear is adapted, and the note says so
     assert set(lora["lora_modules"]) == {m.short for m in QWEN.vision.block_linears}
     assert "none of q_proj" in lora["lora_targets_note"]

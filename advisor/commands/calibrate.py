@@ -34,7 +34,8 @@ def add_parser(subs) -> None:
     p.add_argument("--num-layers", type=positive_int, default=4, help="decoder layers the probes build")
     p.add_argument("--timeout", type=number(low=0), default=300.0, help="seconds per probe")
     p.add_argument("--calibration", metavar="FILE",
-                   help="calibration file (default: $ADVISOR_MEMORY_CALIBRATION or ~/.cache/vram-advisor/memory_calibration.json)")
+                   help="calibration file (default: $ADVISOR_MEMORY_CALIBRATION or "
+                        "~/.cache/vram-advisor/memory_calibration.json)")
     p.add_argument("--json", action="store_true", help="print the calibration as one JSON object")
     p.set_defaults(run=run)
 
@@ -57,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     spec = resolve_model(args.model)
     path = args.calibration or cal.default_path()
     env = dict(os.environ)  # this advisor in the child, as the probe runner does (and $ADVISOR_CUDA_DOUBLE with it)
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                         *filter(None, [env.get("PYTHONPATH")])])
     try:
         child = subprocess.run([sys.executable, "-m", "advisor.runtime.probe._overheads"], capture_output=True,
                                text=True, timeout=args.timeout, env=env)

@@ -35,7 +35,8 @@ def number(low: float | None = None, low_inclusive: bool = False, high: float | 
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number (got {text!r})") from None
         if low is not None and (value < low or (value == low and not low_inclusive)):
-            raise argparse.ArgumentTypeError(f"must be {'at least' if low_inclusive else 'greater than'} {low} (got {text!r})")
+            raise argparse.ArgumentTypeError(
+                f"must be {'at least' if low_inclusive else 'greater than'} {low} (got {text!r})")
         if high is not None and value >= high:
             raise argparse.ArgumentTypeError(f"must be below {high} (got {text!r})")
         return value
@@ -44,13 +45,17 @@ def number(low: float | None = None, low_inclusive: bool = False, high: float | 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and GPU")
-    g.add_argument("--model", required=True, help="catalog name or alias (qwen7b, llama8b...), hub id, or a local directory with config.json")
-    g.add_argument("--trust-remote-code", action="store_true", help="allow running model code shipped in a model directory")
+    g.add_argument("--model", required=True,
+                   help="catalog name or alias (qwen7b, llama8b...), hub id, or a local directory with config.json")
+    g.add_argument("--trust-remote-code", action="store_true",
+                   help="allow running model code shipped in a model directory")
     g.add_argument("--gpu", help="GPU from the catalog (rtx-4090, a100-80gb, h100...); default: the detected GPU")
-    g.add_argument("--gpu-budget", help='memory budget: "24GB", "24 GiB", "24000MiB" or "90%%" of the GPU (GB = GiB = 2^30 bytes)')
+    g.add_argument("--gpu-budget",
+                   help='memory budget: "24GB", "24 GiB", "24000MiB" or "90%%" of the GPU (GB = GiB = 2^30 bytes)')
 
 
-HOST_BUDGET_HELP = ('host memory (RAM) of the machine the run is for: "64GB", "64 GiB" or "50%%" of this machine\'s RAM '
+HOST_BUDGET_HELP = ('host memory (RAM) of the machine the run is for: "64GB", "64 GiB" or "50%%" of this '
+                    "machine's RAM "
                     "(GB = GiB = 2^30 bytes); default: this machine's RAM as detected (psutil, or its container's "
                     "limit). A plan fits when its host peak (pinned and pageable) fits it less the OS reserve")
 

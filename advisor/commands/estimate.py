@@ -150,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
         # ranks of --gpus share one machine
         host_peak = report.host_peak_bytes * args.gpus
         result["host_budget"] = {"bytes": host_budget.bytes, "text": host_budget.text,
-                                 "detected": target.host_detected, "usable_bytes": int(host_usable_bytes(host_budget.bytes))}
+                                 "detected": target.host_detected,
+                                 "usable_bytes": int(host_usable_bytes(host_budget.bytes))}
         result["host_fits"] = host_fits(host_peak, host_budget.bytes)
     if args.json:
         print(json.dumps(result, indent=2))

@@ -12,9 +12,9 @@ from advisor.core.plan import parse_seq_len
 
 def add_parser(subs) -> None:
     p = subs.add_parser("preflight", help="go / no-go for a training config before a long run",
-                        description="Check a training config (advisor.yaml, TrainingArguments with sections, axolotl or "
-                                    "LLaMA-Factory YAML) for environment, config, memory and time problems. Exit code: "
-                                    "0 GO, 1 RISKY or NO-GO, 2 bad input.")
+                        description="Check a training config (advisor.yaml, TrainingArguments with sections, axolotl "
+                                    "or LLaMA-Factory YAML) for environment, config, memory and time problems. Exit "
+                                    "code: 0 GO, 1 RISKY or NO-GO, 2 bad input.")
     p.add_argument("config", help="advisor.yaml, TrainingArguments YAML/JSON, axolotl or LLaMA-Factory YAML")
     p.add_argument("--gpu-budget", help='memory budget ("24GB", "90%%"); default: the GPU\'s memory')
     p.add_argument("--gpu", help="GPU from the catalog; default: the detected one")
@@ -38,7 +38,8 @@ def add_parser(subs) -> None:
 
     d = subs.add_parser("doctor", help="match an error log to causes and fixes")
     d.add_argument("logfile", help="a training log or traceback ('-' for standard input)")
-    d.add_argument("--config", help="the run's config, for the advisor's own numbers (which ledger category exceeds what)")
+    d.add_argument("--config",
+                   help="the run's config, for the advisor's own numbers (which ledger category exceeds what)")
     d.add_argument("--json", action="store_true")
     d.set_defaults(run=run_doctor_cmd)
 
@@ -60,7 +61,8 @@ def run_preflight_cmd(args: argparse.Namespace) -> int:
         from rich.markup import escape
 
         print_findings(result.findings, header=f"[bold {color}]{result.verdict}[/] {result.model.name} · "
-                                               f"{escape(result.plan.short())}" + (f" · budget {result.budget}" if result.budget else ""))
+                                               f"{escape(result.plan.short())}"
+                                               + (f" · budget {result.budget}" if result.budget else ""))
         print(f"memory check answered by the {who['answered_by']}: {who['answered_by_reason']}")
     return result.exit_code
 
@@ -73,7 +75,8 @@ def memory_answered_by(model, plan, backend: str) -> dict:
     if model is None or plan is None:
         return {"answered_by": None, "answered_by_reason": "no memory check (the config did not resolve)"}
     if backend == "simulate":
-        return {"answered_by": SIMULATION, "answered_by_reason": "--backend simulate: the real model code on fake tensors"}
+        return {"answered_by": SIMULATION,
+                "answered_by_reason": "--backend simulate: the real model code on fake tensors"}
     describes, why = closed_form_describes(model, plan)
     return {"answered_by": CLOSED_FORM if describes else SIMULATION, "answered_by_reason": why}
 

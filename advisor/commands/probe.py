@@ -19,13 +19,15 @@ def add_parser(subs) -> None:
     add_model_flags(p)
     add_plan_flags(p)
     g = p.add_argument_group("probe")
-    g.add_argument("--device", choices=("cuda", "cpu"), help="where to run (default: cuda when a GPU is detected, else cpu)")
+    g.add_argument("--device", choices=("cuda", "cpu"),
+                   help="where to run (default: cuda when a GPU is detected, else cpu)")
     g.add_argument("--steps", type=positive_int, default=3, help="measured optimizer steps")
     g.add_argument("--warmup", type=whole_number(0), default=1, help="untimed warm-up optimizer steps")
     g.add_argument("--timeout", type=number(low=0), default=300.0, help="seconds before the child is killed")
     g.add_argument("--data", help='JSONL (field "text") or text file to train on (default: synthetic token ids)')
     g.add_argument("--weights", metavar="DIR", help="load real weights from DIR (then eval fidelity is measured)")
-    g.add_argument("--eval-texts", nargs="+", metavar="FILE", help="eval texts for fidelity (default: the shipped eval texts)")
+    g.add_argument("--eval-texts", nargs="+", metavar="FILE",
+                   help="eval texts for fidelity (default: the shipped eval texts)")
     g.add_argument("--num-layers", type=positive_int, help="build only this many decoder layers")
     g.add_argument("--seed", type=int, default=0, help="seed of random weights and synthetic data")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")

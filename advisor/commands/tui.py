@@ -20,7 +20,8 @@ def add_parser(subs) -> None:
     p.add_argument("--reports-dir", default="reports", help="where study directories are looked up by name")
     p.add_argument("--export", metavar="DIR", help="default directory of the export dialog "
                                                    "(default: <study directory>/export)")
-    p.add_argument("--poll", type=float, default=POLL_SECONDS, metavar="SECONDS", help="how often to look for new trials")
+    p.add_argument("--poll", type=float, default=POLL_SECONDS, metavar="SECONDS",
+                   help="how often to look for new trials")
     p.set_defaults(run=run)
 
 

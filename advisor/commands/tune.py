@@ -23,7 +23,8 @@ def add_parser(subs, settings_cls: type | None = None) -> None:
         formatter_class=DefaultsHelpFormatter)
     add_setting_flags(p, settings_cls or TuneSettings)
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code shipped in a model directory")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="override space keys, e.g. method=qlora seq_len=2048")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="override space keys, e.g. method=qlora seq_len=2048")
     p.add_argument("--reports-dir", default="reports", help="where studies, reports and exports land")
     p.add_argument("--export", metavar="DIR", help="write the winner's configs (advisor.yaml, DeepSpeed, train.py...)")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
@@ -129,8 +130,8 @@ def run(args: argparse.Namespace) -> int:
             tuner.polish()  # each non-exact change of the answer must pay for itself (advisor.search.select)
     except KeyboardInterrupt:
         progress.stop()
-        print(f"interrupted: study {settings.study_name!r} is saved in {redact(settings.storage)}; run the same command "
-              "to continue", file=sys.stderr)
+        print(f"interrupted: study {settings.study_name!r} is saved in {redact(settings.storage)}; run the same "
+              "command to continue", file=sys.stderr)
         return 130
     progress.stop()
     try:

@@ -341,7 +341,8 @@ def read(data: dict, c: Collect, plan_type: type, fmt: str = "advisor") -> tuple
         try:
             conf = AllocatorConfig.from_env(str(env["PYTORCH_CUDA_ALLOC_CONF"]))
         except AdvisorInputError as e:
-            raise AdvisorInputError("advisor.env.PYTORCH_CUDA_ALLOC_CONF", e.rule, env["PYTORCH_CUDA_ALLOC_CONF"]) from None
+            raise AdvisorInputError("advisor.env.PYTORCH_CUDA_ALLOC_CONF", e.rule,
+                                    env["PYTORCH_CUDA_ALLOC_CONF"]) from None
         f["expandable_segments"] = conf.expandable_segments
     for key in ("prediction", "gpu", "gpus", "sharding"):  # gpus, sharding: the run's launch (one GPU: 1, None)
         if key in advisor:
@@ -422,7 +423,8 @@ def _unknown_keys(c: Collect, section: dict | None, where: str, allowed: set[str
         return
     for key in section:
         if key not in allowed:
-            c.bad(f"{where}.{key}" if where else key, "is not a field of the class this section is passed to", section[key])
+            c.bad(f"{where}.{key}" if where else key, "is not a field of the class this section is passed to",
+                  section[key])
 
 
 def _class_fields(kind: str) -> set[str] | None:

@@ -229,7 +229,8 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
 
 def _data_note(ctx: ExportContext) -> list[str]:
     if ctx.spec.is_vision_language:
-        return ["Replace `datasets` with yours (here: data.jsonl of {\"messages\": [...], \"images\": [...]}, axolotl's",
+        return ["Replace `datasets` with yours (here: data.jsonl of {\"messages\": [...], \"images\": [...]}, "
+                "axolotl's",
                 "multimodal chat_template format). axolotl neither cuts nor drops a sample longer than sequence_len",
                 f"(docs/multimodal.qmd): keep text and image tokens within {ctx.plan.seq_len}, the length planned."]
     return ["Replace `datasets` with yours (here: data.jsonl, one {\"text\": ...} per line). pad_to_sequence_len",
@@ -240,7 +241,8 @@ def _launch(ctx: ExportContext) -> str:
     """axolotl's training entry point, one process per GPU under accelerate (axolotl docs: multi-gpu)."""
     if ctx.gpus == 1:
         return f"{env_prefix(ctx.plan)}axolotl train {ctx.file(FILENAME)}"
-    return f"{env_prefix(ctx.plan)}accelerate launch --num_processes {ctx.gpus} -m axolotl.cli.train {ctx.file(FILENAME)}"
+    return (f"{env_prefix(ctx.plan)}accelerate launch --num_processes {ctx.gpus} -m axolotl.cli.train "
+            f"{ctx.file(FILENAME)}")
 
 
 # --------------------------------------------------------------------------- reading

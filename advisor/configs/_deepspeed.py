@@ -1,5 +1,6 @@
 """deepspeed.json: ZeRO-2 with the optimizer on the CPU, or ZeRO-3 with parameters and optimizer there; or, on
-several GPUs, ZeRO-2 / ZeRO-3 sharding with everything on the GPUs; and the inverse, a DeepSpeed config (a mapping or the path to its JSON) read back as the plan's offload.
+several GPUs, ZeRO-2 / ZeRO-3 sharding with everything on the GPUs; and the inverse, a DeepSpeed config (a mapping
+or the path to its JSON) read back as the plan's offload.
 
 Field names from DeepSpeed's config reference (deepspeedai/DeepSpeed docs/_pages/config-json.md,
 https://www.deepspeed.ai/docs/config-json/: ``zero_optimization.stage``, ``offload_optimizer``

@@ -104,8 +104,8 @@ def vision_training_keys(plan) -> dict[str, bool]:
     return out
 
 
-VISION_TEMPLATES = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl", "qwen3_vl": "qwen3_vl", "qwen3_vl_moe": "qwen3_vl",
-                    "gemma3": "gemma3", "internvl": "intern_vl", "mllama": "mllama"}
+VISION_TEMPLATES = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl", "qwen3_vl": "qwen3_vl",
+                    "qwen3_vl_moe": "qwen3_vl", "gemma3": "gemma3", "internvl": "intern_vl", "mllama": "mllama"}
 """A vision-language model's LLaMA-Factory template by model_type: the template names its image placeholder and
 multimodal plugin (LLaMA-Factory 0.9.5 data/template.py register_template; Qwen2.5-VL uses qwen2_vl's)."""
 

@@ -11,7 +11,8 @@
 - LLaMA-Factory YAML (``model_name_or_path`` with ``finetuning_type`` / ``stage`` / ``cutoff_len``);
 - TRL's flat trl.yaml (SFTConfig + ModelConfig keys).
 
-Each format is read by the module that writes it (its declaration's ``reader``, advisor.configs.formats), the keys the knobs declare for it by advisor.configs._keys. What runs is what is
+Each format is read by the module that writes it (its declaration's ``reader``, advisor.configs.formats), the keys
+the knobs declare for it by advisor.configs._keys. What runs is what is
 read: for advisor.yaml the Plan comes from the library sections, not from the ``advisor.plan`` copy;
 where a section and ``advisor.plan`` disagree (someone edited the file), ``extras["edited"]`` says which
 fields. Values a file leaves out take the default of the tool that would run it, and
@@ -33,7 +34,8 @@ from advisor.core.errors import AdvisorInputError, ConfigErrors
 from advisor.core.knobs import knobs
 from advisor.core.plan import Plan, canonical
 
-__all__ = ["read_config", "detect_format", "load_mapping", "canonical", "FORMATS"]
+# FORMATS is served by the module __getattr__ below (PEP 562), which ruff does not see
+__all__ = ["read_config", "detect_format", "load_mapping", "canonical", "FORMATS"]  # noqa: F822
 
 
 def __getattr__(name: str):

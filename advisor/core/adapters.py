@@ -126,5 +126,6 @@ def expert_problems(spec: ModelSpec, plan: Plan) -> list[AdvisorInputError]:
     return []
 
 
-__all__ = ["LANGUAGE_MODEL_PREFIX", "adapted_modules", "language_model_regex", "names_of_language_model_regex", "attention_linears", "expert_problems", "expert_weights", "export_parameters",
+__all__ = ["LANGUAGE_MODEL_PREFIX", "adapted_modules", "language_model_regex", "names_of_language_model_regex",
+           "attention_linears", "expert_problems", "expert_weights", "export_parameters",
            "export_targets", "lora_targets", "target_parameters"]

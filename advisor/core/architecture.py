@@ -463,7 +463,8 @@ def is_vision_language(config: Any) -> bool:
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
     cfg = full_config(config)
-    return getattr(cfg, "vision_config", None) is not None and cfg.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    return (getattr(cfg, "vision_config", None) is not None
+            and cfg.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
 
 
 def build_meta_vl_model(config: Any, *, dtype: str = "bfloat16", num_layers: int | None = None):
@@ -745,7 +746,8 @@ def _moe_facts(cfg, layers: list[LayerDescription]) -> MoeFacts | None:
     gate_up = next((e for e in moe[0].experts if e.in_features and "gate_up" in e.name), None)
     width = (gate_up.out_features // 2 if gate_up is not None
              else _cfg_int(cfg, "moe_intermediate_size", "intermediate_size"))
-    shared = sum(m.out_features for m in moe[0].linears if m.role == "shared_experts" and m.short in ("gate_proj", "w1"))
+    shared = sum(m.out_features for m in moe[0].linears
+                 if m.role == "shared_experts" and m.short in ("gate_proj", "w1"))
     aux = getattr(cfg, "router_aux_loss_coef", None)
     norm = getattr(cfg, "norm_topk_prob", None)
     return MoeFacts(num_experts=moe[0].num_experts, experts_per_token=moe[0].experts_per_token,
@@ -843,7 +845,8 @@ def describe_architecture(config: Any, *, dtype: str = "bfloat16", with_cache: b
     linear_attention = None
     if any(layer.attention == "linear" for layer in final):
         linear_attention = LinearAttentionFacts(
-            num_key_heads=_cfg_int(cfg, "linear_num_key_heads"), num_value_heads=_cfg_int(cfg, "linear_num_value_heads"),
+            num_key_heads=_cfg_int(cfg, "linear_num_key_heads"),
+            num_value_heads=_cfg_int(cfg, "linear_num_value_heads"),
             key_head_dim=_cfg_int(cfg, "linear_key_head_dim"), value_head_dim=_cfg_int(cfg, "linear_value_head_dim"),
             conv_kernel=_cfg_int(cfg, "linear_conv_kernel_dim"))
     cls = type(model)

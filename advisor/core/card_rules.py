@@ -2,8 +2,8 @@
 
 Every hardware rule is data in ``advisor/data/card_rules.yaml``, each with its source: bf16 only from
 Ampere (sm80) on, FlashAttention-2 only there too, FlashAttention-3 only on Hopper (sm90), Triton kernels
-(Liger, torchao's low-bit AdamW) from sm70, bitsandbytes from sm60; and what runs but by a slower path (LLM.int8() without int8 tensor cores,
-the grouped-GEMM experts fallback), said but never refused. The model side, which attention
+(Liger, torchao's low-bit AdamW) from sm70, bitsandbytes from sm60; and what runs but by a slower path (LLM.int8()
+without int8 tensor cores, the grouped-GEMM experts fallback), said but never refused. The model side, which attention
 implementations transformers runs for the model's class, is an input (``model_facts``).
 
 Used by plan validation (the tuner's Conditions through ``advisor.search.space.model_rules``; estimate and
@@ -325,6 +325,6 @@ def mxfp4_training_note(model: Any, plan: Any) -> str | None:
             f"sm{rule['sm_from']}+ with {rule['needs']}): {what}")
 
 
-__all__ = ["AUTO", "CARD_DECIDED", "CARD_DEFAULT_MEANS", "Card", "CardFinding", "CardRule", "ModelFacts", "bf16_runs", "card_label",
-           "card_precision", "card_problems", "card_rules", "card_sm", "default_attention", "model_facts",
+__all__ = ["AUTO", "CARD_DECIDED", "CARD_DEFAULT_MEANS", "Card", "CardFinding", "CardRule", "ModelFacts", "bf16_runs",
+           "card_label", "card_precision", "card_problems", "card_rules", "card_sm", "default_attention", "model_facts",
            "mxfp4_kept", "mxfp4_rule", "mxfp4_training_note", "not_card_rules", "ships_mxfp4"]

@@ -64,7 +64,8 @@ class ModelSpec:
     """
 
     name: str
-    """Canonical name (catalog key, or the hub id of a catalogued variant, or the directory / hub id it was read from)."""
+    """Canonical name (catalog key, or the hub id of a catalogued variant, or the directory / hub id it was read
+    from)."""
     hf_id: str
     """Hugging Face hub id, or the local path."""
     model_type: str
@@ -301,7 +302,8 @@ def _read_config_json(path: Path, name: str) -> dict:
     if not isinstance(config, dict):
         raise AdvisorInputError("--model", f"{path} must hold a JSON object", name, show_value=False)
     if "text_config" in config and "hidden_size" not in config:
-        config = {**config["text_config"], "model_type": config["text_config"].get("model_type", config.get("model_type"))}
+        config = {**config["text_config"],
+                  "model_type": config["text_config"].get("model_type", config.get("model_type"))}
     return config
 
 
@@ -374,7 +376,8 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSpec:
             return spec_from_config(wanted, wanted, config, "hf-cache", str(snapshot), None, trust_remote_code)
     close = difflib.get_close_matches(lowered, [n.lower() for n in catalog_names()], n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else "; `advisor models` lists the catalog"
-    raise AdvisorInputError("--model", f"unknown model (not in the catalog, not a directory, not in the local HF cache){hint}",
+    raise AdvisorInputError("--model",
+                            f"unknown model (not in the catalog, not a directory, not in the local HF cache){hint}",
                             wanted)
 
 

@@ -258,7 +258,8 @@ class Plan:
     """full (every weight trained), lora (adapters on a bf16/fp16 or 8-bit base), qlora (adapters on a 4-bit base)."""
     quantization: str = knob(
         "none", help="base weight storage", choices=QUANTIZATIONS,
-        cli=Cli(default=lambda values: default_quantization(values["method"]), default_means="nf4 for qlora, else none"),
+        cli=Cli(default=lambda values: default_quantization(values["method"]),
+                default_means="nf4 for qlora, else none"),
         tag=Tag(), search=Search(order=20, required=True),
         keys={"advisor": Custom("quantization"), "axolotl": Custom("load_in_4bit"),
               "llamafactory": Custom("quantization_bit"), "trl": Custom("load_in_4bit")})
@@ -345,7 +346,8 @@ class Plan:
     micro_batch: int = knob(
         1, help="sequences per forward/backward (GRPO: completions per device, TRL's per_device_train_batch_size; "
                 "DPO: preference pairs, each chosen and rejected)", range=_WHOLE,
-        tag=Tag(lambda plan: f"b{plan.micro_batch}x{plan.grad_accum}" + ("" if plan.task == GRPO else f" s{plan.seq_len}")),
+        tag=Tag(lambda plan: f"b{plan.micro_batch}x{plan.grad_accum}"
+                + ("" if plan.task == GRPO else f" s{plan.seq_len}")),
         search=Search(order=110, required=True, frugal=min),
         keys={"advisor": Key("training.per_device_train_batch_size", default=_TRAINING_ARGUMENTS_BATCH),
               "axolotl": Key("micro_batch_size", listed=True),
@@ -395,7 +397,8 @@ class Plan:
         search=Search(order=140, required=True, ladder=prefer("none")),
         keys={"advisor": Custom("training.deepspeed"), "axolotl": Custom("deepspeed"),
               "llamafactory": Custom("deepspeed"), "trl": Custom("deepspeed")})
-    """none, zero2_cpu (DeepSpeed ZeRO-2, optimizer on the CPU), zero3_cpu (ZeRO-3, parameters and optimizer on the CPU)."""
+    """none, zero2_cpu (DeepSpeed ZeRO-2, optimizer on the CPU), zero3_cpu (ZeRO-3, parameters and optimizer on the
+    CPU)."""
     loss: str = knob(
         "plain", help="plain (all logits), chunked (chunks recomputed in backward) or fused-linear (Liger's fused "
                       "linear cross-entropy: no logits)", choices=LOSSES,
@@ -425,7 +428,8 @@ class Plan:
     not a lever."""
     max_new_tokens: int = knob(
         0, help="tokens a generation-based evaluation generates per sequence", range=_ZERO_OR_MORE, workload=Workload(),
-        cli=Cli(default_means="none"), tag=Tag(lambda plan: f"gen{plan.max_new_tokens}" if plan.max_new_tokens else None),
+        cli=Cli(default_means="none"),
+        tag=Tag(lambda plan: f"gen{plan.max_new_tokens}" if plan.max_new_tokens else None),
         keys={"advisor": _NOT_RUN, "axolotl": _NOT_RUN, "llamafactory": _NOT_RUN, "trl": _NOT_RUN})
     """Tokens generated per sequence by a generation-based evaluation; 0: the run does not generate. The user's
     evaluation, not a lever."""
@@ -434,7 +438,8 @@ class Plan:
                      "yarn:4 reaches 4 x max_position_embeddings)", workload=Workload(),
         cli=Cli(metavar="TYPE:FACTOR", parse=lambda text: parse_rope_scaling(text), default_means="none"),
         tag=Tag(lambda plan: None if plan.rope_scaling == "none" else "rope-" + plan.rope_scaling),
-        keys={"advisor": Custom("model.rope_parameters"), "axolotl": Custom("overrides_of_model_config.rope_parameters"),
+        keys={"advisor": Custom("model.rope_parameters"),
+              "axolotl": Custom("overrides_of_model_config.rope_parameters"),
               "llamafactory": Custom("rope_scaling"), "trl": Custom("model_init_kwargs.rope_parameters")})
     """RoPE scaling (advisor.core.rope): the model's positions rescaled so that factor x its trained context fits.
     The user's workload, not a lever: it changes the model trained (its config.json's rope_parameters, which
@@ -485,8 +490,8 @@ class Plan:
     activation_offloading: hidden_states, LLaMA-Factory's use_unsloth_gc). Without: TRL/torchtune activation
     offloading of every saved activation (docs/memory.md, checkpoint offload)."""
     sp_degree: int = knob(
-        1, help="sequence parallelism: GPUs that share each sequence, each holding seq_len / N of its tokens (a divisor "
-                "of --gpus and of the attention heads)", range=_WHOLE, applies=_not_rl,
+        1, help="sequence parallelism: GPUs that share each sequence, each holding seq_len / N of its tokens (a "
+                "divisor of --gpus and of the attention heads)", range=_WHOLE, applies=_not_rl,
         tag=Tag(lambda plan: None if plan.sp_degree == 1 else f"sp{plan.sp_degree}"
                 + ("" if plan.sp_backend == "ulysses" else f"-{plan.sp_backend}")),
         keys={"advisor": Key("sequence_parallel.size", omit_default=True),
@@ -682,7 +687,8 @@ class Plan:
               "llamafactory": Key("video_maxlen", omit_default=True)})
     """The video processor's ``max_frames`` (LLaMA-Factory ``video_maxlen``). None: the processor's own."""
     vision_tower: str = knob(
-        "frozen", help="the vision tower: frozen, LoRA adapters on its linears, or trained in full", choices=VISION_TOWER,
+        "frozen", help="the vision tower: frozen, LoRA adapters on its linears, or trained in full",
+        choices=VISION_TOWER,
         cli=Cli(alias=("--train-vision-tower", "full")),
         tag=Tag(lambda plan: None if plan.vision_tower == "frozen" else f"vit-{plan.vision_tower}"),
         keys={"advisor": _vision_key("tower"), "axolotl": Refused("it has no key to train the vision tower"),
@@ -790,8 +796,8 @@ class Plan:
                 "forward): use quantization none", self.quantization)
         if self.lora_experts is True and self.peft:
             if self.lora_dropout != 0:
-                bad("lora_experts", f"peft's lora.ParamWrapper on the stacked experts refuses dropout (peft/tuners/lora/"
-                    f"layer.py): set {flag_of('lora_dropout', type(self))} 0", self.lora_dropout)
+                bad("lora_experts", f"peft's lora.ParamWrapper on the stacked experts refuses dropout "
+                    f"(peft/tuners/lora/layer.py): set {flag_of('lora_dropout', type(self))} 0", self.lora_dropout)
             if self.dora is True:
                 bad("dora", "peft's lora.ParamWrapper on the stacked experts refuses DoRA: use "
                     f"{flag_of('lora_experts', type(self))} off with DoRA", self.dora)
@@ -961,7 +967,8 @@ def optimizer_problems(plan: Plan, bad) -> None:
         if opt in FUSED_BACKWARD_OPTIMIZERS:
             bad("optimizer_in_backward", f"{opt} already updates inside backward", plan.optimizer_in_backward)
         if plan.offload != "none":
-            bad("optimizer_in_backward", "DeepSpeed CPU offload runs its own optimizer step", plan.optimizer_in_backward)
+            bad("optimizer_in_backward", "DeepSpeed CPU offload runs its own optimizer step",
+                plan.optimizer_in_backward)
         if plan.precision in LOSS_SCALED:
             bad("optimizer_in_backward", "fp16 loss scaling must unscale every gradient before any step: use bf16 "
                 "(Ampere or newer), or step after backward",
@@ -991,8 +998,8 @@ def rl_plan_problems(plan: Plan, bad) -> None:
             bad("reference", "GRPO scores new completions every step: its reference log-probs cannot be computed "
                 "before training (precompute_ref_log_probs is DPO's); use adapter or copy", plan.reference)
         if plan.reference == "copy" and plan.task == GRPO and plan.peft:
-            bad("reference", "TRL's GRPOTrainer scores a PEFT policy's reference with its adapter disabled and loads no "
-                "copy: use adapter", plan.reference)
+            bad("reference", "TRL's GRPOTrainer scores a PEFT policy's reference with its adapter disabled and loads "
+                "no copy: use adapter", plan.reference)
     if plan.task == GRPO and plan.generation.startswith("vllm") and plan.quantization == "int8":
         bad("generation", "vLLM does not load bitsandbytes 8-bit weights in flight (TRL VLLMGeneration refuses "
             "Linear8bitLt): use transformers generation, or nf4", plan.generation)

@@ -1,4 +1,5 @@
-"""The serving priors (advisor/data/serve_priors.yaml): quality of weight / KV formats, CUDA-graph reserve, decode roofline."""
+"""The serving priors (advisor/data/serve_priors.yaml): quality of weight / KV formats, CUDA-graph reserve, decode
+roofline."""
 
 from __future__ import annotations
 

@@ -199,7 +199,8 @@ def describe_vision(model, config) -> VisionFacts | None:
     first = blocks[0]
     linears = tuple(VisionLinear(n, m.in_features, m.out_features, m.bias is not None)
                     for n, m in first.named_modules() if isinstance(m, torch.nn.Linear))
-    norms = sum(1 for _, m in first.named_modules() if type(m).__name__.endswith("Norm") and any(True for _ in m.parameters(recurse=False)))
+    norms = sum(1 for _, m in first.named_modules()
+                if type(m).__name__.endswith("Norm") and any(True for _ in m.parameters(recurse=False)))
     proj_linears = tuple(VisionLinear(f"{path}.{n}" if n else path, m.in_features, m.out_features, m.bias is not None)
                          for path, mod in projectors for n, m in mod.named_modules() if isinstance(m, torch.nn.Linear))
     width = _int(vcfg, "embed_dim", "hidden_size")
@@ -217,11 +218,13 @@ def describe_vision(model, config) -> VisionFacts | None:
     return VisionFacts(
         model_class=type(model).__name__, tower_path=tower_path, tower_class=tower_cls.__name__,
         tower_params=int(tower_params), projector_params=int(projector_params), depth=len(blocks),
-        hidden_size=width, num_heads=_int(vcfg, "num_heads", "num_attention_heads"), intermediate_size=int(intermediate),
+        hidden_size=width, num_heads=_int(vcfg, "num_heads", "num_attention_heads"),
+        intermediate_size=int(intermediate),
         block_params=sum(p.numel() for p in first.parameters()), block_linears=linears, block_norms=norms,
         projector_linears=proj_linears, hidden_act=str(act) if act else None,
         patch_size=_int(vcfg, "patch_size", default=14), spatial_merge_size=_int(vcfg, "spatial_merge_size", default=1),
-        temporal_patch_size=_int(vcfg, "temporal_patch_size", default=1), in_channels=_int(vcfg, "in_channels", "in_chans", "num_channels", default=3),
+        temporal_patch_size=_int(vcfg, "temporal_patch_size", default=1),
+        in_channels=_int(vcfg, "in_channels", "in_chans", "num_channels", default=3),
         image_size=None if dynamic or not isinstance(image_size, int) else int(image_size),
         tokens_per_image=int(tokens) if isinstance(tokens, int) else None,
         full_attention_blocks=tuple(int(i) for i in full_blocks) if full_blocks else None,

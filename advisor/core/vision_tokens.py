@@ -248,7 +248,8 @@ def count_image(spec, width: int, height: int, *, min_pixels: int | None = None,
         per_tile = (side // patch) ** 2 + 1  # InternViT's patches and its CLS token
         return ImageTokens(size=(width, height), resized=(side, side), grid=(tiles, side // patch, side // patch),
                            vision_tokens=tiles * per_tile, tokens=tiles * int(s["tokens_per_image"]), crops=tiles)
-    if cls == "MllamaImageProcessor":  # Llama 3.2 Vision: up to max_image_tiles 560-pixel tiles, read by cross-attention
+    # Llama 3.2 Vision: up to max_image_tiles 560-pixel tiles, read by cross-attention
+    if cls == "MllamaImageProcessor":
         side, most = int(s["size"]), int(s["max_image_tiles"])
         used = _remembered((cls, side, most, width, height), lambda: _mllama_tiles(cls, side, most, width, height))
         patch = spec.vision.patch_size

@@ -78,7 +78,8 @@ def diagnose(text: str, report=None, plan=None) -> list[Finding]:
                     evidence += f"; advisor ledger: {over}"
         if entry["id"].startswith("rl-") and report is not None:
             evidence += rl_evidence(report, plan)
-        findings.append(Finding(check=f"log.{entry['id']}", severity=entry.get("severity", "error"), title=f"{entry['symptom']}: {entry['cause']}",
+        findings.append(Finding(check=f"log.{entry['id']}", severity=entry.get("severity", "error"),
+                                title=f"{entry['symptom']}: {entry['cause']}",
                                 evidence=evidence, fixes=tuple(fixes), area="log",
                                 data={**data, "source": entry.get("source", "")}))
     return findings

@@ -95,7 +95,8 @@ class OverheadProbe:
                    reserved_peak_bytes=result.get("peak_reserved_bytes"),
                    allocated_peak_bytes=result.get("peak_allocated_bytes"),
                    torch=v.get("torch"), cuda=v.get("cuda"), driver=v.get("driver"),
-                   workload=f"probe {result.get('model', '')} {plan.get('method', '')} seq {plan.get('seq_len', '')}".strip(),
+                   workload=f"probe {result.get('model', '')} {plan.get('method', '')} "
+                            f"seq {plan.get('seq_len', '')}".strip(),
                    time=time.time())
 
 

@@ -90,9 +90,11 @@ def moe_described(model: ModelSpec, plan: Plan | None) -> tuple[bool, str]:
     if any(layer.attention == "linear" for layer in d.layers):
         return False, f"{what} with linear-attention layers: the closed form has terms for softmax attention only"
     if moe.output_router_logits:
-        return False, f"{what} with the load-balancing loss on (output_router_logits): its router logits are not counted"
+        return False, (f"{what} with the load-balancing loss on (output_router_logits): its router logits are not "
+                       "counted")
     if d.mla is not None and d.mla.q_lora_rank:
-        return False, f"{what} with a compressed query (q_lora_rank): the closed form has terms for DeepSeek-V2-Lite's MLA"
+        return False, (f"{what} with a compressed query (q_lora_rank): the closed form has terms for "
+                       "DeepSeek-V2-Lite's MLA")
     if (model.config or {}).get("topk_method", "greedy") != "greedy":
         return False, f"{what} with group-limited routing: the closed form has terms for greedy top-k routing"
     if plan is not None:

@@ -231,6 +231,7 @@ def host_memory(model: ModelSpec, plan: Plan, *, activations_pinned: int = 0,
                       baseline_bytes=process_baseline_bytes(), notes=tuple(out))
 
 
-__all__ = ["whole_model_load", "DEEPSPEED_PIN_MEMORY", "HostBuffer", "deepspeed_buffers", "OFFLOAD_MIN_BYTES", "SHARDED", "ZERO3_PERSISTENCE", "ZERO3_SUB_GROUP", "deepspeed_host",
+__all__ = ["whole_model_load", "DEEPSPEED_PIN_MEMORY", "HostBuffer", "deepspeed_buffers", "OFFLOAD_MIN_BYTES",
+           "SHARDED", "ZERO3_PERSISTENCE", "ZERO3_SUB_GROUP", "deepspeed_host",
            "host_memory", "load_host_bytes", "param_tensors", "pinned_block_bytes", "pinned_bytes_of",
            "process_baseline_bytes", "trainable_tensors"]

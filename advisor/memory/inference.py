@@ -77,7 +77,8 @@ class ServePlan:
 
     def validate(self) -> "ServePlan":
         if self.weight_format not in WEIGHT_FORMATS:
-            raise AdvisorInputError("--weight-format", f"must be one of {', '.join(WEIGHT_FORMATS)}", self.weight_format)
+            raise AdvisorInputError("--weight-format", f"must be one of {', '.join(WEIGHT_FORMATS)}",
+                                    self.weight_format)
         if self.kv_dtype not in KV_DTYPES:
             raise AdvisorInputError("--kv-dtype", f"must be one of {', '.join(KV_DTYPES)}", self.kv_dtype)
         if self.quant_method not in QUANT_METHODS:
@@ -399,7 +400,8 @@ def estimate_inference(model: ModelSpec, plan: ServePlan, gpu: GpuSpec | None = 
     if model.is_moe:
         moe = model.moe
         notes.append(f"all {moe.num_experts} experts of every routed layer are resident (top-{moe.experts_per_token} "
-                     "run per token)" + (": MXFP4 as the checkpoint ships them" if plan.weight_format == "mxfp4" else ""))
+                     "run per token)"
+                     + (": MXFP4 as the checkpoint ships them" if plan.weight_format == "mxfp4" else ""))
     if engine == "vllm":
         act = vllm_activations(model, plan)
         graphs = cuda_graph_reserve(model, plan)

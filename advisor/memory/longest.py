@@ -106,6 +106,6 @@ def longest_plan(model, plan, budget_bytes: int, headroom: float, measure: Calla
     preflight ask it (``--seq-len max``)."""
     from advisor.core.fit import fits
 
-    fit = longest_seq_len(peaks(measure, plan), lambda peak: fits(peak, budget_bytes, headroom), ceiling_of(model, plan.rope_scaling),
-                          step=1 if backend == "estimate" else STEP)
+    fit = longest_seq_len(peaks(measure, plan), lambda peak: fits(peak, budget_bytes, headroom),
+                          ceiling_of(model, plan.rope_scaling), step=1 if backend == "estimate" else STEP)
     return plan.with_(seq_len=fit.max_seq_len or fit.step), fit

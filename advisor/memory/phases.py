@@ -54,7 +54,8 @@ def reserved_for(live_peak: int, gpu: GpuSpec | None, events: Sequence[tuple[int
         return (int(replay(seq, AllocatorConfig(expandable_segments=expandable)).reserved_peak_bytes),
                 "replayed through the caching-allocator model")
     if fragmentation is not None:
-        return int(live_peak * (1 + fragmentation)), f"allocated x {1 + fragmentation:.3f}, the step's reserved/allocated"
+        return (int(live_peak * (1 + fragmentation)),
+                f"allocated x {1 + fragmentation:.3f}, the step's reserved/allocated")
     from advisor.memory.overhead import overhead_terms
 
     key = "fragmentation_expandable" if expandable else "fragmentation"
@@ -95,7 +96,8 @@ def forward_transient(model: ModelSpec, plan: Plan, batch: int, seq: int, *, ful
     h, i = model.hidden_size, model.intermediate_size
     shapes = model.linear_shapes()
     dequant = max(a * b for a, b in shapes.values()) * p if plan.quantized else 0
-    targets = lora_target_modules(plan, list(shapes), attention_linears(model)) if plan.peft and not model.is_moe else []
+    targets = (lora_target_modules(plan, list(shapes), attention_linears(model))
+               if plan.peft and not model.is_moe else [])
     lora_cast = 4 * T * max((shapes[m][0] for m in targets), default=0)
     if model.is_moe:
         # routed experts: tokens x top-k rows (advisor.memory.experts); LoRA on the attention and what peft leaves
@@ -236,7 +238,8 @@ def run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: MemoryRe
 
     # train: the step at the longest batch, as the backend measured it
     if step_reserved:
-        hows["train"] = "replayed through the caching-allocator model" if step.source == "simulated" else "the backend's"
+        hows["train"] = ("replayed through the caching-allocator model" if step.source == "simulated"
+                         else "the backend's")
         phases["train"] = PhaseMemory("train", int(step.tensor_peak_bytes), int(step_reserved),
                                       int(max(step.peak_bytes, step_reserved + outside)), src,
                                       f"step at seq {plan.seq_len:,}, {step.peak_phase}")

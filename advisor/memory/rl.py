@@ -239,8 +239,9 @@ def _vllm(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, seqs: int, S: int) 
         notes.append("no GPU named: vLLM's pool (gpu_memory_utilization x the card's memory) is unknown")
     starts = kv > 0 and tokens >= blocks_per_seq * BLOCK
     if not starts:
-        notes.append(f"vLLM cannot start: its pool of {util:g} x the card leaves {_gib(kv)} for the KV cache on {where}, "
-                     f"less than one sequence of {S:,} tokens: raise --vllm-gpu-memory-utilization or shorten the lengths")
+        notes.append(f"vLLM cannot start: its pool of {util:g} x the card leaves {_gib(kv)} for the KV cache on "
+                     f"{where}, less than one sequence of {S:,} tokens: raise --vllm-gpu-memory-utilization or "
+                     "shorten the lengths")
     held = trainer_at_vllm_start(model, plan, gpu) if colocate and gpu is not None else 0
     if held and held + pool > total:
         # vLLM refuses a pool larger than the free memory at its start (vllm/v1/worker/gpu_worker.py init_device:
@@ -255,8 +256,8 @@ def _vllm(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, seqs: int, S: int) 
                      f"({seqs} x {S:,}): it runs what fits and preempts the rest (recomputed later: slower)")
     notes.append(f"vLLM's max_model_len is taken as prompt + completion ({S:,}; GRPOConfig.vllm_max_model_length): "
                  f"TRL's default, the model's context ({model.max_position_embeddings or 0:,}), needs "
-                 f"{_gib(per_token * (model.max_position_embeddings or 0))} of KV cache for one sequence or vLLM refuses "
-                 "to start")
+                 f"{_gib(per_token * (model.max_position_embeddings or 0))} of KV cache for one sequence or vLLM "
+                 "refuses to start")
     return Generation(plan.generation, seqs, S, pool_bytes=pool, weights_bytes=int(weights), kv_cache_bytes=int(kv),
                       kv_tokens=int(tokens), kv_bytes_per_token=int(per_token), activation_bytes=int(act),
                       cuda_graph_bytes=int(graphs), non_torch_bytes=int(non_torch), max_model_len=S,
@@ -392,8 +393,8 @@ def step_notes(model: ModelSpec, plan: Plan, gen: Generation | None) -> list[str
                      f"(--micro-batch counts completions, TRL's per_device_train_batch_size); log-probs of the "
                      f"{plan.max_completion_length:,} completion tokens through TRL's fused head, no full logits")
     else:
-        notes.append(f"DPO step: chosen and rejected concatenated, {forward_rows(plan)} rows of {plan.seq_len:,} tokens "
-                     "(--seq-len is DPOConfig.max_length of each)")
+        notes.append(f"DPO step: chosen and rejected concatenated, {forward_rows(plan)} rows of {plan.seq_len:,} "
+                     "tokens (--seq-len is DPOConfig.max_length of each)")
         if plan.padding_free:
             notes.append("padding_free: TRL 1.16's DPOTrainer warns that padding-free is disabled and pads instead; at "
                          "the longest rows (what the ledger sizes) padding and padding-free hold the same tokens")
@@ -433,7 +434,6 @@ def rl_run_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, step: Memor
 
     base = run_phases(model, plan, gpu, step, load=load, source=source, evaluates=False)
     outside = outside_allocator_bytes(gpu)
-    src = source or step.source
     extras = resident_extras(model, plan, gpu)
     missing = {k: v for k, v in extras.items() if k not in step.device}
     frac = (step.reserved_peak_bytes / step.tensor_peak_bytes - 1

@@ -277,7 +277,7 @@ def dense_layer_saved_tensors(model: ModelSpec, plan: Plan, pb: ParamBreakdown, 
     b, s = plan.micro_batch, plan.seq_len
     T = b * s
     p = DTYPE_BYTES[plan.activation_dtype]
-    h, i = model.hidden_size, model.intermediate_size
+    h = model.hidden_size
     qd, kvd = model.q_dim, model.kv_dim
     shapes = model.linear_shapes()
     arch = model.arch or {}
@@ -447,7 +447,8 @@ def logits_bytes(model: ModelSpec, plan: Plan) -> tuple[int, int]:
 
 def _packing_dora_activation_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> int:
     """Held through forward and backward: the packed-documents mask, less DoRA's first layer."""
-    return loss_dora_packing.packed_mask_bytes(model, plan) - loss_dora_packing.dora_first_layer_saving(model, plan, pb.lora_modules)
+    return (loss_dora_packing.packed_mask_bytes(model, plan)
+            - loss_dora_packing.dora_first_layer_saving(model, plan, pb.lora_modules))
 
 
 def _add_lever_phases(phases: dict, model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> None:
@@ -675,9 +676,11 @@ def gpt_oss_weight_notes(model: ModelSpec, plan: Plan) -> list[str]:
     return [note] if note else []
 
 
-# --------------------------------------------------------------------------- optimizer implementations (fused, torchao low-bit, low-rank, LOMO)
+# --------------------------------------------------------------------------- optimizer implementations
+# (fused, torchao low-bit, low-rank, LOMO)
 
-AO_BLOCK = 256            # torchao low-bit AdamW block, as transformers passes it (trainer_optimizer._get_torchao_adamw)
+# torchao low-bit AdamW block, as transformers passes it (trainer_optimizer._get_torchao_adamw)
+AO_BLOCK = 256
 AO_MIN_SIZE = 4096        # torchao quantizes tensors of >= 4096 values whose size divides the block (optim/adam.py)
 AO_QMAP = {8: 256 * 4, 4: 16 * 4}  # one fp32 code map per quantized state tensor (torchao subclass_8bit / _4bit)
 ALLOC_BLOCK = 512         # CUDA caching allocator's smallest block (c10 CUDACachingAllocator kMinBlockSize)
@@ -949,7 +952,6 @@ def offloaded_activation_blocks(model: ModelSpec, plan: Plan, pb: ParamBreakdown
     layer, the first layer's saves for an input gradient it does not need left out, and the final norm's."""
     if not plan.activation_offload:
         return 0
-    L = model.num_layers
     p = DTYPE_BYTES[plan.activation_dtype]
     T = plan.micro_batch * plan.seq_len
     if plan.gradient_checkpointing:

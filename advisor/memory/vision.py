@@ -11,8 +11,8 @@ language model sees after a 2x2 merge), before the language model, and its backw
   frozen projector records no graph (torch autograd saves tensors only for ops with an input that requires grad)
   unless checkpointing is enabled, which in transformers 5 makes every sub-model's input embeddings require grad
   (``enable_input_require_grads``: the tower's patch embedding too), so its blocks save their norms', attention's
-  and activations' inputs, not their frozen linears'. Trained (LoRA or full), each block saves its norms' fp32 inputs, the
-  inputs of the linears whose weight or adapter trains (a LoRA'd one with dropout: peft's dropout output and its
+  and activations' inputs, not their frozen linears'. Trained (LoRA or full), each block saves its norms' fp32 inputs,
+  the inputs of the linears whose weight or adapter trains (a LoRA'd one with dropout: peft's dropout output and its
   bool mask instead), q/k/v and the output of attention, the MLP's activation inputs (measured per block on the
   CPU with saved-tensor hooks on Qwen2.5-VL-7B's real widths: within 1.5% trained in full or LoRA without dropout,
   +2.3% with dropout once the CPU's dropout mask, held in the compute dtype there, is counted as CUDA's bool); with

@@ -24,7 +24,7 @@ benchmarks/quality_table.py (docs/quality.md) and in the callers.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from typing import Any, Callable, Mapping
 
@@ -702,6 +702,6 @@ class TableRow:
 
 def lever_table() -> list[TableRow]:
     """Every entry of quality.yaml in its order (calculation; rendering is the caller's)."""
-    return [TableRow(e.lever, e.value, {k: list(v) for k, v in e.when}, e.kind, e.accuracy_loss, e.token_factor, e.noise, e.basis,
-                     e.does, e.source, e.measured, e.source_noise, e.evidence, e.note)
+    return [TableRow(e.lever, e.value, {k: list(v) for k, v in e.when}, e.kind, e.accuracy_loss, e.token_factor,
+                     e.noise, e.basis, e.does, e.source, e.measured, e.source_noise, e.evidence, e.note)
             for values in quality_data().entries.values() for variants in values.values() for e in variants]

@@ -86,7 +86,8 @@ def rl_answer_lines(answer: dict[str, Any] | None, fmt) -> list[str]:
     g = answer.get("generation")
     if g and g.get("pool_bytes"):
         held = "holds" if g.get("holds_batch") else "does not hold (vLLM preempts and recomputes: slower)"
-        lines.append(f"vLLM ({g['engine']}): pool {fmt(g['pool_bytes'])} = weights {fmt(g['weights_bytes'])} + KV cache "
+        lines.append(f"vLLM ({g['engine']}): pool {fmt(g['pool_bytes'])} = weights {fmt(g['weights_bytes'])} "
+                     "+ KV cache "
                      f"{fmt(g['kv_cache_bytes'])} ({g['kv_tokens']:,} tokens) + the rest; it {held} one generation "
                      f"batch of {g['batch_tokens']:,} tokens" + ("" if g.get("starts", True) else "; vLLM cannot start")
                      + ".")

@@ -73,7 +73,8 @@ class TrialRecord:
     approximate: bool = False      # memory approximated by the closed form beyond what it describes (not yet
     #                               simulated: the tuner simulates the finalists, advisor.search.tuner)
     closed_form_decides: bool = False  # a simulating backend left it to the closed form, which describes it and
-    #                               puts it clear of both budgets (advisor.search.tuner); simulated once it is the answer
+    #                               puts it clear of both budgets (advisor.search.tuner); simulated once it is
+    #                               the answer
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -376,7 +377,8 @@ def explain(best: TrialRecord | None, runner_up: TrialRecord | None, c: _Context
         d_ttq = time_to_quality(runner_up) / time_to_quality(best) - 1
         d_mem = runner_up.peak_bytes - best.peak_bytes
         lines.append(f"Runner-up #{runner_up.number} {runner_up.plan_short}: {signed_pct(d_ttq)} time to quality, "
-                     f"{'+' if d_mem >= 0 else '-'}{fmt(abs(d_mem))} memory, accuracy loss {runner_up.accuracy_loss:.3f}.")
+                     f"{'+' if d_mem >= 0 else '-'}{fmt(abs(d_mem))} memory, accuracy loss "
+                     f"{runner_up.accuracy_loss:.3f}.")
         decided = deciding_terms(best, runner_up, c)
         if decided:
             lines.append(decided)
@@ -389,7 +391,8 @@ def explain(best: TrialRecord | None, runner_up: TrialRecord | None, c: _Context
                      f"micro-batch {p.get('micro_batch')} pays no padding. On real data of varied lengths it does "
                      "(ms-swift measured micro-batch 8 at 0.64x the samples/s of micro-batch 1): pass --data FILE to "
                      "count it, or pack the sequences (--packing).")
-    faster = [t for t in c.feasible if time_to_quality(t) < time_to_quality(best) and (t.accuracy_loss or 0) > c.tolerance]
+    faster = [t for t in c.feasible
+              if time_to_quality(t) < time_to_quality(best) and (t.accuracy_loss or 0) > c.tolerance]
     if faster:
         f = min(faster, key=time_to_quality)
         lines.append(f"Faster but rejected for accuracy: #{f.number} {f.plan_short} ({f.tokens_per_s:,.0f} tokens/s, "
@@ -439,7 +442,8 @@ def recipe_lines(best: TrialRecord, c: _Context, fmt: Callable[[int], str]) -> l
         if better:
             t = min(better, key=time_to_quality)
             gain = time_to_quality(r) / time_to_quality(t) - 1
-            lines.append(f"The fastest departure, #{t.number} {t.plan_short}, gains {signed_pct(gain)} in time to quality "
+            lines.append(f"The fastest departure, #{t.number} {t.plan_short}, gains {signed_pct(gain)} in time to "
+                         "quality "
                          f"but changes {', '.join(d.group for d in non_exact(c.moves[t.number]))} (not exact): a "
                          f"gain within the step-time model's {c.rules.needed_gain():.0%} median error decides "
                          "nothing, so the recipe stays.")

@@ -9,7 +9,7 @@ faster than any sampler; an Optuna study (as the training tuner keeps) would add
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from itertools import product
 from typing import Any, Iterator
 

@@ -132,7 +132,8 @@ def settings_of(cls: type) -> tuple[Setting, ...]:
         raise TypeError(f"{cls.__name__}: two settings are stored under one key")
     for s in out:
         if s.yields is not None and s.yields not in names:
-            raise TypeError(f"setting {s.name} yields where {s.yields!r} holds, which is not a setting of {cls.__name__}")
+            raise TypeError(f"setting {s.name} yields where {s.yields!r} holds, which is not a setting of "
+                            f"{cls.__name__}")
     return tuple(out)
 
 

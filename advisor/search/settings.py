@@ -30,7 +30,7 @@ from advisor.memory.sharding import DEFAULT_SHARDING, STRATEGIES
 from advisor.runtime.backends import BACKENDS, BackendOptions
 from advisor.search.select import ACCURACY_TOLERANCE, Rules
 from advisor.search.setting import (NO_DEFAULT, Described, description_type, first_difference, identity_hash,
-                                    setting, settings_of, to_stored)
+                                    setting, settings_of)
 from advisor.search.space import DEFAULT_TRIALS, SearchSpace
 
 WHOLE = Range(low=1, whole=True)
@@ -266,7 +266,8 @@ class TuneSettings(_Study):
     data: Any = setting(
         None, help="your training documents (JSONL with \"text\", text, or one token length per line): memory at "
                    "the longest batch unless packed, tokens/s in real tokens; adds packing to the search",
-        flag="--data", cli={"metavar": "FILE"}, resolve=lambda r: r.data, key="data", encode=data_to_dict, decode=data_from_dict,
+        flag="--data", cli={"metavar": "FILE"}, resolve=lambda r: r.data, key="data", encode=data_to_dict,
+        decode=data_from_dict,
         answer=True, identity=_data_identity, shown=lambda d: f"{d.source} ({len(d.lengths)} documents)",
         flag_text=lambda d: d.data.source if d.data is not None else None)
     """The user's documents (advisor.core.data_profile.DataProfile): memory at the longest batch unless packed,

@@ -354,7 +354,8 @@ def plan_from_params(params: dict[str, Any], space: SearchSpace, arch: dict[str,
     r = values.get("lora_r", plan.lora_r)
     values.update(
         compute_dtype=compute_dtype_for(values.get("precision", plan.precision)),
-        # LoRA on stacked experts takes no dropout (peft's ParamWrapper refuses it): the space's dropout applies elsewhere
+        # LoRA on stacked experts takes no dropout (peft's ParamWrapper refuses it): the space's dropout applies
+        # elsewhere
         lora_r=r, lora_alpha=float(fixed["lora_alpha_ratio"] * r),
         lora_dropout=0.0 if values.get("lora_experts") and method != "full" else float(fixed["lora_dropout"]),
         lora_targets=(resolve_targets(params.get("lora_targets") or "attention", arch) if method != "full"
@@ -529,7 +530,8 @@ class Conditions:
         return hit
 
     def offered(self, knob: str, params: dict[str, Any]) -> list:
-        """The values of ``knob`` after ``params`` (the knobs before it) that lead to a valid plan, in the space's order."""
+        """The values of ``knob`` after ``params`` (the knobs before it) that lead to a valid plan, in the space's
+        order."""
         return self._allowed(self.order.index(knob), params)
 
     def walk(self, ask: Ask) -> dict[str, Any]:

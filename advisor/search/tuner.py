@@ -9,28 +9,23 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import threading
 import time
 import warnings
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Callable
 
-from advisor.core.card_rules import Card, card_precision
-from advisor.core.catalog import GpuSpec, ModelSpec
+from advisor.core.card_rules import card_precision
 from advisor.core.errors import AdvisorInputError
-from advisor.core.fit import HEADROOM, fits, host_fits, host_overshoot, host_usable_bytes, overshoot, usable_bytes
+from advisor.core.fit import fits, host_fits, host_overshoot, host_usable_bytes, overshoot, usable_bytes
 from advisor.core.adapters import attention_linears
 from advisor.core.plan import Plan, checkpoint_depth_problems, lora_target_modules, rl_problems
-from advisor.core.target import Target
 from advisor.memory.closed_form import closed_form_describes, resident_weights_floor
 from advisor.runtime.simulate.vision import simulation_gap
 from advisor.memory.phases import run_peak_bytes
-from advisor.memory.sharding import DEFAULT_SHARDING
 from advisor.runtime import progress
-from advisor.runtime.backends import BackendFailed, BackendOptions, get_backend, stages_of
+from advisor.runtime.backends import BackendFailed, get_backend, stages_of
 from advisor.runtime.backends._estimate import approximate as approximate_report
 from advisor.search.description import ATTR, StudyDescription
 from advisor.search.settings import TuneSettings, default_storage, default_study_name  # noqa: F401 (re-exported)
@@ -46,8 +41,6 @@ from advisor.search.prediction import predict_change, shard_to
 from advisor.search.space import Conditions, DeadEnd, SearchSpace, model_rules, plan_from_params, point_of
 from advisor.search.storage import Heartbeat, is_sqlite, make_storage, study_lock
 from advisor.speed.throughput import predict_throughput
-from advisor.core.units import Budget
-from advisor.core.versions import gpu_environment, library_versions
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 PRESCREEN_MARGIN = 0.10  # an estimate this far over the budget is pruned without simulating (the ledger is within 5%)
@@ -333,7 +326,8 @@ class Tuner:
             point = point_of(variant.with_(seq_len=seq), self.s.space, self.s.model.arch or {}) if variant else None
             named = self.conditions.optuna_params(point) if point is not None else None
             if named is not None and named not in tried:  # a rerun of a finished study proposes nothing new
-                self.study.enqueue_trial(named, user_attrs={"ladder": f"{POLISH_MARK} {d.group} as in the usual recipe"})
+                self.study.enqueue_trial(named,
+                                         user_attrs={"ladder": f"{POLISH_MARK} {d.group} as in the usual recipe"})
                 tried.append(named)
                 n += 1
         return n
@@ -379,7 +373,8 @@ class Tuner:
                 running = sum(1 for t in trials if t.state == TrialState.RUNNING)
                 return WAIT if running and not is_sqlite(self.s.storage) and busy - running < planned else None
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)  # heartbeats are recorded by advisor.search.storage.Heartbeat
+                # heartbeats are recorded by advisor.search.storage.Heartbeat
+                warnings.simplefilter("ignore", UserWarning)
                 trial = self.study.ask()
             trial.set_user_attr("worker", WORKER_ID)
             return trial
@@ -793,7 +788,8 @@ class Tuner:
     def simulate_finalists(self) -> int:
         """Simulate the trials whose memory the closed form only approximates (a plan it does not describe), or,
         when no stage of the backend simulates, estimates within ``EDGE_MARGIN`` of the usable budget, that could
-        be the answer (pre-flight checks the export by simulation, so an answer at the edge is simulated first): the selection's answer and usual recipe, both as the records say and with every
+        be the answer (pre-flight checks the export by simulation, so an answer at the edge is simulated first): the
+        selection's answer and usual recipe, both as the records say and with every
         approximation ``APPROX_MARGIN`` lower (a plan that may fit), until all four are simulated. What the
         simulation finds is stored with the study (advisor.search.measured.SIMULATED_ATTR) and laid over the trial's
         record by every reader, so the answer is the one simulating every trial gives. The number simulated."""

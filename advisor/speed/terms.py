@@ -430,7 +430,9 @@ def trainable_tensors(s: StepInputs) -> int:
     """Number of trainable tensors (what per-tensor and foreach launches scale with)."""
     m = s.model
     if s.plan.method != "full":
-        stacks = (lambda kind: 2 * len(kind.experts.gemms) if s.expert_lora and kind.experts else 0)
+        def stacks(kind):
+            return 2 * len(kind.experts.gemms) if s.expert_lora and kind.experts else 0
+
         return int(all_layers(s, lambda s, kind: 2 * len(kind_lora_modules(s, kind)) + stacks(kind)))
 
     def per_layer(s: StepInputs, kind: LayerKind) -> int:

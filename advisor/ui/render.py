@@ -46,7 +46,8 @@ def verdict_lines(report: MemoryReport, budget: Budget | None, headroom: float =
              f"({report.source}, peak during {report.peak_phase})"]
     parts = report.extra.get("overhead_parts") or {}
     if report.reserved_peak_bytes and "fragmentation" in parts:
-        frag_src = "replayed" if str(report.extra.get("fragmentation_source", "")).startswith("replayed") else "estimated"
+        frag_src = ("replayed" if str(report.extra.get("fragmentation_source", "")).startswith("replayed")
+                    else "estimated")
         ctx_src = report.extra.get("overhead_source", "estimated")
         ctx_src = ctx_src if ctx_src.startswith("calibrated") else "estimated"
         lines.append(f"[dim]reserved {_fmt(report.reserved_peak_bytes, budget)} (allocator fragmentation "
@@ -127,12 +128,13 @@ def generation_lines(gen: dict[str, Any] | None, budget: Budget | None = None) -
     if not gen:
         return []
     if gen["engine"] == "transformers":
-        line = (f"Generation: generate() on the policy, {gen['sequences']} x {gen['sequence_tokens']:,} tokens: KV cache "
-                f"{_fmt(gen['kv_cache_bytes'], budget)} + transient {_fmt(gen['transient_bytes'], budget)}")
+        line = (f"Generation: generate() on the policy, {gen['sequences']} x {gen['sequence_tokens']:,} tokens: "
+                f"KV cache {_fmt(gen['kv_cache_bytes'], budget)} + transient {_fmt(gen['transient_bytes'], budget)}")
     else:
         where = "on the training GPU" if gen["engine"] == "vllm-colocate" else f"on each of {gen['gpus']} server GPU(s)"
         line = (f"Generation: vLLM pool {_fmt(gen['pool_bytes'], budget)} {where}: weights "
-                f"{_fmt(gen['weights_bytes'], budget)}, activations {_fmt(gen['activation_bytes'], budget)}, CUDA graphs "
+                f"{_fmt(gen['weights_bytes'], budget)}, activations {_fmt(gen['activation_bytes'], budget)}, "
+                "CUDA graphs "
                 f"{_fmt(gen['cuda_graph_bytes'], budget)}, non-torch {_fmt(gen['non_torch_bytes'], budget)}, KV cache "
                 f"{_fmt(gen['kv_cache_bytes'], budget)} = {gen['kv_tokens']:,} tokens "
                 + ("(holds the generation batch of " if gen["holds_batch"] else "([yellow]short of[/] the batch's ")
@@ -286,7 +288,8 @@ class TuneProgress:
             console.print(f"[dim]No GPU detected and none named: throughput is predicted for a {s.gpu.name} "
                           f"({format_bytes(s.gpu.memory_bytes, 'GiB', 0)}), the catalog GPU the budget matches.[/]")
         if s.backend in ("simulate", "estimate"):
-            console.print(f"[dim]Backend {s.backend}: memory is {'simulated' if s.backend == 'simulate' else 'estimated'}"
+            console.print(f"[dim]Backend {s.backend}: memory is "
+                          f"{'simulated' if s.backend == 'simulate' else 'estimated'}"
                           ", throughput predicted (step-time model), accuracy from priors: no GPU probes run.[/]")
         if already_finished or polish_finished:
             polish = f" + {polish_finished} polish" if polish_finished else ""
@@ -471,7 +474,8 @@ def longest_lines(result: dict, fmt) -> list[str]:
     lines = [f"Longest sequence that fits: {search['max_seq_len']:,} tokens{ceiling}, by {search['plan_short']} "
              f"(by the {search['answered_by']}{closed}){stops}.",
              f"The study ran at {search['study_seq_len']:,} tokens"
-             + ("" if fit.get("at_ceiling") else " (within 5% of it)") + ": the answer above is the fastest plan there."]
+             + ("" if fit.get("at_ceiling") else " (within 5% of it)")
+             + ": the answer above is the fastest plan there."]
     if result.get("answer_max_seq_len"):
         by = result.get("answer_seq_len_search", {}).get("answered_by", "closed form")
         lines.append(f"The answer itself reaches {result['answer_max_seq_len']:,} tokens (by the {by}).")

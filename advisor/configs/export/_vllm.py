@@ -72,7 +72,8 @@ def checkpoint_lines(model: ModelSpec, plan: ServePlan) -> list[str]:
     (llm-compressor's one-shot GPTQ at the W4A16 / W8A16 preset, as vLLM's docs "Quantization: INT4 W4A16" show)."""
     found = served_checkpoint(model, plan)
     if found:
-        return [f"# {plan.weight_format} weights: the published {plan.quant_method.upper() if plan.weight_format == 'int4' else ''}"
+        return [f"# {plan.weight_format} weights: the published "
+                f"{plan.quant_method.upper() if plan.weight_format == 'int4' else ''}"
                 f" checkpoint {found.hf_id} (group size {found.group_size}, from its config.json)".replace("  ", " ")]
     if not needs_made_checkpoint(model, plan):
         return []
@@ -245,8 +246,8 @@ def export_serving(model: ModelSpec, cand: Candidate, out_dir: str | Path, extra
                                      ("transformers", "transformers_serving.json"), ("plan", "plan.json"))}
     paths["vllm_script"].write_text(vllm_script(model, cand), encoding="utf-8")
     paths["vllm_script"].chmod(0o755)
-    paths["vllm_args"].write_text(json.dumps({"model": served_model_id(model, cand.plan), "args": vllm_args(model, cand)},
-                                             indent=2) + "\n")
+    paths["vllm_args"].write_text(json.dumps({"model": served_model_id(model, cand.plan),
+                                              "args": vllm_args(model, cand)}, indent=2) + "\n")
     paths["generation_config"].write_text(json.dumps(generation_settings(model, cand), indent=2) + "\n")
     paths["transformers"].write_text(json.dumps(transformers_settings(model, cand, gpu), indent=2) + "\n")
     paths["plan"].write_text(json.dumps({**cand.to_dict(), **(extra or {})}, indent=2, default=str) + "\n")

@@ -62,10 +62,12 @@ def check_versions(plan: Plan, versions: dict[str, str | None] | None = None) ->
                                     f"needs >= {rule['min']} ({rule['source']})",
                                     (f"pip install -U '{rule['package']}>={rule['min']}'",), "environment"))
     if "offload" in features and versions.get("deepspeed") is None:
-        findings.append(Finding("env.missing-package", "error", "deepspeed is not installed (the plan offloads to the CPU)",
+        findings.append(Finding("env.missing-package", "error",
+                                "deepspeed is not installed (the plan offloads to the CPU)",
                                 "", ("pip install deepspeed",), "environment"))
     if plan.attn_impl == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
-        findings.append(Finding("env.flash-attn", "error", "flash_attention_2 requested but flash-attn is not installed",
+        findings.append(Finding("env.flash-attn", "error",
+                                "flash_attention_2 requested but flash-attn is not installed",
                                 "importlib cannot find flash_attn",
                                 ("use attn_implementation: sdpa (no extra package)",
                                  "pip install flash-attn --no-build-isolation (needs a matching CUDA toolkit)"),
@@ -92,7 +94,8 @@ def check_gpu(plan: Plan, gpu: GpuSpec | None, budget_bytes: int | None) -> list
         free = _free_gpu_memory(gpu.index or 0)
         if free is not None and budget_bytes and free < budget_bytes:
             findings.append(Finding("env.gpu-busy", "warning",
-                                    f"only {format_bytes(free)} of the GPU is free right now (budget {format_bytes(budget_bytes)})",
+                                    f"only {format_bytes(free)} of the GPU is free right now "
+                                    f"(budget {format_bytes(budget_bytes)})",
                                     "NVML: other processes hold GPU memory", ("stop the other processes (nvidia-smi)",),
                                     "environment", {"free_bytes": free}))
     return findings
@@ -131,7 +134,8 @@ def check_host(report: MemoryReport, host_budget: Budget | None, checkpoint_byte
     if checkpoint_bytes > free:
         findings.append(Finding("env.disk", "error", f"a checkpoint needs {format_bytes(checkpoint_bytes)}, "
                                 f"{format_bytes(free)} free under {probe}", "",
-                                ("free disk space or set save_total_limit / a larger disk for output_dir",), "environment"))
+                                ("free disk space or set save_total_limit / a larger disk for output_dir",),
+                                "environment"))
     else:
         findings.append(Finding("env.disk", "ok", f"disk: {format_bytes(free)} free for checkpoints of "
                                 f"~{format_bytes(checkpoint_bytes)}", "", (), "environment"))
@@ -192,7 +196,8 @@ def host_fixes(report: MemoryReport) -> tuple[str, ...]:
     if h.get("optimizer_states", 0) + h.get("master_weights", 0) + h.get("gradients", 0) > h.get("activations", 0):
         fixes.append("train LoRA / QLoRA adapters instead of offloading a full fine-tune (ZeRO-Offload keeps ~18 B per "
                      "trainable parameter on the host)")
-    fixes.append("run on a machine with more RAM (--host-budget to plan for it), or `advisor tune` for a plan within it")
+    fixes.append("run on a machine with more RAM (--host-budget to plan for it), or `advisor tune` for a plan "
+                 "within it")
     return tuple(fixes)
 
 
@@ -210,6 +215,7 @@ def _memlock_findings(report: MemoryReport, pinned: int) -> list[Finding]:
         return []
     return [Finding("env.memlock", "error", f"DS_PIN_MEMORY_BACKEND=native locks {format_bytes(pinned)} with mlock, "
                     f"over this shell's locked-memory limit of {format_bytes(soft)} (ulimit -l)", "",
-                    ("raise the limit (ulimit -l unlimited; memlock in /etc/security/limits.conf, or --ulimit memlock=-1 "
-                     "for docker)", "or unset DS_PIN_MEMORY_BACKEND: torch's pinning is not capped by ulimit -l"),
+                    ("raise the limit (ulimit -l unlimited; memlock in /etc/security/limits.conf, or --ulimit "
+                     "memlock=-1 for docker)",
+                     "or unset DS_PIN_MEMORY_BACKEND: torch's pinning is not capped by ulimit -l"),
                     "environment", {"memlock_bytes": soft, "host_pinned_bytes": pinned})]

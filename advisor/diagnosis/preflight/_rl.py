@@ -47,7 +47,8 @@ def phase_finding(report: MemoryReport, budget: Budget | None) -> list[Finding]:
     fmt = budget.format if budget is not None else format_bytes
     top = step_peak_phase(report)
     parts = [f"{name} {fmt(p['live_bytes'])}" + (" (peak)" if name == top else "") for name, p in peaks.items()]
-    return [Finding("memory.phases", "info", f"step phases (live tensors): {', '.join(parts)}; {top} sets the step's peak",
+    return [Finding("memory.phases", "info",
+                    f"step phases (live tensors): {', '.join(parts)}; {top} sets the step's peak",
                     f"{top}: {peaks[top]['what']}; the run's peak is in {report.run_peak_phase}", (), "memory",
                     {"phases": peaks, "step_peak_phase": top, "run_peak_phase": report.run_peak_phase})]
 

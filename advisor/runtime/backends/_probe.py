@@ -33,8 +33,8 @@ class _ProbeBackend(BaseBackend):
         if plan.task != "sft":
             from advisor.core.errors import AdvisorInputError
 
-            raise AdvisorInputError("--task", f"the {self.name} probe runs supervised steps only; {plan.task}'s TRL step "
-                                    "is answered by --backend estimate (the closed form)", plan.task)
+            raise AdvisorInputError("--task", f"the {self.name} probe runs supervised steps only; {plan.task}'s TRL "
+                                    "step is answered by --backend estimate (the closed form)", plan.task)
         kwargs: dict[str, Any] = {"steps": o.steps or 2, "warmup": 1 if o.warmup is None else o.warmup,
                                   "memory_limit_bytes": o.budget_bytes, "data": o.data, "weights_dir": o.weights_dir,
                                   "num_layers": o.num_layers, "seed": o.seed or 0}

@@ -93,7 +93,8 @@ def _measure(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *, layers
                    if allocator.rebuilt_from[-1] != depth else "")
         notes.append(f"reserved memory: {allocator.replay.events:,} allocations and frees replayed through the "
                      f"CUDA caching-allocator model{' with expandable segments' if expandable else ''}{rebuilt} "
-                     f"({allocator.seconds:.2f} s)" + ("" if allocator.method == "replayed" else f"; {allocator.method}"))
+                     f"({allocator.seconds:.2f} s)"
+                     + ("" if allocator.method == "replayed" else f"; {allocator.method}"))
     # no replay (an offload plan): the estimate's fragmentation rule, on the same loss transient as the closed form's
     loss = None if allocator else max(logits_bytes(model, rank_plan(plan)))
     over = overhead_of(tensor_peak, gpu, fragmentation_bytes=allocator.fragmentation_bytes if allocator else None,

@@ -68,7 +68,8 @@ def read_samples(path: str | Path, flag: str = "--data") -> list[tuple[str, tupl
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise AdvisorInputError(flag, f"{p} line {n} is not JSON ({e.msg})", str(path), show_value=False) from None
+                raise AdvisorInputError(flag, f"{p} line {n} is not JSON ({e.msg})", str(path),
+                                        show_value=False) from None
             body = _sample_text(obj)
             if body is None:
                 raise AdvisorInputError(flag, f'{p} line {n} needs a string field "text" (or a "messages" list)',

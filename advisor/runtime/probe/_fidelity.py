@@ -70,7 +70,8 @@ def reference_logprobs(weights_dir: str, ids: Any, window: int, device: str) -> 
     return out
 
 
-def evaluate(model: Any, ids: Any, window: int, device: str, plan: Any, ref: list[Any] | None = None) -> dict[str, float]:
+def evaluate(model: Any, ids: Any, window: int, device: str, plan: Any,
+             ref: list[Any] | None = None) -> dict[str, float]:
     """Eval loss (next-token cross-entropy) of ``model`` over ``ids``; and the mean KL from ``ref`` when given."""
     import torch
     import torch.nn.functional as F

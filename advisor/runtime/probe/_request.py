@@ -31,7 +31,8 @@ class ProbeRequest:
     data: str | None = None
     """A JSONL (field "text") or text file to train on; None: synthetic token ids."""
     memory_limit_bytes: int | None = None
-    """Budget: on a GPU the caching allocator's cap for the whole process; on the CPU the cap on what the probe allocates."""
+    """Budget: on a GPU the caching allocator's cap for the whole process; on the CPU the cap on what the probe
+    allocates."""
     weights_dir: str | None = None
     """Directory with real weights (safetensors / bin); None: random initialization."""
     eval_texts: tuple[str, ...] = ()

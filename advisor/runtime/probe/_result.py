@@ -19,7 +19,8 @@ class ProbeResult:
     """The outcome of one probe: status, memory, speed, accuracy and the software it ran on."""
 
     status: str
-    """ok, oom (out of memory or over the budget), timeout, crash (signal, CUDA error, died) or error (Python exception)."""
+    """ok, oom (out of memory or over the budget), timeout, crash (signal, CUDA error, died) or error (Python
+    exception)."""
     message: str
     """The essence of what went wrong in one line (empty when ok)."""
     device: str
@@ -45,7 +46,8 @@ class ProbeResult:
     load_peak_bytes: int | None = None
     """Peak live bytes while building and loading the model (before the first step)."""
     load_reserved_bytes: int | None = None
-    """Peak bytes the caching allocator reserved while building and loading (torch.cuda.max_memory_reserved); None on the CPU."""
+    """Peak bytes the caching allocator reserved while building and loading (torch.cuda.max_memory_reserved); None
+    on the CPU."""
     memory_method: str = ""
     """How peak_allocated_bytes was measured."""
     breakdown: dict[str, int] = field(default_factory=dict)
@@ -68,7 +70,8 @@ class ProbeResult:
     final_loss: float | None = None
     """Loss of the last step."""
     fidelity_kl: float | None = None
-    """Mean KL(P_ref || P_plan) per token of the plan's base model from the reference-precision base on the eval texts (nats); None with random weights."""
+    """Mean KL(P_ref || P_plan) per token of the plan's base model from the reference-precision base on the eval
+    texts (nats); None with random weights."""
     fidelity_tokens: int = 0
     """Tokens the fidelity and eval losses were computed over."""
     eval_loss_base: float | None = None

@@ -5,8 +5,8 @@ learned something (here: English byte statistics of advisor/data/probes/train/*.
 and eval loss mean something on it. It is written as a local model directory (config.json and
 safetensors weights, no tokenizer: the probe's byte-level fallback tokenizes for it, one byte one
 id, vocabulary 256) that ``advisor probe --model DIR --weights DIR`` and the tests can use.
-Training is seeded, on one thread, with a fixed step count (the same machine gives the same weights); the result is cached in
-the temp directory under a key of the texts and settings, so a test session trains it once.
+Training is seeded, on one thread, with a fixed step count (the same machine gives the same weights); the result is
+cached in the temp directory under a key of the texts and settings, so a test session trains it once.
 """
 
 from __future__ import annotations

@@ -84,7 +84,8 @@ def cache_tensors(cache) -> list:
     found = []
     for layer in cache.layers:
         for value in vars(layer).values():
-            values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+            values = (value.values() if isinstance(value, dict)
+                      else value if isinstance(value, (list, tuple)) else [value])
             # the states, not the bookkeeping (``cumulative_length``, initialization flags: scalars)
             found += [v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() >= 2]
     return found

@@ -98,7 +98,8 @@ def _simulate(spec: ModelSpec, quantization: str, double_quant: bool, dtype_name
     quantized = {n + ".weight" for n in quantized_linear_names(model, spec)} if quantization != "none" else set()
     # the checkpoint's tensors: parameters once (tied weights are one tensor) and persistent buffers
     tensors = dict(model.named_parameters())
-    non_persistent = {f"{m}.{b}".lstrip(".") for m, mod in model.named_modules() for b in mod._non_persistent_buffers_set}
+    non_persistent = {f"{m}.{b}".lstrip(".") for m, mod in model.named_modules()
+                      for b in mod._non_persistent_buffers_set}
     tensors.update({n: b for n, b in model.named_buffers() if n not in non_persistent})
     order = sorted(tensors, key=dot_natural_key)
     shapes = {n: (tuple(tensors[n].shape), tensors[n].dtype) for n in order}

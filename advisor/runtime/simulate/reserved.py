@@ -260,7 +260,8 @@ def step_reserved(traced: Sequence[tuple], num_layers: int,
         own = replay(list(last_events), config)
         ratio = own.reserved_peak_bytes / own.requested_peak_bytes if own.requested_peak_bytes else 1.0
         frag = max(frag, int((ratio - 1) * tensor_peak_bytes))
-        method = (f"replayed; the rebuilt sequence's live peak is {r.requested_peak_bytes / tensor_peak_bytes - 1:+.1%} "
+        method = (f"replayed; the rebuilt sequence's live peak is "
+                  f"{r.requested_peak_bytes / tensor_peak_bytes - 1:+.1%} "
                   f"off the tensor peak, so at least the {depths[-1]}-layer trace's reserved/live ratio "
                   f"({ratio:.3f}) is used")
     return StepReserved(reserved_peak_bytes=r.reserved_peak_bytes, fragmentation_bytes=frag,

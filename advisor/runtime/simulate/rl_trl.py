@@ -121,10 +121,11 @@ def trl_args(plan, rl: RLWorkload, output_dir: str, **extra):
 
     from advisor.core.optimizers import optimizer as optimizer_declaration
 
-    common = dict(output_dir=output_dir, optim=optimizer_declaration(plan.optimizer).name, per_device_train_batch_size=plan.micro_batch,
+    common = dict(output_dir=output_dir, optim=optimizer_declaration(plan.optimizer).name,
+                  per_device_train_batch_size=plan.micro_batch,
                   gradient_accumulation_steps=plan.grad_accum, gradient_checkpointing=plan.gradient_checkpointing,
-                  bf16=plan.activation_dtype == "bf16", fp16=plan.activation_dtype == "fp16", report_to=[], use_cpu=True,
-                  save_strategy="no", logging_steps=10**6, dataloader_num_workers=0, max_grad_norm=1.0)
+                  bf16=plan.activation_dtype == "bf16", fp16=plan.activation_dtype == "fp16", report_to=[],
+                  use_cpu=True, save_strategy="no", logging_steps=10**6, dataloader_num_workers=0, max_grad_norm=1.0)
     common.update(extra)
     if rl.task == "grpo":
         kw = dict(num_generations=rl.num_generations, max_completion_length=rl.max_completion_length, beta=rl.beta,

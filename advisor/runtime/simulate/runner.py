@@ -225,7 +225,8 @@ def trace_step(spec: ModelSpec, plan: Plan, *, fake: bool = True, num_layers: in
             if measuring["on"] and not ids.get("params"):
                 # the parameters' storages as the measured step begins (GaLore's 8-bit step swaps p.data)
                 ids["params"] = {rec.uid for p in setup.model.parameters()
-                                 if (rec := tracker.record_of(p)) is not None and (not plan.peft or not p.requires_grad)}
+                                 if (rec := tracker.record_of(p)) is not None
+                                 and (not plan.peft or not p.requires_grad)}
                 # and the optimizer's state (GaLore / APOLLO replace their projection at the update step)
                 for v in optimizer_state_tensors(setup.optimizer) if setup.optimizer is not None else ():
                     if (rec := tracker.record_of(v)) is not None:

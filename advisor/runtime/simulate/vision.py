@@ -358,7 +358,8 @@ def processor_batch(spec, plan, settings: VisionSettings, seed: int = 0) -> dict
             start, end = conf.vision_start_token_id, cfg.get("vision_end_token_id")
             image_token = conf.image_token_id
             spans = [[start] + [image_token] * n + ([end] if end is not None else []) for n in tokens]
-            out.update(pixel_values=torch.cat([o["pixel_values"]] * b), image_grid_thw=torch.cat([o["image_grid_thw"]] * b))
+            out.update(pixel_values=torch.cat([o["pixel_values"]] * b),
+                       image_grid_thw=torch.cat([o["image_grid_thw"]] * b))
         elif mt == "gemma3":
             image_token = conf.image_token_index
             spans = [[conf.boi_token_index] + [image_token] * n + [conf.eoi_token_index]

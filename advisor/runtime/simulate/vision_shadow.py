@@ -34,8 +34,6 @@ def _make_mode_class():
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten, tree_map
 
-    ints = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
-
     def fake_like(real):
         # a fake tensor of the real one's shape, dtype and strides, allocated as the op would allocate it
         return torch.empty_strided(real.shape, real.stride(), dtype=real.dtype, device="cpu")

@@ -100,8 +100,9 @@ class ReportData:
 def gather(snap: StudySnapshot) -> ReportData:
     d = snap.description
     measure_change = partial(predict_change, d.model, d.gpu, d.gpus, d.sharding)  # the per-change gains tune printed
-    selection = study_quality_lines(select(snap.records, d.budget.bytes, d.headroom, d.tolerance, d.budget.unit, d.rules,
-                                           measure_change=measure_change), snap.quality)  # measured over N tokens, or priors: the lines tune printed
+    # measured over N tokens, or priors: the lines tune printed
+    selection = study_quality_lines(select(snap.records, d.budget.bytes, d.headroom, d.tolerance, d.budget.unit,
+                                           d.rules, measure_change=measure_change), snap.quality)
     notes = []
     if d.gpu_assumed:
         notes.append(f"No GPU was detected or named when the study ran: throughput is predicted for a "
@@ -113,7 +114,8 @@ def gather(snap: StudySnapshot) -> ReportData:
     if not any(r.tokens_per_s_source == "measured" for r in snap.records):
         notes.append("Throughput is predicted (step-time model of the GPU), not measured, for every trial.")
     if not any(r.accuracy_source == "measured" for r in snap.records):
-        notes.append("Accuracy loss is a documented prior (advisor/data/quality.yaml, docs/quality.md) for every trial.")
+        notes.append("Accuracy loss is a documented prior (advisor/data/quality.yaml, docs/quality.md) for every "
+                     "trial.")
     return ReportData(
         study=snap.name, storage=snap.storage, description=d, records=list(snap.records), selection=selection,
         timeline=timeline(snap), comparisons=comparisons(snap.records, d), exports=list(snap.exports),

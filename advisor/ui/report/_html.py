@@ -51,7 +51,7 @@ figure { margin: 10px 0 18px; } figcaption { color: var(--muted); font-size: .88
 svg.plot { width: 100%; height: auto; color: var(--fg); display: block; }
 svg.plot text { font-family: system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif; }
 details summary { cursor: pointer; color: var(--accent); }
-"""
+"""  # noqa: E501 (the stylesheet's text as the page carries it)
 
 
 def src(kind: str) -> str:
@@ -130,8 +130,10 @@ def answer(d: ReportData) -> str:
     left = d.budget_bytes - best.peak_bytes
     head = (f'<div class="card answer"><p style="font-size:1.1em;margin:0 0 6px">Winner <b>#{best.number}</b>: '
             f"<code>{escape(best.plan_short)}</code></p><p style='margin:0'>"
-            f"<b>{tps_text(best)}</b> tokens/s{src(best.tokens_per_s_source)} · peak <b>{escape(d.fmt(best.peak_bytes))}"
-            f"</b>{src(best.source)} of {escape(d.fmt(d.budget_bytes))} ({escape(d.fmt(left))} left{src(best.source)}) · "
+            f"<b>{tps_text(best)}</b> tokens/s{src(best.tokens_per_s_source)} · peak "
+            f"<b>{escape(d.fmt(best.peak_bytes))}"
+            f"</b>{src(best.source)} of {escape(d.fmt(d.budget_bytes))} "
+            f"({escape(d.fmt(left))} left{src(best.source)}) · "
             + (f"host peak <b>{escape(host_peak_text(best, d.fmt))}</b>{src(best.host_source or best.source)} · "
                if best.host_peak_bytes or best.host_bytes else "")
             + f"accuracy loss <b>{acc_text(best)}</b>{src(best.accuracy_source)}</p></div>")
@@ -218,7 +220,8 @@ def trials_table(d: ReportData) -> str:
                      (escape(d.fmt(r.peak_bytes)) + src(r.source)) if r.peak_bytes else "",
                      (tps_text(r) + src(r.tokens_per_s_source)) if r.tokens_per_s else "",
                      (acc_text(r) + src(r.accuracy_source)) if r.accuracy_loss is not None else "",
-                     f"{r.seconds:.2f}" if r.state in ("complete", "pruned") else "", _clock(times.get(r.number, {}).get("started", "")), escape(r.reason)])
+                     f"{r.seconds:.2f}" if r.state in ("complete", "pruned") else "",
+                     _clock(times.get(r.number, {}).get("started", "")), escape(r.reason)])
         classes.append("winner" if r.number == best else "")
     return _table(["#", "state", "stage", "ladder rung", "plan", "peak", "tokens/s", "acc. loss", "s", "started",
                    "why pruned"], rows, num={5, 6, 7, 8}, row_class=classes)
@@ -236,7 +239,8 @@ def comparisons(d: ReportData, plots: dict[str, str]) -> str:
                 f"{escape(d.description.backend)}): nothing to compare.</p></section>")
     rows = []
     for c in d.comparisons:
-        peaks = [(escape(d.fmt(c.peak[k])) + src(k)) if k in c.peak else "" for k in ("estimated", "simulated", "measured")]
+        peaks = [(escape(d.fmt(c.peak[k])) + src(k)) if k in c.peak else ""
+                 for k in ("estimated", "simulated", "measured")]
         tps = [(f"{c.tokens_per_s[k]:,.0f}" + src(k)) if k in c.tokens_per_s else "" for k in ("predicted", "measured")]
         rows.append([f"#{c.number}", f"<code>{escape(c.plan_short)}</code>", *peaks, *tps])
     return ('<section id="compare"><h2>Predicted vs simulated vs measured</h2><p class=muted>The estimated peak and '

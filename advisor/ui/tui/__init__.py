@@ -1,8 +1,8 @@
 """The Textual app: watch a study live, compare trials, export a plan (`advisor tune --tui`, `advisor tui`).
 
 The App (``app.AdvisorApp``) is built from plain data, a list of ``TrialRecord`` and the study's
-description (advisor.search.description.StudyDescription), so it can be tested without a study; a controller (``controller``) feeds it
-messages (``messages``) from a Textual thread worker that runs the Tuner or polls the storage.
+description (advisor.search.description.StudyDescription), so it can be tested without a study; a controller
+(``controller``) feeds it messages (``messages``) from a Textual thread worker that runs the Tuner or polls the storage.
 Textual is imported only when these functions are called.
 """
 

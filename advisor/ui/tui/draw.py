@@ -130,7 +130,8 @@ def pareto_lines(records: list[TrialRecord], pareto: list[TrialRecord], best: Tr
         grid[row][col] = (glyph, style)
         if label:
             tag = f"#{r.number}"
-            if col + 1 + len(tag) <= plot_w and all(grid[row][c][0] in " │┊" for c in range(col + 1, col + 1 + len(tag))):
+            if col + 1 + len(tag) <= plot_w and all(grid[row][c][0] in " │┊"
+                                                    for c in range(col + 1, col + 1 + len(tag))):
                 for k, ch in enumerate(tag):
                     grid[row][col + 1 + k] = (ch, style)
 

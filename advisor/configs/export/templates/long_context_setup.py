@@ -3,7 +3,8 @@
 Sequence parallelism: the config's ``sequence_parallel`` section (``size``, ``backend``) becomes accelerate's
 ParallelismConfig, which the Trainer reads from TrainingArguments.parallelism_config: it shards each batch's sequence
 over the ranks, makes the position ids and averages the loss over them (transformers docs, deepspeed_alst.md).
-``ulysses`` is DeepSpeed's ALST all-to-all (sp_backend deepspeed, under the DeepSpeed config); ``ring`` is torch context parallel (cp_size, FSDP2).
+``ulysses`` is DeepSpeed's ALST all-to-all (sp_backend deepspeed, under the DeepSpeed config); ``ring`` is torch
+context parallel (cp_size, FSDP2).
 Tiled MLP: DeepSpeed's TiledMLP on each decoder MLP (``tile_mlps``).
 """
 

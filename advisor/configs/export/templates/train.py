@@ -415,7 +415,8 @@ def main(argv=None) -> dict:
                "device": "cuda" if cuda else "cpu", "chunked_ce": chunked_ce, "seq_len": seq_len,
                "loss": loss_kind, "packing": packing, "liger": bool(targs.use_liger_kernel), "tiled_mlps": tiled,
                "linear4bit_modules": kinds.count("Linear4bit"), "linear8bit_modules": kinds.count("Linear8bitLt"),
-               "lora_modules": sum(k.startswith("Linear") and hasattr(m, "lora_A") for k, m in zip(kinds, model.modules())),
+               "lora_modules": sum(k.startswith("Linear") and hasattr(m, "lora_A")
+                                   for k, m in zip(kinds, model.modules())),
                "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
                "optimizer": "{0.__module__}.{0.__name__}".format(type(getattr(trainer.optimizer, "optimizer",
                                                                                    trainer.optimizer))),
