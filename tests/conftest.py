@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -19,13 +21,84 @@ if os.environ.get("CI"):
 os.environ["ADVISOR_HOST_RAM"] = "1TiB"
 
 
+# ------------------------------------------------------------------------------------------- the run's shape
+
+FULL_MATRIX = "full_matrix"
+DURATIONS = Path(__file__).parent / "data" / "durations.json"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--full-matrix", action="store_true", default=False,
+                     help="also run the full matrices (tests marked full_matrix; docs/testing.md)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"{FULL_MATRIX}: a case of a full matrix whose representatives run by default; "
+                                       "deselected unless --full-matrix (docs/testing.md)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The full matrices only with --full-matrix; then the files in order of their measured time, longest first
+    (tests/data/durations.json, benchmarks/test_durations.py --order), each file's tests in their own order: the
+    two xdist workers (--dist worksteal) then end together instead of one finishing a long file alone."""
+    if not config.getoption("--full-matrix"):
+        dropped = [i for i in items if i.get_closest_marker(FULL_MATRIX)]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = [i for i in items if not i.get_closest_marker(FULL_MATRIX)]
+    measured = json.loads(DURATIONS.read_text(encoding="utf-8")) if DURATIONS.exists() else {}
+    position = {id(item): n for n, item in enumerate(items)}
+    items.sort(key=lambda i: (-measured.get(i.path.name, 0.0), position[id(i)]))
+
+
+# CI's coverage (.ci/coveragerc) reads the tuner, the probe, calibrate and the callbacks. Coverage's
+# `patch = subprocess` hands every child Python COVERAGE_PROCESS_CONFIG; here only the children that run the probe's
+# and calibrate's own code get it, and the rest (CLIs, exported scripts, DeepSpeed's compiler, the wheel's venv, the
+# third-party validators) start untraced.
+COVERED_CHILDREN = ("advisor.runtime.probe._worker", "advisor.runtime.probe._overheads")
+_child_coverage: list[str] = []
+
+
+class _CoveredChildren(subprocess.Popen):
+    def __init__(self, args, *rest, env=None, **kw):
+        words = [str(a) for a in args] if isinstance(args, (list, tuple)) else [str(args)]
+        if _child_coverage and any(m in words for m in COVERED_CHILDREN):
+            env = {**(os.environ if env is None else env), "COVERAGE_PROCESS_CONFIG": _child_coverage[0]}
+        super().__init__(args, *rest, env=env, **kw)
+
+
+@pytest.fixture(autouse=True)
+def _children_untraced(monkeypatch):
+    config = os.environ.get("COVERAGE_PROCESS_CONFIG")
+    if config:
+        _child_coverage[:] = [config]
+        monkeypatch.delenv("COVERAGE_PROCESS_CONFIG")
+    if _child_coverage:
+        monkeypatch.setattr(subprocess, "Popen", _CoveredChildren)
+    yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _simulations_traced_once(tmp_path_factory):
+    """One folder of traced steps for the whole run (advisor/runtime/simulate/disk_cache.py): both xdist workers, and
+    the CLIs they start, share it (a worker's temporary folder sits in the run's own), so a model and plan asked by
+    several tests are traced once."""
+    from advisor.runtime.simulate.disk_cache import ENV
+
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "simulations"
+    os.environ.setdefault(ENV, str(folder))
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.setenv("ADVISOR_MEMORY_CALIBRATION", str(tmp_path / "memory_calibration.json"))  # never the user's GPU calibration
+    # never the user's GPU calibration
+    monkeypatch.setenv("ADVISOR_MEMORY_CALIBRATION", str(tmp_path / "memory_calibration.json"))
     # probes' throughput calibration (advisor/speed/calibration.py) in the test's own folder
     monkeypatch.setenv("ADVISOR_SPEED_CALIBRATION", str(tmp_path / "speed_calibration.json"))
     # model descriptions derived at run time (advisor/core/architecture_store.py) in the test's own folder

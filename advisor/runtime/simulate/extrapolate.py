@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from advisor.core.catalog import ModelSpec
 from advisor.core.errors import AdvisorInputError
 from advisor.core.plan import Plan, checkpointed_layers, some_checkpointed
+from advisor.runtime.simulate.disk_cache import kept
 from advisor.runtime.simulate.runner import PhasePeak, StepTrace, trace_step
 
 TRACE_LAYERS = (2, 3)   # the first layer's input is the embedding output; trace from two layers on
@@ -53,7 +54,18 @@ class Simulation:
 def simulate(spec: ModelSpec, plan: Plan, *, layers: str | int = "auto", fake: bool = True,
              target_device: str = "cuda") -> Simulation:
     """Simulate one step of ``plan`` on ``spec``: ``layers`` = "auto" (extrapolate deep models), "full",
-    or a number of layers to trace whole (a partial model, for tests)."""
+    or a number of layers to trace whole (a partial model, for tests). A fake trace is kept on disk where
+    ``$ADVISOR_SIMULATION_CACHE`` says (advisor.runtime.simulate.disk_cache)."""
+    def trace() -> Simulation:
+        return _simulate(spec, plan, layers=layers, fake=fake, target_device=target_device)
+
+    if not fake:
+        return trace()
+    question = {"model": spec.to_dict(), "plan": plan.to_dict(), "layers": layers, "target_device": target_device}
+    return kept(question, trace)
+
+
+def _simulate(spec: ModelSpec, plan: Plan, *, layers: str | int, fake: bool, target_device: str) -> Simulation:
     start = time.perf_counter()
     L = spec.num_layers
     if layers == "full" or (layers == "auto" and L <= FULL_UP_TO) or isinstance(layers, int):
