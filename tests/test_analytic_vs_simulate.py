@@ -18,6 +18,7 @@ from advisor.core.plan import Plan  # noqa: E402
 from advisor.runtime.simulate.extrapolate import simulate  # noqa: E402
 from advisor.core.knobs import knob_of  # noqa: E402
 from plan_matrix import analytic_matrix  # noqa: E402  (tests/plan_matrix.py)
+from matrix import matrix_params  # noqa: E402  (tests/matrix.py)
 
 TOLERANCE = 0.05
 
@@ -42,19 +43,30 @@ def test_analytic_close_to_simulation_quick(model, plan):
     assert abs(err) < TOLERANCE, f"analytic {est:,} vs simulated {sim:,} ({err:+.2%})"
 
 
+MATRIX = analytic_matrix()
+
+
+def _features(row):
+    """What a row of the matrix varies: the model's family, and the plan's method, quantization, optimizer,
+    checkpointing, precision, loss and attention."""
+    model, plan = row
+    return [("family", resolve_model(model).model_type), ("method", plan.method), ("quant", plan.quantization),
+            ("optimizer", plan.optimizer), ("ckpt", plan.gradient_checkpointing), ("precision", plan.precision),
+            ("loss", plan.loss), ("attn", plan.attn_impl)]
+
+
+def test_the_matrix_spans_sizes_and_architectures():
+    assert len(MATRIX) >= 40 and len({resolve_model(m).model_type for m, _ in MATRIX}) >= 4
+
+
+# each row its own case: a row that covers a family or a lever value no other default row does runs by default, the
+# rest with --full-matrix (tests/matrix.py; about 1 s each alone, three times that under CI's coverage)
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # 50 s alone, 155 s under CI's coverage tracing with other jobs here
-def test_analytic_within_5_percent_on_the_matrix():
-    rows = analytic_matrix()
-    assert len(rows) >= 40 and len({resolve_model(m).model_type for m, _ in rows}) >= 4
-    table, worst = [], 0.0
-    for model, plan in rows:
-        err, est, sim = error(model, plan)
-        worst = max(worst, abs(err))
-        table.append(f"{model:24s} {plan.short():64s} sim {sim / 2**30:8.3f} GiB  "
-                     f"est {est / 2**30:8.3f} GiB  {err:+.2%}")
-    print("\n".join(table))
-    assert worst < TOLERANCE, "analytic error over 5%:\n" + "\n".join(table)
+@pytest.mark.parametrize("model,plan", matrix_params(MATRIX, _features, ids=lambda r: f"{r[0]}-{r[1].short()}"))
+def test_analytic_within_5_percent_on_the_matrix(model, plan):
+    err, est, sim = error(model, plan)
+    assert abs(err) < TOLERANCE, (f"{model} {plan.short()}: simulated {sim / 2**30:.3f} GiB, "
+                                  f"estimated {est / 2**30:.3f} GiB ({err:+.2%})")
 
 
 # the loss, DoRA and packing levers at real size: the analytic ledger within 3% of the simulation
@@ -166,10 +178,14 @@ def test_moe_closed_form_close_to_simulation_quick(model, plan):
     assert abs(err) < 0.03, f"analytic {est:,} vs simulated {sim:,} ({err:+.2%})"
 
 
+# every model and every plan by default (each model with one plan, each plan on one model), the whole product with
+# --full-matrix (tests/matrix.py)
+MOE_MATRIX = [(m, name) for name in sorted(MOE_PLANS) for m in MOE_MODELS]
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(1800)
-@pytest.mark.parametrize("model", MOE_MODELS)
-@pytest.mark.parametrize("name", sorted(MOE_PLANS))
+@pytest.mark.parametrize("model,name", matrix_params(MOE_MATRIX, lambda c: [("model", c[0]), ("plan", c[1])],
+                                                     ids=lambda c: f"{c[1]}-{c[0]}"))
 def test_moe_closed_form_within_3_percent_at_real_size(model, name):
     err, est, sim = error(model, MOE_PLANS[name])
     assert abs(err) < 0.03, f"{model} {name}: estimated {est / 2**30:.2f} GiB, simulated {sim / 2**30:.2f} GiB"

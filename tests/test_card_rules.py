@@ -22,6 +22,7 @@ from advisor.core.errors import AdvisorInputError
 from advisor.core.knobs import knob_of
 from advisor.core.plan import Plan, knobs
 from advisor.search.space import load_space, model_rules, plan_from_params
+from matrix import matrix_params  # tests/matrix.py
 
 QLORA = Plan(method="qlora", quantization="nf4", double_quant=True)
 T4, A100, V100, H100, RTX5090 = (resolve_gpu(k) for k in ("t4", "a100-80gb", "v100-16gb", "h100-sxm", "rtx-5090"))
@@ -353,8 +354,14 @@ def _assert_go(gpu_key, tuned, checked):
     assert checked["verdict"] == "GO", f"{gpu_key}: {tuned['best']['plan_short']} -> {checked['verdict']}: {bad}"
 
 
+def _compute_class(key: str) -> int:
+    return resolve_gpu(key).sm
+
+
+# one card per compute class by default (the card rules differ by class, not by name: the table check below holds
+# every other card to its class's first), every catalog card with --full-matrix (tests/matrix.py)
 @pytest.mark.slow
-@pytest.mark.parametrize("gpu_key", list(gpu_catalog()))
+@pytest.mark.parametrize("gpu_key", matrix_params(list(gpu_catalog()), lambda k: [_compute_class(k)]))
 def test_every_catalog_gpu_answer_passes_its_own_preflight(gpu_key, tmp_path, capsys):
     gpu = resolve_gpu(gpu_key)
     budget = f"{gpu.memory_bytes // 2**20}MiB"  # the card's whole memory
@@ -362,6 +369,25 @@ def test_every_catalog_gpu_answer_passes_its_own_preflight(gpu_key, tmp_path, ca
     plan = tuned["best"]["plan"]
     assert plan["precision"] == card_precision(gpu, plan["method"]), gpu_key
     _assert_go(gpu_key, tuned, checked)
+
+
+LEVER_PLANS = [Plan(), QLORA, Plan(precision="fp16"), Plan(precision="mixed_bf16", method="full"),
+               Plan(attn_impl="flash_attention_2"), Plan(attn_impl="flash_attention_3"),
+               Plan(loss="fused-linear", optimizer="adamw_torch_4bit"), QLORA.with_(optimizer="paged_adamw_8bit"),
+               Plan(method="full", optimizer="adamw_torch_fused")]
+
+
+@pytest.mark.parametrize("gpu_key", list(gpu_catalog()))
+def test_a_card_is_ruled_as_the_first_of_its_compute_class(gpu_key):
+    """What the per-class answers above stand for: each catalog card refuses and decides exactly what the first
+    card of its compute class does (precision, attention, kernels and optimizers), whatever its name or memory."""
+    first = next(k for k in gpu_catalog() if _compute_class(k) == _compute_class(gpu_key))
+    card, same = resolve_gpu(gpu_key), resolve_gpu(first)
+    assert card.bf16 == same.bf16
+    for method in ("full", "lora", "qlora"):
+        assert card_precision(card, method) == card_precision(same, method), method
+    for plan in LEVER_PLANS:
+        assert _refused(plan, card) == _refused(plan, same), plan.short()
 
 
 @pytest.mark.slow
