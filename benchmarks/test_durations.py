@@ -95,6 +95,22 @@ def write_order(rows: list[tuple[str, str, float, str]], path: Path = ORDER) -> 
                                indent=1) + "\n", encoding="utf-8")
 
 
+def moved_section() -> str:
+    """The cases that left the default run for the full matrices (marked full_matrix), counted per test."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "--full-matrix", "-m",
+                           "full_matrix", "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True)
+    ids = [ln for ln in proc.stdout.splitlines() if "::" in ln]
+    per_test: dict[str, int] = defaultdict(int)
+    for node in ids:
+        per_test[node.split("[", 1)[0]] += 1
+    lines = ["## Moved to the full matrices", "",
+             f"{len(ids)} cases run only with `python -m pytest -n 2 -q --full-matrix -m full_matrix` (their "
+             "representatives, one per model family, lever, optimizer, workload and card class, stay in the default "
+             "run; tests/matrix.py):", "", "| cases | test |", "|---:|---|"]
+    lines += [f"| {n} | `{test}` |" for test, n in sorted(per_test.items())]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -105,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wall", type=float, help="the run's wall seconds (default: the report's own suite time)")
     p.add_argument("--command", default=None, help="the command the report came from, as shown")
     p.add_argument("--order", action="store_true", help="also rewrite tests/data/durations.json")
+    p.add_argument("--moved", action="store_true", help="also rewrite the list of cases moved to the full matrices")
     p.add_argument("--out", type=Path, default=REPORT)
     args = p.parse_args(argv)
     if args.junit is None:
@@ -125,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     write_section(args.label, section(args.label, rows, wall, command), args.out)
     if args.order:
         write_order(rows)
+    if args.moved:
+        write_section("Moved to the full matrices", moved_section(), args.out)
     print(f"{args.out}: section {args.label!r}, {len(rows)} tests, wall {wall:,.0f} s")
     return rc
 
