@@ -11,12 +11,13 @@ import pytest
 FULL_MATRIX = pytest.mark.full_matrix
 
 
-def representatives(cases: Sequence[Any], features: Callable[[Any], Iterable[Hashable]]) -> set[int]:
-    """The indices of a small set of ``cases`` holding every feature value any case has (greedy set cover: the
-    case adding the most values not yet held first, the earlier one on a tie)."""
+def representatives(cases: Sequence[Any], features: Callable[[Any], Iterable[Hashable]],
+                    chosen: Iterable[int] = ()) -> set[int]:
+    """The indices of a small set of ``cases`` holding every feature value any case has (greedy set cover from the
+    ``chosen`` ones: the case adding the most values not yet held first, the earlier one on a tie)."""
     wanted = [set(features(c)) for c in cases]
-    held: set[Hashable] = set()
-    chosen: set[int] = set()
+    chosen = set(chosen)
+    held: set[Hashable] = set().union(*(wanted[i] for i in chosen))
     while True:
         gain, best = max(((len(w - held), -i) for i, w in enumerate(wanted)), default=(0, 0))
         if gain == 0:
@@ -26,13 +27,13 @@ def representatives(cases: Sequence[Any], features: Callable[[Any], Iterable[Has
 
 
 def matrix_params(cases: Sequence[Any], features: Callable[[Any], Iterable[Hashable]],
-                  ids: Callable[[Any], str] | None = None) -> list:
-    """``cases`` as pytest parameters, those outside ``representatives`` marked ``full_matrix``. A case that is a
-    tuple is passed as the test's several arguments."""
-    keep = representatives(cases, features)
+                  ids: Callable[[Any], str] | None = None, slow: Callable[[Any], bool] | None = None) -> list:
+    """``cases`` as pytest parameters, those outside ``representatives`` marked ``full_matrix`` (and those ``slow``
+    says marked slow; the others always run). A case that is a tuple is passed as the test's several arguments."""
+    keep = representatives(cases, features, [i for i, c in enumerate(cases) if slow and not slow(c)])
     out = []
     for i, case in enumerate(cases):
         values = case if isinstance(case, tuple) else (case,)
-        out.append(pytest.param(*values, marks=() if i in keep else (FULL_MATRIX,),
-                                id=ids(case) if ids else None))
+        marks = ([] if i in keep else [FULL_MATRIX]) + ([pytest.mark.slow] if slow and slow(case) else [])
+        out.append(pytest.param(*values, marks=marks, id=ids(case) if ids else None))
     return out

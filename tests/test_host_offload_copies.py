@@ -13,6 +13,7 @@ from advisor.memory import experts
 from advisor.memory.training import offloaded_activation_blocks, param_breakdown
 from advisor.runtime.backends import get_backend
 from advisor.runtime.simulate.tiny import tiny_spec
+from matrix import matrix_params  # tests/matrix.py
 
 METHODS = {
     "lora": dict(method="lora"),
@@ -71,9 +72,11 @@ REAL = ["qwen2.5-0.5b-instruct", "llama-3.2-1b", "gemma-2-2b", "gemma-3-1b", "ph
         "qwen3-30b-a3b", "olmoe", "gpt-oss-20b", "deepseek-v2-lite"]
 
 
+# every model and every method by default (each model once), the whole product with --full-matrix (tests/matrix.py)
 @pytest.mark.slow
-@pytest.mark.parametrize("method", list(METHODS))
-@pytest.mark.parametrize("model", REAL)
+@pytest.mark.parametrize("model,method", matrix_params([(m, k) for m in REAL for k in METHODS],
+                                                       lambda c: [("model", c[0]), ("method", c[1])],
+                                                       ids=lambda c: f"{c[0]}-{c[1]}"))
 def test_real_models_host_copies_match_the_simulation(model, method):
     est, sim = _host(resolve_model(model), _plan(method, 1024))
     assert est == pytest.approx(sim, rel=0.03), (model, method, est, sim)

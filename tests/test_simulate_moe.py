@@ -16,6 +16,7 @@ from advisor.memory.ledger import CATEGORIES  # noqa: E402
 from advisor.runtime.simulate.extrapolate import kind_traces, simulate, trace_kinds  # noqa: E402
 from advisor.runtime.simulate.runner import trace_step  # noqa: E402
 from advisor.runtime.simulate.tiny import tiny_spec  # noqa: E402
+from matrix import matrix_params  # noqa: E402  (tests/matrix.py)
 
 DEPTH = {"qwen3_moe": 2, "gpt_oss": 2, "deepseek_v2": 2, "qwen3_next": 4, "gemma3_text": 6, "olmoe": 2, "mixtral": 2}
 PLANS = {"full": dict(method="full"), "lora": dict(method="lora", lora_targets="all-linear"),
@@ -38,10 +39,15 @@ def test_simulation_equals_real_execution(arch):
     _equal(tiny_spec(arch, num_layers=DEPTH[arch]), Plan(seq_len=48, gradient_checkpointing=True, **PLANS["lora"]))
 
 
+# by default each architecture once, covering every method, checkpointing and pair of them; the whole product with
+# --full-matrix (tests/matrix.py)
+EVERY_METHOD = [(a, m, c) for c in (False, True) for m in sorted(PLANS) for a in sorted(DEPTH)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", sorted(DEPTH))
-@pytest.mark.parametrize("method", sorted(PLANS))
-@pytest.mark.parametrize("ckpt", [False, True], ids=["no-ckpt", "ckpt"])
+@pytest.mark.parametrize("arch,method,ckpt", matrix_params(
+    EVERY_METHOD, lambda c: [("arch", c[0]), ("method", c[1]), ("ckpt", c[2]), ("pair", c[1], c[2])],
+    ids=lambda c: f"{'ckpt' if c[2] else 'no-ckpt'}-{c[1]}-{c[0]}"))
 def test_simulation_equals_real_execution_every_method(arch, method, ckpt):
     _equal(tiny_spec(arch, num_layers=DEPTH[arch]), Plan(seq_len=48, gradient_checkpointing=ckpt, **PLANS[method]))
 
@@ -56,8 +62,11 @@ EXTRAPOLATED = [("gemma3_text", 12, Plan(seq_len=64, **PLANS["lora"])),
                 ("gpt_oss", 6, Plan(seq_len=64, gradient_checkpointing=True, **PLANS["lora"]))]
 
 
+# by default each architecture, method and checkpointing once (tests/matrix.py)
 @pytest.mark.slow
-@pytest.mark.parametrize("arch,layers,plan", EXTRAPOLATED, ids=lambda x: x if isinstance(x, (str, int)) else x.short())
+@pytest.mark.parametrize("arch,layers,plan", matrix_params(
+    EXTRAPOLATED, lambda c: [("arch", c[0]), ("method", c[2].method), ("ckpt", c[2].gradient_checkpointing)],
+    ids=lambda c: f"{c[0]}-{c[1]}-{c[2].short()}"))
 def test_layers_of_several_kinds_extrapolate_to_the_full_trace(arch, layers, plan):
     spec = tiny_spec(arch, num_layers=layers)
     assert len(trace_kinds(spec, plan)) == 2

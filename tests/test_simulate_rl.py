@@ -16,6 +16,7 @@ from advisor.runtime.simulate.rl import RL_CATEGORIES, trace_rl_step  # noqa: E4
 from advisor.runtime.simulate.rl_real import measure_trl_step  # noqa: E402
 from advisor.runtime.simulate.rl_trl import RLWorkload  # noqa: E402
 from advisor.runtime.simulate.tiny import tiny_spec  # noqa: E402
+from matrix import matrix_params  # noqa: E402  (tests/matrix.py)
 
 SPEC = tiny_spec("qwen2", num_layers=2)
 METHODS = {"lora": dict(method="lora", lora_targets="all-linear"), "full": dict(method="full"),
@@ -56,8 +57,12 @@ def plan_of(method: str, ckpt: bool, rl: RLWorkload, grad_accum: int = 1) -> Pla
                 if method != "qlora" else "bf16", gradient_checkpointing=ckpt, grad_accum=grad_accum, **METHODS[method])
 
 
-@pytest.mark.parametrize("case", [c if (c[0], c[1], c[2].task, c[2].beta) in FAST else
-                                  pytest.param(c, marks=pytest.mark.slow) for c in CASES], ids=case_id)
+# by default every method, checkpointing, workload, beta and reference once; all of CASES with --full-matrix
+@pytest.mark.parametrize("case", matrix_params(
+    [(c,) for c in CASES],
+    lambda c: [("method", c[0][0]), ("ckpt", c[0][1]), ("task", c[0][2].task), ("beta", c[0][2].beta),
+               ("reference", c[0][2].reference_kind(c[0][0] != "full"))],
+    ids=lambda c: case_id(c[0]), slow=lambda c: (c[0][0], c[0][1], c[0][2].task, c[0][2].beta) not in FAST))
 def test_simulated_rl_step_equals_trl(case):
     method, ckpt, rl = case
     check(plan_of(method, ckpt, rl), rl)

@@ -17,6 +17,7 @@ from advisor.runtime.simulate.runner import trace_step  # noqa: E402
 from advisor.runtime.simulate.vision import (VisionSettings, image_processor, image_tokens,  # noqa: E402
                                              lora_modules, processor_batch, tower_and_projectors)
 from advisor.runtime.simulate.vision_tiny import TINY_VL, tiny_vl_spec  # noqa: E402
+from matrix import matrix_params  # noqa: E402  (tests/matrix.py)
 
 FAMILIES = sorted(TINY_VL)
 IMAGES = {"qwen2_5_vl": ((84, 56),), "qwen3_vl": ((96, 64),), "gemma3": ((100, 80),), "mllama": ((40, 28),),
@@ -57,9 +58,12 @@ MATRIX = [(f, m, t, *CHECKPOINTING[(i + j) % 4]) for i, f in enumerate(FAMILIES)
           for j, (m, t) in enumerate(itertools.product(METHODS, ("frozen", "trained")))]
 
 
+# by default one run per family covering every method, tower setting and checkpointing pair; all of MATRIX with
+# --full-matrix (tests/matrix.py)
 @pytest.mark.slow
-@pytest.mark.parametrize("family,method,tower,lm_ckpt,tower_ckpt", MATRIX,
-                         ids=[f"{f}-{m}-{t}-lm{int(a)}-vit{int(b)}" for f, m, t, a, b in MATRIX])
+@pytest.mark.parametrize("family,method,tower,lm_ckpt,tower_ckpt", matrix_params(
+    MATRIX, lambda c: [("family", c[0]), ("method", c[1]), ("tower", c[2]), ("ckpt", c[3], c[4])],
+    ids=lambda c: "{}-{}-{}-lm{:d}-vit{:d}".format(*c)))
 def test_simulation_equals_real_execution_every_family(family, method, tower, lm_ckpt, tower_ckpt):
     spec = tiny_vl_spec(family)
     plan = Plan(seq_len=96, gradient_checkpointing=lm_ckpt, **METHODS[method])

@@ -15,6 +15,7 @@ from advisor.core.catalog import resolve_model, spec_from_config
 from advisor.core.plan import Plan
 from advisor.memory.closed_form import closed_form_describes
 from advisor.memory.training import estimate_training, layer_terms, param_breakdown
+from matrix import matrix_params  # tests/matrix.py
 
 GEMMA3 = ("gemma-3-1b", "gemma-3-4b", "gemma-3-12b", "gemma-3-27b")
 
@@ -53,9 +54,11 @@ PLANS = {
 }
 
 
+# every model and every plan by default (each model once), the whole product with --full-matrix (tests/matrix.py)
 @pytest.mark.slow
-@pytest.mark.parametrize("plan_name", sorted(PLANS))
-@pytest.mark.parametrize("name", GEMMA3)
+@pytest.mark.parametrize("name,plan_name", matrix_params([(m, p) for p in sorted(PLANS) for m in GEMMA3],
+                                                         lambda c: [("model", c[0]), ("plan", c[1])],
+                                                         ids=lambda c: f"{c[1]}-{c[0]}"))
 def test_sliding_window_closed_form_within_3_percent(name, plan_name):
     pytest.importorskip("torch")
     from advisor.runtime.simulate.extrapolate import simulate

@@ -7,6 +7,7 @@ import pytest
 from advisor.core.card_rules import Card
 from advisor.core.catalog import resolve_model
 from advisor.core.errors import AdvisorInputError, ConfigErrors
+from matrix import FULL_MATRIX  # tests/matrix.py
 from advisor.search.space import (SPACES_DIR, list_spaces, load_space, model_rules, plan_from_params,
                                   search_knobs)
 
@@ -15,10 +16,9 @@ def test_required_spaces_exist():
     assert {"default", "qlora", "throughput", "low-memory"} <= set(list_spaces())
 
 
-# the default space: its grid (over 100k plans) and its sampled proposals take tens of seconds each alone, 180-300 s
-# under CI's coverage tracing with other jobs on 2 cores
-SPACES = [pytest.param(n, marks=[pytest.mark.slow, pytest.mark.timeout(900)]) if n in ("default", "grpo", "dpo")
-          else n for n in list_spaces()]
+# the default, GRPO and DPO spaces: 360 sampled proposals each take about 12 s on 2 cores (each checked along its own
+# path of the grid's rules, _a_grid_point, not against the whole grid)
+SPACES = [pytest.param(n, marks=pytest.mark.slow) if n in ("default", "grpo", "dpo") else n for n in list_spaces()]
 # the GRPO and DPO spaces hold every SFT lever beside their own: their whole grids (millions of plans) take minutes
 # each, so the SFT levers that no RL lever's rule reads are pinned (the default space walks those in full)
 PINNED = {rl: ["lora_r=[16]", "double_quant=[true]", "lora_targets=[all-linear]", "expandable_segments=[false]",
@@ -28,9 +28,17 @@ PINNED = {rl: ["lora_r=[16]", "double_quant=[true]", "lora_targets=[all-linear]"
 PINNED["default"] = ["expandable_segments=[false]", "double_quant=[true]"]
 
 
-@pytest.mark.parametrize("name", SPACES)
-def test_space_loads_and_every_grid_point_builds_a_plan(name):
-    space = load_space(name, PINNED.get(name, []))
+# the default space's grid with the knobs no rule reads between them pinned further (a sixteenth of it, every rule
+# still met): by default; its whole pinned grid with --full-matrix (tests/matrix.py)
+QUICK_DEFAULT = [*PINNED["default"], "lora_r=[16]", "micro_batch=[1, 8]", "checkpoint_layers=[null, 7]"]
+GRIDS = [pytest.param(n, PINNED.get(n, []), id=n, marks=[pytest.mark.slow, FULL_MATRIX] if n == "default" else
+                      [pytest.mark.slow] if n in PINNED else []) for n in list_spaces()]
+GRIDS.append(pytest.param("default", QUICK_DEFAULT, marks=pytest.mark.slow, id="default-quick"))
+
+
+@pytest.mark.parametrize("name,pins", GRIDS)
+def test_space_loads_and_every_grid_point_builds_a_plan(name, pins):
+    space = load_space(name, pins)
     text = (SPACES_DIR / f"{name}.yaml").read_text()
     assert text.startswith("#") and "advisor tune" in text.split("name:")[0], "header: purpose and how to run it"
     arch = resolve_model("qwen7b").arch
@@ -227,8 +235,10 @@ def test_a_walk_never_runs_into_a_dead_end():
         plan_from_params(params, space, {}).validate()
 
 
+# 15 random spaces by default, 60 with --full-matrix (CI derandomizes hypothesis: the 15 are the 60's first)
 @pytest.mark.slow
-def test_random_spaces_only_ever_propose_valid_plans():
+@pytest.mark.parametrize("examples", [15, pytest.param(60, marks=FULL_MATRIX)])
+def test_random_spaces_only_ever_propose_valid_plans(examples):
     import random
 
     from hypothesis import given, settings, strategies as st
@@ -238,7 +248,7 @@ def test_random_spaces_only_ever_propose_valid_plans():
                "optimizer": ["adamw_torch", "paged_adamw_8bit", "adafactor"], "precision": ["bf16", "fp16", "fp32"],
                "attn_impl": ["sdpa", "flash_attention_2"], "offload": ["none", "zero2_cpu", "zero3_cpu"]}
 
-    @settings(max_examples=60, deadline=None)
+    @settings(max_examples=examples, deadline=None)
     @given(st.fixed_dictionaries({k: st.lists(st.sampled_from(v), min_size=1, unique=True)
                                   for k, v in subsets.items()}), st.integers(0, 2**16))
     def check(choices, seed):
