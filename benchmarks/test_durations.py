@@ -38,18 +38,20 @@ section per labelled run; `--label` replaces its own section and keeps the other
 
 
 def cases(junit: Path) -> list[tuple[str, str, float, str]]:
-    """(file, test name, seconds, outcome) of every test case in a JUnit report."""
+    """(file, test name, seconds, outcome) of every test case in a JUnit report (a test in a class is named
+    ``Class::test``, as in its node id)."""
     out = []
     for case in ET.parse(junit).getroot().iter("testcase"):
         module = case.get("classname", "")
-        # pytest names a test's class after its module: tests.test_x.TestY -> tests/test_x.py
-        parts = [p for p in module.split(".")]
+        # pytest names a test's class after its module: tests.test_x.TestY -> tests/test_x.py and TestY
+        parts = module.split(".")
+        classes = []
         while parts and not parts[-1].startswith("test_"):
-            parts.pop()
+            classes.insert(0, parts.pop())
         path = "/".join(parts) + ".py" if parts else module
         outcome = "skipped" if case.find("skipped") is not None else (
             "failed" if case.find("failure") is not None or case.find("error") is not None else "passed")
-        out.append((path, case.get("name", ""), float(case.get("time", 0.0)), outcome))
+        out.append((path, "::".join([*classes, case.get("name", "")]), float(case.get("time", 0.0)), outcome))
     return out
 
 
@@ -88,11 +90,15 @@ def write_section(label: str, text: str, report: Path = REPORT) -> None:
 
 
 def write_order(rows: list[tuple[str, str, float, str]], path: Path = ORDER) -> None:
+    """Each file's total (the order the workers take them in) and each test's time over a second (a test over
+    tests/conftest.py's SLOW_OVER is marked slow at collection)."""
     per_file: dict[str, float] = defaultdict(float)
     for file, _, secs, _ in rows:
         per_file[Path(file).name] += secs
-    path.write_text(json.dumps({k: round(v, 1) for k, v in sorted(per_file.items(), key=lambda kv: -kv[1])},
-                               indent=1) + "\n", encoding="utf-8")
+    tests = {f"{file}::{name}": round(secs, 1) for file, name, secs, _ in sorted(rows, key=lambda r: -r[2])
+             if secs > 1.0}
+    files = {k: round(v, 1) for k, v in sorted(per_file.items(), key=lambda kv: -kv[1])}
+    path.write_text(json.dumps({"files": files, "tests": tests}, indent=1) + "\n", encoding="utf-8")
 
 
 def moved_section() -> str:

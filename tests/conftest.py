@@ -39,18 +39,29 @@ def pytest_configure(config):
                                        "deselected unless --full-matrix (docs/testing.md)")
 
 
+SLOW_OVER = 3.0
+"""Seconds: a test measured over this (tests/data/durations.json) is slow, as if it carried @pytest.mark.slow, so the
+fast loop stays under two minutes on 2 cores."""
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """The full matrices only with --full-matrix; then the files in order of their measured time, longest first
-    (tests/data/durations.json, benchmarks/test_durations.py --order), each file's tests in their own order: the
-    two xdist workers (--dist worksteal) then end together instead of one finishing a long file alone."""
+    """The full matrices only with --full-matrix; the tests measured over SLOW_OVER marked slow (before -m reads the
+    marks); then the files in order of their measured time, longest first (tests/data/durations.json, written by
+    benchmarks/test_durations.py --order), each file's tests in their own order: the two xdist workers
+    (--dist worksteal) then end together instead of one finishing a long file alone."""
     if not config.getoption("--full-matrix"):
         dropped = [i for i in items if i.get_closest_marker(FULL_MATRIX)]
         if dropped:
             config.hook.pytest_deselected(items=dropped)
             items[:] = [i for i in items if not i.get_closest_marker(FULL_MATRIX)]
     measured = json.loads(DURATIONS.read_text(encoding="utf-8")) if DURATIONS.exists() else {}
+    files, tests = measured.get("files", {}), measured.get("tests", {})
+    for item in items:
+        if tests.get(item.nodeid, 0.0) > SLOW_OVER and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
     position = {id(item): n for n, item in enumerate(items)}
-    items.sort(key=lambda i: (-measured.get(i.path.name, 0.0), position[id(i)]))
+    items.sort(key=lambda i: (-files.get(i.path.name, 0.0), position[id(i)]))
 
 
 # CI's coverage (.ci/coveragerc) reads the tuner, the probe, calibrate and the callbacks. Coverage's

@@ -72,10 +72,15 @@ def test_processes_opening_a_fresh_storage_at_once_all_succeed(fresh_pg_url):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_three_workers_one_killed_mid_trial(fresh_pg_url):
+def test_three_workers_one_killed_mid_trial(fresh_pg_url, monkeypatch):
     import optuna
 
+    from advisor.runtime.simulate.disk_cache import ENV
     from advisor.search.storage import make_storage
+
+    # each trial traces its step (the run's shared traces would answer a plan another test traced at once, and the
+    # victim could finish every trial it takes between two looks)
+    monkeypatch.delenv(ENV, raising=False)
 
     def load():
         try:
