@@ -39,7 +39,7 @@ def pytest_configure(config):
                                        "deselected unless --full-matrix (docs/testing.md)")
 
 
-SLOW_OVER = 3.0
+SLOW_OVER = 1.0
 """Seconds: a test measured over this (tests/data/durations.json) is slow, as if it carried @pytest.mark.slow, so the
 fast loop stays under two minutes on 2 cores."""
 
