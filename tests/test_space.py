@@ -7,7 +7,7 @@ import pytest
 from advisor.core.card_rules import Card
 from advisor.core.catalog import resolve_model
 from advisor.core.errors import AdvisorInputError, ConfigErrors
-from matrix import FULL_MATRIX  # tests/matrix.py
+from matrix import FULL_MATRIX, matrix_params  # tests/matrix.py
 from advisor.search.space import (SPACES_DIR, list_spaces, load_space, model_rules, plan_from_params,
                                   search_knobs)
 
@@ -16,9 +16,6 @@ def test_required_spaces_exist():
     assert {"default", "qlora", "throughput", "low-memory"} <= set(list_spaces())
 
 
-# the default, GRPO and DPO spaces: 360 sampled proposals each take about 12 s on 2 cores (each checked along its own
-# path of the grid's rules, _a_grid_point, not against the whole grid)
-SPACES = [pytest.param(n, marks=pytest.mark.slow) if n in ("default", "grpo", "dpo") else n for n in list_spaces()]
 # the GRPO and DPO spaces hold every SFT lever beside their own: their whole grids (millions of plans) take minutes
 # each, so the SFT levers that no RL lever's rule reads are pinned (the default space walks those in full)
 PINNED = {rl: ["lora_r=[16]", "double_quant=[true]", "lora_targets=[all-linear]", "expandable_segments=[false]",
@@ -110,8 +107,12 @@ def _sample(space, spec, sampler, n):
     return proposals
 
 
-@pytest.mark.parametrize("name", SPACES)
-@pytest.mark.parametrize("model", ["qwen7b", "llama8b", "gemma2b"])
+# every space on every model; the three large spaces (about 35 s each under CI's load) on one model each by default,
+# on all three with --full-matrix (tests/matrix.py)
+@pytest.mark.parametrize("name,model", matrix_params(
+    [(n, m) for m in ("qwen7b", "llama8b", "gemma2b") for n in list_spaces()],
+    lambda c: [("space", c[0]), ("model", c[1])], ids=lambda c: f"{c[1]}-{c[0]}",
+    slow=lambda c: c[0] in ("default", "grpo", "dpo")))
 def test_every_sampled_proposal_is_a_valid_plan(name, model):
     import optuna
     import warnings
