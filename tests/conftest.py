@@ -73,6 +73,9 @@ COVERED_TESTS = ("test_tune*.py", "test_*_tune.py", "test_probe*.py", "test_*_pr
 """The tests of what the coverage report reads (the tuner, the probe, calibrate, the callbacks): the tracer runs in
 the test process for these only (it slows a traced step by about a third)."""
 COVERED_CHILDREN = ("advisor.runtime.probe._worker", "advisor.runtime.probe._overheads")
+CHILDREN_COVERED_IN = ("test_probe*.py", "test_*_probe*.py", "test_calibration.py")
+"""The tests of the probe and of calibrate, whose children are traced: elsewhere (the tuner's and the measured quality's
+real runs) the same children run untraced."""
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -108,12 +111,12 @@ class _CoveredChildren(subprocess.Popen):
 
 
 @pytest.fixture(autouse=True)
-def _children_untraced(monkeypatch):
+def _children_untraced(request, monkeypatch):
     config = os.environ.get("COVERAGE_PROCESS_CONFIG")
     if config:
         _child_coverage[:] = [config]
         monkeypatch.delenv("COVERAGE_PROCESS_CONFIG")
-    if _child_coverage:
+    if _child_coverage and any(fnmatch.fnmatch(request.node.path.name, p) for p in CHILDREN_COVERED_IN):
         monkeypatch.setattr(subprocess, "Popen", _CoveredChildren)
     yield
 
