@@ -66,8 +66,8 @@ def pytest_collection_modifyitems(config, items):
 
 # CI's coverage (.ci/coveragerc) reads the tuner, the probe, calibrate and the callbacks. Coverage's
 # `patch = subprocess` hands every child Python COVERAGE_PROCESS_CONFIG; here only the children that run the probe's
-# and calibrate's own code get it, and the rest (CLIs, exported scripts, DeepSpeed's compiler, the wheel's venv, the
-# third-party validators) start untraced.
+# and calibrate's own code get it, in those modules' own tests, and the rest (CLIs, exported scripts, DeepSpeed's
+# compiler, the wheel's venv, the third-party validators) start untraced.
 COVERED_TESTS = ("test_tune*.py", "test_*_tune.py", "test_probe*.py", "test_*_probe*.py", "test_calibration.py",
                  "test_integrations.py", "test_measured_quality.py", "test_workers.py")
 """The tests of what the coverage report reads (the tuner, the probe, calibrate, the callbacks): the tracer runs in
