@@ -46,13 +46,14 @@ def code_fingerprint() -> str:
     return h.hexdigest()
 
 
-def kept(question: dict[str, Any], compute: Callable[[], T]) -> T:
-    """``compute()``'s result, read from the folder ``$ADVISOR_SIMULATION_CACHE`` names when ``question`` (plain
-    data: what the trace depends on besides the code) was answered there before, else computed and filed there."""
+def kept(question: Callable[[], dict[str, Any]], compute: Callable[[], T]) -> T:
+    """``compute()``'s result, read from the folder ``$ADVISOR_SIMULATION_CACHE`` names when ``question()`` (plain
+    data: what the trace depends on besides the code; asked only where the folder is set) was answered there
+    before, else computed and filed there."""
     root = os.environ.get(ENV)
     if not root:
         return compute()
-    text = json.dumps(question, sort_keys=True, default=str)
+    text = json.dumps(question(), sort_keys=True, default=str)
     key = hashlib.sha256((code_fingerprint() + text).encode()).hexdigest()
     path = Path(root) / f"{key}.pickle"
     try:

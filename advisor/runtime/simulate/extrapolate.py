@@ -61,8 +61,8 @@ def simulate(spec: ModelSpec, plan: Plan, *, layers: str | int = "auto", fake: b
 
     if not fake:
         return trace()
-    question = {"model": spec.to_dict(), "plan": plan.to_dict(), "layers": layers, "target_device": target_device}
-    return kept(question, trace)
+    return kept(lambda: {"model": spec.to_dict(), "plan": plan.to_dict(), "layers": layers,
+                         "target_device": target_device}, trace)
 
 
 def _simulate(spec: ModelSpec, plan: Plan, *, layers: str | int, fake: bool, target_device: str) -> Simulation:
