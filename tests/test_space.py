@@ -134,39 +134,24 @@ def test_every_sampled_proposal_is_a_valid_plan(name, model):
             if not declared.applies_to({**space.workload, **params}):
                 assert value == declared.inactive and not any(k.split("[")[0] == knob for k in asked), (knob, asked)
     conditions = space.conditions(spec.arch, check)
-    assert all(_a_grid_point(conditions, p) for p, _ in proposals), "a proposal outside the space's grid"
-
-
-def _a_grid_point(c, params) -> bool:
-    """Whether ``Conditions.points()`` yields ``params``, by its own rules along the one path to it: each knob its
-    inactive value where it does not apply, else one of the space's choices that breaks no rule after the knobs
-    before it, and the whole plan valid (the grid of the default space is over 100k points: enumerating it for every
-    proposal's check took minutes)."""
-    point = {}
-    for knob in c.order:
-        if not c.applies(knob, point):
-            if params.get(knob) != c.inactive(knob):
-                return False
-        elif params.get(knob) not in c.space.search[knob] or c.breaks({**point, knob: params[knob]}):
-            return False
-        point[knob] = params[knob]
-    return point == params and not c.check(plan_from_params(point, c.space, c.arch))
+    assert all(conditions.holds(p) for p, _ in proposals), "a proposal outside the space's grid"
 
 
 def test_a_grid_point_is_what_the_grid_enumerates():
-    """The membership check above against the whole grid of a smaller space: every point in it, and each point with
-    one knob changed to any other choice (or to its inactive value) exactly when the grid holds that one too."""
+    """Conditions.holds (the check of the sampled proposals above, without enumerating the grid) against the whole
+    grid of a smaller space: every point in it, and each point with one knob changed to any other choice (or to its
+    inactive value) exactly when the grid holds that one too."""
     space = load_space("qlora", ["micro_batch=[1, 2]"])
     c = space.conditions()
     grid = list(c.points())
     held = {tuple(sorted(p.items(), key=str)) for p in grid}
-    assert grid and all(_a_grid_point(c, p) for p in grid)
+    assert grid and all(c.holds(p) for p in grid)
     verdicts = []
     for point in grid[::97]:
         for knob in c.order:
             for value in [*space.search.get(knob, []), c.inactive(knob)]:
                 changed = {**point, knob: value}
-                verdicts.append(_a_grid_point(c, changed))
+                verdicts.append(c.holds(changed))
                 assert verdicts[-1] == (tuple(sorted(changed.items(), key=str)) in held), changed
     assert any(verdicts) and not all(verdicts)
 

@@ -548,6 +548,16 @@ class Conditions:
                 param_name(knob, offered, self.space.search[knob]), knob, offered)
         return params
 
+    def _grid_values(self, knob: str, params: dict[str, Any]) -> Iterator[Any]:
+        """The values the grid takes for ``knob`` after ``params``: its inactive value where it does not apply, else
+        the space's choices that break no rule with the knobs before it."""
+        if not self.applies(knob, params):
+            yield self.inactive(knob)
+            return
+        for v in self.space.search[knob]:
+            if not self.breaks({**params, knob: v}):
+                yield v
+
     def points(self) -> Iterator[dict[str, Any]]:
         """Every valid point, depth first in the space's order."""
 
@@ -557,14 +567,20 @@ class Conditions:
                     yield params
                 return
             knob = self.order[i]
-            if not self.applies(knob, params):
-                yield from rest({**params, knob: self.inactive(knob)}, i + 1)
-                return
-            for v in self.space.search[knob]:
-                if not self.breaks({**params, knob: v}):
-                    yield from rest({**params, knob: v}, i + 1)
+            for v in self._grid_values(knob, params):
+                yield from rest({**params, knob: v}, i + 1)
 
         return rest({}, 0)
+
+    def holds(self, point: dict[str, Any]) -> bool:
+        """Whether ``points()`` yields ``point``, by its own rules along the one path to it (without enumerating a
+        grid that may hold millions of points)."""
+        params: dict[str, Any] = {}
+        for knob in self.order:
+            if knob not in point or point[knob] not in self._grid_values(knob, params):
+                return False
+            params[knob] = point[knob]
+        return params == point and not self.check(plan_from_params(params, self.space, self.arch))
 
     def optuna_params(self, params: dict[str, Any]) -> dict[str, Any] | None:
         """A point under the Optuna parameter names a walk asks, for ``enqueue_trial`` (None: no walk reaches it).
