@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import settings
+from matrix import MARK as FULL_MATRIX  # tests/matrix.py: the marker's one name
 
 # CI explores the same examples on every run (a failure there is reproducible, never a dice roll);
 # local runs keep exploring new ones
@@ -25,7 +26,6 @@ os.environ["ADVISOR_HOST_RAM"] = "1TiB"
 
 # ------------------------------------------------------------------------------------------- the run's shape
 
-FULL_MATRIX = "full_matrix"
 DURATIONS = Path(__file__).parent / "data" / "durations.json"
 
 
@@ -81,7 +81,7 @@ real runs) the same children run untraced."""
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     cov = _running_coverage()
-    paused = cov is not None and not any(fnmatch.fnmatch(item.path.name, p) for p in COVERED_TESTS)
+    paused = cov is not None and not _named(item, COVERED_TESTS)
     if paused:
         cov.stop()
     try:
@@ -99,25 +99,29 @@ def _running_coverage():
     return coverage.Coverage.current()
 
 
-_child_coverage: list[str] = []
-
-
 class _CoveredChildren(subprocess.Popen):
+    config = ""
+    """The coverage settings handed to the children in COVERED_CHILDREN (set per test)."""
+
     def __init__(self, args, *rest, env=None, **kw):
         words = [str(a) for a in args] if isinstance(args, (list, tuple)) else [str(args)]
-        if _child_coverage and any(m in words for m in COVERED_CHILDREN):
-            env = {**(os.environ if env is None else env), "COVERAGE_PROCESS_CONFIG": _child_coverage[0]}
+        if any(m in words for m in COVERED_CHILDREN):
+            env = {**(os.environ if env is None else env), "COVERAGE_PROCESS_CONFIG": self.config}
         super().__init__(args, *rest, env=env, **kw)
+
+
+def _named(item, patterns) -> bool:
+    return any(fnmatch.fnmatch(item.path.name, p) for p in patterns)
 
 
 @pytest.fixture(autouse=True)
 def _children_untraced(request, monkeypatch):
-    config = os.environ.get("COVERAGE_PROCESS_CONFIG")
+    config = os.environ.get("COVERAGE_PROCESS_CONFIG")  # coverage's patch sets it; monkeypatch puts it back after
     if config:
-        _child_coverage[:] = [config]
         monkeypatch.delenv("COVERAGE_PROCESS_CONFIG")
-    if _child_coverage and any(fnmatch.fnmatch(request.node.path.name, p) for p in CHILDREN_COVERED_IN):
-        monkeypatch.setattr(subprocess, "Popen", _CoveredChildren)
+        if _named(request.node, CHILDREN_COVERED_IN):
+            monkeypatch.setattr(_CoveredChildren, "config", config)
+            monkeypatch.setattr(subprocess, "Popen", _CoveredChildren)
     yield
 
 

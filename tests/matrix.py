@@ -8,7 +8,8 @@ from typing import Any, Callable, Hashable, Iterable, Sequence
 
 import pytest
 
-FULL_MATRIX = pytest.mark.full_matrix
+MARK = "full_matrix"
+FULL_MATRIX = getattr(pytest.mark, MARK)
 
 
 def representatives(cases: Sequence[Any], features: Callable[[Any], Iterable[Hashable]],
