@@ -3,8 +3,10 @@
 Runs the README's test command (``python -m pytest -n 2 -q``, more pytest arguments after ``--``) with a JUnit
 report, or reads one a run already wrote (``--junit``), and writes one labelled section of
 ``reports/test_durations.md`` (the other sections are kept: a "before" and an "after" side by side). With
-``--order`` it also rewrites ``tests/data/durations.json``, each test file's measured total, which
-``tests/conftest.py`` reads to start the longest files first (the two xdist workers then end together).
+``--order`` it also rewrites ``tests/data/durations.json``: each test file's measured total, which
+``tests/conftest.py`` reads to start the longest files first (the two xdist workers then end together), and each
+test's time over a second (a test over conftest's SLOW_OVER is marked slow); ``--moved`` lists the cases that run
+only with ``--full-matrix``.
 
 Run: python benchmarks/test_durations.py --label after [--order] [-- --cov --cov-config=.ci/coveragerc]
      python benchmarks/test_durations.py --label before --junit junit.xml --wall 3300
