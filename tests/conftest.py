@@ -122,6 +122,16 @@ def _children_untraced(request, monkeypatch):
         if _named(request.node, CHILDREN_COVERED_IN):
             monkeypatch.setattr(_CoveredChildren, "config", config)
             monkeypatch.setattr(subprocess, "Popen", _CoveredChildren)
+            from advisor.runtime.probe._zygote import Zygote
+
+            fork = Zygote.fork
+
+            def covered_fork(self, argv, env, *rest):  # a CPU probe forked from the zygote, measured the same way
+                if any(m in argv for m in COVERED_CHILDREN):
+                    env = {**env, "COVERAGE_PROCESS_CONFIG": config}
+                return fork(self, argv, env, *rest)
+
+            monkeypatch.setattr(Zygote, "fork", covered_fork)
     yield
 
 

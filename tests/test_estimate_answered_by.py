@@ -163,16 +163,12 @@ def test_the_rule_imports_no_torch():
 def test_preflight_says_who_answered_its_memory_check(tmp_path):
     """`advisor preflight --backend estimate` on a config of a mixture of experts: the simulation answered."""
     pytest.importorskip("torch")
-    import subprocess
-    import sys
-
     from advisor.configs.export import export_plan
+    from cli_run import advisor_json
 
     spec = resolve_model(_local(tmp_path, "tiny-granitemoe", GRANITEMOE))
     path = export_plan(spec, Plan(method="lora", seq_len=64, lora_dropout=0.0), tmp_path / "out",
                        formats=["advisor"])["advisor"]
-    proc = subprocess.run([sys.executable, "-m", "advisor", "preflight", str(path), "--backend", "estimate",
-                           "--gpu-budget", "8GB", "--json"], capture_output=True, text=True, timeout=600)
-    d = json.loads(proc.stdout)
-    assert d["verdict"] == "GO" and d["answered_by"] == "simulation", proc.stderr[-2000:]
+    _, d, err = advisor_json("preflight", path, "--backend", "estimate", "--gpu-budget", "8GB", "--json")
+    assert d["verdict"] == "GO" and d["answered_by"] == "simulation", err[-2000:]
     assert "mixture of experts" in d["answered_by_reason"]

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-
 import pytest
 
 from advisor.core.catalog import resolve_model
 from advisor.configs.export import export_plan
 from advisor.core.plan import Plan
+from cli_run import advisor_json
 
 QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")
 SEED_FULL = Plan(method="full", precision="bf16", optimizer="adamw_torch", micro_batch=1, gradient_checkpointing=True,
@@ -20,9 +18,7 @@ SEED_QLORA = Plan(method="qlora", quantization="nf4", double_quant=True, lora_r=
 
 
 def preflight(*argv):
-    proc = subprocess.run([sys.executable, "-m", "advisor", "preflight", *argv, "--json"], capture_output=True,
-                          text=True, timeout=600)
-    return proc.returncode, (json.loads(proc.stdout) if proc.stdout.strip() else None), proc.stderr
+    return advisor_json("preflight", *argv, "--json")
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,6 @@ a probe that fails makes the verdict NO-GO, exit 1, naming its status (never an 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -14,6 +11,7 @@ from advisor.configs.export import export_plan
 from advisor.core.catalog import resolve_model
 from advisor.core.plan import Plan
 from advisor.runtime.simulate.tiny import tiny_spec
+from cli_run import advisor_json
 
 
 @pytest.fixture(scope="module")
@@ -23,11 +21,13 @@ def tiny_dir(tmp_path_factory):
     return d
 
 
+@pytest.fixture(autouse=True)
+def _on_the_cpu(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the probe runs on the CPU
+
+
 def preflight(config, *argv):
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # the probe runs on the CPU
-    proc = subprocess.run([sys.executable, "-m", "advisor", "preflight", str(config), *argv, "--json"],
-                          capture_output=True, text=True, timeout=600, env=env)
-    return proc.returncode, (json.loads(proc.stdout) if proc.stdout.strip() else None), proc.stderr
+    return advisor_json("preflight", config, *argv, "--json")
 
 
 def _config(tiny_dir, tmp_path, plan):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from advisor.cli import main
+from cli_run import advisor
 
 
 def tune(tmp_path, capsys, *extra):
@@ -105,11 +106,10 @@ def test_sigkill_midway_then_rerun_finishes_without_repeats(tmp_path):
 
 
 def test_budget_below_smallest_plan(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "advisor", "tune", "--gpu-budget", "2GB", "--model", "qwen7b",
-                           "--backend", "estimate", "--reports-dir", str(tmp_path)], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 2
-    line = proc.stderr.strip()
+    code, _, err = advisor("tune", "--gpu-budget", "2GB", "--model", "qwen7b", "--backend", "estimate",
+                           "--reports-dir", tmp_path)
+    assert code == 2
+    line = err.strip()
     assert len(line.splitlines()) == 1 and "--gpu-budget" in line and "smallest plan" in line and "GB" in line
     assert "over; its largest part, weights, is" in line
 

@@ -1,7 +1,9 @@
-"""The parent side of a probe: spawn a fresh Python child, watch it, end it, reap it.
+"""The parent side of a probe: start a child, watch it, end it, reap it.
 
-The child is a new interpreter (``subprocess.Popen`` of ``sys.executable``: spawn, never fork,
-so no CUDA or thread state is inherited) in its own session, hence its own process group.
+A CUDA child is a new interpreter (``subprocess.Popen`` of ``sys.executable``: spawn, never fork,
+so no CUDA or thread state is inherited); a CPU child is forked from the zygote, a process that has
+imported torch, transformers and peft once (advisor.runtime.probe._zygote). Either runs in its own
+session, hence its own process group.
 It writes one JSON event per line to a file; the parent polls that file, stops the child at
 the timeout or as soon as a step's measured memory exceeds the budget, and always ends by
 killing the whole process group (the child and any grandchildren) and waiting for them. Every
@@ -76,7 +78,7 @@ def _descendants(pid: int) -> list[Any]:
         return []
 
 
-def reap(proc: subprocess.Popen, known: dict[int, Any]) -> None:
+def reap(proc: Any, known: dict[int, Any]) -> None:
     """Kill the child's process group and every descendant seen, then wait for all of them."""
     for p in _descendants(proc.pid):
         known.setdefault(p.pid, p)
@@ -196,9 +198,7 @@ def _run(req: ProbeRequest, work: Path, timeout: float, on_start: Callable[[int]
     killed_for: str | None = None
     kill_message = ""
     t0 = time.monotonic()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+    proc = _start(cmd, env, log_path, req.device)
     try:
         if on_start is not None:
             on_start(proc.pid)
@@ -229,6 +229,22 @@ def _run(req: ProbeRequest, work: Path, timeout: float, on_start: Callable[[int]
     if killed_for:
         exit_text = f"killed by the parent ({killed_for})"
     return _result(req, state, killed_for, kill_message, exit_text, proc.returncode, log_path, wall, model_name)
+
+
+def _start(cmd: list[str], env: dict[str, str], log_path: Path, device: str) -> Any:
+    """The child: forked from the zygote where it can be (advisor.runtime.probe._zygote), else a fresh interpreter
+    in its own session. Either has ``pid``, ``poll()``, ``wait()`` and ``returncode``."""
+    from advisor.runtime.probe._zygote import zygote_for
+
+    zygote = zygote_for(device, env)
+    if zygote is not None:
+        try:
+            return zygote.fork(cmd[cmd.index("-m") + 1:], env, os.getcwd(), str(log_path))
+        except OSError:
+            pass  # the zygote is gone: a fresh interpreter instead
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
 
 
 def _handle(ev: dict[str, Any], state: dict[str, Any], req: ProbeRequest, killed_for: str | None,
