@@ -56,6 +56,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
+
+
+def unrecognized(extras: list[str], parser: argparse.ArgumentParser) -> str:
+    """argparse's "unrecognized arguments" message, with the closest flag the command has for each misspelt one."""
+    import difflib
+
+    flags = [f for f in parser._option_string_actions if f.startswith("--")]
+    hints = [close[0] for word in extras
+             for close in [difflib.get_close_matches(word.split("=", 1)[0], flags, n=1, cutoff=0.75)] if close]
+    text = f"unrecognized arguments: {' '.join(extras)}"
+    return text + (f"; did you mean {', '.join(hints)}?" if hints else "")
+
+
 def _join_negative_values(argv: list[str]) -> list[str]:
     """`--gpu-budget -5GB` → `--gpu-budget=-5GB`, so that the value reaches its check (argparse
     would take "-5GB" for an option and lose the value from its message)."""
@@ -86,6 +101,12 @@ def _quiet_libraries() -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = _join_negative_values(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
+    sub = _subparsers(parser).get(next((a for a in argv if not a.startswith("-")), ""))
+    known = set(parser._option_string_actions) | set(sub._option_string_actions if sub else ())
+    misspelt = [a for a in argv if a.startswith("--") and len(a) > 2  # argparse takes a prefix of a flag too
+                and not any(f.startswith(a.split("=", 1)[0]) for f in known)]
+    if sub is not None and misspelt:  # before argparse, which would first miss a required flag the typo meant
+        sub.error(unrecognized(misspelt, sub))
     args = parser.parse_args(argv)
     debug = args.debug or "--debug" in argv
     if not debug:

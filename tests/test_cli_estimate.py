@@ -17,6 +17,16 @@ def run_cli(capsys, *argv):
     return code, out, err
 
 
+def run_cli_exit(capsys, *argv):
+    """run_cli, with argparse's own usage errors (SystemExit) as their exit code."""
+    try:
+        code = main(list(argv))
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def test_qlora_json_contract(capsys):
     code, out, _ = run_cli(capsys, "estimate", "--model", "qwen7b", "--method", "qlora", "--seq-len", "1024",
                            "--micro-batch", "1", "--json")
@@ -90,15 +100,34 @@ def test_human_verdict_follows_the_budget(capsys, budget, verdict):
     (["--model", "qwen7b", "--optimizer", "galore_adamw"], "--optimizer"),
     (["--model", "qwen7b", "--optimizer", "adamw_bnb_16bit"], "--optimizer"),
 ])
-def test_bad_input_subprocess(argv, flag):
-    """The real console entry point: exit 2, one line on stderr naming the flag and the value, no traceback."""
-    proc = subprocess.run([sys.executable, "-m", "advisor", "estimate", *argv], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert flag in lines[0] and "Traceback" not in proc.stderr
+def test_bad_input(capsys, argv, flag):
+    """Exit 2, one line on stderr naming the flag and the value, no traceback."""
+    code, out, err = run_cli_exit(capsys, "estimate", *argv)
+    assert code == 2 and not out
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert flag in lines[0] and "Traceback" not in err
     assert argv[argv.index(flag) + 1] in lines[0] if flag in argv else True
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["estimate", "--model", "qwen7b", "--gpu-budget", "24"], "did you mean 24GB?"),
+    (["tune", "--model", "qwen7b", "--gpu-budjet", "24GB"], "unrecognized arguments: --gpu-budjet; did you mean "
+                                                            "--gpu-budget?"),
+    (["estimate", "--model", "qwen7b", "--seqlen", "2048"], "did you mean --seq-len?"),
+])
+def test_a_likely_slip_gets_what_was_meant(capsys, argv, line):
+    """A bare number of bytes as a budget and a misspelt flag: the one line says what was probably meant."""
+    code, _, err = run_cli_exit(capsys, *argv)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and line in err, err
+
+
+def test_bad_input_from_the_console_entry_point():
+    """The real process: exit 2, one line on stderr, no traceback."""
+    proc = subprocess.run([sys.executable, "-m", "advisor", "estimate", "--model", "qwen7b", "--gpu-budget", "24XB"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and not proc.stdout
+    assert len(proc.stderr.strip().splitlines()) == 1 and "--gpu-budget" in proc.stderr and "24XB" in proc.stderr
 
 
 def test_broken_config_json_dir(tmp_path):

@@ -68,3 +68,32 @@ def test_export_to_a_read_only_folder_is_one_line(read_only, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--out" in err, err
     assert {p: p.read_bytes() for p in study.rglob("*") if p.is_file()} == before
+
+
+def test_a_reports_dir_it_cannot_write_names_reports_dir_not_storage(tmp_path, capsys, monkeypatch):
+    """A folder that exists but cannot be written (a read-only mount; root ignores file modes, so os.access stands
+    in): the study's folder is the error, named by the flag that placed it (issue 41)."""
+    import advisor.core.errors as errors
+
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    real = os.access
+    monkeypatch.setattr(errors.os, "access", lambda p, mode: False if str(p).startswith(str(reports)) else real(p, mode))
+    code = main(["tune", "--gpu-budget", "24GB", "--model", "qwen0.5b", "--backend", "estimate", "--trials", "2",
+                 "--reports-dir", str(reports)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--reports-dir" in err and "--storage" not in err and "Permission denied" in err
+
+
+def test_an_export_folder_it_cannot_write_is_refused_before_the_study_runs(tmp_path, capsys, monkeypatch):
+    import advisor.core.errors as errors
+
+    out = tmp_path / "out"
+    real = os.access
+    monkeypatch.setattr(errors.os, "access", lambda p, mode: False if str(p).startswith(str(out)) else real(p, mode))
+    code = main(["tune", "--gpu-budget", "24GB", "--model", "qwen0.5b", "--backend", "estimate", "--trials", "2",
+                 "--reports-dir", str(tmp_path / "reports"), "--export", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--export" in err, err
+    assert not (tmp_path / "reports").exists()  # no study was run (nor its folder made)

@@ -207,3 +207,16 @@ def test_the_closed_form_is_within_3_percent_of_the_simulation(plan):
     est = estimate_training(QWEN, plan, GPU)
     sim = SimulateBackend().measure(QWEN, plan, GPU)
     assert abs(est.tensor_peak_bytes / sim.tensor_peak_bytes - 1) < 0.03
+
+
+def test_the_header_counts_the_tower_and_the_load_holds_every_weight(capsys):
+    """Issue 41: Qwen2.5-VL-7B's header counted the language model only (7.62B of 8.29B), and its load phase (the
+    closed form) came out below its own weights."""
+    from advisor.cli import main
+
+    assert main(["estimate", "--model", "qwen2.5-vl-7b", "--gpu", "rtx-4090", "--gpu-budget", "24GB", "--method",
+                 "lora", "--image-size", "1280x720", "--backend", "estimate", "--json"]) in (0, 1)
+    d = json.loads(capsys.readouterr().out)
+    m = d["model"]
+    assert m["params_total"] == m["params_language_model"] + m["params_vision"] == 8_292_166_656
+    assert d["phases"]["load"]["live_bytes"] >= d["ledger"]["weights"] + d["ledger"]["adapter_weights"]

@@ -157,7 +157,7 @@ def run_inference(args: argparse.Namespace) -> int:
                                       "simulation_check": check}, gpu=gpu)
         exports = {k: str(v) for k, v in paths.items()}
     result = {
-        "task": "inference", "model": {"name": model.name, "hf_id": model.hf_id, "params_total": model.params_total},
+        "task": "inference", "model": model.summary(),
         "gpu": {"name": gpu.name, "memory_bytes": gpu.memory_bytes, "assumed": assumed},
         "budget": {"bytes": budget.bytes, "text": budget.text}, "headroom": headroom,
         "gpu_memory_utilization": util, "limit_bytes": limit, "space": space.to_dict(),

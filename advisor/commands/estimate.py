@@ -48,8 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
     target = target_from_args(args)
     model, gpu, budget = target.model, target.gpu, target.budget
-    result: dict = {"model": {"name": model.name, "hf_id": model.hf_id, "params_total": model.params_total,
-                              "source": model.source},
+    result: dict = {"model": {**model.summary(), "source": model.source},
                     "gpu": gpu.to_dict() if gpu else None, "gpu_assumed": target.gpu_assumed, "task": args.task}
     if args.task == "inference":
         from advisor.commands._inference import serve_sample

@@ -111,6 +111,10 @@ def run(args: argparse.Namespace) -> int:
     args, longest = with_longest_seq_len(args)
     settings = build_settings(args)
     check_budget_reachable(settings)
+    if args.export:  # before the study runs, not after it: the answer would be lost with the export
+        from advisor.core.errors import writable_folder
+
+        writable_folder(args.export)
     if args.tui:
         from advisor.ui.tui import run_tui
 
@@ -296,7 +300,7 @@ def tune_result(settings, records, selection, exports, quality=None, why_not: st
     best = selection.best
     return {
         "study": settings.study_name, "storage": redact(settings.storage), "backend": settings.backend,
-        "model": {"name": settings.model.name, "params_total": settings.model.params_total},
+        "model": settings.model.summary(),
         "gpu": {"name": settings.gpu.name, "assumed": settings.gpu_assumed},
         "budget": {"bytes": settings.budget.bytes, "text": settings.budget.text},
         "host_budget": host_budget_dict(settings),

@@ -173,6 +173,20 @@ class ModelSpec:
         return self.description.vision is not None
 
     @property
+    def params_loaded(self) -> int:
+        """Every parameter the checkpoint loads: the language model's (``params_total``) and a vision-language
+        model's tower and projector."""
+        return self.params_total + (self.vision.params if self.is_vision_language else 0)
+
+    def summary(self) -> dict:
+        """The model as every command's JSON and header name it: ``params_total`` is every parameter loaded (a
+        vision-language model's tower included), with the language model's share beside it where they differ."""
+        out = {"name": self.name, "hf_id": self.hf_id, "params_total": self.params_loaded}
+        if self.is_vision_language:
+            out.update(params_language_model=self.params_total, params_vision=self.vision.params)
+        return out
+
+    @property
     def is_moe(self) -> bool:
         """Some decoder layers route tokens to stacked experts."""
         return self.description.is_moe

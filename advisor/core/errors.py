@@ -5,6 +5,10 @@ The CLI prints these as one line and exits with code 2; ``--debug`` shows the tr
 
 from __future__ import annotations
 
+import errno
+import os
+from pathlib import Path
+
 
 class AdvisorInputError(ValueError):
     """Bad input: a flag, a key of a config file, or a file the user handed in."""
@@ -27,3 +31,12 @@ class ConfigErrors(AdvisorInputError):
         head = f"{len(errors)} error(s) in the configuration"
         ValueError.__init__(self, head + ":\n" + "\n".join(f"  - {e}" for e in errors))
         self.where, self.rule, self.value = "config", head, None
+
+
+def writable_folder(path: str | os.PathLike) -> None:
+    """Make ``path`` (and its parents) and check that it can be written, before any work whose result it would hold:
+    an OSError (EACCES, naming the folder) otherwise, which the CLI turns into one line naming the flag."""
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    if not os.access(folder, os.W_OK):
+        raise OSError(errno.EACCES, "Permission denied", str(folder))

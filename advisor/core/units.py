@@ -62,7 +62,8 @@ def parse_size(text: str, flag: str) -> tuple[int, str]:
     unit = m.group("unit") or "B"
     n = int(round(value * _UNITS[unit.lower()]))
     if n < 2**20:
-        raise AdvisorInputError(flag, "a memory budget below 1 MiB cannot hold any model", text)
+        hint = f"; did you mean {m.group('num')}GB?" if not m.group("unit") else ""  # a bare number is bytes
+        raise AdvisorInputError(flag, f"a memory budget below 1 MiB cannot hold any model{hint}", text)
     return n, unit
 
 

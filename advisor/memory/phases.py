@@ -127,6 +127,7 @@ def load_estimate(model: ModelSpec, plan: Plan) -> tuple[int, int, str]:
     last large tensor loaded (``dot_natural_key`` order), so the peak is the loaded model plus that
     tensor's 16-bit copy. ZeRO plans follow DeepSpeed (see ``load_offload``).
     """
+    from advisor.memory import vision
     from advisor.memory.training import NF4_BLOCK, param_breakdown, weight_bytes
 
     if plan.offload != "none":
@@ -134,6 +135,10 @@ def load_estimate(model: ModelSpec, plan: Plan) -> tuple[int, int, str]:
     pb = param_breakdown(model, plan)
     weights, consts = weight_bytes(model, plan, pb)
     adapters = pb.adapter * 4 if plan.peft else 0
+    if vision.applies(model, plan):  # the tower and projector load with the language model (issue 41)
+        tower = vision.estimate_vision(model, plan, None, 0.0)
+        weights, consts, adapters = (weights + tower.weights, consts + tower.quant_constants,
+                                     adapters + tower.adapter_weights)
     final = weights + consts + adapters
     if not plan.quantized:
         return int(final), int(final), "weights"

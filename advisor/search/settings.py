@@ -226,9 +226,10 @@ class _Study:
 
     @property
     def card(self) -> GpuSpec | None:
-        """The GPU whose rules the plans must keep (advisor.core.card_rules): named or detected; None when only
-        assumed from the budget (as pre-flight judges only a GPU it knows, Target.known_gpu)."""
-        return None if self.gpu_assumed else self.gpu
+        """The GPU whose rules the plans must keep (advisor.core.card_rules): named, detected, or assumed from the
+        budget. An assumed card's rules hold too: the answer is planned and timed for that card, so it must run on it
+        (issue 41: a bf16 answer for an assumed V100, which has no bf16)."""
+        return self.gpu
 
 
 @dataclass(frozen=True)

@@ -36,13 +36,13 @@ def make_storage(url: str, heartbeat_seconds: int = HEARTBEAT_SECONDS):
     """An Optuna storage; RDBs other than SQLite get heartbeats and retries of stale trials."""
     import optuna
 
-    from advisor.core.errors import AdvisorInputError
+    from advisor.core.errors import AdvisorInputError, writable_folder
 
+    db = sqlite_path(url) if is_sqlite(url) else None
+    if db is not None and not db.exists():  # a new study's folder is made when it is opened; one it cannot write
+        writable_folder(db.parent)  # is the folder's error (an OSError: the CLI names the flag that places it)
     try:
         if is_sqlite(url):
-            db = sqlite_path(url)
-            if db is not None:
-                db.parent.mkdir(parents=True, exist_ok=True)  # a study's folder is made when it is opened
             return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 30}})
         with warnings.catch_warnings(), _schema_lock(url):
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

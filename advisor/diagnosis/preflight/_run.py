@@ -64,7 +64,7 @@ class PreflightResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "verdict": self.verdict, "exit_code": self.exit_code,
-            "model": {"name": self.model.name, "params_total": self.model.params_total},
+            "model": self.model.summary(),
             "plan": self.plan.to_dict(), "plan_short": self.plan.short(),
             "gpu": self.gpu.to_dict() if self.gpu else None, "gpu_assumed": self.gpu_assumed,
             "budget": {"bytes": self.budget.bytes, "text": self.budget.text} if self.budget else None,
