@@ -78,7 +78,8 @@ def test_a_reports_dir_it_cannot_write_names_reports_dir_not_storage(tmp_path, c
     reports = tmp_path / "reports"
     reports.mkdir()
     real = os.access
-    monkeypatch.setattr(errors.os, "access", lambda p, mode: False if str(p).startswith(str(reports)) else real(p, mode))
+    monkeypatch.setattr(errors.os, "access",
+                        lambda p, mode: False if str(p).startswith(str(reports)) else real(p, mode))
     code = main(["tune", "--gpu-budget", "24GB", "--model", "qwen0.5b", "--backend", "estimate", "--trials", "2",
                  "--reports-dir", str(reports)])
     err = capsys.readouterr().err
