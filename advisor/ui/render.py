@@ -233,7 +233,8 @@ def trials_table(records, budget: Budget, limit: int | None = None, title: str =
     t.add_column("plan", overflow="fold")
     # the host peak under the GPU's in the same column: a column of its own would squeeze the plan at 80 columns
     has_host = any(r.host_bytes for r in rows)
-    for col in ("peak\n[dim]host[/]" if has_host else "peak", "tok/s", "acc. loss"):
+    # the accuracy loss is a KL divergence in nats per token (advisor.search.quality): its unit under its name
+    for col in ("peak\n[dim]host[/]" if has_host else "peak", "tok/s", "acc. loss\n[dim]nats/tok[/]"):
         t.add_column(col, justify="right", overflow="fold")
     for r in rows:
         style = STATE_STYLE.get(r.state, "")
@@ -350,7 +351,7 @@ def print_tune_result(settings, records, selection, exports) -> None:
 
         t = Table(title="Pareto front (throughput / accuracy / memory)", title_justify="left")
         pareto_host = any(r.host_bytes for r in selection.pareto)
-        for col in ("#", "plan", "peak", *(("host",) if pareto_host else ()), "tok/s", "acc. loss"):
+        for col in ("#", "plan", "peak", *(("host",) if pareto_host else ()), "tok/s", "acc. loss\n[dim]nats/tok[/]"):
             t.add_column(col, justify="left" if col == "plan" else "right", overflow="fold")
         for r in selection.pareto:
             host = (budget.format(r.host_peak_bytes or r.host_bytes),) if pareto_host else ()
@@ -401,7 +402,7 @@ def recipe_table(recipe, best, budget):
             ("peak (GPU)", peak(recipe), peak(best)),
             ("peak (host)", host_peak_text(recipe, budget.format) if (recipe.host_peak_bytes or recipe.host_bytes)
              else "-", host_peak_text(best, budget.format) if (best.host_peak_bytes or best.host_bytes) else "-"),
-            ("accuracy loss", f"{recipe.accuracy_loss:.3f}" if recipe.accuracy_loss is not None else "-",
+            ("accuracy loss (KL, nats/token)", f"{recipe.accuracy_loss:.3f}" if recipe.accuracy_loss is not None else "-",
              f"{best.accuracy_loss:.3f}")]
     if recipe.state != "complete":
         rows.append(("status", escape(recipe.reason or recipe.state), "fits"))
