@@ -95,20 +95,22 @@ def run_doctor_cmd(args: argparse.Namespace) -> int:
         if not p.is_file():
             raise AdvisorInputError("logfile", "no such file", args.logfile)
         text = p.read_text(encoding="utf-8", errors="replace")
-    report = plan = None
+    report = plan = gpu = None
     if args.config:
         from advisor.runtime.backends import get_backend
-        from advisor.core.catalog import resolve_model
+        from advisor.core.catalog import resolve_gpu, resolve_model
         from advisor.configs.read import read_config
 
-        name, plan, _ = read_config(args.config)
+        name, plan, extras = read_config(args.config)
         model = resolve_model(name)
+        planned_for = (extras.get("gpu") or {}).get("key")  # advisor.yaml's card (advisor.gpu)
+        gpu = resolve_gpu(planned_for) if planned_for and planned_for != "detected" else None
         report = get_backend("estimate").measure(model, plan, None)
         if plan.task != "sft":  # GRPO/DPO: the run's phases (generate, score, train) for the RL entries
             from advisor.runtime.phases import with_phases
 
             report = with_phases(model, plan, None, report)
-    findings = diagnose(text, report, plan)
+    findings = diagnose(text, report, plan, gpu)
     if args.json:
         print(json.dumps({"findings": [f.to_dict() for f in findings]}, indent=2))
     else:

@@ -42,26 +42,51 @@ def fix_line(fix: str | dict) -> str:
     return fix if isinstance(fix, str) else fix["fix"]
 
 
-def already_done(fix: str | dict, plan) -> bool:
-    """Whether ``plan`` already applies ``fix`` (its ``done_when``: plan field -> the values that apply it)."""
-    if plan is None or isinstance(fix, str):
+def already_done(fix: str | dict, plan, log: str = "") -> bool:
+    """Whether ``plan`` already applies ``fix`` (its ``done_when``: plan field -> the values that apply it), or the
+    log shows it applied (its ``done_in_log``: a traceback through peft means adapters are trained)."""
+    if isinstance(fix, str):
         return False
-    return any(getattr(plan, field) in values for field, values in fix.get("done_when", {}).items())
+    if fix.get("done_in_log") and re.search(fix["done_in_log"], log):
+        return True
+    return plan is not None and any(getattr(plan, field) in values
+                                    for field, values in fix.get("done_when", {}).items())
 
 
-def diagnose(text: str, report=None, plan=None) -> list[Finding]:
+def offered(fixes: list, plan, log: str) -> tuple[list[str], list[str]]:
+    """(the fixes to offer, in order, and those left out as already applied): a fix whose ``first_in_log`` pattern
+    the log shows comes first, saying why; one with ``only_in_log`` is offered only where the log asks for it."""
+    wanted = [f for f in fixes if isinstance(f, str) or not f.get("only_in_log") or re.search(f["only_in_log"], log)]
+    done = [fix_line(f) for f in wanted if already_done(f, plan, log)]
+    todo = [f for f in wanted if not already_done(f, plan, log)]
+    first = [f for f in todo if isinstance(f, dict) and f.get("first_in_log")
+             and re.search(f["first_in_log"]["pattern"], log)]
+    lines = [f"{fix_line(f)} ({f['first_in_log']['why']})" for f in first]
+    return lines + [fix_line(f) for f in todo if f not in first], done
+
+
+def excerpt(line: str, width: int = 200) -> str:
+    """``line`` cut to ``width`` characters at a word boundary, marked where it was cut."""
+    line = line.strip()
+    if len(line) <= width:
+        return line
+    cut = line[:width].rsplit(" ", 1)[0]
+    return cut + " …"
+
+
+def diagnose(text: str, report=None, plan=None, gpu=None) -> list[Finding]:
     """Findings for every known symptom the log shows; ``report`` (a MemoryReport of the run's plan)
-    adds the ledger's view of an OOM, and ``plan`` (the run's Plan) leaves out the fixes it already applies."""
+    adds the ledger's view of an OOM, ``plan`` (the run's Plan) leaves out the fixes it already applies, and ``gpu``
+    (the card the config was planned for) is held against the card the log's OOM message describes."""
     findings = []
     for entry in knowledge():
         hits = [m for p in entry["patterns"] for m in [re.search(p, text, re.IGNORECASE)] if m]
         if not hits:
             continue
         line = _line_of(text, hits[0].start())
-        evidence = f"log: {line.strip()[:200]}"
+        evidence = f"log: {excerpt(line)}"
         data: dict[str, Any] = {"matched": hits[0].group(0)}
-        fixes = [fix_line(f) for f in entry["fixes"] if not already_done(f, plan)]
-        done = [fix_line(f) for f in entry["fixes"] if already_done(f, plan)]
+        fixes, done = offered(entry["fixes"], plan, text)
         if done:
             data["already_applied"] = done
             evidence += f"; left out, the config already does it: {'; '.join(done)}"
@@ -76,6 +101,10 @@ def diagnose(text: str, report=None, plan=None) -> list[Finding]:
                 over = ledger_over(report, numbers.get("total"))
                 if over:
                     evidence += f"; advisor ledger: {over}"
+            if entry["id"] == "cuda-oom" and gpu is not None and numbers.get("total"):
+                other = card_mismatch(numbers["total"], gpu)
+                if other:
+                    findings.append(other)
         if entry["id"].startswith("rl-") and report is not None:
             evidence += rl_evidence(report, plan)
         findings.append(Finding(check=f"log.{entry['id']}", severity=entry.get("severity", "error"),
@@ -83,6 +112,23 @@ def diagnose(text: str, report=None, plan=None) -> list[Finding]:
                                 evidence=evidence, fixes=tuple(fixes), area="log",
                                 data={**data, "source": entry.get("source", "")}))
     return findings
+
+
+CARD_MATCH = 0.05
+"""The OOM message's total capacity and the config's card agree within this share (the usable memory PyTorch
+reports is a little below the card's: an RTX 4090 of 24 GiB reports 23.65 GiB)."""
+
+
+def card_mismatch(total: int, gpu) -> Finding | None:
+    """A warning when the card the OOM happened on is not the card the config was planned for."""
+    if abs(total - gpu.memory_bytes) <= CARD_MATCH * gpu.memory_bytes:
+        return None
+    return Finding(check="log.other-card", severity="warning",
+                   title=f"the log's GPU has {format_bytes(total)} in all; the config was planned for {gpu.name} "
+                         f"({format_bytes(gpu.memory_bytes)})",
+                   evidence="PyTorch's OOM message: total capacity; the config: advisor.gpu",
+                   fixes=(f"plan for the card the run uses: advisor tune ... --gpu-budget {format_bytes(total)}",),
+                   area="log", data={"log_total_bytes": total, "config_gpu": gpu.key})
 
 
 def rl_evidence(report, plan) -> str:

@@ -402,8 +402,8 @@ def recipe_table(recipe, best, budget):
             ("peak (GPU)", peak(recipe), peak(best)),
             ("peak (host)", host_peak_text(recipe, budget.format) if (recipe.host_peak_bytes or recipe.host_bytes)
              else "-", host_peak_text(best, budget.format) if (best.host_peak_bytes or best.host_bytes) else "-"),
-            ("accuracy loss (KL, nats/token)", f"{recipe.accuracy_loss:.3f}" if recipe.accuracy_loss is not None else "-",
-             f"{best.accuracy_loss:.3f}")]
+            ("accuracy loss (KL, nats/token)",
+             f"{recipe.accuracy_loss:.3f}" if recipe.accuracy_loss is not None else "-", f"{best.accuracy_loss:.3f}")]
     if recipe.state != "complete":
         rows.append(("status", escape(recipe.reason or recipe.state), "fits"))
     for row in rows:
