@@ -282,3 +282,20 @@ def test_resuming_counts_the_polish_apart_from_the_planned_trials(tmp_path, caps
     progress.stop()
     out = capsys.readouterr().out
     assert "Resuming: 40 of 40 planned trials + 1 polish already finished." in out and "41" not in out
+
+
+def test_the_length_nobody_chose_is_said_with_the_answer_at_2k_and_4k(tmp_path, capsys):
+    """Issue 41: without seq_len or --data the study plans at the space's 1,024 tokens; the answer says so and gives
+    its plan at 2,048 and 4,096 tokens against the same budget. A length the user gives is not second-guessed."""
+    base = ["tune", "--gpu-budget", "24GB", "--model", "qwen7b", "--gpu", "rtx-4090", "--backend", "estimate",
+            "--trials", "8", "--json", "--reports-dir", str(tmp_path)]
+    assert main(base) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["seq_len"] == {"tokens": 1024, "chosen": False}
+    longer = d["at_common_lengths"]
+    assert [a["seq_len"] for a in longer] == [2048, 4096]
+    assert longer[0]["run_peak_bytes"] < longer[1]["run_peak_bytes"]
+    assert all(a["verdict"] in ("fits", "tight", "over") for a in longer)
+    assert main([*base, "seq_len=2048"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["seq_len"] == {"tokens": 2048, "chosen": True} and "at_common_lengths" not in d

@@ -155,15 +155,16 @@ def run(args: argparse.Namespace) -> int:
     result["rl"] = rl_of(settings, selection.best)
     if longest is not None:
         result.update(longest_fields(settings, longest, selection.best))
+    result.update(length_fields(settings, selection.best, searched=longest is not None))
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     else:
         print_tune_result(settings, records, selection, exports)
-        if longest is not None:
-            from advisor.ui.render import longest_lines
+        from advisor.ui.render import length_lines, longest_lines
 
-            for line in longest_lines(result, settings.budget.format):
-                print(line)
+        for line in [*(longest_lines(result, settings.budget.format) if longest is not None else ()),
+                     *length_lines(result, settings.budget.format)]:
+            print(line)
         from advisor.search.rl_answer import rl_answer_lines
 
         for line in rl_answer_lines(result["rl"], settings.budget.format):
@@ -171,6 +172,19 @@ def run(args: argparse.Namespace) -> int:
         if result["answered_by"] != "closed form":
             print(f"the estimate stage was answered by the {result['answered_by']}: {result['answered_by_reason']}")
     return 0 if selection.best is not None else 1
+
+
+def length_fields(settings, best, *, searched: bool) -> dict:
+    """The study's sequence length and whether the user gave it; where not, the answer at 2K and 4K tokens
+    (advisor.search.lengths)."""
+    from advisor.core.plan import Plan
+    from advisor.search.lengths import at_common_lengths, seq_len_chosen
+
+    chosen = searched or seq_len_chosen(settings)
+    out: dict = {"seq_len": {"tokens": settings.space.fixed.get("seq_len"), "chosen": chosen}}
+    if not chosen and best is not None:
+        out["at_common_lengths"] = [a.to_dict() for a in at_common_lengths(settings, Plan.from_dict(best.plan))]
+    return out
 
 
 def with_longest_seq_len(args: argparse.Namespace):

@@ -282,7 +282,11 @@ class TuneProgress:
 
         console = Console()
         s = self.s
-        console.print(f"[bold]advisor tune[/] {s.model.name} on {s.budget} · space {s.space.name} · "
+        from advisor.search.lengths import seq_len_chosen
+
+        seq = s.space.fixed.get("seq_len")
+        length = f" · {seq:,} tokens{'' if seq_len_chosen(s) else ' (the default)'}" if isinstance(seq, int) else ""
+        console.print(f"[bold]advisor tune[/] {s.model.name} on {s.budget}{length} · space {s.space.name} · "
                       f"backend {s.backend} · study {s.study_name}")
         console.print(host_budget_line(s))
         if s.gpu_assumed:
@@ -460,6 +464,24 @@ def gpus_table(gpus):
         t.add_row(f"{escape(g.key)}\n[dim]{escape(g.name)}[/]", format_bytes(g.memory_bytes, "GiB", 1),
                   str(g.bf16_tflops or "-"), str(g.fp16_tflops), f"{g.mem_bw_gbs:,.0f}", f"{g.host_link_gbs:.0f}")
     return t
+
+
+def length_lines(result: dict, fmt) -> list[str]:
+    """A study at the space's default length says so, with the answer at the lengths SFT data commonly has
+    (advisor.commands.tune.length_fields)."""
+    seq = result.get("seq_len") or {}
+    if seq.get("chosen", True) or not seq.get("tokens"):
+        return []
+    lines = [f"Planned at {seq['tokens']:,} tokens a sequence: the space's default, not a length you gave "
+             "(seq_len=N, or --data FILE to plan for your longest batch)."]
+    for a in result.get("at_common_lengths") or ():
+        if a["run_peak_bytes"] is None:
+            lines.append(f"  at {a['seq_len']:,} tokens: not estimated (the closed form does not describe this model)")
+        else:
+            what = {"fits": "fits", "tight": "fits only inside the headroom", "over": "does NOT fit"}[a["verdict"]]
+            lines.append(f"  at {a['seq_len']:,} tokens this plan needs {fmt(a['run_peak_bytes'])} (estimated): "
+                         f"{what}")
+    return lines
 
 
 def longest_lines(result: dict, fmt) -> list[str]:
