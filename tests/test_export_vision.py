@@ -255,3 +255,21 @@ def test_vision_setup_adapts_and_trains_what_the_simulation_does(model_type, tow
         p.requires_grad_(False)
     apply_trainable(model, vision_settings(plan), plan.method)
     assert mine == {n for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_preflight_of_a_plan_the_vision_simulation_cannot_trace_is_answered_by_the_closed_form(tmp_path):
+    """Issue 41: the tuner's vision-language answer with the fused-linear loss (which the vision-language simulation
+    does not trace) was refused by its own pre-flight; pre-flight now does as the tuner does and says so."""
+    from advisor.configs.export import export_plan
+    from advisor.core.catalog import resolve_model
+    from advisor.core.plan import Plan
+    from cli_run import advisor_json
+
+    plan = Plan(method="lora", seq_len=1024, loss="fused-linear", gradient_checkpointing=True,
+                image_sizes=("1280x720",))
+    config = export_plan(resolve_model("qwen2.5-vl-7b"), plan, tmp_path, formats=["advisor"])["advisor"]
+    code, d, err = advisor_json("preflight", config, "--gpu", "rtx-4090", "--gpu-budget", "24GB", "--json")
+    assert code in (0, 1) and d is not None, err
+    answered = [f for f in d["findings"] if f["check"] == "memory.answered-by"]
+    assert answered and "does not trace loss 'fused-linear'" in answered[0]["evidence"]
+    assert any(f["check"] == "memory.fit" for f in d["findings"])

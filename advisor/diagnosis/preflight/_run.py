@@ -146,6 +146,11 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
             at = at.with_(seq_len=data_capped(at.seq_len))
             return _memory(model, at, gpu, evaluates, backend), fit, at
 
+        gap = _simulation_gap(model, mem_plan) if backend == "simulate" else ""
+        if gap:  # as the tuner does (advisor.search.tuner): the closed form answers what the simulation cannot trace
+            backend = "estimate"
+            findings.append(Finding("memory.answered-by", "info", "the closed form answered the memory check",
+                                    f"{gap}; the closed form describes the plan", (), "memory"))
         try:
             report, fit, mem_plan = measured(backend)
         except AdvisorInputError:
@@ -177,6 +182,16 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
     return PreflightResult(verdict(findings), findings, model, plan, budget, gpu, report, stats, hours,
                            extra={"backend": backend}, gpu_assumed=target.gpu_assumed, host_budget=target.host_budget,
                            longest=longest)
+
+
+def _simulation_gap(model: ModelSpec, plan: Plan) -> str:
+    """What of ``plan`` the simulation cannot trace, where the closed form describes the plan ('' otherwise: the
+    simulation answers, or fails saying why)."""
+    from advisor.memory.closed_form import closed_form_describes
+    from advisor.runtime.simulate.vision import simulation_gap
+
+    gap = simulation_gap(model, plan)
+    return gap if gap and closed_form_describes(model, plan)[0] else ""
 
 
 def _memory(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, evaluates: bool = True,
