@@ -22,6 +22,10 @@ if os.environ.get("CI"):
 # the host budget a command detects is never the test machine's RAM (advisor/core/host.py): a machine with room for
 # every plan, for module-scoped fixtures and child processes too; a test of the host rule sets its own
 os.environ["ADVISOR_HOST_RAM"] = "1TiB"
+# one compute thread per process: the two xdist workers (and the children they start) already fill the two cores, and
+# torch's default of a thread per core for each of them oversubscribes them (the real-execution tests of
+# tests/test_simulate.py: 45 s with it, 38 s without); set before anything imports torch, and inherited by children
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 # ------------------------------------------------------------------------------------------- the run's shape

@@ -25,8 +25,12 @@ def _parent(pid: int) -> int:
     return psutil.Process(pid).ppid()
 
 
-def test_a_cuda_probe_and_a_probe_asked_fresh_get_no_zygote():
-    assert _zygote.zygote_for("cuda", dict(os.environ)) is None
+def test_a_cuda_probe_and_a_probe_asked_fresh_get_no_zygote(monkeypatch):
+    from advisor.core.catalog import CUDA_DOUBLE_ENV
+
+    monkeypatch.delenv(CUDA_DOUBLE_ENV, raising=False)
+    assert _zygote.zygote_for("cuda", dict(os.environ)) is None  # CUDA is started by the child it runs in
+    assert _zygote._forkable("cuda", {**os.environ, CUDA_DOUBLE_ENV: "rtx-4090"})  # the double's step: on the CPU
     assert _zygote.zygote_for("cpu", {**os.environ, _zygote.OFF_ENV: "0"}) is None
 
 

@@ -1,9 +1,9 @@
 """The parent side of a probe: start a child, watch it, end it, reap it.
 
 A CUDA child is a new interpreter (``subprocess.Popen`` of ``sys.executable``: spawn, never fork,
-so no CUDA or thread state is inherited); a CPU child is forked from the zygote, a process that has
-imported torch, transformers and peft once (advisor.runtime.probe._zygote). Either runs in its own
-session, hence its own process group.
+so no CUDA or thread state is inherited); a CPU child (or one of the CUDA test double) is forked from
+the zygote, a process that has imported torch, transformers and peft once
+(advisor.runtime.probe._zygote). Either runs in its own session, hence its own process group.
 It writes one JSON event per line to a file; the parent polls that file, stops the child at
 the timeout or as soon as a step's measured memory exceeds the budget, and always ends by
 killing the whole process group (the child and any grandchildren) and waiting for them. Every

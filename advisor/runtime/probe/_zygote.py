@@ -8,8 +8,9 @@ way Android's zygote or multiprocessing's forkserver does. A forked probe is sti
 session (``os.setsid``, so the parent can kill it and its grandchildren as one group), with its own log, working
 directory and environment; it runs the same ``advisor.runtime.probe._worker.main``.
 
-Only CPU probes are forked: a CUDA child must initialize CUDA itself (CUDA does not survive a fork, and importing
-bitsandbytes asks the driver for devices), so those stay fresh interpreters (advisor.runtime.probe._runner). So do
+Only CPU probes are forked (and cuda probes under the CUDA test double, whose step runs on the CPU): a CUDA child must
+initialize CUDA itself (CUDA does not survive a fork, and importing bitsandbytes asks the driver for devices), so those
+stay fresh interpreters (advisor.runtime.probe._runner). So do
 probes whose environment differs from the zygote's in a variable the preloaded libraries read when imported. A probe
 asked to be measured by coverage.py (its subprocess variables) starts and saves that measurement itself.
 
@@ -229,10 +230,18 @@ def _comparable(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in PER_PROBE and not k.startswith(PER_PROBE_PREFIX)}
 
 
+def _forkable(device: str, env: dict[str, str]) -> bool:
+    """A CPU probe; or a cuda probe under the CUDA test double, whose child runs its step on the CPU and never starts
+    CUDA (advisor.runtime.cuda_boundary)."""
+    from advisor.core.catalog import CUDA_DOUBLE_ENV
+
+    return device == "cpu" or (device == "cuda" and bool(env.get(CUDA_DOUBLE_ENV)))
+
+
 def zygote_for(device: str, env: dict[str, str]) -> Zygote | None:
     """The zygote to fork a probe from, or None where the probe must be a fresh interpreter (module docstring)."""
     global _zygote
-    if device != "cpu" or env.get(OFF_ENV) == "0":
+    if not _forkable(device, env) or env.get(OFF_ENV) == "0":
         return None
     with _zygote_lock:
         if _zygote is not None and (not _zygote.alive() or _comparable(_zygote.env) != _comparable(env)):
