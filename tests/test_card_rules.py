@@ -410,6 +410,7 @@ def test_the_issues_t4_command_gets_go(tmp_path, capsys):
     _assert_go("t4", tuned, checked)
 
 
+@pytest.mark.slow
 def test_an_assumed_card_keeps_its_rules(tmp_path, capsys):
     """`advisor tune --model qwen3-8b --gpu-budget 16GB` with no GPU named or detected assumes the V100-16GB the
     budget matches: the answer keeps its rules (fp16, no bf16), as with `--gpu v100-16gb` (issue 41)."""

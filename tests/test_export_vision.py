@@ -257,6 +257,7 @@ def test_vision_setup_adapts_and_trains_what_the_simulation_does(model_type, tow
     assert mine == {n for n, p in model.named_parameters() if p.requires_grad}
 
 
+@pytest.mark.slow
 def test_preflight_of_a_plan_the_vision_simulation_cannot_trace_is_answered_by_the_closed_form(tmp_path):
     """Issue 41: the tuner's vision-language answer with the fused-linear loss (which the vision-language simulation
     does not trace) was refused by its own pre-flight; pre-flight now does as the tuner does and says so."""

@@ -284,6 +284,7 @@ def test_resuming_counts_the_polish_apart_from_the_planned_trials(tmp_path, caps
     assert "Resuming: 40 of 40 planned trials + 1 polish already finished." in out and "41" not in out
 
 
+@pytest.mark.slow
 def test_the_length_nobody_chose_is_said_with_the_answer_at_2k_and_4k(tmp_path, capsys):
     """Issue 41: without seq_len or --data the study plans at the space's 1,024 tokens; the answer says so and gives
     its plan at 2,048 and 4,096 tokens against the same budget. A length the user gives is not second-guessed."""

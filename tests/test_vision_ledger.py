@@ -209,6 +209,7 @@ def test_the_closed_form_is_within_3_percent_of_the_simulation(plan):
     assert abs(est.tensor_peak_bytes / sim.tensor_peak_bytes - 1) < 0.03
 
 
+@pytest.mark.slow
 def test_the_header_counts_the_tower_and_the_load_holds_every_weight(capsys):
     """Issue 41: Qwen2.5-VL-7B's header counted the language model only (7.62B of 8.29B), and its load phase (the
     closed form) came out below its own weights."""

@@ -114,14 +114,13 @@ def diagnose(text: str, report=None, plan=None, gpu=None) -> list[Finding]:
     return findings
 
 
-CARD_MATCH = 0.05
-"""The OOM message's total capacity and the config's card agree within this share (the usable memory PyTorch
-reports is a little below the card's: an RTX 4090 of 24 GiB reports 23.65 GiB)."""
-
-
 def card_mismatch(total: int, gpu) -> Finding | None:
-    """A warning when the card the OOM happened on is not the card the config was planned for."""
-    if abs(total - gpu.memory_bytes) <= CARD_MATCH * gpu.memory_bytes:
+    """A warning when the card the OOM happened on is not the card the config was planned for: the OOM message's
+    total capacity is within the catalog's BUDGET_MATCH of the card's memory either way (the usable memory PyTorch
+    reports is a little below the card's: an RTX 4090 of 24 GiB reports 23.65 GiB)."""
+    from advisor.core.catalog import BUDGET_MATCH
+
+    if BUDGET_MATCH * gpu.memory_bytes <= total <= gpu.memory_bytes / BUDGET_MATCH:
         return None
     return Finding(check="log.other-card", severity="warning",
                    title=f"the log's GPU has {format_bytes(total)} in all; the config was planned for {gpu.name} "
