@@ -160,11 +160,15 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2, default=str))
     else:
         print_tune_result(settings, records, selection, exports)
+        from rich.console import Console
+        from rich.markup import escape
+
         from advisor.ui.render import length_lines, longest_lines
 
+        console = Console()  # wrapped to the terminal, as the rest of the answer
         for line in [*(longest_lines(result, settings.budget.format) if longest is not None else ()),
                      *length_lines(result, settings.budget.format)]:
-            print(line)
+            console.print(escape(line), highlight=False)
         from advisor.search.rl_answer import rl_answer_lines
 
         for line in rl_answer_lines(result["rl"], settings.budget.format):
