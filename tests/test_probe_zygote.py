@@ -64,3 +64,9 @@ def test_cpu_probes_fork_from_one_zygote_and_a_killed_zygote_is_replaced(spec, m
     fourth = run_probe(spec, PLAN, device="cpu", steps=1, warmup=0, timeout=240)
     assert fourth.status == "ok", fourth.message
     assert _zygote._zygote.alive()
+
+
+def test_what_a_library_prints_on_the_zygotes_stdout_is_not_a_message():
+    assert _zygote._message('{"pid": 3}\n') == {"pid": 3}
+    assert _zygote._message("Failed to load /site-packages/torchao/_C_mxfp8.so\n") is None
+    assert _zygote._message("[1, 2]\n") is None

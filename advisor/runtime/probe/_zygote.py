@@ -136,6 +136,15 @@ def serve() -> None:
         threading.Thread(target=wait_for, args=(pid,), daemon=True).start()
 
 
+def _message(line: str) -> dict | None:
+    """A protocol line; None for anything else a preloaded library printed on the zygote's stdout."""
+    try:
+        msg = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return msg if isinstance(msg, dict) else None
+
+
 class ForkedProbe:
     """A forked probe, with the part of ``subprocess.Popen`` the runner uses: pid, poll, wait, returncode."""
 
@@ -171,14 +180,19 @@ class Zygote:
         self._exits: dict[int, int] = {}
         self._pids: list[int] = []
         self._changed = threading.Condition()
-        first = self._proc.stdout.readline()  # the preload done (or the zygote dead: "")
-        self.ready = first.startswith("{") and "ready" in json.loads(first)
+        self.ready = False
+        for line in self._proc.stdout:  # until the preload is done (or the zygote dead: no line)
+            if "ready" in (_message(line) or {}):
+                self.ready = True
+                break
         if self.ready:
             threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
         for line in self._proc.stdout:
-            msg = json.loads(line)
+            msg = _message(line)
+            if msg is None:
+                continue
             with self._changed:
                 if "pid" in msg:
                     self._pids.append(msg["pid"])
