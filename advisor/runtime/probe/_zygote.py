@@ -31,7 +31,7 @@ from typing import Any
 # coverage.py's request to measure a started interpreter (coverage.process_startup): a forked probe honours it too
 COVERAGE = ("COVERAGE_PROCESS_CONFIG", "COVERAGE_PROCESS_START")
 # variables a probe may set differently from the zygote, none read by a preloaded library when imported: the child's
-# own paths and flags; this package's settings (advisor is not preloaded: the child reads them); the CUDA allocator's
+# own paths and flags; this package's settings (read when used, never at import); the CUDA allocator's
 # and inductor's cache (read when CUDA starts or inductor compiles); the hub's cache (huggingface_hub reads HF_HOME
 # at import, but a probe loads local directories only and downloads nothing); the tests' bookkeeping
 PER_PROBE = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTORCH_CUDA_ALLOC_CONF", "TORCHINDUCTOR_CACHE_DIR", "HF_HOME",
@@ -52,16 +52,10 @@ def _exists(pid: int) -> bool:
 
 
 def _preload() -> None:
-    """What every CPU probe imports before it builds the model (advisor.runtime.probe._worker._preimport)."""
-    import peft  # noqa: F401
-    import torch  # noqa: F401
-    import transformers
+    """What every CPU probe imports before it builds the model (the worker's own ``_preimport``, no model class)."""
+    from advisor.runtime.probe._worker import _preimport
 
-    transformers.Trainer  # noqa: B018 - its lazy import pulls the optimizer's modules
-    try:
-        import bitsandbytes  # noqa: F401
-    except ImportError:
-        pass
+    _preimport("")
 
 
 def _child(request: dict[str, Any]) -> None:
