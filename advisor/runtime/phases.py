@@ -36,3 +36,11 @@ def with_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, report: Memor
                 evaluates: bool | None = None) -> MemoryReport:
     """``report`` with the run's phases attached (its ``peak_bytes`` stays the step's)."""
     return attach(report, measure_run(model, plan, gpu, report, evaluates=evaluates))
+
+
+def run_report(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, backend: str = "estimate", *,
+               evaluates: bool | None = None) -> MemoryReport:
+    """``backend``'s report of the step of ``plan``, with the run's phases attached."""
+    from advisor.runtime.backends import get_backend
+
+    return with_phases(model, plan, gpu, get_backend(backend).measure(model, plan, gpu), evaluates=evaluates)

@@ -37,8 +37,7 @@ def at_common_lengths(settings, plan) -> list[AtLength]:
     """The answer's ``plan`` at each of COMMON_LENGTHS longer than its own (closed form, this study's budget)."""
     from advisor.core.fit import fit_verdict
     from advisor.memory.closed_form import closed_form_describes
-    from advisor.runtime.backends import get_backend
-    from advisor.runtime.phases import with_phases
+    from advisor.runtime.phases import run_report
 
     out = []
     for n in COMMON_LENGTHS:
@@ -48,8 +47,6 @@ def at_common_lengths(settings, plan) -> list[AtLength]:
         if not closed_form_describes(settings.model, longer)[0]:
             out.append(AtLength(n, None, "unknown"))
             continue
-        report = with_phases(settings.model, longer, settings.gpu,
-                             get_backend("estimate").measure(settings.model, longer, settings.gpu))
-        peak = report.run_peak_bytes
+        peak = run_report(settings.model, longer, settings.gpu).run_peak_bytes
         out.append(AtLength(n, peak, fit_verdict(peak, settings.budget.bytes, settings.headroom)))
     return out

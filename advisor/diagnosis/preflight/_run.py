@@ -197,10 +197,9 @@ def _simulation_gap(model: ModelSpec, plan: Plan) -> str:
 def _memory(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, evaluates: bool = True,
             backend: str = "simulate") -> MemoryReport:
     """The step at the longest batch, with the phases of the whole run attached (advisor.memory.phases)."""
-    from advisor.runtime.backends import get_backend
-    from advisor.runtime.phases import with_phases
+    from advisor.runtime.phases import run_report
 
-    return with_phases(model, plan, gpu, get_backend(backend).measure(model, plan, gpu), evaluates=evaluates)
+    return run_report(model, plan, gpu, backend, evaluates=evaluates)
 
 
 def memory_findings(report: MemoryReport, budget: Budget | None, headroom: float, seq: int,

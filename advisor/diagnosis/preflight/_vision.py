@@ -37,10 +37,9 @@ def largest_sample(plan: Plan, max_pixels: int) -> Plan:
 
 
 def _run_peak(model: ModelSpec, plan: Plan, gpu: GpuSpec | None) -> int:
-    from advisor.runtime.backends import get_backend
-    from advisor.runtime.phases import with_phases
+    from advisor.runtime.phases import run_report
 
-    return with_phases(model, plan, gpu, get_backend("estimate").measure(model, plan, gpu)).run_peak_bytes
+    return run_report(model, plan, gpu).run_peak_bytes
 
 
 def pixel_budget_findings(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, budget: Budget | None,
