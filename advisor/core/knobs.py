@@ -349,6 +349,27 @@ def lever_choices(plan_type: type) -> tuple[Knob, ...]:
     return tuple(k for k in levers(plan_type) if k.choices is not None)
 
 
+@dataclass(frozen=True)
+class RuleKnobs:
+    """A Plan class's knobs grouped by the declared rule each states (``Plan._declared_problems`` checks them for
+    every plan the search builds: grouped once per class)."""
+
+    with_choices: tuple[Knob, ...]
+    ranged_always: tuple[Knob, ...]
+    """A Range on a knob that applies to every plan."""
+    ranged_where_it_applies: tuple[Knob, ...]
+    switches: tuple[Knob, ...]
+
+
+@lru_cache(maxsize=None)
+def rule_knobs(plan_type: type) -> RuleKnobs:
+    ks = knobs(plan_type)
+    return RuleKnobs(tuple(k for k in ks if k.choices is not None),
+                     tuple(k for k in ks if k.range is not None and k.applies is None),
+                     tuple(k for k in ks if k.range is not None and k.applies is not None),
+                     tuple(k for k in ks if k.is_switch))
+
+
 def knob_of(plan_type: type, name: str) -> Knob:
     for k in knobs(plan_type):
         if k.name == name:

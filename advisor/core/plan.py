@@ -14,7 +14,7 @@ from typing import Any
 from advisor.core.dtypes import DTYPE_BYTES, DTYPES  # noqa: F401  (DTYPE_BYTES: the ledgers import it from here)
 from advisor.core.errors import AdvisorInputError, ConfigErrors
 from advisor.core.knobs import (Cli, Custom, Key, Range, Refused, Search, Tag, Unkeyed, Workload, first, format_value,
-                                knob, knob_of, knobs, prefer, summary)
+                                knob, knob_of, knobs, prefer, rule_knobs, summary)
 from advisor.core.optimizers import names_where, optimizer, optimizers
 from advisor.core.rope import parse_rope_scaling
 
@@ -845,20 +845,20 @@ class Plan:
         knobs where they apply, and every switch."""
         errs: list[AdvisorInputError] = []
         values = vars(self)
-        ks = knobs(type(self))
+        ks = rule_knobs(type(self))
         if not conditional:
-            for k in ks:
-                if k.choices is not None and values[k.name] not in k.choices:
+            for k in ks.with_choices:
+                if values[k.name] not in k.choices:
                     errs.append(AdvisorInputError(k.flag, f"must be one of {', '.join(k.choices)}", values[k.name]))
-        for k in ks:
+        for k in ks.ranged_where_it_applies if conditional else ks.ranged_always:
             v = values[k.name]
-            if k.range is None or (k.applies is None) == conditional or not k.applies_to(values):
+            if conditional and not k.applies(values):
                 continue
             if not (v is None and k.default is None) and not k.range.holds(v):
                 errs.append(AdvisorInputError(k.flag, k.range.rule, v))
         if conditional:
-            errs += [AdvisorInputError(k.flag, "must be true or false", values[k.name]) for k in ks
-                     if k.is_switch and not isinstance(values[k.name], bool)]
+            errs += [AdvisorInputError(k.flag, "must be true or false", values[k.name]) for k in ks.switches
+                     if not isinstance(values[k.name], bool)]
         return errs
 
     def validate(self) -> "Plan":

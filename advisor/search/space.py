@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -48,6 +48,11 @@ TRIALS = 40
 def fixed_knobs(plan_type: type = Plan) -> Mapping[str, Knob]:
     """The knobs a space states among its fixed values: the user's workload (from the declarations)."""
     return MappingProxyType({k.name: k for k in workload_knobs(plan_type)})
+
+
+@lru_cache(maxsize=None)
+def field_names(plan_type: type = Plan) -> frozenset[str]:
+    return frozenset(k.name for k in knobs(plan_type))
 
 
 def workload_of(fixed: Mapping[str, Any], plan_type: type = Plan) -> dict[str, Any]:
@@ -123,6 +128,11 @@ class SearchSpace:
         """The user's workload the space states (its ``fixed`` workload knobs, the others at their defaults): what
         a knob's ``applies`` reads beside the knobs chosen (the task, for a GRPO lever)."""
         return workload_of(self.fixed, self.plan)
+
+    @cached_property
+    def fixed_fields(self) -> dict[str, Any]:
+        """The Plan fields the space's fixed values set (its workload), as each field holds them."""
+        return {name: _as_field(self.fixed.get(name, k.default), k) for name, k in fixed_knobs(self.plan).items()}
 
     def conditions(self, arch: dict[str, Any] | None = None, check: "Check | None" = None) -> "Conditions":
         """The plan rules applied to this space's knobs (for one model's ``arch``)."""
@@ -343,7 +353,7 @@ def plan_from_params(params: dict[str, Any], space: SearchSpace, arch: dict[str,
     fields the space sets from its fixed values are derived here.
     """
     fixed, plan = space.fixed, space.plan
-    fields = {k.name: k for k in knobs(plan)}
+    fields = field_names(plan)
     values = {k: v for k, v in params.items() if k in fields and v is not None}
     card = space.card or Card()
     for name in CARD_DECIDED:  # a space's `auto`: the card's value here (advisor.core.card_rules)
@@ -361,7 +371,7 @@ def plan_from_params(params: dict[str, Any], space: SearchSpace, arch: dict[str,
         lora_targets=(resolve_targets(params.get("lora_targets") or "attention", arch) if method != "full"
                       else ("q_proj",)),
         grad_accum=max(1, math.ceil(fixed["global_batch"] / mb)),
-        **{name: _as_field(fixed.get(name, k.default), k) for name, k in fixed_knobs(plan).items()},  # the workload
+        **space.fixed_fields,  # the workload
     )
     return plan(**values)
 
