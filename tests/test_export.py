@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ from advisor.configs._base import training_hyperparameters
 from advisor.configs.export import EXPORTERS, FILENAMES, export_plan, export_sections
 from advisor.configs._deepspeed import PREFETCH_BUCKET_SIZE, REDUCE_BUCKET_SIZE
 from advisor.core.plan import Plan
+from export_runs import run_export_script  # tests/export_runs.py
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -263,22 +262,13 @@ RUNS = {
 }
 
 
-def _run_train(script: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env,
-                          timeout=300, cwd=script.parent)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ADVISOR_TRAIN_SUMMARY ")]
-    summary = json.loads(lines[-1].split(" ", 1)[1]) if lines else {}
-    return proc, summary
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_train_py_runs_one_step_on_cpu(name, tiny_model, qwen7b, tmp_path):
     plan = RUNS[name]
     # Exported for the catalog's Qwen2.5-7B (what tune would write); --model-path points at the tiny copy.
     written = export_plan(qwen7b, plan, tmp_path / "export", ["train"])
-    proc, s = _run_train(written["train"], "--data", str(tiny_model / "data.jsonl"), "--max-steps", "1",
+    proc, s = run_export_script(written["train"], "--data", str(tiny_model / "data.jsonl"), "--max-steps", "1",
                          "--model-path", str(tiny_model), "--output-dir", str(tmp_path / "ckpt"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert s["steps"] == 1 and math.isfinite(s["train_loss"]) and s["train_loss"] > 0

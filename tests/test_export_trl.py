@@ -79,7 +79,7 @@ def test_train_trl_runs_one_sfttrainer_step_on_cpu(tiny_model, qwen7b, tmp_path)
     assert cfg["use_dora"] is True and cfg["packing"] is True
     proc, s = run_export_script(tmp_path / "export" / "train_trl.py", "--data", str(tiny_model / "data.jsonl"),
                    "--max-steps", "1", "--model-path", str(tiny_model), "--output-dir", str(tmp_path / "ckpt"),
-                   "--no-save")
+                   "--no-save", fresh=True)  # the one exported run in a fresh interpreter, as a user starts it
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert s["steps"] == 1 and math.isfinite(s["train_loss"]) and s["train_loss"] > 0
     assert s["device"] == "cpu" and s["max_length"] == plan.seq_len and s["packing"] is True

@@ -59,7 +59,7 @@ def test_trl_yaml_vision_mapping_reads_back_and_trls_cli_parser_takes_the_rest(q
 
 
 @pytest.mark.parametrize("fmt", ["advisor", "trl"])
-def test_vision_exports_refuse_what_the_scripts_do_notrun_export_script(qwen25vl, tmp_path, fmt):
+def test_vision_exports_refuse_what_the_scripts_do_not_run(qwen25vl, tmp_path, fmt):
     with pytest.raises(Unsupported, match="images only"):
         export_plan(qwen25vl, Plan(method="lora", video_frames=8), tmp_path, [fmt])
     with pytest.raises(Unsupported, match="no packing"):
