@@ -1,9 +1,9 @@
 """Run an exported training script (train.py, train_trl.py, train_grpo.py, train_dpo.py) on the CPU, as a user would:
 a child Python in the export's folder, no GPU visible; returns the process and its ADVISOR_TRAIN_SUMMARY line.
 
-A child is forked from a process that has already imported torch, transformers, peft and TRL (multiprocessing's
-forkserver), then runs the script as ``__main__`` (``runpy.run_path``) with its own arguments, folder, environment
-and output: the same script run, without a fresh interpreter's 6 s of imports each time. ``fresh=True`` starts a
+A child is forked from a process that has already imported torch, transformers, peft and TRL (tests/forked.py),
+then runs the script as ``__main__`` (``runpy.run_path``) with its own arguments, folder, environment and output:
+the same script run, without a fresh interpreter's 6 s of imports each time. ``fresh=True`` starts a
 new interpreter instead (``python script ...``), for what happens at import (tests/test_export_trl.py keeps one run
 so, tests/test_export_alloc_conf.py its own).
 """
@@ -11,16 +11,15 @@ so, tests/test_export_alloc_conf.py its own).
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-PRELOAD = ["torch", "transformers", "peft", "trl", "datasets"]
+from forked import forkserver_context  # tests/forked.py
+
 TIMEOUT = 400
-_context = None
 
 
 def run_export_script(script: Path, *args: str, fresh: bool = False) -> tuple[subprocess.CompletedProcess, dict]:
@@ -35,13 +34,9 @@ def run_export_script(script: Path, *args: str, fresh: bool = False) -> tuple[su
 
 
 def _forked(script: Path, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    global _context
-    if _context is None:
-        _context = multiprocessing.get_context("forkserver")
-        _context.set_forkserver_preload(PRELOAD)
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-        child = _context.Process(target=_run_script, args=(str(script), args, env, str(out), str(err)))
+        child = forkserver_context().Process(target=_run_script, args=(str(script), args, env, str(out), str(err)))
         child.start()
         child.join(TIMEOUT)
         if child.is_alive():

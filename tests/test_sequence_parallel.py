@@ -42,9 +42,9 @@ def _rank(rank: int, world: int, port: int, plan: Plan, out) -> None:
 
 def real_ranks(plan: Plan) -> dict[int, tuple]:
     """Every rank of ``plan``'s sequence-parallel group, run for real on the CPU over gloo (one process each)."""
-    import torch.multiprocessing as mp
+    from forked import forkserver_context  # tests/forked.py: the ranks fork from a process that imported DeepSpeed
 
-    ctx = mp.get_context("spawn")
+    ctx = forkserver_context()
     out = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_rank, args=(r, plan.sp_degree, port, plan, out)) for r in range(plan.sp_degree)]
@@ -57,7 +57,7 @@ def real_ranks(plan: Plan) -> dict[int, tuple]:
     return results
 
 
-@pytest.mark.slow  # two processes each import DeepSpeed and trace a real step (about a minute)
+@pytest.mark.slow  # each rank traces a real step
 @pytest.mark.parametrize("plan", [Plan(seq_len=512, sp_degree=2, **LORA),
                                   Plan(seq_len=512, sp_degree=4, gradient_checkpointing=True, **LORA)],
                          ids=lambda p: p.short())
