@@ -31,13 +31,35 @@ def test_advisor_yaml_vision_section_reads_back(qwen25vl, tmp_path):
     plan = Plan(method="lora", **VISION)
     written = export_plan(qwen25vl, plan, tmp_path, ["advisor", "train"])
     cfg = yaml.safe_load(written["advisor"].read_text())
-    assert cfg["vision"] == {"max_pixels": 1003520, "min_pixels": 3136, "tower": "lora", "train_projector": True,
-                             "gradient_checkpointing": True}
+    assert cfg["vision"] == {"max_length": 1024 + 1196, "max_pixels": 1003520, "min_pixels": 3136, "tower": "lora",
+                             "train_projector": True, "gradient_checkpointing": True}
     assert cfg["training"]["remove_unused_columns"] is False
     assert (tmp_path / "vision_setup.py").is_file() and (tmp_path / "train.py").is_file()
     _, read, _ = read_config(written["advisor"])
     for k in ("max_pixels", "min_pixels", "vision_tower", "train_projector", "vision_gradient_checkpointing"):
         assert getattr(read, k) == getattr(plan, k), k
+
+
+def test_every_sequence_cap_holds_the_planned_sample_with_its_image_tokens(qwen25vl, tmp_path):
+    """Issue 41: 1,024 text tokens and one 1280x720 image (1,196 tokens in the language model's sequence) are 2,220
+    tokens; every tool's cap must hold them (the collator stops on a longer sample, TRL refuses to cut image
+    placeholders), while advisor.yaml's plan keeps its 1,024 text tokens."""
+    from advisor.core.vision_tokens import count_sample
+
+    plan = Plan(method="lora", **VISION)
+    image_tokens = count_sample(qwen25vl, plan).text_tokens
+    assert image_tokens == 1196
+    written = export_plan(qwen25vl, plan, tmp_path, ["advisor", "trl"])
+    # axolotl and LLaMA-Factory have no key for the tower's settings: the image alone
+    written.update(export_plan(qwen25vl, Plan(method="lora", image_sizes=VISION["image_sizes"]), tmp_path / "tools",
+                               ["axolotl", "llamafactory"]))
+    caps = {fmt: yaml.safe_load(written[fmt].read_text()) for fmt in ("advisor", "trl", "axolotl", "llamafactory")}
+    assert caps["advisor"]["vision"]["max_length"] == 1024 + image_tokens
+    assert caps["advisor"]["advisor"]["max_seq_length"] == 1024
+    assert caps["trl"]["max_length"] == caps["axolotl"]["sequence_len"] == caps["llamafactory"]["cutoff_len"] \
+        == 1024 + image_tokens
+    _, read, extras = read_config(written["advisor"])
+    assert read.seq_len == 1024 and "seq_len" not in extras["edited"]
 
 
 def test_trl_yaml_vision_mapping_reads_back_and_trls_cli_parser_takes_the_rest(qwen25vl, tmp_path):

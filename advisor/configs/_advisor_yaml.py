@@ -174,7 +174,8 @@ def sections(ctx: ExportContext) -> dict[str, Any]:
         "lora": lora_section(plan, ctx.spec),
         "training": training,
         "deepspeed": deepspeed_config(plan, ctx.zero_stage) if ctx.zero_stage is not None else None,
-        "vision": {} if ctx.spec.is_vision_language else None,  # vision_setup.py's settings (declared keys)
+        # vision_setup.py's settings (declared keys), and the collator's cap: the text and the planned sample's images
+        "vision": {"max_length": ctx.file_plan.seq_len} if ctx.spec.is_vision_language else None,
         # accelerate's ParallelismConfig, built by train.py (declared keys)
         "sequence_parallel": {} if plan.sp_degree > 1 else None,
         "advisor": advisor,

@@ -125,7 +125,7 @@ def axolotl_config(ctx: ExportContext) -> dict[str, Any]:
     rope = rope_overrides(ctx.spec, plan)
     if rope:  # --rope-scaling: axolotl 0.19 sets each key on the loaded config (loaders/utils.py; rope_scaling is gone)
         cfg["overrides_of_model_config"] = rope
-    cfg = fill(cfg, plan, FORMAT)
+    cfg = fill(cfg, ctx.file_plan, FORMAT)  # a vision-language sample's image tokens within sequence_len
     if plan.task in RL_TASKS:  # rl: grpo|dpo (advisor.configs._rl_tools)
         cfg = _rl_tools.axolotl_rl(cfg, ctx)
         if "why" not in training_hyperparameters(plan):

@@ -218,6 +218,16 @@ class ExportContext:
         return self.spec.hf_id
 
     @property
+    def file_plan(self) -> "Plan":
+        """The plan as a tool's own keys hold it: its sequence cap counts the planned sample's image and video tokens
+        beside the text (advisor.core.vision_tokens.sequence_tokens), so the sample the memory was planned for
+        passes the cap; the same plan for a text model."""
+        from advisor.core.vision_tokens import sequence_tokens
+
+        cap = sequence_tokens(self.spec, self.plan)
+        return self.plan if cap == self.plan.seq_len else self.plan.with_(seq_len=cap)
+
+    @property
     def zero_stage(self) -> int | None:
         """The DeepSpeed ZeRO stage the run uses: its CPU offload's, else ZeRO-2/3 sharding on several GPUs."""
         if self.plan.offload in ZERO_OFFLOAD_STAGES:

@@ -170,7 +170,7 @@ def llamafactory_config(ctx: ExportContext) -> dict[str, Any]:
         cfg["deepspeed"] = ctx.deepspeed_path
     refuse_unexpressible(plan, FORMAT)
     cfg.update(_low_rank_fields(plan, ctx.spec))
-    cfg = fill(cfg, plan, FORMAT)
+    cfg = fill(cfg, ctx.file_plan, FORMAT)  # a vision-language sample's image tokens within cutoff_len
     if plan.task in RL_TASKS:  # stage: dpo (advisor.configs._rl_tools); GRPO refused
         cfg = _rl_tools.llamafactory_rl(cfg, ctx)
         if "why" not in training_hyperparameters(plan):

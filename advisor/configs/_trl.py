@@ -131,7 +131,7 @@ def trl_config(ctx: ExportContext) -> dict[str, Any]:
     # the optimizer's arguments, checkpointing kwargs and activation offloading, refused where TRL cannot say them
     out.update(_memory_lever_fields(ctx.plan, ctx.spec))
     out.update(_rope_fields(ctx))
-    out = fill(out, ctx.plan, FORMAT)
+    out = fill(out, ctx.file_plan, FORMAT)  # a vision-language sample's image tokens within max_length
     if ctx.plan.task in RL_TASKS:  # GRPOConfig / DPOConfig instead of SFTConfig (advisor.configs._trl_rl)
         out = _trl_rl.rl_config(out, ctx)
     if ctx.spec.is_vision_language:

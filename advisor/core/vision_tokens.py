@@ -422,6 +422,14 @@ def count_video(spec, plan) -> VideoTokens | None:
                        tokens=patches // (merge * merge), max_pixels=hi)
 
 
+def sequence_tokens(spec, plan) -> int:
+    """The language model's sequence one planned sample fills: ``seq_len`` text tokens and the tokens its images and
+    video take there (what a tool's sequence cap must hold: TRL's max_length, LLaMA-Factory's cutoff_len, axolotl's
+    sequence_len count image placeholders too)."""
+    sample = count_sample(spec, plan)
+    return plan.seq_len + (sample.text_tokens if sample is not None else 0)
+
+
 def count_sample(spec, plan) -> VisionInput | None:
     """What the plan's sample (``--image-size`` each, the video) becomes for ``spec``; None without images or
     video."""

@@ -377,6 +377,7 @@ def main(argv=None) -> dict:
         offload_activations(model)  # with checkpointing, gradient_checkpointing_kwargs.offload does it
     if vision is not None:
         data = vision_setup.load_samples(Path(args.data))
+        seq_len = int(vision.get("max_length") or seq_len)  # the text and the planned sample's image tokens
         collate = vision_setup.collator(processor, seq_len)
         say(f"{len(data)} sample(s) of at most {seq_len} tokens; micro batch {targs.per_device_train_batch_size}, "
             f"accumulation {targs.gradient_accumulation_steps}")
