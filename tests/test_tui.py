@@ -283,6 +283,33 @@ async def test_e_exports_the_chosen_plan_as_advisor_yaml(tmp_path):
     assert app.exported["advisor"] == out / "advisor.yaml"
 
 
+def test_the_header_counts_each_trial_once():
+    """Issue 41: "40/40 trials, 42 pruned" for a study of 45 records counted repeated proposals among the pruned."""
+    import dataclasses
+
+    from advisor.search.tuner import POLISH_MARK
+    from advisor.ui.tui.state import Board
+
+    records = sample_records()  # 7 trials, 2 pruned
+    repeat = dataclasses.replace(records[0], number=7, duplicate_of=0)  # a pruned proposal asked again
+    polish = dataclasses.replace(records[1], number=8, ladder=f"{POLISH_MARK} optimizer")
+    board = Board(make_app().info, [*records, repeat, polish])
+    assert board.tally() == "7/10 trials (2 pruned) + 1 polish, 1 repeats skipped"
+
+
+@sync
+async def test_e_on_the_chosen_tab_exports_the_chosen_trial_not_the_highlighted_row(tmp_path):
+    from advisor.ui.tui.screens import ExportScreen
+
+    app = make_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        while app.query_one("TrialTable").highlighted_number() != 4:  # a complete trial that is not the chosen #1
+            await pilot.press("down")
+        await pilot.press("4", "e")
+        assert isinstance(app.screen, ExportScreen)
+        assert "#1" in app.screen.title_text and "(the chosen plan)" in app.screen.title_text
+
+
 @sync
 async def test_export_dialog_explains_a_missing_exporter(monkeypatch):
     from advisor.ui.tui import app as app_module

@@ -142,9 +142,7 @@ class AdvisorApp(App[int]):
         hb = i.description.host_budget
         head.append(f" · host {hb.text}" if hb is not None else " · host not checked")
         t = Text(overflow="ellipsis", no_wrap=True)
-        planned, polish = b.finished_split()
-        t.append(f"{planned}/{i.trials or '?'} trials{f' + {polish} polish' if polish else ''}, "
-                 f"{len(b.pruned())} pruned · ")
+        t.append(f"{b.tally()} · ")
         t.append(*self.activity())
         t.append(f" · sort: {sort_label(self.sort)}")
         if self.query:
@@ -235,7 +233,10 @@ class AdvisorApp(App[int]):
                                        chosen=best is not None and best.number == number))
 
     def export_target(self) -> TrialRecord | None:
-        """The highlighted trial when it is complete, else the chosen one."""
+        """The chosen trial on the Chosen tab; elsewhere the highlighted trial when it is complete, else the chosen
+        one."""
+        if self.query_one("#tabs", TabbedContent).active == "tab-winner":
+            return self.board.best
         number = self.query_one(TrialTable).highlighted_number()
         record = self.board.records.get(number) if number is not None else None
         if record is not None and record.state == "complete" and record.plan:

@@ -129,6 +129,16 @@ class Board:
     def pruned(self) -> list[TrialRecord]:
         return [r for r in self.ordered() if r.state == "pruned"]
 
+    def tally(self) -> str:
+        """The header's count: "40/40 trials (12 pruned) + 1 polish, 5 repeats skipped", each trial counted once
+        (a repeated proposal and the polish's trials are not among the planned ones, nor among their pruned)."""
+        planned, polish = self.finished_split()
+        own = [r for r in self.records.values() if r.state in FINISHED and r.duplicate_of is None and not is_polish(r)]
+        pruned = sum(1 for r in own if r.state == "pruned")
+        repeats = sum(1 for r in self.records.values() if r.state in FINISHED and r.duplicate_of is not None)
+        return (f"{planned}/{self.info.trials or '?'} trials ({pruned} pruned)"
+                + (f" + {polish} polish" if polish else "") + (f", {repeats} repeats skipped" if repeats else ""))
+
     def fit(self, record: TrialRecord) -> str:
         """ok (peak + headroom fits), tight (fits, not the headroom), over, or "" (no peak): the one rule
         (advisor.core.fit) on the peak the selection decides on (the run's, advisor.search.select.run_peak)."""
