@@ -298,6 +298,25 @@ def test_the_header_counts_each_trial_once():
 
 
 @sync
+async def test_at_80_columns_rows_stay_apart_and_three_digit_peaks_keep_their_mark():
+    """Issue 41: plans cut at the end looked identical at 80 columns, and a 100+ GB peak lost its source mark."""
+    from advisor.ui.tui.widgets import TrialTable
+
+    base = dict(method="lora", lora_targets="all-linear", gradient_checkpointing=True, micro_batch=4, grad_accum=4,
+                seq_len=8192, optimizer="adamw_8bit")
+    records = [_done(1, _plan(**base), 123.45, 900.0, 0.01),
+               _done(2, _plan(**base, loss="fused-linear"), 101.5, 950.0, 0.01, source="simulated"),
+               _done(3, _plan(**base, loss="chunked"), 111.0, 930.0, 0.01, source="measured")]
+    app = make_app(records=records)
+    async with app.run_test(size=(80, 24)):
+        table = app.query_one(TrialTable)
+        plans = [str(table.get_cell(str(n), "plan")) for n in (1, 2, 3)]
+        peaks = [str(table.get_cell(str(n), "peak")) for n in (1, 2, 3)]
+    assert len(set(plans)) == 3, plans
+    assert all(p.endswith(m) for p, m in zip(peaks, (" e", " s", " m"))), peaks
+
+
+@sync
 async def test_e_on_the_chosen_tab_exports_the_chosen_trial_not_the_highlighted_row(tmp_path):
     from advisor.ui.tui.screens import ExportScreen
 
