@@ -232,7 +232,11 @@ def test_markdown_has_the_answer_and_every_trial(study):
 
 
 def test_reproduce_command_makes_the_same_study(study, tmp_path):
-    """The report's "Reproduce" command, run elsewhere, gives the same trials and the same winner."""
+    """The report's "Reproduce" command, run elsewhere, gives the same trials and the same winner; the GPU the study
+    assumed from the budget is said beside it (issue 41)."""
+    gpu = study["tuned"]["gpu"]
+    assert gpu["assumed"] and re.search(rf"^# the study assumed the {re.escape(gpu['name'])} \(\S+\) from the 24GB "
+                                        "budget", study["md"], flags=re.M), gpu
     line = re.search(r"^advisor tune .*$", study["md"], flags=re.M).group(0)
     argv = line.split()[1:] + ["--reports-dir", str(tmp_path), "--json"]
     code, out = _run(argv)

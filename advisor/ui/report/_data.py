@@ -214,4 +214,8 @@ def reproduce_command(d: StudyDescription, study: str) -> str:
     # every stored setting's flag, from its declaration (advisor.search.settings)
     flags = reproduce_flags(d, {"space": space.name if is_built_in_space(space) else space.source})
     parts = ["advisor", "tune", *flags, "--study", study, *space.overrides]
-    return " ".join(shlex.quote(p) for p in parts)
+    command = " ".join(shlex.quote(p) for p in parts)
+    if d.gpu_assumed:  # no --gpu: naming the card would be another study (gpu_assumed is part of what it asks)
+        return (f"# the study assumed the {d.gpu.name} ({d.gpu.key}) from the {d.budget.text} budget; the command "
+                "assumes it again\n" + command)
+    return command
