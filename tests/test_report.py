@@ -305,3 +305,18 @@ def test_cli_import_stays_light():
             "print(sorted(m for m in ('matplotlib', 'optuna', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_plan_table_lists_what_applies_to_the_plan():
+    """Issue 41: the winner's plan table listed about 60 keys, GRPO, vLLM and video ones for a text run."""
+    from advisor.core.plan import Plan
+    from advisor.ui.report._format import plan_rows
+
+    text = dict(plan_rows(Plan(method="lora", gradient_checkpointing=True).to_dict()))
+    assert len(text) <= 25 and "Sequence length" in text and "LoRA rank" in text
+    assert not {"task", "num_generations", "vllm_gpu_memory_utilization", "video_frames", "max_pixels", "sp_degree",
+                "tiled_mlp", "image_sizes"} & set(text)
+    grpo = dict(plan_rows(Plan(method="lora", task="grpo", generation="vllm-colocate").to_dict()))
+    assert {"task", "num_generations", "max_completion_length", "vllm_gpu_memory_utilization"} <= set(grpo)
+    vision = dict(plan_rows(Plan(method="lora", image_sizes=("640x480",), vision_tower="lora").to_dict()))
+    assert {"image_sizes", "vision_tower"} <= set(vision) and "video_frames" not in vision

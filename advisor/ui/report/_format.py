@@ -47,15 +47,27 @@ def acc_text(r: TrialRecord) -> str:
 
 
 def plan_rows(plan: dict[str, Any]) -> list[tuple[str, str]]:
-    """(label, value) for the plan fields that apply to it (no LoRA rows for a full fine-tune)."""
+    """(label, value) for the plan fields that apply to it, by the knobs' declarations (advisor.core.knobs): a lever
+    where it applies (no LoRA rows for a full fine-tune, no GRPO or vLLM rows for supervised fine-tuning) and the
+    search turns it, or it is set (no sequence-parallel, tiled-MLP or pixel rows at their defaults); a workload field
+    where it is asked for (the required ones, those of the plan's task, the others off their default: no video rows
+    without a video)."""
+    from advisor.core.knobs import knobs
+    from advisor.core.plan import Plan
+
+    values = {**Plan().to_dict(), **plan}
+    default = Plan().to_dict()
     rows = []
-    peft = plan.get("method") != "full"
-    for key, value in plan.items():
-        if not peft and key.startswith("lora_"):
+    for k in knobs(Plan):
+        if k.name not in plan or not k.applies_to(values):
             continue
-        if key == "double_quant" and plan.get("quantization") not in ("nf4", "fp4"):
+        at_default = plan[k.name] == default[k.name]
+        if at_default and (not k.workload.required and k.applies is None if not k.is_lever
+                           else k.search is None and k.tag is not None):
             continue
-        rows.append((PLAN_LABELS.get(key, key), value_text(value)))
+        if k.name == "double_quant" and plan.get("quantization") not in ("nf4", "fp4"):
+            continue
+        rows.append((PLAN_LABELS.get(k.name, k.name), value_text(plan[k.name])))
     return rows
 
 
