@@ -320,3 +320,29 @@ def test_the_plan_table_lists_what_applies_to_the_plan():
     assert {"task", "num_generations", "max_completion_length", "vllm_gpu_memory_utilization"} <= set(grpo)
     vision = dict(plan_rows(Plan(method="lora", image_sizes=("640x480",), vision_tower="lora").to_dict()))
     assert {"image_sizes", "vision_tower"} <= set(vision) and "video_frames" not in vision
+
+
+def test_scatter_labels_stay_by_their_points():
+    """Issue 41: labels of crowded points floated away (moved up to half the plot, 150 points, with nothing tying
+    them to their point)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+    from matplotlib.text import Annotation
+
+    from advisor.ui.report._plots import _label_points
+
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot()
+    ax.set_xlim(0, 24)
+    ax.set_ylim(0, 2000)
+    crowd = [(12.0 + i * 0.01, 1000.0 + i, f"#{i}") for i in range(12)]
+    _label_points(ax, crowd)
+    height_pt = fig.get_size_inches()[1] * 72 * ax.get_position().height
+    labels = [t for t in ax.texts if isinstance(t, Annotation)]
+    assert len(labels) == 12
+    for a in labels:
+        moved = abs(a.xyann[1] - 3)
+        assert moved <= 0.2 * height_pt + 1
+        assert (a.arrow_patch is not None) == (moved > 0), a.get_text()

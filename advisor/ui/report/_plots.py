@@ -121,16 +121,20 @@ def pareto(data: ReportData):
 
 
 def _label_points(ax, points: list[tuple[float, float, str]]) -> None:
-    """Small labels beside points, moved down a line at a time where they would overlap another."""
+    """Small labels beside points, moved down a line at a time where they would overlap another; a label moved off
+    its point is tied to it by a thin leader line, and never moved more than a fifth of the plot's height."""
     (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    height_pt = ax.figure.get_size_inches()[1] * 72 * ax.get_position().height  # the axes' height in points
     placed: list[tuple[float, float]] = []
     for x, y, text in sorted(points, key=lambda p: (-p[1], p[0])):
         fx, fy = (x - x0) / (x1 - x0), (y - y0) / (y1 - y0)
-        dy = 0
-        while any(abs(fx - px) < 0.045 and abs(fy + dy - py) < 0.035 for px, py in placed) and dy > -0.5:
+        dy = 0.0
+        while any(abs(fx - px) < 0.045 and abs(fy + dy - py) < 0.035 for px, py in placed) and dy - 0.035 >= -0.2:
             dy -= 0.035
         placed.append((fx, fy + dy))
-        ax.annotate(text, (x, y), xytext=(5, 3 + dy * 300), textcoords="offset points", fontsize=7, alpha=0.85)
+        leader = {"arrowprops": {"arrowstyle": "-", "lw": 0.5, "alpha": 0.6, "shrinkA": 0, "shrinkB": 2}} if dy else {}
+        ax.annotate(text, (x, y), xytext=(5, 3 + dy * height_pt), textcoords="offset points", fontsize=7, alpha=0.85,
+                    **leader)
 
 
 def ledger_bars(data: ReportData):
