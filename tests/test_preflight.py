@@ -144,3 +144,29 @@ def test_headroom_fixes_leave_out_what_the_plan_already_does():
     fresh = " ".join(headroom_fixes(Plan(method="lora", micro_batch=4)))
     for fix in ("micro-batch", "gradient checkpointing", "cross-entropy", "4-bit", "advisor tune"):
         assert fix in fresh
+
+
+def test_a_fused_loss_whose_kernel_package_is_missing_is_said(tmp_path, monkeypatch):
+    """Issue 41: GO for an advisor.yaml with use_liger_kernel: true (its fit counts the fused loss) on a machine
+    without liger-kernel. Where the run would start (a GPU detected here) that is NO-GO; elsewhere a note."""
+    import importlib.util
+
+    from advisor.configs.export import export_plan
+    from advisor.core.catalog import resolve_model
+    from advisor.core.plan import Plan
+    from advisor.diagnosis.preflight import _env
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(_env.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "liger_kernel" else real(name, *a))
+    written = export_plan(resolve_model("qwen0.5b"), Plan(method="lora", loss="fused-linear"), tmp_path,
+                          ["advisor", "trl"])
+    code, d, _ = advisor_json("preflight", str(written["advisor"]), "--gpu", "rtx-4090", "--backend", "estimate",
+                              "--json")
+    kernel = [f for f in d["findings"] if f["check"] == "env.missing-package"]
+    assert kernel and kernel[0]["severity"] == "info" and "liger-kernel" in kernel[0]["title"]
+    # TRL's SFTTrainer fuses the head itself: nothing to install
+    code, d, _ = advisor_json("preflight", str(written["trl"]), "--gpu", "rtx-4090", "--backend", "estimate", "--json")
+    assert not [f for f in d["findings"] if f["check"] == "env.missing-package"]
+    gpu_here = _env.check_loss_kernel(Plan(method="lora", loss="fused-linear"), "advisor", {}, gpu_here=True)
+    assert gpu_here[0].severity == "error"

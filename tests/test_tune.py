@@ -300,3 +300,33 @@ def test_the_length_nobody_chose_is_said_with_the_answer_at_2k_and_4k(tmp_path, 
     assert main([*base, "seq_len=2048"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["seq_len"] == {"tokens": 2048, "chosen": True} and "at_common_lengths" not in d
+
+
+def test_the_polish_tries_the_answer_without_an_exact_change_that_buys_nothing():
+    """Issue 41: `tune --model llama8b --gpu-budget 24GB --gpu rtx-4090 seq_len=max` answered ZeRO-2 CPU offload,
+    which moved 0.10 GiB of LoRA optimizer state for 15.5 GiB of host memory at the same tokens/s; the usual recipe did
+    not fit, so the answer had no departures to undo and the plan without offload was never a trial. The answer with
+    an exact change undone is tried when it still fits as fast; one the answer needs (its fused loss) is not."""
+    from advisor.cli import build_parser
+    from advisor.commands.tune import build_settings
+    from advisor.core.plan import Plan
+    from advisor.search.departures import departures
+    from advisor.search.select import TrialRecord
+    from advisor.search.tuner import Tuner, predict_change
+
+    settings = build_settings(build_parser().parse_args(
+        ["tune", "--model", "llama8b", "--gpu-budget", "24GB", "--gpu", "rtx-4090", "--backend", "estimate",
+         "seq_len=29184"]), lookup=False)
+    tuner = Tuner(settings)
+    answer = Plan(method="qlora", quantization="nf4", double_quant=True, gradient_checkpointing=True,
+                  optimizer="adamw_torch", offload="zero2_cpu", grad_accum=8, seq_len=29184, loss="fused-linear",
+                  expandable_segments=True)
+    recipe = Plan(method="qlora", quantization="nf4", double_quant=True, lora_targets="all-linear",
+                  gradient_checkpointing=True, optimizer="adamw_torch_fused", grad_accum=8, seq_len=29184)
+    tps, peak = predict_change(settings.model, settings.gpu, 1, settings.sharding, answer)
+    best = TrialRecord(number=1, state="complete", plan=answer.to_dict(), plan_short=answer.short(), peak_bytes=peak,
+                       tokens_per_s=tps)
+    over = TrialRecord(number=0, state="pruned", plan=recipe.to_dict(), plan_short=recipe.short())
+    changes = departures(answer, recipe, settings.rules.regime, global_batch=settings.rules.global_batch)
+    undone = {d.group for d in tuner._changes_for_nothing(changes, recipe, answer, over, best)}
+    assert "CPU offload" in undone and "loss" not in undone

@@ -321,7 +321,15 @@ class Tuner:
         seq = self.s.space.fixed["seq_len"]  # a plan sized to --data holds its longest batch: the space's point
         tried = [t.system_attrs.get("fixed_params", t.params) for t in self.study.get_trials(deepcopy=False)]
         n = 0
-        for d in [*non_exact(sel.departures), *self._changes_for_nothing(sel.departures, recipe_plan, plan, recipe)]:
+        changes = sel.departures
+        if changes:
+            changes = [*non_exact(changes), *self._changes_for_nothing(changes, recipe_plan, plan, recipe, best)]
+        else:  # the usual recipe does not fit: the answer's exact changes from its plan that buy nothing all the same
+            rules = self.s.rules
+            changes = self._changes_for_nothing(departures(plan, recipe_plan, rules.regime,
+                                                           global_batch=rules.global_batch), recipe_plan, plan,
+                                                recipe, best)
+        for d in changes:
             variant = with_change(plan, recipe_plan, d)  # the answer with the recipe's values of this group
             point = point_of(variant.with_(seq_len=seq), self.s.space, self.s.model.arch or {}) if variant else None
             named = self.conditions.optuna_params(point) if point is not None else None
@@ -332,24 +340,40 @@ class Tuner:
                 n += 1
         return n
 
-    def _changes_for_nothing(self, changes, recipe_plan: Plan, plan: Plan, recipe) -> list:
-        """The exact changes from the usual recipe that, applied to it alone, gain no speed (under half a percent
-        of its predicted tokens/s) and save no memory (the step-time model and the closed form, as the
-        explanation's per-change lines say): the answer with each undone is tried, so that a change that costs
-        memory and buys nothing gives way to the recipe's value."""
+    def _changes_for_nothing(self, changes, recipe_plan: Plan, plan: Plan, recipe, best=None) -> list:
+        """The exact changes from the usual recipe that buy nothing, by the step-time model and the closed form (as
+        the explanation's per-change lines say): applied to the recipe alone, one that gains no speed (under half a
+        percent of its predicted tokens/s) and saves no memory; or, undone from the answer (``best``), one whose
+        answer without it still fits the budget (and the host's) at the answer's speed (ZeRO-2 CPU offload that
+        moved 0.10 GiB of LoRA optimizer state for 15.5 GiB of host memory, issue 41). The answer with each undone
+        is tried, so that such a change gives way to the recipe's value."""
         out = []
         for d in changes:
-            if d.kind != "exact" or not recipe.tokens_per_s:
+            if d.kind != "exact":
                 continue
-            variant = with_change(recipe_plan, plan, d)
-            if variant is None:
-                continue
-            tps, peak = self._measure_change(variant)
-            recipe_peak = run_peak(recipe)
-            if tps and tps <= recipe.tokens_per_s * (1 + NOTHING_GAINED) and peak is not None and recipe_peak \
-                    and peak >= recipe_peak:
+            variant = with_change(recipe_plan, plan, d) if recipe.tokens_per_s else None
+            if variant is not None:
+                tps, peak = self._measure_change(variant)
+                recipe_peak = run_peak(recipe)
+                if tps and tps <= recipe.tokens_per_s * (1 + NOTHING_GAINED) and peak is not None and recipe_peak \
+                        and peak >= recipe_peak:
+                    out.append(d)
+                    continue
+            if self._fits_without(d, recipe_plan, plan, best):
                 out.append(d)
         return out
+
+    def _fits_without(self, change, recipe_plan: Plan, plan: Plan, best) -> bool:
+        """Does the answer with ``change`` undone (the recipe's values of its group) still fit the budget, and the
+        host's, as fast as the answer (within NOTHING_GAINED), by the closed form and the step-time model?"""
+        without = with_change(plan, recipe_plan, change)
+        if without is None or best is None or not best.tokens_per_s:
+            return False
+        point = point_of(without.with_(seq_len=self.s.space.fixed["seq_len"]), self.s.space, self.s.model.arch or {})
+        if point is None or not self._fits_by_estimate(point):
+            return False
+        tps, _ = self._measure_change(without)
+        return bool(tps) and tps >= best.tokens_per_s * (1 - NOTHING_GAINED)
 
     def _ask(self):
         """A new trial, unless finished + running trials already reach the plan (checked under the study lock); WAIT

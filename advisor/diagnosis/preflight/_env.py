@@ -37,6 +37,33 @@ def plan_features(plan: Plan) -> set[str]:
     return f
 
 
+LOSS_KERNELS = {"advisor": ("liger-kernel", "liger_kernel", "use_liger_kernel: true"),
+                "llamafactory": ("liger-kernel", "liger_kernel", "enable_liger_kernel: true"),
+                "axolotl": ("liger-kernel", "liger_kernel", "liger_fused_linear_cross_entropy: true")}
+"""The package each format's fused linear cross-entropy comes from (TRL's SFTTrainer fuses the head itself: none),
+its module, and the key that asks for it. transformers' Trainer refuses use_liger_kernel without the package
+(TrainingArguments: is_liger_kernel_available)."""
+
+
+def check_loss_kernel(plan: Plan, fmt: str, data: dict, gpu_here: bool) -> list[Finding]:
+    """A fused-linear plan whose file asks for a kernel package that is not installed: the run stops before its first
+    step where it would start here (a GPU detected), so NO-GO; on a machine without a GPU, a note for the one that
+    trains."""
+    if plan.loss != "fused-linear" or fmt not in LOSS_KERNELS:
+        return []
+    package, module, key = LOSS_KERNELS[fmt]
+    if fmt == "axolotl" and data.get("cut_cross_entropy"):
+        package, module, key = "cut-cross-entropy", "cut_cross_entropy", "cut_cross_entropy: true"
+    if importlib.util.find_spec(module) is not None:
+        return []
+    where = "here" if gpu_here else "on this machine (no GPU here: the one that trains needs it)"
+    return [Finding("env.missing-package", "error" if gpu_here else "info",
+                    f"{package} is not installed {where}: the plan's fused-linear loss ({key}) comes from it",
+                    f"importlib cannot find {module}; the memory planned counts the fused loss",
+                    (f"pip install {package}", "or loss plain / chunked in the plan (more memory at the head)"),
+                    "environment")]
+
+
 def _version_tuple(v: str) -> tuple:
     out = []
     for part in v.split("+")[0].split("."):

@@ -114,6 +114,11 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
     findings += _config.check_use_cache(plan, model_section, model)
     findings += _config.check_pad_token(model)
     findings += _env.check_versions(plan)
+    if plan.loss == "fused-linear":
+        from advisor.configs._base import load_mapping
+
+        findings += _env.check_loss_kernel(plan, extras.get("format", ""), load_mapping(inp.config),
+                                           gpu_here=target.detected is not None)
     findings += _env.check_gpu(plan, target.known_gpu, budget.bytes if budget else None)
     findings += _env.check_card(plan, target.known_gpu, model)
 
