@@ -384,15 +384,92 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSpec:
                 show_value=False)
         return spec_from_config(path.name, str(path), config, "local", str(path), None, trust_remote_code)
     if "/" in wanted:
-        snapshot = _find_in_hf_cache(wanted)
+        snapshot, source = _find_in_hf_cache(wanted), "hf-cache"
+        if snapshot is None and not _offline():
+            snapshot, source = fetch_from_hub(wanted), "hub"
         if snapshot is not None:
             config = _read_config_json(snapshot / "config.json", wanted)
-            return spec_from_config(wanted, wanted, config, "hf-cache", str(snapshot), None, trust_remote_code)
+            return spec_from_config(wanted, wanted, config, source, str(snapshot), None, trust_remote_code,
+                                    processor=processor_in(snapshot))
     close = difflib.get_close_matches(lowered, [n.lower() for n in catalog_names()], n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else "; `advisor models` lists the catalog"
+    offline = ("; offline (HF_HUB_OFFLINE): give a local folder holding its config.json (huggingface-cli download "
+               f"{wanted} config.json --local-dir DIR on a machine online)" if "/" in wanted and _offline() else "")
     raise AdvisorInputError("--model",
-                            f"unknown model (not in the catalog, not a directory, not in the local HF cache){hint}",
-                            wanted)
+                            f"unknown model (not in the catalog, not a directory, not in the local HF cache){offline}"
+                            f"{hint}", wanted)
+
+
+def _offline() -> bool:
+    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) as huggingface_hub reads it, at the time of asking."""
+    return any(os.environ.get(k, "").strip().upper() in ("1", "ON", "YES", "TRUE")
+               for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+HUB_FILES = ("config.json", "preprocessor_config.json", "video_preprocessor_config.json")
+"""What describes a model to the advisor: its config, and a vision-language model's image and video processors."""
+
+
+def fetch_from_hub(hub_id: str) -> Path:
+    """Download ``hub_id``'s config.json (and its processors' configs where it has them) into the Hugging Face
+    cache (``$HF_HOME/hub``, ``$HF_ENDPOINT``'s Hub), as huggingface_hub does; the snapshot folder. A model the Hub
+    does not have, a gated one, or no network is a clear --model error."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
+                                        RepositoryNotFoundError)
+
+    from huggingface_hub import constants
+
+    # huggingface_hub reads these when imported; the advisor asks them now (a test, a caller may set them later)
+    constants.HF_HUB_OFFLINE = _offline()
+    cache, endpoint = _hf_cache_dirs()[-1], os.environ.get("HF_ENDPOINT") or None
+    try:
+        path = Path(hf_hub_download(hub_id, "config.json", cache_dir=cache, endpoint=endpoint))
+    except LocalEntryNotFoundError as e:  # no network (an EntryNotFoundError too: before it)
+        raise AdvisorInputError("--model", f"not in the catalog or the local HF cache, and the Hub could not be "
+                                f"reached ({endpoint or 'huggingface.co'}); give a local folder holding its "
+                                "config.json", hub_id) from e
+    except GatedRepoError as e:
+        raise AdvisorInputError("--model", "the model is gated on the Hub: accept its license there and log in "
+                                "(huggingface-cli login), or give a local folder holding its config.json",
+                                hub_id) from e
+    except RepositoryNotFoundError as e:
+        raise AdvisorInputError("--model", "unknown model: not in the catalog, and the Hub has no such repository "
+                                f"({endpoint or 'huggingface.co'})", hub_id) from e
+    except EntryNotFoundError as e:
+        raise AdvisorInputError("--model", "the Hub repository has no config.json", hub_id) from e
+    except (HfHubHTTPError, OSError) as e:
+        raise AdvisorInputError("--model", f"not in the catalog or the local HF cache, and the Hub could not be "
+                                f"reached ({type(e).__name__}); give a local folder holding its config.json",
+                                hub_id) from e
+    for name in HUB_FILES[1:]:
+        try:
+            hf_hub_download(hub_id, name, cache_dir=cache, endpoint=endpoint)
+        except (EntryNotFoundError, HfHubHTTPError):
+            pass  # a text model has no processor
+    return path.parent
+
+
+PROCESSOR_FIELDS = ("patch_size", "merge_size", "temporal_patch_size", "min_pixels", "max_pixels", "size",
+                    "tokens_per_image", "longest_edge", "tile_size", "image_seq_len", "fps", "min_frames",
+                    "max_frames", "max_image_size", "do_image_splitting")
+"""The processor fields the token counts read (advisor.core.vision_tokens), as models.yaml's ``processor`` holds
+them."""
+
+
+def processor_in(folder: Path) -> dict | None:
+    """models.yaml's ``processor`` of a hub snapshot: its image (and video) processor's class and fields; None for a
+    text model."""
+    out = {}
+    for kind, name, key in (("image", "preprocessor_config.json", "image_processor_type"),
+                            ("video", "video_preprocessor_config.json", "video_processor_type")):
+        file = folder / name
+        if not file.is_file():
+            continue
+        data = json.loads(file.read_text(encoding="utf-8"))
+        if data.get(key):
+            out[kind] = {"class": data[key], **{k: data[k] for k in PROCESSOR_FIELDS if k in data}}
+    return out or None
 
 
 # --------------------------------------------------------------------------- GPUs
