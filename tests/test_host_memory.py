@@ -307,7 +307,8 @@ def test_tune_prunes_offload_plans_over_a_small_host_budget(tmp_path, capsys):
 
 def test_the_tune_screen_shows_the_host_budget_and_the_winners_host_peak(tmp_path, capsys):
     code = main(["tune", "--gpu-budget", "24GB", "--model", "qwen7b", "--backend", "estimate", "--trials", "6",
-                 "--host-budget", "64GB", "--reports-dir", str(tmp_path), "method=qlora", "activation_offload=true"])
+                 "--host-budget", "64GB", "--reports-dir", str(tmp_path), "method=qlora", "activation_offload=true",
+                 "--verbose"])
     out = capsys.readouterr().out
     assert code == 0 and "Host budget 64GB (--host-budget)" in out
     assert "host peak" in out and "pinned" in out and "usable of 64GB" in out

@@ -52,7 +52,7 @@ def test_estimate_keeps_the_model_and_every_word_of_the_plan(capsys):
 
 def test_tune_summary_keeps_every_word_of_every_plan(tmp_path, capsys):
     out = run(capsys, "tune", "--gpu-budget", "24GB", "--model", "qwen7b", "--backend", "estimate", "--trials", "12",
-              "--reports-dir", str(tmp_path))
+              "--reports-dir", str(tmp_path), "--verbose")
     main(["tune", "--gpu-budget", "24GB", "--model", "qwen7b", "--backend", "estimate", "--trials", "12",
           "--reports-dir", str(tmp_path), "--json"])
     d = json.loads(capsys.readouterr().out)

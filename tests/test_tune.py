@@ -330,3 +330,20 @@ def test_the_polish_tries_the_answer_without_an_exact_change_that_buys_nothing()
     changes = departures(answer, recipe, settings.rules.regime, global_batch=settings.rules.global_batch)
     undone = {d.group for d in tuner._changes_for_nothing(changes, recipe, answer, over, best)}
     assert "CPU offload" in undone and "loss" not in undone
+
+
+def test_the_answer_is_a_summary_and_every_trial_is_verbose(tmp_path, capsys):
+    """Issue 41: a tune printed 340-435 lines (every trial, the Pareto front, the ledger) before its answer. By default:
+    the answer, the usual recipe beside it, why, and what to run; --verbose adds the rest."""
+    from advisor.cli import main
+
+    argv = ["tune", "--gpu-budget", "24GB", "--model", "qwen7b", "--backend", "estimate", "--trials", "12",
+            "--reports-dir", str(tmp_path)]
+    assert main(argv) == 0
+    short = capsys.readouterr().out
+    assert main([*argv, "--verbose"]) == 0
+    verbose = capsys.readouterr().out
+    assert "Chosen #" in short and "The usual recipe beside the answer" in short and "Run it: add --export DIR" in short
+    assert "All trials" not in short and "--verbose" in short
+    assert "All trials (" in verbose and "Chosen #" in verbose
+    assert len(short.splitlines()) < 80 < len(verbose.splitlines())

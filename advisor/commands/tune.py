@@ -29,6 +29,9 @@ def add_parser(subs, settings_cls: type | None = None) -> None:
     p.add_argument("--export", metavar="DIR", help="write the winner's configs (advisor.yaml, DeepSpeed, train.py...)")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
     p.add_argument("--tui", action="store_true", help="run the study inside the Textual app")
+    p.add_argument("--verbose", action="store_true",
+                   help="also print every trial, the Pareto front and the answer's ledger (default: the answer, the "
+                        "usual recipe beside it and why)")
     p.add_argument("--context-len", type=positive_int, help="inference: tokens per sequence (default: searched)")
     p.add_argument("--concurrency", type=positive_int, help="inference: sequences at once (default: the most that fit)")
     p.add_argument("--no-work", action="store_true",
@@ -159,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     else:
-        print_tune_result(settings, records, selection, exports)
+        print_tune_result(settings, records, selection, exports, verbose=args.verbose)
         from rich.console import Console
         from rich.markup import escape
 

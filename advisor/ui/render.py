@@ -342,12 +342,36 @@ class TuneProgress:
             self._live = None
 
 
-def print_tune_result(settings, records, selection, exports) -> None:
+def print_tune_result(settings, records, selection, exports, verbose: bool = False) -> None:
+    """The answer, the usual recipe beside it and why, and what to run; ``verbose``: every trial, the Pareto front
+    and the answer's ledger before them (what `advisor report` and the TUI show too)."""
     from rich.console import Console
 
+    console = Console()
+    if verbose:
+        _print_trials(console, settings, records, selection)
+    best = selection.best
+    if best is not None and selection.recipe is not None and selection.recipe.number != best.number:
+        console.print(recipe_table(selection.recipe, best, settings.budget))
+    for line in selection.explanation:
+        style = "bold green" if line.startswith("Chosen") else None
+        console.print(escape(line), style=style, highlight=False)
+    for kind, path in exports.items():
+        console.print(f"exported {kind}: {path}")
+    for kind, why in getattr(exports, "skipped", {}).items():
+        console.print(f"not exported {kind}: {escape(str(why))}", highlight=False)
+    if not verbose:
+        console.print(f"[dim]{len(records)} trials, the Pareto front and the answer's ledger: --verbose, or advisor "
+                      f"report {escape(settings.study_name)}[/]", highlight=False)
+    if best is not None and not exports:
+        console.print("Run it: add --export DIR (advisor.yaml + train.py, and the TRL, axolotl and LLaMA-Factory "
+                      "configs), then advisor preflight DIR/advisor.yaml", highlight=False)
+
+
+def _print_trials(console, settings, records, selection) -> None:
+    """Every trial, the Pareto front, and the answer's ledger (with its host peak)."""
     from advisor.memory.ledger import MemoryReport
 
-    console = Console()
     budget = settings.budget
     console.print(trials_table(records, budget, title=f"All trials ({len(records)})"))
     if selection.pareto:
@@ -370,15 +394,6 @@ def print_tune_result(settings, records, selection, exports) -> None:
         console.print(ledger_table(report, budget, title=f"Winner #{best.number}: {escape(best.plan_short)}"))
         if best.host_peak_bytes or best.host_bytes:
             console.print(winner_host_line(best, budget, settings.host_budget))
-        if selection.recipe is not None and selection.recipe.number != best.number:
-            console.print(recipe_table(selection.recipe, best, budget))
-    for line in selection.explanation:
-        style = "bold green" if line.startswith("Chosen") else None
-        console.print(escape(line), style=style, highlight=False)
-    for kind, path in exports.items():
-        console.print(f"exported {kind}: {path}")
-    for kind, why in getattr(exports, "skipped", {}).items():
-        console.print(f"not exported {kind}: {escape(str(why))}", highlight=False)
 
 
 def recipe_table(recipe, best, budget):
