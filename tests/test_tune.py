@@ -347,3 +347,7 @@ def test_the_answer_is_a_summary_and_every_trial_is_verbose(tmp_path, capsys):
     assert "All trials" not in short and "--verbose" in short
     assert "All trials (" in verbose and "Chosen #" in verbose
     assert len(short.splitlines()) < 80 < len(verbose.splitlines())
+    # the per-change lines say they are each measured alone (issue 41: they cannot add up to the answer's gain)
+    said = " ".join(short.split())
+    assert "Each change below is measured alone, applied to the usual recipe" in said
+    assert said.index("measured alone") < said.index("adapters: lora_targets=all-linear -> lora_targets=attention")

@@ -457,6 +457,9 @@ def recipe_lines(best: TrialRecord, c: _Context, fmt: Callable[[int], str]) -> l
              + (", changing exact levers only (the trained model is the same)." if not non_exact(moves) else
                 f", more than the step-time model's {c.rules.needed_gain():.0%} median error.")]
     recipe_plan, plan = plan_of(r.plan), plan_of(best.plan)
+    if moves and c.measure_change:
+        lines.append("Each change below is measured alone, applied to the usual recipe: the changes interact (one "
+                     "frees the memory another spends), so their gains do not add up to the answer's.")
     for d in moves:
         lines.append("  " + change_line(d, recipe_plan, plan, r, c, fmt))
     return lines
