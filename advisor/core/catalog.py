@@ -414,11 +414,9 @@ def fetch_from_hub(hub_id: str) -> Path:
     """Download ``hub_id``'s config.json (and its processors' configs where it has them) into the Hugging Face
     cache (``$HF_HOME/hub``, ``$HF_ENDPOINT``'s Hub), as huggingface_hub does; the snapshot folder. A model the Hub
     does not have, a gated one, or no network is a clear --model error."""
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import constants, hf_hub_download
     from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
                                         RepositoryNotFoundError)
-
-    from huggingface_hub import constants
 
     # huggingface_hub reads these when imported; the advisor asks them now (a test, a caller may set them later)
     constants.HF_HUB_OFFLINE = _offline()
