@@ -32,6 +32,7 @@ import pytest
 import yaml
 
 from advisor.core.catalog import resolve_model
+from advisor.core.vision_tokens import sequence_tokens
 from advisor.configs._llamafactory import LF_GALORE_OPTIM
 from advisor.configs.export import export_plan
 from advisor.core.plan import Plan
@@ -86,13 +87,15 @@ def _fields(name: str) -> set[str]:
     return out
 
 
-def _export(fmt: str, tmp_path: Path) -> list[tuple[Plan, int, Path]]:
+def _export(fmt: str, tmp_path: Path) -> list[tuple[Plan, int, Path, int]]:
+    """(plan, GPUs, the file, the sequence cap it must hold: a vision-language sample's image tokens beside its text)
+    of each plan ``fmt`` can express."""
     out = []
     for i, (model, plan, gpus) in enumerate(PLANS):
-        written = export_plan(resolve_model(model), plan, tmp_path / str(i), gpus=gpus,
-                              sharding=SHARDING.get(i, "zero3"))
+        spec = resolve_model(model)
+        written = export_plan(spec, plan, tmp_path / str(i), gpus=gpus, sharding=SHARDING.get(i, "zero3"))
         if fmt in written:
-            out.append((plan, gpus, written[fmt]))
+            out.append((plan, gpus, written[fmt], sequence_tokens(spec, plan)))
     return out
 
 
@@ -103,7 +106,7 @@ def test_every_key_is_a_documented_field(fmt, fields_file, tmp_path):
     assert len(documented) > 300  # the whole list, not a hand-picked subset
     files = _export(fmt, tmp_path)
     assert len(files) >= 4
-    for _, _, path in files:
+    for _, _, path, _ in files:
         keys = set(yaml.safe_load(path.read_text()))
         assert keys <= documented, (path.name, sorted(keys - documented))
 
@@ -189,7 +192,7 @@ LLAMAFACTORY_CHECK = textwrap.dedent("""
 def _run(python: str, script: str, env: dict, files: list[tuple[Plan, int, Path]], cwd: Path) -> list[dict]:
     """Each file checked from ``cwd``, a directory that is not the export's (the paths in it must resolve)."""
     cwd.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([python, "-c", script, *(f"{p}:{g}" for _, g, p in files)], env=env, cwd=cwd,
+    proc = subprocess.run([python, "-c", script, *(f"{p}:{g}" for _, g, p, _ in files)], env=env, cwd=cwd,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
@@ -203,14 +206,14 @@ def test_axolotl_parser_accepts_the_exports(tmp_path):
     assert len(files) == len(PLANS) - 2  # mixed_bf16 and activation offload without checkpointing: refused
     results = _run(python, AXOLOTL_CHECK, _env(), files, tmp_path / "elsewhere")
     assert len(results) == len(files)
-    for (plan, _, _), got in zip(files, results):
+    for (plan, _, _, cap), got in zip(files, results):
         vision = bool(plan.image_sizes)
         assert (got["processor_type"] == "AutoProcessor") == vision and got["freeze_mm_modules"] == vision
         if vision and plan.peft:  # a regex on the language model: no tower linear matches it
             assert got["lora_target_modules"].startswith("model\\.(?:language_model|text_model)\\.")
         assert got["adapter"] == (plan.method if plan.peft else None)
         assert got["load_in_4bit"] == plan.four_bit and got["load_in_8bit"] == (plan.quantization == "int8")
-        assert got["sequence_len"] == plan.seq_len and got["micro_batch_size"] == plan.micro_batch
+        assert got["sequence_len"] == cap and got["micro_batch_size"] == plan.micro_batch
         assert got["gradient_accumulation_steps"] == plan.grad_accum and got["optimizer"] == plan.optimizer
         assert got["bf16"] == (plan.precision == "bf16") and got["fp16"] == (plan.precision == "fp16")
         assert got["gradient_checkpointing"] == plan.gradient_checkpointing
@@ -224,7 +227,7 @@ def test_axolotl_parser_accepts_the_exports(tmp_path):
             assert not got["kernels"] or set(got["kernels"]) <= set(_documented_extras("axolotl"))
         if plan.four_bit:
             assert got["bnb_config_kwargs"]["bnb_4bit_quant_type"] == plan.quantization
-    zero = [got for (plan, gpus, _), got in zip(files, results) if plan.offload != "none" or gpus > 1]
+    zero = [got for (plan, gpus, _, _), got in zip(files, results) if plan.offload != "none" or gpus > 1]
     assert sum(bool(got["deepspeed"]) for got in zero) == 2  # the offload plan and the ZeRO-3 one; DDP has none
 
 
@@ -245,7 +248,7 @@ def test_llamafactory_parser_accepts_the_exports(tmp_path):
     env = _env(LOCAL_RANK="0", RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(29500 + os.getpid() % 1000), DISABLE_VERSION_CHECK="0")
     results = _run(python, LLAMAFACTORY_CHECK, env, files, tmp_path / "elsewhere")
-    for (plan, gpus, _), got in zip(files, results):
+    for (plan, gpus, _, cap), got in zip(files, results):
         assert got["finetuning_type"] == ("lora" if plan.peft else "full")
         assert got["quantization_bit"] == {"none": None, "int8": 8, "nf4": 4, "fp4": 4}[plan.quantization]
         if plan.four_bit:
@@ -254,7 +257,7 @@ def test_llamafactory_parser_accepts_the_exports(tmp_path):
         assert got["flash_attn"] == {"sdpa": "sdpa", "eager": "disabled", "flash_attention_2": "fa2"}[plan.attn_impl]
         assert got["disable_gradient_checkpointing"] == (not plan.gradient_checkpointing)
         # beyond the plan: with packing LLaMA-Factory cuts one token off cutoff_len (docs/exports.md)
-        assert got["cutoff_len"] == plan.seq_len - plan.packing
+        assert got["cutoff_len"] == cap - plan.packing
         # GaLore / APOLLO: LLaMA-Factory's use_galore / use_apollo over its base optimizer
         assert got["optim"] == {**LF_GALORE_OPTIM, "apollo_adamw": "adamw_torch"}.get(plan.optimizer, plan.optimizer)
         assert got["per_device_train_batch_size"] == plan.micro_batch
@@ -267,4 +270,4 @@ def test_llamafactory_parser_accepts_the_exports(tmp_path):
         if plan.peft:
             assert got["lora_rank"] == plan.lora_r and got["lora_alpha"] == plan.lora_alpha
     assert [got["deepspeed"] for got in results] == [
-        plan.offload != "none" or (gpus > 1 and i != len(files) - 1) for i, (plan, gpus, _) in enumerate(files)]
+        plan.offload != "none" or (gpus > 1 and i != len(files) - 1) for i, (plan, gpus, _, _) in enumerate(files)]
