@@ -86,30 +86,32 @@ UNREPORTED_WORK = (("advisor.runtime.simulate.extrapolate", "_simulate"), ("advi
                    ("advisor.runtime.simulate.load", "simulate_load"),
                    ("advisor.runtime.simulate.inference", "trace_serving_extrapolated"))
 """The simulation's entry points: none of their code is in the coverage report, and the tracer slows their many small
-Python calls by about half, so inside the covered tests the tracer pauses while one runs."""
+Python calls by about half, so inside the covered tests the thread that runs one is untraced meanwhile."""
 
 
 @pytest.fixture(autouse=True)
 def _simulations_untraced(request, monkeypatch):
-    cov = _running_coverage()
-    if cov is None or not _named(request.node, COVERED_TESTS):
+    if _running_coverage() is None or not _named(request.node, COVERED_TESTS):
         yield
         return
     import importlib
 
     for module, name in UNREPORTED_WORK:
-        monkeypatch.setattr(importlib.import_module(module), name, _untraced(cov, getattr(
-            importlib.import_module(module), name)))
+        owner = importlib.import_module(module)
+        monkeypatch.setattr(owner, name, _untraced(getattr(owner, name)))
     yield
 
 
-def _untraced(cov, work):
+def _untraced(work):
+    """``work`` with this thread's trace function off while it runs (coverage's tracer in the other threads, the
+    tuner's trials and the test's own, keeps running: stopping coverage would stop it there for good)."""
     def run(*args, **kwargs):
-        cov.stop()
+        tracer = sys.gettrace()
+        sys.settrace(None)
         try:
             return work(*args, **kwargs)
         finally:
-            cov.start()
+            sys.settrace(tracer)
 
     return run
 
