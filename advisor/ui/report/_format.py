@@ -55,8 +55,8 @@ def plan_rows(plan: dict[str, Any]) -> list[tuple[str, str]]:
     from advisor.core.knobs import knobs
     from advisor.core.plan import Plan
 
-    values = {**Plan().to_dict(), **plan}
     default = Plan().to_dict()
+    values = {**default, **plan}
     rows = []
     for k in knobs(Plan):
         if k.name not in plan or not k.applies_to(values):

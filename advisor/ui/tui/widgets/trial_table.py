@@ -73,6 +73,12 @@ class TrialTable(DataTable):
         keep = self.highlighted_number() if keep is None else keep
         self._last = (board, rows)
         best = board.best
+        # everything the columns' widths and the cells are made from: nothing to redraw when it is unchanged
+        shown = (tuple((r.number, r.state, r.plan_short, r.peak_bytes, r.tokens_per_s) for r in rows),
+                 best.number if best else None, self.size.width)
+        if shown == self._shown:
+            return
+        self._shown = shown
         budget = board.info.budget.text or board.info.fmt(board.info.budget.bytes)
         cells = [self._cells(board, r) for r in rows]
         # each number column as wide as its widest cell (a three-digit peak keeps its source mark)
@@ -81,11 +87,6 @@ class TrialTable(DataTable):
         plan_w = max(16, self.size.width - 4 - 1 - sum(widths) - PADDING - 2) if self.size.width else 40
         plans = [r.plan_short or ("(queued)" if r.state == "waiting" else f"({r.state})") for r in rows]
         plans, common = _distinct_plans(plans, plan_w)
-        shown = (tuple((r.number, r.state, r.plan_short, r.peak_bytes, r.tokens_per_s) for r in rows),
-                 best.number if best else None, plan_w)
-        if shown == self._shown:
-            return
-        self._shown = shown
         self.clear(columns=True)
         # fixed widths: auto-sized columns drift when rows are replaced in one go
         self.add_column("#", key="number", width=4)
