@@ -182,9 +182,9 @@ class QualityEffect:
         return d
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class QualityData:
-    """quality.yaml, parsed and validated."""
+    """quality.yaml, parsed and validated (hashed by identity: ``lever_effects`` caches per data object)."""
 
     resolution: float
     default_tolerance: float
@@ -503,8 +503,8 @@ def _lookup(plan: Plan, regime: str) -> Callable[[str], Any]:
     return lambda key: regime if key == "regime" else getattr(plan, key)
 
 
-def _entry_for(plan: Plan, lever: str, value: str, regime: str) -> LeverEffect | None:
-    variants = quality_data().entries.get(lever, {}).get(value, ())
+def _entry_for(data: QualityData, plan: Plan, lever: str, value: str, regime: str) -> LeverEffect | None:
+    variants = data.entries.get(lever, {}).get(value, ())
     return next((e for e in variants if _matches(e.when, _lookup(plan, regime))), None)
 
 
@@ -526,10 +526,18 @@ def _all_fields_known(plan_type: type) -> bool:
 def lever_effects(plan: Plan, regime: str | None = None, *, global_batch: int | None = None
                   ) -> tuple[list[LeverEffect], list[str]]:
     """The entry of every lever ``plan`` uses, and the levers without one (``lever=value: why``)."""
-    regime = _regime(regime)
+    used, uncovered = _lever_effects(quality_data(), plan, _regime(regime), global_batch)
+    return list(used), list(uncovered)
+
+
+@lru_cache(maxsize=1 << 16)
+def _lever_effects(data: QualityData, plan: Plan, regime: str, global_batch: int | None
+                   ) -> tuple[tuple[LeverEffect, ...], tuple[str, ...]]:
+    """``lever_effects`` of one quality data (cached: the space walk asks it of every plan it checks, about
+    15,000 times a tune)."""
     used: list[LeverEffect] = []
     uncovered = [] if _all_fields_known(type(plan)) else _unknown_fields(plan)
-    for lever in quality_data().entries:
+    for lever in data.entries:
         if lever == "global_batch":
             if global_batch is None:
                 continue
@@ -538,7 +546,7 @@ def lever_effects(plan: Plan, regime: str | None = None, *, global_batch: int | 
             continue
         else:
             value = value_key(plan, lever)
-        entry = _entry_for(plan, lever, value, regime)
+        entry = _entry_for(data, plan, lever, value, regime)
         setting = setting_of(plan, lever, value) if entry is not None and lever != "global_batch" else ""
         if setting:
             entry = _with_setting(entry, setting)
@@ -548,7 +556,7 @@ def lever_effects(plan: Plan, regime: str | None = None, *, global_batch: int | 
             uncovered.append(f"{entry.label}: {entry.measured}")
         else:
             used.append(entry)
-    return used, uncovered
+    return tuple(used), tuple(uncovered)
 
 
 def quality_of(plan: Plan, regime: str | None = None, *, global_batch: int | None = None,
