@@ -185,12 +185,14 @@ def length_fields(settings, best, *, searched: bool) -> dict:
     """The study's sequence length and whether the user gave it; where not, the answer at 2K and 4K tokens
     (advisor.search.lengths)."""
     from advisor.core.plan import Plan
-    from advisor.search.lengths import at_common_lengths, seq_len_chosen
+    from advisor.search.lengths import at_common_lengths, planned_tokens, seq_len_chosen
 
     chosen = searched or seq_len_chosen(settings)
-    out: dict = {"seq_len": {"tokens": settings.space.fixed.get("seq_len"), "chosen": chosen}}
+    out: dict = {"seq_len": {"tokens": planned_tokens(settings.space.fixed), "chosen": chosen}}
     if not chosen and best is not None:
-        out["at_common_lengths"] = [a.to_dict() for a in at_common_lengths(settings, Plan.from_dict(best.plan))]
+        backend = "simulate" if best.source == "simulated" else "estimate"  # as the answer's own peak
+        out["at_common_lengths"] = [a.to_dict() for a in at_common_lengths(settings, Plan.from_dict(best.plan),
+                                                                           backend)]
     return out
 
 
@@ -270,7 +272,8 @@ def rl_of(settings, best) -> dict | None:
     from advisor.search.tuner import train_gpus
 
     plan = Plan.from_dict(best.plan)
-    return rl_answer(settings.model, plan, settings.gpu, train_gpus(settings.gpus, plan), settings.sharding)
+    backend = "simulate" if best.source == "simulated" else "estimate"  # where the answer's peak came from
+    return rl_answer(settings.model, plan, settings.gpu, train_gpus(settings.gpus, plan), settings.sharding, backend)
 
 
 def screened_by(settings, selection) -> dict:
@@ -306,7 +309,8 @@ def tune_result(settings, records, selection, exports, quality=None, why_not: st
         if t is None:
             return None
         out = {"number": t.number, "plan": t.plan, "plan_short": t.plan_short, "state": t.state, "reason": t.reason,
-               "peak_bytes": t.peak_bytes, "run_peak_bytes": t.run_peak_bytes, "source": t.source,
+               "peak_bytes": t.peak_bytes, "run_peak_bytes": t.run_peak_bytes,
+               "run_peak_phase": t.run_peak_phase or "train", "source": t.source,
                "host_bytes": t.host_bytes, "host_peak_bytes": t.host_peak_bytes,
                "host_pinned_bytes": t.host_pinned_bytes, "host_pageable_bytes": t.host_pageable_bytes,
                "tokens_per_s": t.tokens_per_s,

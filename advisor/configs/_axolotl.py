@@ -217,7 +217,7 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
         *plan_summary(ctx),
         "",
         f"Run:  {_launch(ctx)}",
-        *env_note(ctx.plan, "axolotl.yaml"),
+        *env_note(ctx, FILENAME),
         *(_rl_tools.axolotl_header(ctx) if ctx.plan.task in RL_TASKS else _data_note(ctx)),
         *([f"deepspeed: {ctx.deepspeed_path} (by its absolute path: edit it if the folder moves)."]
           if ctx.zero_stage is not None else []),

@@ -323,12 +323,16 @@ def env_prefix(plan) -> str:
     return "".join(f"{k}={v} " for k, v in alloc_env(plan).items())
 
 
-def env_note(plan, config: str) -> list[str]:
-    """Header lines for a format with no field for environment variables, when the plan needs one."""
-    if not alloc_env(plan):
+def env_note(ctx: "ExportContext", filename: str) -> list[str]:
+    """Header lines for a format with no field for environment variables, when the plan needs one: set it in the
+    shell that launches the file, and in the one that checks it (advisor preflight reads the shell's value, as
+    torch does: advisor.configs.read)."""
+    if not alloc_env(ctx.plan):
         return []
-    return [f"{config} has no field for environment variables: PYTORCH_CUDA_ALLOC_CONF (the plan's",
-            "allocator setting) must be set in the shell that launches it, as above."]
+    gpu = f" --gpu {ctx.gpu.key}" if ctx.gpu is not None and not ctx.gpu.detected else ""
+    return [f"{filename} has no field for environment variables: PYTORCH_CUDA_ALLOC_CONF (the plan's",
+            "allocator setting) must be set in the shell that launches it, as above, and that checks it:",
+            f"Check: {env_prefix(ctx.plan)}advisor preflight {ctx.file(filename)}{gpu} --gpu-budget <GB>"]
 
 
 def plan_summary(ctx: ExportContext) -> list[str]:
@@ -341,7 +345,10 @@ def plan_summary(ctx: ExportContext) -> list[str]:
     peak = ctx.extra.get("peak_bytes")
     if peak:
         src = ctx.extra.get("source", "predicted")
-        lines.append(f"peak memory ({src}): {peak / 2**30:.2f} GiB")
+        phase = ctx.extra.get("peak_phase")
+        step = f" during {phase} (the training step: {ctx.extra['step_peak_bytes'] / 2**30:.2f} GiB)" \
+            if phase and ctx.extra.get("step_peak_bytes") else ""
+        lines.append(f"peak memory ({src}): {peak / 2**30:.2f} GiB{step}")
     return lines + hyperparameter_note(ctx.plan)
 
 

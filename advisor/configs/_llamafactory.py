@@ -277,7 +277,7 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
         "memory plan was sized for; longer examples are cut to it.",
         *([f"deepspeed: {ctx.deepspeed_path} (by its absolute path: edit it if the folder moves)."]
           if ctx.zero_stage is not None else []),
-        *env_note(ctx.plan, "LLaMA-Factory's YAML"),
+        *env_note(ctx, FILENAME),
     ])
     return write_text(out_dir / FILENAME, dump_yaml(cfg, header))
 

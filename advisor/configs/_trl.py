@@ -33,7 +33,7 @@ from typing import Any, Callable
 from advisor.configs.formats import FORMATS
 from advisor.configs._base import (ADAM, LR_SCHEDULER, PRECISION_FLAGS, TORCH_DTYPE, TORCH_TO_PLAN, VISION_SCRIPT,
                                    WARMUP_STEPS, Collect, ExportContext, Unsupported, comment_block, dump_yaml,
-                                   env_prefix, parallel_fields, plan_summary, require_int_alpha,
+                                   env_note, env_prefix, parallel_fields, plan_summary, require_int_alpha,
                                    sequence_parallel_rules, template, training_hyperparameters, vision_script_rules,
                                    write_long_context_script, write_text, write_vision_script)
 from advisor.configs import _trl_rl
@@ -234,6 +234,7 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
           if ctx.plan.tiled_mlp else []),
         *([f"deepspeed: {ctx.deepspeed_path} (by its absolute path: edit it if the folder moves)."]
           if ctx.zero_stage is not None else []),
+        *env_note(ctx, FILENAME),
     ])
     path = write_text(out_dir / FILENAME, dump_yaml(cfg, header))
     script = write_text(out_dir / SCRIPT, template_text())
@@ -254,6 +255,7 @@ def _write_rl(ctx: ExportContext, out_dir: Path, cfg: dict) -> Path:
         *_trl_rl.header_lines(ctx),
         *([f"deepspeed: {ctx.deepspeed_path} (by its absolute path: edit it if the folder moves)."]
           if ctx.zero_stage is not None else []),
+        *env_note(ctx, FILENAME),
     ])
     path = write_text(out_dir / FILENAME, dump_yaml(cfg, header))
     script = write_text(out_dir / _trl_rl.SCRIPTS[task], _trl_rl.template_text(task))

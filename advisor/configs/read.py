@@ -24,6 +24,7 @@ Files are parsed with ``yaml.safe_load`` / ``json.loads`` only. Every problem is
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -84,4 +85,22 @@ def read_config(path: str | Path, *, check_fields: bool = True,
         if recorded is not None:
             mine, theirs = result.to_dict(), canonical(recorded).to_dict()
             extras["edited"] = {k: [theirs[k], mine[k]] for k in mine if mine[k] != theirs[k]}
-    return name, result, extras
+    return name, _with_shell_allocator(result, extras), extras
+
+
+ALLOC_ENV = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def _with_shell_allocator(plan: Plan, extras: dict[str, Any]) -> Plan:
+    """The plan with the allocator setting of this shell's ``PYTORCH_CUDA_ALLOC_CONF``, where it is set: torch reads
+    it when CUDA starts, over what a file says (train.py lets the shell's value win over advisor.yaml's ``env``), and
+    TRL's, axolotl's and LLaMA-Factory's files have no field for it (their headers say to set it in the shell)."""
+    value = os.environ.get(ALLOC_ENV)
+    if not value or "expandable_segments" not in {k.name for k in knobs(type(plan))}:
+        return plan
+    from advisor.memory.allocator import AllocatorConfig
+
+    conf = AllocatorConfig.from_env(value)  # a value torch would reject: an error naming it
+    extras["shell_env"] = {ALLOC_ENV: value}
+    return plan if plan.expandable_segments == conf.expandable_segments else \
+        plan.with_(expandable_segments=conf.expandable_segments)

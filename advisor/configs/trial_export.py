@@ -20,8 +20,12 @@ def export_trial(record: TrialRecord, out_dir: str | Path, formats: list[str] | 
     from advisor.configs.export import export_plan
     from advisor.core.plan import Plan
 
-    prediction = {"peak_bytes": record.peak_bytes, "source": record.source, "tokens_per_s": record.tokens_per_s,
-                  "study": study_name, "trial": record.number}
+    # the run's peak (the highest phase: what train.py compares with torch's max_memory_reserved), and the step's
+    # beside it where another phase sets the run's
+    prediction = {"peak_bytes": record.run_peak_bytes or record.peak_bytes, "source": record.source,
+                  "tokens_per_s": record.tokens_per_s, "study": study_name, "trial": record.number}
+    if record.run_peak_bytes and record.run_peak_phase not in ("", "train"):
+        prediction.update(peak_phase=record.run_peak_phase, step_peak_bytes=record.peak_bytes)
     return export_plan(model, Plan.from_dict(record.plan), out_dir, formats, gpu=gpu, extra=prediction, gpus=gpus,
                        sharding=sharding)
 

@@ -40,9 +40,11 @@ def generation_settings(plan: Plan, gpus: int = 1) -> dict[str, Any]:
     return out
 
 
-def rl_answer(model, plan: Plan, gpu, gpus: int = 1, sharding: str = DEFAULT_SHARDING) -> dict[str, Any] | None:
+def rl_answer(model, plan: Plan, gpu, gpus: int = 1, sharding: str = DEFAULT_SHARDING, backend: str = "estimate"
+              ) -> dict[str, Any] | None:
     """The answer's settings, phases, vLLM's pool and step shares (None for a supervised plan). ``gpus``: the GPUs
-    that train (a vLLM server's are apart)."""
+    that train (a vLLM server's are apart); ``backend``: the one that gave the answer's peak (its phases then peak
+    where the answer says)."""
     if plan.task not in RL_TASKS:
         return None
     from advisor.runtime.backends import get_backend
@@ -50,13 +52,15 @@ def rl_answer(model, plan: Plan, gpu, gpus: int = 1, sharding: str = DEFAULT_SHA
     from advisor.search.prediction import shard_to
     from advisor.speed.throughput import rl_times
 
-    report = get_backend("estimate").measure(model, plan, gpu)
+    report = get_backend(backend).measure(model, plan, gpu)
     report = with_phases(model, plan, gpu, shard_to(report, model, plan, gpus, sharding, gpu))
-    phases = {name: {"peak_bytes": p.peak_bytes, "what": p.what}
-              for name, p in report.run_phases.phases.items() if p.included}
+    included = {name: p for name, p in report.run_phases.phases.items() if p.included}
+    phases = {name: {"peak_bytes": p.peak_bytes, "what": p.what, "source": p.source} for name, p in included.items()}
+    traced = [name for name, p in included.items() if p.source != "estimated"]
     gen = report.extra.get("generation") or None
     out = {**generation_settings(plan, gpus), "phases": phases, "run_peak_phase": report.run_peak_phase,
-           "phases_source": "closed form",
+           "run_peak_bytes": report.run_peak_bytes,
+           "phases_source": f"{' and '.join(traced)} simulated, the rest closed form" if traced else "closed form",
            "generation": {k: gen[k] for k in GENERATION_KEYS if k in gen} if gen else None}
     try:
         times = rl_times(model, plan, gpu, gpus, sharding)

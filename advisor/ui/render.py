@@ -225,6 +225,8 @@ def trials_table(records, budget: Budget, limit: int | None = None, title: str =
     the host peak too when any trial keeps memory on the host."""
     from rich.table import Table
 
+    from advisor.search.select import run_peak
+
     t = Table(title=title, title_justify="left", expand=False)
     rows = records[-limit:] if limit else records
     # a narrow terminal wraps the plan and the reason, never cuts them (80 columns hold every column)
@@ -239,8 +241,9 @@ def trials_table(records, budget: Budget, limit: int | None = None, title: str =
     for r in rows:
         style = STATE_STYLE.get(r.state, "")
         # the source of each number on its own line keeps the number columns narrow
-        peak = (f"{budget.format(r.peak_bytes)}\n[dim]{SOURCE_MARK.get(r.source, r.source)}[/]"
-                if r.peak_bytes else "")
+        # the run's peak (the highest phase), the one number feasibility and every summary use
+        peak = (f"{budget.format(run_peak(r))}\n[dim]{SOURCE_MARK.get(r.source, r.source)}[/]"
+                if run_peak(r) else "")
         tps = f"{r.tokens_per_s:,.0f}\n[dim]{source_mark(r.tokens_per_s_source)}[/]" if r.tokens_per_s else ""
         acc = f"{r.accuracy_loss:.3f}\n[dim]{SOURCE_MARK.get(r.accuracy_source, '')}[/]" \
             if r.accuracy_loss is not None and r.state == "complete" else ""
@@ -282,9 +285,9 @@ class TuneProgress:
 
         console = Console()
         s = self.s
-        from advisor.search.lengths import seq_len_chosen
+        from advisor.search.lengths import planned_tokens, seq_len_chosen
 
-        seq = s.space.fixed.get("seq_len")
+        seq = planned_tokens(s.space.fixed)
         length = f" · {seq:,} tokens{'' if seq_len_chosen(s) else ' (the default)'}" if isinstance(seq, int) else ""
         console.print(f"[bold]advisor tune[/] {s.model.name} on {s.budget}{length} · space {s.space.name} · "
                       f"backend {s.backend} · study {s.study_name}")
@@ -371,6 +374,7 @@ def print_tune_result(settings, records, selection, exports, verbose: bool = Fal
 def _print_trials(console, settings, records, selection) -> None:
     """Every trial, the Pareto front, and the answer's ledger (with its host peak)."""
     from advisor.memory.ledger import MemoryReport
+    from advisor.search.select import run_peak
 
     budget = settings.budget
     console.print(trials_table(records, budget, title=f"All trials ({len(records)})"))
@@ -383,7 +387,7 @@ def _print_trials(console, settings, records, selection) -> None:
             t.add_column(col, justify="left" if col == "plan" else "right", overflow="fold")
         for r in selection.pareto:
             host = (budget.format(r.host_peak_bytes or r.host_bytes),) if pareto_host else ()
-            t.add_row(str(r.number), escape(r.plan_short), budget.format(r.peak_bytes), *host, f"{r.tokens_per_s:,.0f}",
+            t.add_row(str(r.number), escape(r.plan_short), budget.format(run_peak(r)), *host, f"{r.tokens_per_s:,.0f}",
                       f"{r.accuracy_loss:.3f}")
         console.print(t)
     best = selection.best
@@ -391,7 +395,10 @@ def _print_trials(console, settings, records, selection) -> None:
         ledger = {k: v for k, v in best.ledger.items()}
         report = MemoryReport(source=best.source, backend=settings.backend, device=ledger, host=dict(best.host_ledger),
                               tensor_peak_bytes=best.tensor_peak_bytes or 0, peak_bytes=best.peak_bytes)
-        console.print(ledger_table(report, budget, title=f"Winner #{best.number}: {escape(best.plan_short)}"))
+        during = f"; the run peaks at {budget.format(run_peak(best))} during {best.run_peak_phase}" \
+            if best.run_peak_phase not in ("", "train") else ""
+        console.print(ledger_table(report, budget, title=f"Winner #{best.number}'s training step{during}: "
+                                                         f"{escape(best.plan_short)}"))
         if best.host_peak_bytes or best.host_bytes:
             console.print(winner_host_line(best, budget, settings.host_budget))
 
@@ -428,6 +435,24 @@ def recipe_table(recipe, best, budget):
     for row in rows:
         t.add_row(*row)
     return t
+
+
+def gpu_peak_text(r, fmt) -> str:
+    """A trial's GPU peak as every summary gives it: the run's (its highest phase), and the phase where not the
+    training step (the ledger beside it is the step's)."""
+    from advisor.search.select import run_peak
+
+    during = f" during {r.run_peak_phase}" if r.run_peak_bytes and r.run_peak_phase not in ("", "train") else ""
+    return f"{fmt(run_peak(r))}{during}"
+
+
+def step_and_run_rows(r, fmt) -> list[tuple[str, str]]:
+    """The closing rows of a trial's ledger: its sum, the training step's peak, and the run's peak where another
+    phase sets it (labels, values)."""
+    if not r.run_peak_bytes or r.run_peak_phase in ("", "train"):
+        return [("Peak on the GPU", fmt(r.peak_bytes))]
+    return [("Peak of the training step", fmt(r.peak_bytes)),
+            (f"Peak on the GPU (the run's, during {r.run_peak_phase})", fmt(r.run_peak_bytes))]
 
 
 def host_peak_text(r, fmt) -> str:
@@ -487,15 +512,18 @@ def length_lines(result: dict, fmt) -> list[str]:
     seq = result.get("seq_len") or {}
     if seq.get("chosen", True) or not seq.get("tokens"):
         return []
-    lines = [f"Planned at {seq['tokens']:,} tokens a sequence: the space's default, not a length you gave "
-             "(seq_len=N, or --data FILE to plan for your longest batch)."]
+    grpo = (result.get("rl") or {}).get("task") == "grpo"
+    give = "max_completion_length=N" if grpo else "seq_len=N"
+    lines = [f"Planned at {seq['tokens']:,} tokens a sequence{' (prompt + completion)' if grpo else ''}: the space's "
+             f"default, not a length you gave ({give}, or --data FILE to plan for your longest batch)."]
+    source = (result.get("best") or {}).get("source") or "estimated"
     for a in result.get("at_common_lengths") or ():
+        longer = f"{a['seq_len']:,} tokens" + (" (longer completions)" if grpo else "")
         if a["run_peak_bytes"] is None:
-            lines.append(f"  at {a['seq_len']:,} tokens: not estimated (the closed form does not describe this model)")
+            lines.append(f"  at {longer}: not estimated (the closed form does not describe this model)")
         else:
             what = {"fits": "fits", "tight": "fits only inside the headroom", "over": "does NOT fit"}[a["verdict"]]
-            lines.append(f"  at {a['seq_len']:,} tokens this plan needs {fmt(a['run_peak_bytes'])} (estimated): "
-                         f"{what}")
+            lines.append(f"  at {longer} this plan needs {fmt(a['run_peak_bytes'])} ({source}): {what}")
     return lines
 
 

@@ -112,6 +112,13 @@ def check_versions(plan: Plan, versions: dict[str, str | None] | None = None) ->
     return findings
 
 
+def check_shell_allocator(extras: dict) -> list[Finding]:
+    """Say where the allocator setting checked came from when it is this shell's (advisor.configs.read)."""
+    return [Finding("env.allocator", "info", f"{k}={v} read from this shell",
+                    "torch reads it when CUDA starts, over the file's own setting: the run started from this shell "
+                    "is the run checked", (), "environment") for k, v in extras.get("shell_env", {}).items()]
+
+
 def check_gpu(plan: Plan, gpu: GpuSpec | None, budget_bytes: int | None) -> list[Finding]:
     findings = []
     if gpu is None:

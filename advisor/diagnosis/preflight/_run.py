@@ -114,6 +114,7 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
     findings += _config.check_use_cache(plan, model_section, model)
     findings += _config.check_pad_token(model)
     findings += _env.check_versions(plan)
+    findings += _env.check_shell_allocator(extras)
     if plan.loss == "fused-linear":
         from advisor.configs._base import load_mapping
 

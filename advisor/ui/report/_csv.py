@@ -12,7 +12,8 @@ from advisor.ui.report._data import ReportData
 PLAN_KEYS = ("method", "quantization", "double_quant", "compute_dtype", "precision", "lora_r", "lora_alpha",
              "lora_dropout", "lora_targets", "gradient_checkpointing", "optimizer", "micro_batch", "grad_accum",
              "seq_len", "attn_impl", "offload", "loss", "dora", "packing")
-COLUMNS = (["number", "state", "stage", "ladder", "plan_short", "peak_bytes", "tensor_peak_bytes", "host_bytes",
+COLUMNS = (["number", "state", "stage", "ladder", "plan_short", "peak_bytes", "run_peak_bytes", "run_peak_phase",
+            "tensor_peak_bytes", "host_bytes",
             "host_peak_bytes", "host_peak_phase", "host_pinned_bytes", "host_pageable_bytes", "host_source",
             "memory_source", "tokens_per_s", "tokens_per_s_source", "accuracy_loss", "accuracy_source", "seconds",
             "started", "ended", "winner", "pareto", "reason"]
@@ -28,7 +29,9 @@ def render_csv(d: ReportData) -> str:
     w.writeheader()
     for r in d.records:
         row = {"number": r.number, "state": r.state, "stage": r.stage, "ladder": r.ladder, "plan_short": r.plan_short,
-               "peak_bytes": r.peak_bytes, "tensor_peak_bytes": r.tensor_peak_bytes, "host_bytes": r.host_bytes,
+               "peak_bytes": r.peak_bytes, "run_peak_bytes": r.run_peak_bytes or r.peak_bytes,
+               "run_peak_phase": r.run_peak_phase or "train",
+               "tensor_peak_bytes": r.tensor_peak_bytes, "host_bytes": r.host_bytes,
                "host_peak_bytes": r.host_peak_bytes, "host_peak_phase": r.host_peak_phase,
                "host_pinned_bytes": r.host_pinned_bytes, "host_pageable_bytes": r.host_pageable_bytes,
                "host_source": r.host_source,

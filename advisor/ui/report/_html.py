@@ -12,11 +12,11 @@ from html import escape
 from advisor import __version__
 from advisor.memory.ledger import CATEGORIES, LABELS
 from advisor.ui.report._data import ReportData
-from advisor.ui.render import host_peak_text
+from advisor.ui.render import gpu_peak_text, host_peak_text, step_and_run_rows
 from advisor.ui.report._format import (SOURCE_HELP, acc_text, gpu_line, host_budget_text, plan_rows, space_source,
                                        tps_text, value_text)
 from advisor.ui.report._plots import plot_titles
-from advisor.search.select import TrialRecord
+from advisor.search.select import TrialRecord, run_peak
 
 CSS = """
 :root { color-scheme: light dark; --bg:#ffffff; --fg:#1d1f23; --muted:#5b6270; --card:#f4f5f7; --border:#d9dce1;
@@ -110,7 +110,8 @@ def _ledger_table(d: ReportData, r: TrialRecord) -> str:
         if n:
             share = f"{100 * n / r.peak_bytes:.1f}%" if r.peak_bytes else ""
             rows.append([escape(LABELS[cat]), escape(d.fmt(n)) + src(r.source), share])
-    rows.append(["<b>Peak on the GPU</b>", f"<b>{escape(d.fmt(r.peak_bytes))}</b>" + src(r.source), "100%"])
+    rows += [[f"<b>{escape(label)}</b>", f"<b>{escape(value)}</b>" + src(r.source), "100%" if n == 0 else ""]
+             for n, (label, value) in enumerate(step_and_run_rows(r, d.fmt))]
     for cat in CATEGORIES:
         if r.host_ledger.get(cat):
             rows.append([escape(LABELS[cat]) + " <span class=muted>(host)</span>",
@@ -127,11 +128,11 @@ def answer(d: ReportData) -> str:
     if best is None:
         return (f'<section id="answer"><h2>The answer</h2><div class="card"><p><b>No plan fits.</b></p>'
                 f"<ul>{expl}</ul></div></section>")
-    left = d.budget_bytes - best.peak_bytes
+    left = d.budget_bytes - run_peak(best)
     head = (f'<div class="card answer"><p style="font-size:1.1em;margin:0 0 6px">Winner <b>#{best.number}</b>: '
             f"<code>{escape(best.plan_short)}</code></p><p style='margin:0'>"
             f"<b>{tps_text(best)}</b> tokens/s{src(best.tokens_per_s_source)} · peak "
-            f"<b>{escape(d.fmt(best.peak_bytes))}"
+            f"<b>{escape(gpu_peak_text(best, d.fmt))}"
             f"</b>{src(best.source)} of {escape(d.fmt(d.budget_bytes))} "
             f"({escape(d.fmt(left))} left{src(best.source)}) · "
             + (f"host peak <b>{escape(host_peak_text(best, d.fmt))}</b>{src(best.host_source or best.source)} · "
@@ -217,7 +218,7 @@ def trials_table(d: ReportData) -> str:
         mark = " ★" if r.number == best else (" ◆" if r.number in front else "")
         rows.append([f"#{r.number}{mark}", f'<span class="state-{escape(r.state)}">{escape(r.state)}</span>',
                      escape(r.stage), escape(r.ladder), f"<code>{escape(r.plan_short)}</code>",
-                     (escape(d.fmt(r.peak_bytes)) + src(r.source)) if r.peak_bytes else "",
+                     (escape(gpu_peak_text(r, d.fmt)) + src(r.source)) if r.peak_bytes else "",
                      (tps_text(r) + src(r.tokens_per_s_source)) if r.tokens_per_s else "",
                      (acc_text(r) + src(r.accuracy_source)) if r.accuracy_loss is not None else "",
                      f"{r.seconds:.2f}" if r.state in ("complete", "pruned") else "",

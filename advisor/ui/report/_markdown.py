@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from advisor.memory.ledger import CATEGORIES, LABELS
 from advisor.ui.report._data import ReportData
-from advisor.ui.render import host_peak_text
+from advisor.ui.render import gpu_peak_text, host_peak_text, step_and_run_rows
 from advisor.ui.report._format import (SOURCE_HELP, acc_text, gpu_line, host_budget_text, plan_rows, space_source,
                                        tps_text, value_text)
 
@@ -42,7 +42,7 @@ def render_markdown(d: ReportData) -> str:
         lines += ["**No plan fits.**", ""]
     else:
         lines += [f"**Winner #{best.number}: `{best.plan_short}`**: {tps_text(best)} tokens/s "
-                  f"({best.tokens_per_s_source}), peak {d.fmt(best.peak_bytes)} ({best.source}) of "
+                  f"({best.tokens_per_s_source}), peak {gpu_peak_text(best, d.fmt)} ({best.source}) of "
                   f"{d.fmt(d.budget_bytes)}"
                   + (f", host peak {host_peak_text(best, d.fmt)} ({best.host_source or best.source})"
                      if best.host_peak_bytes or best.host_bytes else "")
@@ -52,7 +52,8 @@ def render_markdown(d: ReportData) -> str:
         lines += ["### Plan", ""] + _table(["setting", "value"], [list(r) for r in plan_rows(best.plan)])
         rows = [[LABELS[c], f"{d.fmt(best.ledger[c])} ({best.source})",
                  f"{100 * best.ledger[c] / best.peak_bytes:.1f}%"] for c in CATEGORIES if best.ledger.get(c)]
-        rows.append(["**Peak on the GPU**", f"**{d.fmt(best.peak_bytes)}** ({best.source})", "100%"])
+        rows += [[f"**{label}**", f"**{value}** ({best.source})", "100%" if n == 0 else ""]
+                 for n, (label, value) in enumerate(step_and_run_rows(best, d.fmt))]
         for c in CATEGORIES:
             if best.host_ledger.get(c):
                 rows.append([f"{LABELS[c]} (host)", f"{d.fmt(best.host_ledger[c])} ({best.host_source or best.source})",
@@ -70,7 +71,7 @@ def render_markdown(d: ReportData) -> str:
     rows = []
     for r in d.records:
         rows.append([f"#{r.number}" + (" (winner)" if best and r.number == best.number else ""), r.state, r.stage,
-                     r.plan_short, f"{d.fmt(r.peak_bytes)} ({r.source})" if r.peak_bytes else "",
+                     r.plan_short, f"{gpu_peak_text(r, d.fmt)} ({r.source})" if r.peak_bytes else "",
                      f"{tps_text(r)} ({r.tokens_per_s_source})" if r.tokens_per_s else "",
                      f"{acc_text(r)} ({r.accuracy_source})" if r.accuracy_loss is not None else "", r.reason])
     lines += _table(["#", "state", "stage", "plan", "peak", "tokens/s", "acc. loss", "why pruned"], rows)

@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from advisor.memory.ledger import CATEGORIES, LABELS
+from advisor.search.select import run_peak
 from advisor.ui.report._data import ReportData
 
 INK = "#010203"  # sentinel → currentColor
@@ -103,18 +104,18 @@ def pareto(data: ReportData):
         )
         for label, color, rows, size in groups:
             if rows:
-                ax.scatter([_gb(data, r.peak_bytes) for r in rows], [r.tokens_per_s for r in rows], s=size,
+                ax.scatter([_gb(data, run_peak(r)) for r in rows], [r.tokens_per_s for r in rows], s=size,
                            marker=marker, color=color, alpha=0.85, edgecolors="none",
                            label=f"{label} ({source} peak)", zorder=3)
     if best is not None:
-        ax.scatter([_gb(data, best.peak_bytes)], [best.tokens_per_s], s=260, marker="*", color="#D6A90F",
+        ax.scatter([_gb(data, run_peak(best))], [best.tokens_per_s], s=260, marker="*", color="#D6A90F",
                    edgecolors=INK, linewidths=0.6, label=f"winner #{best.number}", zorder=4)
     _budget_lines(ax, data)
-    ax.set_xlim(0, max(_gb(data, data.budget_bytes), max(_gb(data, r.peak_bytes) for r in done)) * 1.05)
+    ax.set_xlim(0, max(_gb(data, data.budget_bytes), max(_gb(data, run_peak(r)) for r in done)) * 1.05)
     ax.set_ylim(0, max(r.tokens_per_s for r in done) * 1.12)
-    _label_points(ax, [(_gb(data, r.peak_bytes), r.tokens_per_s, f"#{r.number}") for r in done])
+    _label_points(ax, [(_gb(data, run_peak(r)), r.tokens_per_s, f"#{r.number}") for r in done])
     sources = sorted({r.tokens_per_s_source for r in done if r.tokens_per_s_source})
-    ax.set_xlabel(f"peak GPU memory ({data.unit}; source per marker: ○ estimated, □ simulated, ◇ measured)")
+    ax.set_xlabel(f"peak GPU memory of the run ({data.unit}; source per marker: ○ estimated, □ simulated, ◇ measured)")
     ax.set_ylabel(f"throughput (tokens/s, {' / '.join(sources) or 'predicted'})")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     return fig
@@ -258,6 +259,6 @@ def comparison_plot(data: ReportData):
 
 
 def plot_titles() -> dict[str, Any]:
-    return {"pareto": "Memory against throughput", "ledger": "Ledger per trial",
+    return {"pareto": "Memory against throughput", "ledger": "Ledger of each trial's training step",
             "timeline": "Trial timeline", "losses": "Loss curves of probed trials",
             "compare": "Predicted vs simulated vs measured peak"}

@@ -10,8 +10,8 @@ from rich.text import Text
 
 from advisor.core.fit import usable_bytes
 from advisor.memory.ledger import CATEGORIES, LABELS
-from advisor.search.select import TrialRecord
-from advisor.ui.render import host_peak_text
+from advisor.search.select import TrialRecord, run_peak
+from advisor.ui.render import gpu_peak_text, host_peak_text
 
 MARK = {"estimated": "e", "simulated": "s", "measured": "m", "predicted": "p", "prior": "~"}
 LEGEND = "marks: e estimated · s simulated · m measured · p predicted · ~ prior"
@@ -58,9 +58,9 @@ def ledger_lines(record: TrialRecord, budget_bytes: int, headroom: float, fmt, w
     scale = max(budget_bytes, record.peak_bytes) * 1.02
     budget_col = min(bar_w - 1, int(budget_bytes / scale * bar_w))
     limit_col = int(usable_bytes(budget_bytes, headroom) / scale * bar_w)
-    left = budget_bytes - record.peak_bytes
+    left = budget_bytes - run_peak(record)
     head = Text.assemble((f"#{record.number} ", "bold"), record.plan_short, "  ",
-                         (f"peak {fmt(record.peak_bytes)} ({record.source})", "bold"), f" of {fmt(budget_bytes)}: ",
+                         (f"peak {gpu_peak_text(record, fmt)} ({record.source})", "bold"), f" of {fmt(budget_bytes)}: ",
                          (f"{fmt(abs(left))} {'left' if left >= 0 else 'over'}", "green" if left >= 0 else "red"))
     lines = [head]
     for cat in CATEGORIES:
@@ -71,7 +71,8 @@ def ledger_lines(record: TrialRecord, budget_bytes: int, headroom: float, fmt, w
         row.append_text(_bar(n / scale * bar_w, bar_w, budget_col, limit_col, CATEGORY_STYLE.get(cat, "white")))
         row.append(f" {fmt(n):>{val_w}}")
         lines.append(row)
-    total = Text(f"{'Peak (stacked)':<{LABEL_W}} ", style="bold")
+    step = "Step (stacked)" if run_peak(record) != record.peak_bytes else "Peak (stacked)"
+    total = Text(f"{step:<{LABEL_W}} ", style="bold")
     stacked = Text()
     used = 0.0
     for cat in CATEGORIES:  # whole cells per category, rounded so the total lands where the peak is
@@ -104,14 +105,14 @@ def ledger_lines(record: TrialRecord, budget_bytes: int, headroom: float, fmt, w
 def pareto_lines(records: list[TrialRecord], pareto: list[TrialRecord], best: TrialRecord | None,
                  budget_bytes: int, headroom: float, fmt, width: int, height: int) -> list[Text]:
     """A scatter of peak memory (x) against tokens/s (y): ★ chosen, ◆ Pareto front, · other trials."""
-    pts = [r for r in records if r.state == "complete" and r.peak_bytes and r.tokens_per_s]
+    pts = [r for r in records if r.state == "complete" and run_peak(r) and r.tokens_per_s]
     legend = Text.assemble(("★", "bold green"), " chosen  ", ("◆", "bold cyan"), " Pareto front  ",
                            ("·", ""), " other complete  ", ("│", "bold red"), " budget  ",
                            ("┊", "yellow"), f" -{headroom:.0%} headroom")
     if not pts:
         return [legend, Text("no complete trial with memory and throughput yet", style="dim")]
     y_max = max(r.tokens_per_s for r in pts) * 1.08
-    x_max = max(budget_bytes, max(r.peak_bytes for r in pts)) * 1.04
+    x_max = max(budget_bytes, max(run_peak(r) for r in pts)) * 1.04
     y_w = len(f"{y_max:,.0f}") + 1
     plot_w = max(10, width - y_w - 1)
     plot_h = max(3, height - 3)  # legend, x axis, x labels
@@ -125,7 +126,7 @@ def pareto_lines(records: list[TrialRecord], pareto: list[TrialRecord], best: Tr
     front = {r.number for r in pareto}
 
     def place(r: TrialRecord, glyph: str, style: str, label: bool) -> None:
-        col = min(plot_w - 1, int(r.peak_bytes / x_max * (plot_w - 1)))
+        col = min(plot_w - 1, int(run_peak(r) / x_max * (plot_w - 1)))
         row = plot_h - 1 - min(plot_h - 1, int(r.tokens_per_s / y_max * (plot_h - 1)))
         grid[row][col] = (glyph, style)
         if label:

@@ -154,7 +154,7 @@ class Board:
         if sort == "tokens":
             rows.sort(key=lambda r: (r.tokens_per_s is None, -(r.tokens_per_s or 0), r.number))
         elif sort == "peak":
-            rows.sort(key=lambda r: (r.peak_bytes is None, r.peak_bytes or 0, r.number))
+            rows.sort(key=lambda r: (run_peak(r) is None, run_peak(r) or 0, r.number))
         elif sort == "accuracy":
             rows.sort(key=lambda r: (r.accuracy_loss is None or r.state != "complete", r.accuracy_loss or 0, r.number))
         elif sort != "number":
