@@ -96,6 +96,19 @@ def test_offline_says_how_to_give_a_local_folder(monkeypatch):
         resolve_model("someone/not-cached")
 
 
+def test_no_network_is_said_at_once_without_huggingface_hubs_retries(monkeypatch):
+    """A Hub that cannot be reached (a name that does not resolve: RFC 2606's .invalid) is the clear error at once;
+    huggingface_hub would retry the connection five times (about 23 s) first."""
+    import huggingface_hub
+
+    monkeypatch.setenv("HF_ENDPOINT", "http://hub.invalid")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE")
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *a, **k: pytest.fail("asked the Hub"))
+    with pytest.raises(AdvisorInputError, match=r"could not be reached \(http://hub.invalid: no connection\)"):
+        resolve_model("someone/not-cached")
+
+
 def test_a_vision_language_snapshot_brings_its_processor_settings(tmp_path):
     """The image and video processors' configs of a snapshot, as models.yaml's ``processor`` holds them (what the
     token counts read: advisor.core.vision_tokens)."""

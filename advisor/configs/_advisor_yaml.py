@@ -181,7 +181,9 @@ def sections(ctx: ExportContext) -> dict[str, Any]:
         "advisor": advisor,
     }
     unplaced(plan, FORMAT, doc)
-    return {name: fill(section, plan, FORMAT, name, before="plan" if name == "advisor" else None)
+    # the vision section as the file holds it: the planned images' pixel budget (ExportContext.file_plan)
+    return {name: fill(section, ctx.file_plan if name == "vision" else plan, FORMAT, name,
+                       before="plan" if name == "advisor" else None)
             if isinstance(section, dict) and name != "deepspeed" else section for name, section in doc.items()
             if section is not None or name not in OPTIONAL_SECTIONS}
 

@@ -232,9 +232,18 @@ def _data_note(ctx: ExportContext) -> list[str]:
         return ["Replace `datasets` with yours (here: data.jsonl of {\"messages\": [...], \"images\": [...]}, "
                 "axolotl's",
                 "multimodal chat_template format). axolotl neither cuts nor drops a sample longer than sequence_len",
-                f"(docs/multimodal.qmd): keep text and image tokens within {ctx.plan.seq_len}, the length planned."]
+                f"(docs/multimodal.qmd): keep text and image tokens within {ctx.file_plan.seq_len:,}, the length "
+                "planned", f"({ctx.plan.seq_len:,} of text and the planned images'), as sequence_len says.",
+                *_pixel_note(ctx)]
     return ["Replace `datasets` with yours (here: data.jsonl, one {\"text\": ...} per line). pad_to_sequence_len",
             "keeps every batch at sequence_len tokens, the length the memory plan was sized for."]
+
+
+def _pixel_note(ctx: ExportContext) -> list[str]:
+    """axolotl has no key for the processor's pixel budget: the images must be no larger than the planned ones."""
+    budget = ctx.file_plan.max_pixels if ctx.file_plan.max_pixels != ctx.plan.max_pixels else None
+    return [f"axolotl has no key for the processor's max_pixels: resize your images to at most {budget:,} pixels",
+            "(the planned ones' size), or a larger one takes more tokens than planned."] if budget else []
 
 
 def _launch(ctx: ExportContext) -> str:

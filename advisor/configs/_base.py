@@ -221,11 +221,14 @@ class ExportContext:
     def file_plan(self) -> "Plan":
         """The plan as a tool's own keys hold it: its sequence cap counts the planned sample's image and video tokens
         beside the text (advisor.core.vision_tokens.sequence_tokens), so the sample the memory was planned for
-        passes the cap; the same plan for a text model."""
-        from advisor.core.vision_tokens import sequence_tokens
+        passes the cap, and a pixel-budget processor's ``max_pixels`` is the planned images' (planned_pixel_budget),
+        so that no larger image of the data takes more tokens than planned; the same plan for a text model."""
+        from advisor.core.vision_tokens import planned_pixel_budget, sequence_tokens
 
-        cap = sequence_tokens(self.spec, self.plan)
-        return self.plan if cap == self.plan.seq_len else self.plan.with_(seq_len=cap)
+        cap, budget = sequence_tokens(self.spec, self.plan), planned_pixel_budget(self.spec, self.plan)
+        changes = {**({"seq_len": cap} if cap != self.plan.seq_len else {}),
+                   **({"max_pixels": budget} if budget else {})}
+        return self.plan.with_(**changes) if changes else self.plan
 
     @property
     def zero_stage(self) -> int | None:

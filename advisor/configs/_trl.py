@@ -136,7 +136,7 @@ def trl_config(ctx: ExportContext) -> dict[str, Any]:
         out = _trl_rl.rl_config(out, ctx)
     if ctx.spec.is_vision_language:
         # what SFTConfig has no field for, read by train_trl.py's vision_setup.py (`trl sft` ignores the key)
-        out["vision"] = fill({}, ctx.plan, FORMAT, "vision")
+        out["vision"] = fill({}, ctx.file_plan, FORMAT, "vision")  # the planned images' pixel budget
         out["remove_unused_columns"] = False  # the samples' messages and images reach TRL's collator
     if ctx.plan.sp_degree > 1:
         # accelerate's ParallelismConfig, built by train_trl.py (SFTConfig's parallelism_config is an object, not

@@ -39,6 +39,9 @@ class Format:
     """Names deepspeed.json when the plan runs under DeepSpeed (offload, or ZeRO on several GPUs)."""
     keys: str | None = None
     """The format name the knobs' ``keys=`` use for it (advisor.core.plan); None: knobs declare none."""
+    sequence_counts_images: bool = False
+    """Its sequence key caps the whole sequence a sample fills, image placeholders included (TRL's max_length,
+    LLaMA-Factory's cutoff_len, axolotl's sequence_len); False: the text alone (advisor.yaml's max_seq_length)."""
     check: str | Callable | None = None
     """``check(collect, data, extras)`` after reading, when fields are checked (advisor.yaml: every key is a
     field of the class its section is passed to)."""
@@ -82,14 +85,15 @@ FORMATS: dict[str, Format] = {f.name: f for f in [
     Format("deepspeed", "deepspeed.json", "deepspeed.json (ZeRO plans)", "advisor.configs._deepspeed:write",
            help="deepspeed.json: plans under DeepSpeed ZeRO (CPU offload, or ZeRO on several GPUs)"),
     Format("axolotl", "axolotl.yaml", "axolotl.yaml", "advisor.configs._axolotl:write",
-           "advisor.configs._axolotl:read", _axolotl, names_deepspeed=True, keys="axolotl",
+           "advisor.configs._axolotl:read", _axolotl, names_deepspeed=True, keys="axolotl", sequence_counts_images=True,
            help="axolotl.yaml"),
     Format("llamafactory", "llamafactory.yaml", "llamafactory.yaml", "advisor.configs._llamafactory:write",
            "advisor.configs._llamafactory:read", _llamafactory, names_deepspeed=True, keys="llamafactory",
+           sequence_counts_images=True,
            help="llamafactory.yaml (LLaMA-Factory)"),
     Format("trl", "trl.yaml", "trl.yaml + train_trl.py (TRL SFTTrainer; GRPO/DPO: train_grpo.py, train_dpo.py)",
            "advisor.configs._trl:write",
-           "advisor.configs._trl:read", _trl, names_deepspeed=True, keys="trl",
+           "advisor.configs._trl:read", _trl, names_deepspeed=True, keys="trl", sequence_counts_images=True,
            help="trl.yaml + train_trl.py (TRL SFTTrainer), or GRPOConfig/DPOConfig + train_grpo.py/train_dpo.py"),
     # read only: the same sections as advisor.yaml without its advisor section, or a flat TrainingArguments file
     Format("hf", reader="advisor.configs._advisor_yaml:read_hf", detect=_hf, keys="advisor",

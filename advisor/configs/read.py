@@ -77,6 +77,7 @@ def read_config(path: str | Path, *, check_fields: bool = True,
         raise c.errors[0] if len(c.errors) == 1 else ConfigErrors(c.errors)
     extras["format"] = fmt
     extras["defaulted"] = c.defaulted
+    extras["sequence_counts_images"] = declared.sequence_counts_images
     if "advisor_plan" in extras:
         try:
             recorded = plan.from_dict(extras["advisor_plan"])

@@ -421,6 +421,11 @@ def fetch_from_hub(hub_id: str) -> Path:
     # huggingface_hub reads these when imported; the advisor asks them now (a test, a caller may set them later)
     constants.HF_HUB_OFFLINE = _offline()
     cache, endpoint = _hf_cache_dirs()[-1], os.environ.get("HF_ENDPOINT") or None
+    if not constants.HF_HUB_OFFLINE and not _reachable(endpoint or constants.ENDPOINT):
+        # huggingface_hub retries a failed connection five times (about 23 s): no network is said at once
+        raise AdvisorInputError("--model", f"not in the catalog or the local HF cache, and the Hub could not be "
+                                f"reached ({endpoint or 'huggingface.co'}: no connection); give a local folder "
+                                "holding its config.json", hub_id)
     try:
         path = Path(hf_hub_download(hub_id, "config.json", cache_dir=cache, endpoint=endpoint))
     except LocalEntryNotFoundError as e:  # no network (an EntryNotFoundError too: before it)
@@ -446,6 +451,20 @@ def fetch_from_hub(hub_id: str) -> Path:
         except (EntryNotFoundError, HfHubHTTPError):
             pass  # a text model has no processor
     return path.parent
+
+
+def _reachable(endpoint: str, timeout: float = 3.0) -> bool:
+    """Whether a TCP connection to ``endpoint``'s host opens (its name resolves and something listens)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    url = urlsplit(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname or "", port), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
 
 
 PROCESSOR_FIELDS = ("patch_size", "merge_size", "temporal_patch_size", "min_pixels", "max_pixels", "size",

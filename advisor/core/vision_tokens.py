@@ -430,6 +430,18 @@ def sequence_tokens(spec, plan) -> int:
     return plan.seq_len + (sample.text_tokens if sample is not None else 0)
 
 
+def planned_pixel_budget(spec, plan) -> int | None:
+    """The ``max_pixels`` that lets the plan's own images through as planned and scales any larger one down to
+    their tokens: the largest planned image's resized pixels, for a processor that resizes within a pixel budget
+    (Qwen-VL's smart_resize); None where the plan sets its own budget, names no image, or the processor's size is
+    fixed (an exported run then takes the data's images at the plan's budget)."""
+    if plan.max_pixels or not plan.image_sizes or (spec.processor or {}).get("image", {}).get("class") \
+            != "Qwen2VLImageProcessor":
+        return None
+    sample = count_sample(spec, plan)
+    return max(w * h for w, h in (i.resized for i in sample.images))
+
+
 def count_sample(spec, plan) -> VisionInput | None:
     """What the plan's sample (``--image-size`` each, the video) becomes for ``spec``; None without images or
     video."""

@@ -101,11 +101,11 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
     training = dict(sections.get("training") or {})
     model_section = dict(sections.get("model") or {})
     backend = inp.backend
-    if _rl.is_rl(plan):
-        if not training:  # a flat TRL / axolotl / LLaMA-Factory file: its training keys are at the top
-            from advisor.configs._base import load_mapping
+    from advisor.configs._base import load_mapping
 
-            training = load_mapping(inp.config)
+    raw = load_mapping(inp.config)  # the file as written: a flat TRL / axolotl / LLaMA-Factory file's keys
+    if _rl.is_rl(plan) and not training:  # a flat file: its training keys are at the top
+        training = raw
 
     findings: list[Finding] = []
     findings += _config.check_plan_rules(plan)
@@ -116,10 +116,7 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
     findings += _env.check_versions(plan)
     findings += _env.check_shell_allocator(extras)
     if plan.loss == "fused-linear":
-        from advisor.configs._base import load_mapping
-
-        findings += _env.check_loss_kernel(plan, extras.get("format", ""), load_mapping(inp.config),
-                                           gpu_here=target.detected is not None)
+        findings += _env.check_loss_kernel(plan, extras.get("format", ""), raw, gpu_here=target.detected is not None)
     findings += _env.check_gpu(plan, target.known_gpu, budget.bytes if budget else None)
     findings += _env.check_card(plan, target.known_gpu, model)
 
@@ -139,6 +136,13 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
     if evaluates and not plan.eval_batch:
         # TrainingArguments.per_device_eval_batch_size defaults to 8
         mem_plan = mem_plan.with_(eval_batch=int(training.get("per_device_eval_batch_size") or 8))
+    if plan.max_pixels and not plan.image_sizes and _vision.pixel_budget(model):
+        # a config names no image (they are the data's): the largest one its pixel budget lets through is planned
+        mem_plan = _vision.largest_sample(mem_plan, plan.max_pixels, model)
+        if extras.get("sequence_counts_images"):  # the file's cap holds that image's tokens beside the text
+            from advisor.core.vision_tokens import count_sample
+
+            mem_plan = mem_plan.with_(seq_len=max(1, mem_plan.seq_len - count_sample(model, mem_plan).text_tokens))
     report = longest = None
     if not any(f.severity == "error" and f.area == "config" for f in findings):
         def measured(backend: str):

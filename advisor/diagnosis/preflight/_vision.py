@@ -29,11 +29,18 @@ def pixel_budget(model: ModelSpec) -> dict | None:
     return image if model.is_vision_language and "max_pixels" in image else None
 
 
-def largest_sample(plan: Plan, max_pixels: int) -> Plan:
-    """``plan`` with each of its sample's images (one where it names none) a square of ``max_pixels`` pixels, resized
-    by the processor within that budget: the largest sample the budget lets through."""
-    side = isqrt(max_pixels)
-    return plan.with_(image_sizes=(f"{side}x{side}",) * max(1, len(plan.image_sizes)), max_pixels=max_pixels)
+def largest_sample(plan: Plan, max_pixels: int, model: ModelSpec) -> Plan:
+    """``plan`` with each of its sample's images (one where it names none) the largest the budget lets through: the
+    most whole ``factor`` x ``factor`` cells (patch x merge, 28 pixels for Qwen2.5-VL; one cell a token) within
+    ``max_pixels``, the squarest grid of that many (a square of ``max_pixels`` is rounded to fewer cells by
+    smart_resize: 1,156 tokens where a 1288x728 image of 937,664 pixels has 1,196)."""
+    image = (model.processor or {}).get("image") or {}
+    factor = int(image.get("patch_size", 14)) * int(image.get("merge_size", 2))
+    cells = max(1, max_pixels // (factor * factor))
+    # the most cells in a rows x columns grid, columns at most 200 times the rows (smart_resize's aspect limit)
+    rows = max((r for r in range(isqrt(cells), 0, -1) if cells // r <= 200 * r), key=lambda r: r * (cells // r))
+    size = f"{cells // rows * factor}x{rows * factor}"
+    return plan.with_(image_sizes=(size,) * max(1, len(plan.image_sizes)), max_pixels=max_pixels)
 
 
 def _run_peak(model: ModelSpec, plan: Plan, gpu: GpuSpec | None) -> int:
@@ -52,7 +59,7 @@ def pixel_budget_findings(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, bud
     from advisor.core.vision_tokens import count_sample
 
     limit = int(plan.max_pixels or settings["max_pixels"])
-    worst = largest_sample(plan, limit)
+    worst = largest_sample(plan, limit, model)
     tokens = count_sample(model, worst).text_tokens
     peak = _run_peak(model, worst, gpu)
     where = "the plan's" if plan.max_pixels else "the processor's default"
@@ -62,12 +69,12 @@ def pixel_budget_findings(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, bud
                         f"({tokens:,} tokens a sample) fits: peak {budget.format(peak)} of {budget}", "", (),
                         "memory", data)]
     lo, hi = int(settings.get("min_pixels") or 1), limit
-    if fit_verdict(_run_peak(model, largest_sample(plan, lo), gpu), budget.bytes, headroom) == "over":
+    if fit_verdict(_run_peak(model, largest_sample(plan, lo, model), gpu), budget.bytes, headroom) == "over":
         fits_at = None
     else:
         for _ in range(BISECTION_STEPS):
             mid = (lo + hi) // 2
-            if fit_verdict(_run_peak(model, largest_sample(plan, mid), gpu), budget.bytes, headroom) == "over":
+            if fit_verdict(_run_peak(model, largest_sample(plan, mid, model), gpu), budget.bytes, headroom) == "over":
                 hi = mid
             else:
                 lo = mid
