@@ -327,3 +327,24 @@ def test_llamafactory_parses_the_dpo_export(qwen7b, tmp_path):
     assert got["cutoff_len"] == plan.seq_len and got["finetuning_type"] == "lora" and got["lora_rank"] == plan.lora_r
     with pytest.raises(Unsupported, match="no GRPO stage"):
         export_plan(qwen7b, GRPO_PLANS["lora-generate-beta"], tmp_path / "g", ["llamafactory"])
+
+
+@pytest.mark.slow  # a GRPOConfig / DPOConfig with its DeepSpeed config: 3 s each
+@pytest.mark.parametrize("task", ["grpo", "dpo"])
+def test_a_sharded_rl_exports_files_agree_on_the_learning_rate(task, qwen7b, tmp_path):
+    """Issue 42: deepspeed.json's optimizer block said the SFT rate (2e-4) beside trl.yaml's and axolotl.yaml's
+    1e-5; transformers' HfTrainerDeepSpeedConfig refuses the pair. One rate in every file, and the Trainer's check
+    passes."""
+    from trl import DPOConfig, GRPOConfig
+
+    plan = (GRPO_PLANS["lora-generate-beta"] if task == "grpo" else DPO_PLANS["lora"]).validate()
+    written = export_plan(qwen7b, plan, tmp_path, ["trl", "axolotl", "deepspeed"], gpus=2, sharding="zero3")
+    ds = json.loads(written["deepspeed"].read_text())
+    trl_cfg = yaml.safe_load(written["trl"].read_text())
+    rates = {ds["optimizer"]["params"]["lr"], trl_cfg["learning_rate"],
+             yaml.safe_load(written["axolotl"].read_text())["learning_rate"]}
+    assert rates == {1e-5}
+    train, _ = _split(trl_cfg, GRPOConfig if task == "grpo" else DPOConfig)
+    train.update(output_dir=str(tmp_path / "out"), deepspeed=str(written["deepspeed"]))
+    args = (GRPOConfig if task == "grpo" else DPOConfig)(**train, use_cpu=True)
+    assert args.hf_deepspeed_config.mismatches == []

@@ -35,7 +35,6 @@ from advisor.configs._base import (ADAM, LR_SCHEDULER, OPTIM_ALIASES, TORCH_DTYP
                                    write_text)
 from advisor.configs import _rl_tools
 from advisor.configs._deepspeed import read_offload
-from advisor.configs._trl_rl import RL_LEARNING_RATE
 from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_unexpressible
 from advisor.configs._training_args import GALORE_TARGETS, all_layers_only, optim_args, read_optim_args
 from advisor.memory.tiled_mlp import num_shards
@@ -128,8 +127,6 @@ def axolotl_config(ctx: ExportContext) -> dict[str, Any]:
     cfg = fill(cfg, ctx.file_plan, FORMAT)  # a vision-language sample's image tokens within sequence_len
     if plan.task in RL_TASKS:  # rl: grpo|dpo (advisor.configs._rl_tools)
         cfg = _rl_tools.axolotl_rl(cfg, ctx)
-        if "why" not in training_hyperparameters(plan):
-            cfg["learning_rate"] = RL_LEARNING_RATE[plan.method]
     return cfg
 
 

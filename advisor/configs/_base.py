@@ -70,6 +70,10 @@ HF_OPTIM_DEFAULT = "adamw_torch_fused"
 STARTING_LEARNING_RATE = {"full": 2e-5, "lora": 2e-4, "qlora": 2e-4}
 """The learning rate an exported run starts from, per method: LoRA/QLoRA papers and peft examples use
 1e-4..3e-4; full fine-tuning of 1-10B models 1e-5..5e-5."""
+RL_LEARNING_RATE = {"full": 1e-6, "lora": 1e-5, "qlora": 1e-5}
+"""The learning rate an exported GRPO/DPO run starts from: GRPOConfig's and DPOConfig's default 1e-6 for a full
+fine-tune (trl/trainer/grpo_config.py, dpo_config.py); 1e-5 for adapters, TRL's PEFT examples' (docs: "GRPO with
+PEFT", "DPO ... LoRA")."""
 LR_SCHEDULER = "cosine"
 WARMUP_STEPS = 10
 """An integer: transformers 5 dropped ``warmup_ratio`` (a float ``warmup_steps`` is its ratio
@@ -85,8 +89,12 @@ def training_hyperparameters(plan: "Plan") -> dict[str, Any]:
     advisor/data/quality.yaml), with ``why`` and ``sources`` then (the header says them)."""
     from advisor.search.quality import recommended_hyperparameters
 
-    out: dict[str, Any] = {"learning_rate": STARTING_LEARNING_RATE[plan.method],
-                           "max_grad_norm": ADAM["max_grad_norm"]}
+    from advisor.core.plan import RL_TASKS
+
+    # a GRPO / DPO run starts lower (TRL's defaults, RL_LEARNING_RATE): every file of one export says the same rate
+    # (deepspeed.json's optimizer block too: transformers refuses a pair that differs)
+    start = RL_LEARNING_RATE if plan.task in RL_TASKS else STARTING_LEARNING_RATE
+    out: dict[str, Any] = {"learning_rate": start[plan.method], "max_grad_norm": ADAM["max_grad_norm"]}
     rec = recommended_hyperparameters(plan)
     for key in ("learning_rate", "max_grad_norm", "optim_args", "why", "sources"):
         if key in rec:

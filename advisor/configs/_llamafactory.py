@@ -51,7 +51,6 @@ from advisor.configs._base import (Collect, ExportContext, HF_OPTIM_DEFAULT, LR_
                                    env_prefix, plan_summary, require_int_alpha, training_hyperparameters, write_text)
 from advisor.configs import _rl_tools
 from advisor.configs._deepspeed import read_offload
-from advisor.configs._trl_rl import RL_LEARNING_RATE
 from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_unexpressible
 from advisor.configs._training_args import all_layers_only, read_optim_args
 from advisor.core.errors import AdvisorInputError
@@ -173,8 +172,6 @@ def llamafactory_config(ctx: ExportContext) -> dict[str, Any]:
     cfg = fill(cfg, ctx.file_plan, FORMAT)  # a vision-language sample's image tokens within cutoff_len
     if plan.task in RL_TASKS:  # stage: dpo (advisor.configs._rl_tools); GRPO refused
         cfg = _rl_tools.llamafactory_rl(cfg, ctx)
-        if "why" not in training_hyperparameters(plan):
-            cfg["learning_rate"] = RL_LEARNING_RATE[plan.method]
     return cfg
 
 

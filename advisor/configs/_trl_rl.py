@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from advisor.configs._base import Collect, ExportContext, Unsupported, template, training_hyperparameters
+from advisor.configs._base import Collect, ExportContext, Unsupported, template
 from advisor.core.plan import DPO, GRPO, TRL_BETA, effective_beta
 
 FORMAT = "trl"
@@ -37,11 +37,6 @@ GRPO_MARKERS = ("num_generations", "max_completion_length", "use_vllm", "vllm_mo
 DPO_MARKERS = ("precompute_ref_log_probs", "rpo_alpha", "ref_model_sync_steps", "f_divergence_type")
 """Keys only a GRPOConfig / DPOConfig has (a DPO file may also be recognised by ``beta``, which SFTConfig lacks)."""
 
-
-RL_LEARNING_RATE = {"full": 1e-6, "lora": 1e-5, "qlora": 1e-5}
-"""The learning rate an exported GRPO/DPO run starts from: GRPOConfig's and DPOConfig's default 1e-6 for a full
-fine-tune (trl/trainer/grpo_config.py, dpo_config.py); 1e-5 for adapters, TRL's PEFT examples' (docs: "GRPO with
-PEFT", "DPO ... LoRA")."""
 
 
 def task_of(data: dict) -> str | None:
@@ -94,8 +89,6 @@ def rl_config(cfg: dict[str, Any], ctx: ExportContext) -> dict[str, Any]:
         del out["steps_per_generation"]  # GRPOConfig's None: the gradient accumulation
     if plan.task == GRPO and out.get("activation_offloading"):
         raise Unsupported(FORMAT, "GRPOConfig has no activation_offloading (DPOConfig and SFTConfig do)")
-    if "learning_rate" in out and "why" not in training_hyperparameters(plan):  # not an optimizer's own
-        out["learning_rate"] = RL_LEARNING_RATE[plan.method]
     out.update(rl_fields(ctx))
     return out
 
