@@ -117,3 +117,24 @@ def test_the_front_is_the_definitions_in_the_items_order(keys):
 
     items = list(range(len(keys)))
     assert non_dominated(items, keys.__getitem__) == [i for i in items if not dominated(keys[i])]
+
+
+def test_a_full_answer_is_not_said_to_reject_full_fine_tuning_and_the_runner_up_compares_run_peaks():
+    """Issue 42: "Full fine-tuning rejected: #29" beside a full fine-tune answer; the runner-up's memory difference came
+    from the training steps' peaks, not the runs' the summaries give."""
+    from advisor.search.select import TrialRecord, select
+
+    def rec(n, state, method, peak, run_peak, tps, reason=""):
+        return TrialRecord(number=n, state=state, plan={"method": method, "micro_batch": 1}, plan_short=f"{method}{n}",
+                           peak_bytes=peak, run_peak_bytes=run_peak, run_peak_phase="sync" if run_peak != peak
+                           else "train", tokens_per_s=tps, source="estimated", accuracy_loss=0.0, reason=reason)
+
+    gib = 2**30
+    records = [rec(0, "complete", "full", 10 * gib, 10 * gib, 100.0),
+               rec(1, "complete", "full", 8 * gib, 13 * gib, 90.0),
+               rec(2, "pruned", "full", 90 * gib, 90 * gib, 0.0, "estimated peak over the budget")]
+    sel = select(records, 24 * gib, 0.05, 0.05)
+    assert sel.best.number == 0
+    assert not any(line.startswith("Full fine-tuning rejected") for line in sel.explanation)
+    runner = next(line for line in sel.explanation if line.startswith("Runner-up"))
+    assert "+3.00 GiB memory" in runner  # 13 GiB run against 10 GiB (the steps: -2 GiB)

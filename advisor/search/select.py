@@ -128,7 +128,7 @@ class Selection:
     pareto: list[TrialRecord]
     explanation: list[str]
     recipe: TrialRecord | None = None
-    """The usual recipe's trial (None in a study made before the recipe baseline)."""
+    """The usual recipe's trial (None where the space leaves out every version of it, or a study older than it)."""
     departures: list[Departure] = field(default_factory=list)
     """What the answer changes from the usual recipe, group by group."""
 
@@ -375,7 +375,7 @@ def explain(best: TrialRecord | None, runner_up: TrialRecord | None, c: _Context
                          f"{c.rules.needed_gain():.0%} median error.")
     if runner_up:
         d_ttq = time_to_quality(runner_up) / time_to_quality(best) - 1
-        d_mem = runner_up.peak_bytes - best.peak_bytes
+        d_mem = run_peak(runner_up) - run_peak(best)  # the runs' peaks, as every summary gives them
         lines.append(f"Runner-up #{runner_up.number} {runner_up.plan_short}: {signed_pct(d_ttq)} time to quality, "
                      f"{'+' if d_mem >= 0 else '-'}{fmt(abs(d_mem))} memory, accuracy loss "
                      f"{runner_up.accuracy_loss:.3f}.")
@@ -414,7 +414,7 @@ def explain(best: TrialRecord | None, runner_up: TrialRecord | None, c: _Context
         lines.append(f"Not searched: {len(held)} plan(s) with levers that change training dynamics (e.g. "
                      f"#{held[0].number} {held[0].plan_short}): a plan without them fits.")
     over = [t for t in c.records if t.state == "pruned" and t.plan.get("method") == "full" and t.peak_bytes]
-    if over:
+    if over and (best is None or best.plan.get("method") != "full"):  # a full answer rejects no full fine-tuning
         reference = [t for t in over if is_reference(t.plan)]
         t = reference[0] if reference else min(over, key=lambda t: t.peak_bytes)
         lines.append(f"Full fine-tuning rejected: #{t.number} {t.plan_short}: {t.reason}.")
@@ -430,8 +430,8 @@ def recipe_lines(best: TrialRecord, c: _Context, fmt: Callable[[int], str]) -> l
     """The answer beside the usual recipe: what it changes, what each change gains and costs."""
     r = c.recipe
     if r is None:
-        return ["No usual-recipe trial in this study (a study made before the recipe baseline): the answer is "
-                "the fastest eligible plan."]
+        return ["No usual-recipe trial in this study: the space leaves out every version of the usual recipe (a "
+                "method or value it pins; advisor.search.recipe), so the answer is the fastest eligible plan."]
     if c.baseline is None:
         why = r.reason or ("its accuracy loss is over the tolerance" if r in c.feasible else "it did not run")
         return [f"The usual recipe, #{r.number} {r.plan_short}, is not a candidate: {why}. The answer is the "
