@@ -19,6 +19,9 @@ def add_parser(subs) -> None:
     p.add_argument("--gpu-budget", help='memory budget ("24GB", "90%%"); default: the GPU\'s memory')
     p.add_argument("--gpu", help="GPU from the catalog; default: the detected one")
     add_host_budget_flag(p)
+    p.add_argument("--gpus", type=positive_int,
+                   help="the run's data-parallel GPUs (the budget is per GPU); default: as the config says "
+                        "(advisor.yaml's advisor.gpus), else 1")
     p.add_argument("--data", help="training data (JSONL with 'text', or .txt): longest sequence and total tokens")
     p.add_argument("--max-seq-len", type=positive_int, help="longest sequence (without --data)")
     p.add_argument("--seq-len", type=_argparse_type(parse_seq_len),
@@ -50,7 +53,8 @@ def run_preflight_cmd(args: argparse.Namespace) -> int:
     result = run_preflight(PreflightInput(
         config=args.config, gpu_budget=args.gpu_budget, gpu=args.gpu, data=args.data, probe=args.probe,
         max_seq_len=args.max_seq_len, seq_len=args.seq_len, headroom=args.headroom, epochs=args.epochs,
-        trust_remote_code=args.trust_remote_code, backend=args.backend, host_budget=args.host_budget))
+        trust_remote_code=args.trust_remote_code, backend=args.backend, host_budget=args.host_budget,
+        gpus=args.gpus))
     who = memory_answered_by(result.model, result.plan, result.extra.get("backend", args.backend))
     if args.json:
         print(json.dumps({**result.to_dict(), **who}, indent=2, default=str))

@@ -343,8 +343,8 @@ def read(data: dict, c: Collect, plan_type: type) -> tuple[str | None, dict, dic
     f["rope_scaling"] = read_rope(data.get(where), where, c)
     f["loss"] = ("fused-linear" if data.get("liger_fused_linear_cross_entropy") or data.get("cut_cross_entropy")
                  else "chunked" if data.get("chunked_cross_entropy") else "plain")
-    f["offload"], _ = read_offload(c, data.get("deepspeed"), "deepspeed")
+    f["offload"], ds = read_offload(c, data.get("deepspeed"), "deepspeed")
     if data.get("processor_type") and f["method"] == "full" and not c.get(
             data, "freeze_mm_modules", "freeze_mm_modules", "bool", False, record=False):
         f["vision_tower"], f["train_projector"] = "full", True  # a multimodal full fine-tune trains every weight
-    return name, f, {}
+    return name, f, {"deepspeed": ds}

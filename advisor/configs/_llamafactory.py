@@ -350,8 +350,8 @@ def read(data: dict, c: Collect, plan_type: type) -> tuple[str | None, dict, dic
         f["vision_tower"] = "full" if full else "lora"
     f["train_projector"] = not c.get(data, "freeze_multi_modal_projector", "freeze_multi_modal_projector", "bool",
                                      True, record=False)
-    f["offload"], _ = read_offload(c, data.get("deepspeed"), "deepspeed")
-    return name, f, {}
+    f["offload"], ds = read_offload(c, data.get("deepspeed"), "deepspeed")
+    return name, f, {"deepspeed": ds}
 
 
 LF_GALORE = {"adamw_torch": "galore_adamw", "adamw_torch_fused": "galore_adamw", "adamw_8bit": "galore_adamw_8bit"}

@@ -317,4 +317,4 @@ def read(data: dict, c: Collect, plan_type: type) -> tuple[str | None, dict, dic
 
     f["rope_scaling"] = read_rope(data.get("model_init_kwargs"), "model_init_kwargs", c)
     f["loss"] = "fused-linear"  # TRL's SFTTrainer always fuses the LM head into the loss (add_fused_lm_head)
-    return name, f, {}
+    return name, f, {"deepspeed": ds, "fsdp": training.get("fsdp")}

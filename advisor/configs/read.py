@@ -78,6 +78,7 @@ def read_config(path: str | Path, *, check_fields: bool = True,
     extras["format"] = fmt
     extras["defaulted"] = c.defaulted
     extras["sequence_counts_images"] = declared.sequence_counts_images
+    extras.setdefault("sharding", _sharding_of(extras))
     if "advisor_plan" in extras:
         try:
             recorded = plan.from_dict(extras["advisor_plan"])
@@ -87,6 +88,17 @@ def read_config(path: str | Path, *, check_fields: bool = True,
             mine, theirs = result.to_dict(), canonical(recorded).to_dict()
             extras["edited"] = {k: [theirs[k], mine[k]] for k in mine if mine[k] != theirs[k]}
     return name, _with_shell_allocator(result, extras), extras
+
+
+def _sharding_of(extras: dict[str, Any]) -> str | None:
+    """How the file splits model state across its GPUs where it does not say so itself (advisor.yaml's
+    ``advisor.sharding`` does): TrainingArguments' ``fsdp`` option, or a DeepSpeed config's ZeRO stage without CPU
+    offload (advisor.configs._deepspeed.sharding_of); None: replicated, or one GPU."""
+    from advisor.configs._deepspeed import sharding_of
+
+    sections = extras.get("sections") or {}
+    fsdp = extras.get("fsdp") or (sections.get("training") or {}).get("fsdp")
+    return "fsdp" if fsdp else sharding_of(extras.get("deepspeed") or sections.get("deepspeed"))
 
 
 ALLOC_ENV = "PYTORCH_CUDA_ALLOC_CONF"

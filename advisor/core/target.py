@@ -40,7 +40,10 @@ class Target:
     host_budget: Budget | None = None
     """The host RAM the run's machine has (--host-budget, else detected); None: host memory is not checked."""
     host_detected: bool = False
-    """``host_budget`` is this machine's RAM as detected, not a value the user gave."""
+    """``host_budget`` is a default, not a value the user gave: this machine's RAM as detected, or the usual node of
+    a card the run is planned for elsewhere (``host_here`` says which)."""
+    host_here: bool = False
+    """``host_budget`` is this machine's RAM as detected (what is free on it now means something for the run)."""
 
     @property
     def known_gpu(self) -> GpuSpec | None:
@@ -81,8 +84,9 @@ def resolve_target(model: str | ModelSpec, *, gpu: str | None = None, gpu_budget
                              "" if gpu else "; name the GPU the run is for with --gpu")
     planned_elsewhere = gpu is not None and (detected is None or detected.name != chosen.name)
     host, host_detected = resolve_host_budget(host_budget, detect, chosen if planned_elsewhere else None, gpus)
+    here = host_detected and not (planned_elsewhere and chosen.node_host_ram_bytes)
     return Target(model=spec, gpu=chosen, budget=budget, gpu_assumed=assumed, detected=detected,
-                  host_budget=host, host_detected=host_detected)
+                  host_budget=host, host_detected=host_detected, host_here=here)
 
 
 def card_ceiling_bytes(gpu: GpuSpec) -> int:

@@ -39,8 +39,14 @@ def with_phases(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, report: Memor
 
 
 def run_report(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, backend: str = "estimate", *,
-               evaluates: bool | None = None) -> MemoryReport:
-    """``backend``'s report of the step of ``plan``, with the run's phases attached."""
+               evaluates: bool | None = None, gpus: int = 1, sharding: str | None = None) -> MemoryReport:
+    """``backend``'s report of the step of ``plan`` on one of ``gpus`` GPUs splitting model state as ``sharding``
+    says (advisor.memory.sharding; the default strategy where None), with the run's phases attached."""
     from advisor.runtime.backends import get_backend
 
-    return with_phases(model, plan, gpu, get_backend(backend).measure(model, plan, gpu), evaluates=evaluates)
+    report = get_backend(backend).measure(model, plan, gpu)
+    if gpus > 1:
+        from advisor.memory.sharding import DEFAULT_SHARDING, shard_report
+
+        report = shard_report(report, model, plan, gpus, sharding or DEFAULT_SHARDING, gpu)
+    return with_phases(model, plan, gpu, report, evaluates=evaluates)

@@ -134,7 +134,8 @@ class Resolving:
         f = self.flags
         return resolve_target(f.model, gpu=getattr(f, "gpu", None), gpu_budget=getattr(f, "gpu_budget", None),
                               trust_remote_code=getattr(f, "trust_remote_code", False),
-                              host_budget=getattr(f, "host_budget", None), budget_required=True)
+                              host_budget=getattr(f, "host_budget", None), budget_required=True,
+                              gpus=int(getattr(f, "gpus", None) or 1))  # the node's share the --gpus ranks have
 
     @cached_property
     def space(self) -> SearchSpace:

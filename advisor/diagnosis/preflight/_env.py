@@ -196,7 +196,9 @@ def host_memory_findings(report: MemoryReport, host_budget: Budget | None, detec
                         "check against", "", ("pass --host-budget",), "environment", data)]
     usable = host_usable_bytes(host_budget.bytes)
     data["host_usable_bytes"] = int(usable)
-    where = f"{host_budget} of RAM{' (detected)' if detected else ''}"
+    # this machine's RAM as detected, a node's the run is planned for (its text says which), or --host-budget's
+    where = f"{host_budget} of RAM (detected)" if detected else host_budget.text if "(" in host_budget.text \
+        else f"{host_budget} of RAM"
     if not host_fits(peak, host_budget.bytes):
         return [Finding("env.host-ram", "error",
                         f"host memory: peak {fmt(peak)} > {fmt(usable)} usable of {where}",

@@ -36,6 +36,8 @@ class PreflightInput:
     """How the memory check knows the peak: simulate (a fake-tensor trace) or estimate (the closed-form ledger)."""
     host_budget: str | None = None
     """--host-budget as typed; None: this machine's RAM as detected."""
+    gpus: int | None = None
+    """--gpus: the run's data-parallel GPUs; None: as the config says (advisor.yaml's ``advisor.gpus``), else 1."""
 
 
 @dataclass
@@ -93,9 +95,11 @@ def _load(path: str):
 
 def run_preflight(inp: PreflightInput) -> PreflightResult:
     name_or_path, plan, extras = _load(inp.config)
+    # the run's layout: its GPUs and how they split the model state, as the config says (the export's own)
+    gpus, sharding = inp.gpus or int(extras.get("gpus") or 1), extras.get("sharding")
     target = resolve_target(name_or_path, gpu=inp.gpu, gpu_budget=inp.gpu_budget,
                             trust_remote_code=inp.trust_remote_code, budget_defaults_to_gpu=True,
-                            host_budget=inp.host_budget)
+                            host_budget=inp.host_budget, gpus=gpus)
     model, gpu, budget = target.model, target.gpu, target.budget
     sections = extras.get("sections", extras) if isinstance(extras, dict) else {}
     training = dict(sections.get("training") or {})
@@ -115,6 +119,7 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
     findings += _config.check_pad_token(model)
     findings += _env.check_versions(plan)
     findings += _env.check_shell_allocator(extras)
+    findings += _layout_findings(gpus, sharding)
     if plan.loss == "fused-linear":
         findings += _env.check_loss_kernel(plan, extras.get("format", ""), raw, gpu_here=target.detected is not None)
     findings += _env.check_gpu(plan, target.known_gpu, budget.bytes if budget else None)
@@ -148,13 +153,13 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
         def measured(backend: str):
             """The run's report, at the longest length that fits for --seq-len max (the search and the plan)."""
             if not seq_max:
-                return _memory(model, mem_plan, gpu, evaluates, backend), None, mem_plan
+                return _memory(model, mem_plan, gpu, evaluates, backend, gpus, sharding), None, mem_plan
             from advisor.memory.longest import longest_plan
 
             at, fit = longest_plan(model, mem_plan, budget.bytes, inp.headroom,
-                                   lambda p: _memory(model, p, gpu, evaluates, backend), backend)
+                                   lambda p: _memory(model, p, gpu, evaluates, backend, gpus, sharding), backend)
             at = at.with_(seq_len=data_capped(at.seq_len))
-            return _memory(model, at, gpu, evaluates, backend), fit, at
+            return _memory(model, at, gpu, evaluates, backend, gpus, sharding), fit, at
 
         gap = _simulation_gap(model, mem_plan) if backend == "simulate" else ""
         if gap:  # as the tuner does (advisor.search.tuner): the closed form answers what the simulation cannot trace
@@ -182,7 +187,7 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
             findings += _probe(model, mem_plan, target, inp.headroom)
         ckpt = _checkpoint_bytes(model, plan, report)
         findings += _env.check_host(report, target.host_budget, ckpt, training.get("output_dir", "outputs"),
-                                    detected=target.host_detected)
+                                    detected=target.host_here, gpus=gpus)
         hours, time_finding = _time(model, mem_plan, target, stats, training, inp.epochs)
         findings += time_finding
     else:
@@ -205,11 +210,25 @@ def _simulation_gap(model: ModelSpec, plan: Plan) -> str:
 
 
 def _memory(model: ModelSpec, plan: Plan, gpu: GpuSpec | None, evaluates: bool = True,
-            backend: str = "simulate") -> MemoryReport:
-    """The step at the longest batch, with the phases of the whole run attached (advisor.memory.phases)."""
+            backend: str = "simulate", gpus: int = 1, sharding: str | None = None) -> MemoryReport:
+    """One GPU's step at the longest batch (its share of ``gpus`` under ``sharding``), with the phases of the whole
+    run attached (advisor.memory.phases)."""
     from advisor.runtime.phases import run_report
 
-    return run_report(model, plan, gpu, backend, evaluates=evaluates)
+    return run_report(model, plan, gpu, backend, evaluates=evaluates, gpus=gpus, sharding=sharding)
+
+
+def _layout_findings(gpus: int, sharding: str | None) -> list[Finding]:
+    """The run's layout the memory check assumes: one GPU's share of a sharded run, or a sharded config checked as
+    one GPU (no GPU count in the file or on the command line)."""
+    if gpus > 1:
+        return [Finding("config.layout", "info", f"{gpus} GPUs, {sharding or 'ddp'}: the memory check is one GPU's "
+                        "share, the host check the node's", "", (), "config", {"gpus": gpus, "sharding": sharding})]
+    if sharding:
+        return [Finding("config.layout", "warning", f"the config shards model state across GPUs ({sharding}) but "
+                        "names no GPU count: checked as one GPU, which holds the whole model state",
+                        "", ("pass --gpus N, the run's GPU count",), "config", {"gpus": 1, "sharding": sharding})]
+    return []
 
 
 def memory_findings(report: MemoryReport, budget: Budget | None, headroom: float, seq: int,
