@@ -92,3 +92,20 @@ def test_zero3_and_fsdp_load_a_shard_of_the_weights_and_one_module_at_a_time():
     for strategy in ("ddp", "zero2"):
         assert run_phases(spec, FULL, None,
                           shard_report(one, spec, FULL, 8, strategy)).phases["load"].live_bytes == whole
+
+
+def test_fsdp_loads_one_copy_of_the_model_on_the_node():
+    """Issue 42: the FSDP export loads on rank 0 only (cpu_ram_efficient_loading), yet the plan counted the whole
+    model on the CPU in every rank (1,051 GiB for a 70B on 8 GPUs): the node holds one copy; ZeRO-2 loads in each."""
+    from advisor.memory.host import whole_model_load
+    from advisor.runtime.phases import with_phases
+
+    spec, lora = resolve_model("llama70b"), Plan(method="lora", gradient_checkpointing=True)
+    one_copy = whole_model_load(spec, lora)[0]
+
+    def node_load(strategy: str) -> int:
+        report = with_phases(spec, lora, None, shard_report(estimate_training(spec, lora), spec, lora, 8, strategy))
+        return report.host_memory.load_bytes * 8
+
+    assert node_load("fsdp") == one_copy // 8 * 8
+    assert node_load("zero2") == 8 * one_copy

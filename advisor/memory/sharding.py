@@ -85,6 +85,13 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
     if hm is not None and plan.offload == "none" and strategy in ("zero2", "fsdp"):
         # the engine takes the model from the CPU (no device_map), in every process (advisor.memory.host)
         load, what = whole_model_load(model, plan)
+        if strategy == "fsdp":
+            # the export's fsdp_config sets cpu_ram_efficient_loading: rank 0 materializes the model, the others
+            # load on the meta device and receive it by sync_module_states (transformers docs, FSDP; accelerate
+            # FullyShardedDataParallelPlugin): the node holds one copy, counted here as 1/N of it per rank, so the
+            # node's host peak (a rank's times N) is that copy
+            load, what = load // gpus, f"rank 0 holds the whole model on the CPU (cpu_ram_efficient_loading): " \
+                                       f"1/{gpus} of it per rank"
         hm = replace(hm, load_bytes=load, load_what=what)
     host = {**report.host, **hm.by_category()} if hm is not None else {k: v // gpus for k, v in report.host.items()}
     notes = (*report.notes, f"{strategy} over {gpus} GPUs: per-GPU ledger; collectives are modelled, not traced",
