@@ -22,7 +22,7 @@ def test_sharding_divides_model_state_not_activations():
     ddp, z2, z3 = (shard_report(one, spec, FULL, 8, s) for s in ("ddp", "zero2", "zero3"))
     assert ddp.peak_bytes == one.peak_bytes
     fsdp = shard_report(one, spec, FULL, 8, "fsdp")
-    assert fsdp.device["optimizer_states"] == one.device["optimizer_states"] // 8
+    assert fsdp.device["optimizer_states"] == z3.device["optimizer_states"]  # fp32 states, as ZeRO's
     assert z2.device["gradients"] == one.device["gradients"] // 8
     assert z2.device["weights"] == one.device["weights"]
     assert z3.device["weights"] < one.device["weights"] / 2
@@ -32,7 +32,8 @@ def test_sharding_divides_model_state_not_activations():
 
 def test_deepspeed_holds_an_fp32_copy_of_a_16bit_full_fine_tune(precision="bf16"):
     """DeepSpeed's ZeRO keeps fp32 master weights of its partition and steps the optimizer on them (fp32 Adam
-    moments); FSDP keeps the weights' dtype; LoRA's states are unchanged (pure fp16 full fine-tuning is refused)."""
+    moments); accelerate's FSDP2 upcasts the trainable weights themselves (fp32 weights, gradients and moments, no
+    separate master); LoRA's states are unchanged (pure fp16 full fine-tuning is refused)."""
     from advisor.memory.training import param_breakdown
 
     spec = resolve_model("qwen7b")
@@ -44,7 +45,8 @@ def test_deepspeed_holds_an_fp32_copy_of_a_16bit_full_fine_tune(precision="bf16"
         assert z.device["master_weights"] == trainable * 4 // 8
         assert z.device["optimizer_states"] == trainable * 8 // 8  # two fp32 moments
     f = shard_report(one, spec, plan, 8, "fsdp")
-    assert f.device["master_weights"] == 0 and f.device["optimizer_states"] == one.device["optimizer_states"] // 8
+    assert f.device["master_weights"] == 0 and f.device["optimizer_states"] == trainable * 8 // 8
+    assert f.device["gradients"] == trainable * 4 // 8
     lora = Plan(method="lora", precision=precision, gradient_checkpointing=True)
     one_lora = estimate_training(spec, lora)
     assert shard_report(one_lora, spec, lora, 8, "zero3").device["optimizer_states"] == \
@@ -109,3 +111,19 @@ def test_fsdp_loads_one_copy_of_the_model_on_the_node():
 
     assert node_load("fsdp") == one_copy // 8 * 8
     assert node_load("zero2") == 8 * one_copy
+
+
+def test_fsdp_full_fine_tuning_holds_fp32_trainable_state():
+    """Issue 42: accelerate's FSDP2 upcasts trainable bf16 parameters to fp32 under mixed precision (the export's
+    bf16: true), so their gradients and Adam states are fp32 as well: 16 B/param sharded, as under ZeRO-3 (was 8,
+    FITS at 74.26 GiB per GPU for a 70B on 8 H100s)."""
+    spec = resolve_model("llama70b")
+    full = Plan(method="full", gradient_checkpointing=True, optimizer="adamw_torch_fused", grad_accum=8)
+    one = estimate_training(spec, full)
+    fsdp, zero3 = (shard_report(one, spec, full, 8, s) for s in ("fsdp", "zero3"))
+    state = sum(fsdp.device[c] for c in ("weights", "gradients", "optimizer_states", "master_weights"))
+    assert state >= 16 * spec.params_total / 8 * 0.99
+    assert abs(fsdp.peak_bytes / zero3.peak_bytes - 1) < 0.02
+    lora = Plan(method="lora")
+    assert shard_report(estimate_training(spec, lora), spec, lora, 8, "fsdp").device["weights"] < \
+        spec.params_total * 2 / 4  # adapters: the frozen bf16 weights are not upcast

@@ -62,7 +62,7 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
                               "comm_bytes_per_step": comm_bytes_per_step(model, plan, gpus, strategy)})
     d = dict(report.device)
     d.pop("overhead", None)
-    d.update(deepspeed_fp32_state(model, plan, strategy, d))
+    d.update(fp32_trainable_state(model, plan, strategy, d))
     for cat in ("gradients", "optimizer_states", "master_weights"):
         d[cat] = d.get(cat, 0) // gpus
     if strategy in SHARDS_PARAMETERS:
@@ -85,11 +85,12 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
     if hm is not None and plan.offload == "none" and strategy in ("zero2", "fsdp"):
         # the engine takes the model from the CPU (no device_map), in every process (advisor.memory.host)
         load, what = whole_model_load(model, plan)
-        if strategy == "fsdp":
+        if strategy == "fsdp" and not plan.four_bit:
             # the export's fsdp_config sets cpu_ram_efficient_loading: rank 0 materializes the model, the others
-            # load on the meta device and receive it by sync_module_states (transformers docs, FSDP; accelerate
-            # FullyShardedDataParallelPlugin): the node holds one copy, counted here as 1/N of it per rank, so the
-            # node's host peak (a rank's times N) is that copy
+            # move to the meta device and receive it from rank 0 (accelerate utils/fsdp_utils.py
+            # fsdp2_prepare_model, fsdp2_load_full_state_dict; skipped for a model with bitsandbytes 4-bit
+            # parameters, which every rank loads): the node holds one copy, counted here as 1/N of it per rank, so
+            # the node's host peak (a rank's times N) is that copy
             load, what = load // gpus, f"rank 0 holds the whole model on the CPU (cpu_ram_efficient_loading): " \
                                        f"1/{gpus} of it per rank"
         hm = replace(hm, load_bytes=load, load_what=what)
@@ -107,22 +108,35 @@ DEEPSPEED_ENGINES = ("zero2", "zero3")
 """The strategies the exports run on DeepSpeed (FSDP keeps the weights' dtype: no fp32 copy)."""
 
 
-def deepspeed_fp32_state(model: ModelSpec, plan: Plan, strategy: str, device: dict) -> dict[str, int]:
-    """A full fine-tune in bf16 weights on DeepSpeed's ZeRO holds an fp32 copy of the trainable parameters and runs
-    the optimizer on it, so its states are fp32 too (whole-model bytes here, divided by the caller): DeepSpeed's
-    bf16/fp16 engine keeps ``single_partition_of_fp32_groups`` (runtime/zero/stage_1_and_2.py) and
-    ``fp32_partitioned_groups_flat`` (runtime/zero/stage3.py), the master weights of ZeRO §3 (Rajbhandari et al.
-    2020: 4 + 8 bytes per parameter for Adam). The one-GPU ledger of the same plan has 16-bit states and no master;
-    with ZeRO-Offload both are on the host already (advisor.memory.host)."""
-    if strategy not in DEEPSPEED_ENGINES or plan.offload != "none" or plan.method != "full" \
-            or plan.param_dtype != "bf16":  # pure fp16 full fine-tuning is refused (advisor.core.plan)
+def fp32_trainable_state(model: ModelSpec, plan: Plan, strategy: str, device: dict) -> dict[str, int]:
+    """A full fine-tune in bf16 weights holds its trainable parameters' state in fp32 once sharded (whole-model bytes
+    here, divided by the caller; Rajbhandari et al. 2020, ZeRO §3: 4 + 8 bytes per parameter for Adam):
+
+    - DeepSpeed's ZeRO keeps an fp32 copy and runs the optimizer on it, its states fp32 too: the bf16/fp16 engine's
+      ``single_partition_of_fp32_groups`` (runtime/zero/stage_1_and_2.py), ``fp32_partitioned_groups_flat``
+      (runtime/zero/stage3.py);
+    - FSDP2 under accelerate (what the export's ``fsdp`` runs, transformers' default FSDP version 2) upcasts each
+      trainable parameter itself to fp32 when mixed precision is on (``bf16: true``; accelerate
+      utils/fsdp_utils.py ``fsdp2_prepare_model``: "Upcast to fp32 master weights", 4-bit models excepted), so the
+      weights, their gradients and the optimizer's states are fp32; the gathered copies are bf16
+      (MixedPrecisionPolicy ``param_dtype``).
+
+    The one-GPU ledger of the same plan has 16-bit states and no master; with ZeRO-Offload both are on the host
+    already (advisor.memory.host)."""
+    if strategy not in SHARDS_STATES or plan.offload != "none" or plan.method != "full" \
+            or plan.param_dtype != "bf16" or plan.four_bit:  # pure fp16 full fine-tuning is refused (core.plan)
         return {}
     from advisor.memory.training import optimizer_states_of, param_breakdown
 
     fp32 = plan.with_(precision="mixed_bf16")  # what the optimizer sees: fp32 parameters
     pb = param_breakdown(model, fp32)
+    states = optimizer_states_of(plan.optimizer)(model, fp32, pb)
+    if strategy not in DEEPSPEED_ENGINES:  # FSDP2: the trainable weights and their gradients are fp32 themselves
+        extra = pb.trainable * (DTYPE_BYTES["fp32"] - DTYPE_BYTES[plan.param_dtype])
+        return {"weights": device.get("weights", 0) + extra, "gradients": device.get("gradients", 0) + extra,
+                "optimizer_states": states}
     return {"master_weights": device.get("master_weights", 0) + pb.trainable * DTYPE_BYTES["fp32"],
-            "optimizer_states": optimizer_states_of(plan.optimizer)(model, fp32, pb)}
+            "optimizer_states": states}
 
 
 def expert_parallel_note(model: ModelSpec, gpus: int, strategy: str) -> str:
