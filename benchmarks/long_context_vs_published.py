@@ -558,15 +558,15 @@ def findings() -> list[str]:
     r = ledger(e["model"], e["plan"], e["gpu"], e["gpus"], e["sharding"])
     n_params = model_of(e["model"]).params_total
     d = r.device
-    out.append(f"- ZeRO-3 full fine-tuning in bf16 (the ms-swift 16K rows, 4 GPUs): the ledger's peak is the "
-               f"optimizer step, with fp32 optimizer states {d.get('optimizer_states', 0) / GiB:.2f} GiB and fp32 "
-               f"master weights {d.get('master_weights', 0) / GiB:.2f} GiB a rank (DeepSpeed's fp32 partition, "
-               "advisor.memory.sharding.deepspeed_fp32_state: 12 B a parameter / 4 ranks), and a transient of "
-               f"{d.get('transient', 0) / GiB:.2f} GiB (2 B x {n_params / 1e9:.2f}B parameters: foreach AdamW's "
-               "temporary of the whole model, kept whole on each GPU by advisor.memory.sharding, as "
-               "reports/vlm_vs_published.md found for ZeRO-3). DeepSpeed steps each rank's partition in sub-groups "
-               "(sub_group_size, 1e9 elements), so that temporary is at most a sub-group's: the row's over-prediction "
-               "is that term (the one-GPU ledger's phases are not re-sharded one by one; not fixed yet).")
+    out.append(f"- ZeRO-3 full fine-tuning in bf16 (the ms-swift 16K rows, 4 GPUs): fp32 optimizer states "
+               f"{d.get('optimizer_states', 0) / GiB:.2f} GiB and fp32 master weights "
+               f"{d.get('master_weights', 0) / GiB:.2f} GiB a rank (DeepSpeed's fp32 partition, "
+               "advisor.memory.sharding.fp32_trainable_state: 12 B a parameter / 4 ranks); the optimizer step's "
+               f"foreach temporary (2 B x {n_params / 1e9:.2f}B parameters on one GPU) is a rank's partition's, 1/4 "
+               "(DeepSpeed steps each rank's partition, in sub-groups of sub_group_size): the ledger's transient is "
+               f"{d.get('transient', 0) / GiB:.2f} GiB. Before the "
+               "temporary was sharded (2026-12-07) it was kept whole on each GPU and these rows were predicted "
+               "at 48.2 / 48.7 GB against 42 GB.")
     a = ledger("llama-3.1-8b-instruct", dict(FULL, offload="zero3_cpu", packing=True, seq_len=65000), "h200")
     out.append(f"- The ALST baseline (8B full, zero3_cpu, 65K on one H200): run peak {a.run_peak_bytes / GiB:.1f} GiB, "
                f"of which transient {a.device.get('transient', 0) / GiB:.1f} GiB (the plain loss over 65,000 x "

@@ -240,9 +240,8 @@ def compare(points: list[dict]) -> tuple[list[str], list[str], list[float]]:
             fits = all(g["fits"] for g in got.values())
             verdict = "agrees (fits)" if fits else "disagrees (does not fit)"
             n = spec["gpus"]
-            pred = "; ".join(f"run peak {g['peak'] / GB:.1f} GB of {g['card']} (step peak at {g['step_phase']}: "
-                             f"{g['transient'] / GB:.1f} GB of it transients; with them divided over the {n} ranks: "
-                             f"{(g['peak'] - g['transient'] + g['transient'] / n) / GB:.1f} GB)" for g in got.values())
+            pred = "; ".join(f"run peak {g['peak'] / GB:.1f} GB of {g['card']} per GPU of {n} (its transients "
+                             f"{g['transient'] / GB:.1f} GB)" for g in got.values())
         else:
             rs = [g["reserved"] / pub_bytes for g in got.values()]
             ss = [g["peak"] / pub_bytes for g in got.values()]
@@ -415,11 +414,9 @@ STACK_SECTIONS = [
     "(Qwen2.5-VL-32B) and its requirement claim is checked as a bound.",
     "",
     "### What looked off in the advisor", "",
-    "- The ZeRO-3 bound (Qwen2.5-VL-32B full on 8 x 80 GB) fails on the optimizer step's transient: "
-    "advisor.memory.sharding divides weights, gradients and optimizer states over the ranks but keeps every transient "
-    "per GPU, so foreach AdamW's sqrt(exp_avg_sq) of the whole model (2 bytes a parameter) stays undivided; under "
-    "ZeRO the step runs on each rank's partition (and DeepSpeed's own Adam has no such temporary). The row shows "
-    "the peak with that transient divided over the ranks.",
+    "- The ZeRO-3 bound (Qwen2.5-VL-32B full on 8 x 80 GB) failed on the optimizer step's transient until "
+    "2026-12-07 (run peak 104.2 GB): advisor.memory.sharding kept foreach AdamW's sqrt(exp_avg_sq) of the whole model "
+    "(2 bytes a parameter) on every GPU; each rank steps its own partition, and the sharded ledger now divides it.",
     "- A frozen tower under `--gradient-checkpointing` records its graph (transformers 5's "
     "`enable_input_require_grads` hooks the tower's patch embedding); under transformers 4.x without ms-swift's ViT "
     "hook it records nothing. The plan cannot say which transformers release it runs on.",

@@ -76,6 +76,7 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
         d["quant_constants"] = d.get("quant_constants", 0) // gpus
         if "reference_weights" in d:  # a frozen reference is prepared by the same engine (trl prepare_deepspeed)
             d["reference_weights"] = d["reference_weights"] // gpus
+    d = _optimizer_step_sharded(report, d, gpus)
     tensor_peak = sum(d.values())
     overhead, parts = framework_overhead(tensor_peak, gpu, expandable_segments=plan.expandable_segments,
                                          loss_transient_bytes=max(logits_bytes(model, rank_plan(plan))))
@@ -106,6 +107,22 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
 
 DEEPSPEED_ENGINES = ("zero2", "zero3")
 """The strategies the exports run on DeepSpeed (FSDP keeps the weights' dtype: no fp32 copy)."""
+
+
+def _optimizer_step_sharded(report: MemoryReport, d: dict[str, int], gpus: int) -> dict[str, int]:
+    """The per-GPU ledger where the optimizer step set one GPU's peak: each rank steps its own shard (FSDP's
+    optimizer over its local shards; DeepSpeed's over its partition, in sub-groups of ``sub_group_size``), so the
+    step's temporaries are 1/N; the highest other moment (``moment_besides_optimizer``: its gradients sharded as the
+    step's, its activations and transients whole) may then be the peak."""
+    rest = report.extra.get("moment_besides_optimizer")
+    if report.peak_phase != "optimizer" or not rest:
+        return d
+    stepped = {**d, "transient": d.get("transient", 0) // gpus}
+    step_grads = report.device.get("gradients", 0)
+    share = d.get("gradients", 0) / step_grads if step_grads else 1 / gpus
+    other = {**d, "gradients": int(rest.get("gradients", 0) * share), "activations": rest.get("activations", 0),
+             "transient": rest.get("transient", 0)}
+    return max(stepped, other, key=lambda ledger: sum(ledger.values()))
 
 
 def fp32_trainable_state(model: ModelSpec, plan: Plan, strategy: str, device: dict) -> dict[str, int]:

@@ -631,8 +631,13 @@ def estimate_step(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *,
         model, plan, pb, lt), spill_bytes=spilled.get("optimizer_states", 0))
     host.update(hm.by_category())
     notes += hm.notes
+    # the highest moment besides the optimizer step's: a sharded run steps its shard only, so where the step's
+    # temporaries set the peak on one GPU another moment may set it on each of N (advisor.memory.sharding)
+    others = [v for k, v in phases.items() if k != "optimizer"]
+    rest = dict(max(others, key=lambda v: sum(v.values()))) if others and peak_phase == "optimizer" else None
     return _report(device, host, hm, notes, plan, gpu, peak_phase, max(logits_fwd, logits_bwd),
                    {"params_trainable": pb.trainable, "lora_modules": list(pb.lora_modules),
+                    **({"moment_besides_optimizer": rest} if rest else {}),
                     "lora_experts": bool(plan.peft and plan.lora_experts),
                     "activations_per_layer_bytes": layer_acts, "saved_activations_bytes": int(acts),
                     **({"vision": {**tower.to_dict(), "sample": vis.to_dict() if vis else None,
