@@ -153,3 +153,21 @@ def test_trl_yaml_says_when_only_some_layers_are_checkpointed(tmp_path, layers, 
     assert cfg["gradient_checkpointing_kwargs"]["every_n_layers"] == every
     head = _header(written["trl"])
     assert f"gradient checkpointing: {layers} of 28 layers" in head and "not every layer" in head
+
+
+def test_zero_on_the_gpus_runs_the_planned_optimizer(tmp_path):
+    """Issue 42: deepspeed.json's optimizer block replaced the planned optim (paged_adamw_8bit, adamw_torch_fused...)
+    with DeepSpeed's AdamW. ZeRO sharding on the GPUs writes no optimizer block, so the Trainer builds the planned one
+    (and DeepSpeed is told to take an optimizer it has not tested with ZeRO); CPU offload keeps DeepSpeed's CPU Adam."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from transformers import TrainingArguments
+
+    written = export_plan(resolve_model(LLAMA70B), QLORA, tmp_path, ["advisor", "deepspeed"],
+                          gpu=resolve_gpu("h100-sxm"), gpus=8, sharding="zero3")
+    ds = json.loads(written["deepspeed"].read_text())
+    assert "optimizer" not in ds and ds["zero_allow_untested_optimizer"] is True
+    assert DeepSpeedConfig(ds).zero_allow_untested_optimizer
+    training = yaml.safe_load(written["advisor"].read_text())["training"]
+    assert training["optim"] == "paged_adamw_8bit"
+    training.update(output_dir=str(tmp_path / "out"), deepspeed=str(written["deepspeed"]), use_cpu=True)
+    assert TrainingArguments(**training).hf_deepspeed_config.mismatches == []

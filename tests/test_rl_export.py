@@ -333,17 +333,19 @@ def test_llamafactory_parses_the_dpo_export(qwen7b, tmp_path):
 @pytest.mark.parametrize("task", ["grpo", "dpo"])
 def test_a_sharded_rl_exports_files_agree_on_the_learning_rate(task, qwen7b, tmp_path):
     """Issue 42: deepspeed.json's optimizer block said the SFT rate (2e-4) beside trl.yaml's and axolotl.yaml's
-    1e-5; transformers' HfTrainerDeepSpeedConfig refuses the pair. One rate in every file, and the Trainer's check
-    passes."""
+    1e-5; transformers' HfTrainerDeepSpeedConfig refuses the pair. One rate in every file (ZeRO on the GPUs writes no
+    optimizer block at all), and the Trainer's check passes."""
     from trl import DPOConfig, GRPOConfig
 
     plan = (GRPO_PLANS["lora-generate-beta"] if task == "grpo" else DPO_PLANS["lora"]).validate()
     written = export_plan(qwen7b, plan, tmp_path, ["trl", "axolotl", "deepspeed"], gpus=2, sharding="zero3")
     ds = json.loads(written["deepspeed"].read_text())
     trl_cfg = yaml.safe_load(written["trl"].read_text())
-    rates = {ds["optimizer"]["params"]["lr"], trl_cfg["learning_rate"],
-             yaml.safe_load(written["axolotl"].read_text())["learning_rate"]}
+    rates = {trl_cfg["learning_rate"], yaml.safe_load(written["axolotl"].read_text())["learning_rate"]}
     assert rates == {1e-5}
+    assert "optimizer" not in ds  # ZeRO on the GPUs runs the planned optim, with the planned rate
+    offloaded = export_plan(qwen7b, plan.with_(offload="zero3_cpu"), tmp_path / "offload", ["deepspeed"])
+    assert json.loads(offloaded["deepspeed"].read_text())["optimizer"]["params"]["lr"] == 1e-5  # DeepSpeed's CPU Adam
     train, _ = _split(trl_cfg, GRPOConfig if task == "grpo" else DPOConfig)
     train.update(output_dir=str(tmp_path / "out"), deepspeed=str(written["deepspeed"]))
     args = (GRPOConfig if task == "grpo" else DPOConfig)(**train, use_cpu=True)

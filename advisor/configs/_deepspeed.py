@@ -18,9 +18,10 @@ bf16/fp16) and refuses a mismatch, so an edit to one file but not the other is c
 which keeps the file valid on any number of GPUs. No scheduler section: the Trainer's
 ``lr_scheduler_type`` drives the DeepSpeed optimizer.
 
-Note for the ledger: DeepSpeed's bf16/fp16 modes keep fp32 master weights and fp32 Adam states in
-the (CPU-offloaded) optimizer whatever the Plan's precision, and it runs its own CPU Adam for the
-offloaded partition (hence the optimizer section).
+Note for the ledger: DeepSpeed's bf16/fp16 modes keep fp32 master weights and fp32 optimizer states
+whatever the Plan's precision. With CPU offload it runs its own CPU Adam for the offloaded partition
+(hence the optimizer section, written only then); ZeRO sharding on the GPUs runs the plan's own ``optim``,
+which the Trainer builds when the file has no optimizer section.
 """
 
 from __future__ import annotations
@@ -68,7 +69,11 @@ def deepspeed_config(plan, stage: int | None = None) -> dict[str, Any]:
         "bf16": {"enabled": bf16},
         "fp16": {"enabled": fp16, "loss_scale": 0, "initial_scale_power": 16} if fp16 else {"enabled": False},
         "zero_optimization": zero,
-        "optimizer": {
+        "steps_per_print": 100,
+        "wall_clock_breakdown": False,
+    }
+    if offload:  # the offloaded partition steps on DeepSpeed's CPU Adam (the plan's adamw_torch: advisor.core.plan)
+        config["optimizer"] = {
             "type": "AdamW",
             "params": {
                 "lr": training_hyperparameters(plan)["learning_rate"],
@@ -76,10 +81,13 @@ def deepspeed_config(plan, stage: int | None = None) -> dict[str, Any]:
                 "eps": ADAM["adam_epsilon"],
                 "weight_decay": ADAM["weight_decay"],
             },
-        },
-        "steps_per_print": 100,
-        "wall_clock_breakdown": False,
-    }
+        }
+    else:
+        # ZeRO sharding on the GPUs runs the plan's own optimizer: with no optimizer section the Trainer builds its
+        # ``optim`` and hands it to deepspeed.initialize (transformers integrations/deepspeed.py
+        # deepspeed_optim_sched); one DeepSpeed has not tested with ZeRO (bitsandbytes', a paged one) needs the flag
+        # (deepspeed/runtime/engine.py _do_optimizer_sanity_check)
+        config["zero_allow_untested_optimizer"] = True
     return config
 
 
