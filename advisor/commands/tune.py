@@ -181,6 +181,12 @@ def run(args: argparse.Namespace) -> int:
     return 0 if selection.best is not None else 1
 
 
+def answer_backend(best) -> str:
+    """The backend that gave the answer's peak, for the figures printed beside it (its phases, its longer lengths),
+    so that they compare with it: the simulation where the answer was simulated, else the closed form."""
+    return "simulate" if best.source == "simulated" else "estimate"
+
+
 def length_fields(settings, best, *, searched: bool) -> dict:
     """The study's sequence length and whether the user gave it; where not, the answer at 2K and 4K tokens
     (advisor.search.lengths)."""
@@ -190,9 +196,8 @@ def length_fields(settings, best, *, searched: bool) -> dict:
     chosen = searched or seq_len_chosen(settings)
     out: dict = {"seq_len": {"tokens": planned_tokens(settings.space.fixed), "chosen": chosen}}
     if not chosen and best is not None:
-        backend = "simulate" if best.source == "simulated" else "estimate"  # as the answer's own peak
         out["at_common_lengths"] = [a.to_dict() for a in at_common_lengths(settings, Plan.from_dict(best.plan),
-                                                                           backend)]
+                                                                           answer_backend(best))]
     return out
 
 
@@ -272,8 +277,8 @@ def rl_of(settings, best) -> dict | None:
     from advisor.search.tuner import train_gpus
 
     plan = Plan.from_dict(best.plan)
-    backend = "simulate" if best.source == "simulated" else "estimate"  # where the answer's peak came from
-    return rl_answer(settings.model, plan, settings.gpu, train_gpus(settings.gpus, plan), settings.sharding, backend)
+    return rl_answer(settings.model, plan, settings.gpu, train_gpus(settings.gpus, plan), settings.sharding,
+                     answer_backend(best))
 
 
 def screened_by(settings, selection) -> dict:

@@ -49,7 +49,8 @@ def read_config(path: str | Path, *, check_fields: bool = True,
                 plan: type = Plan) -> tuple[str, Plan, dict[str, Any]]:
     """(model name or path, Plan, extras) from an advisor.yaml, HF, axolotl, LLaMA-Factory or TRL config.
 
-    extras: ``format``; ``defaulted`` (keys the file left out, filled with the tool's default);
+    extras: ``format``; ``file`` (the mapping as parsed); ``defaulted`` (keys the file left out, filled with the
+    tool's default);
     ``edited`` ({field: [advisor.plan value, value read]} where advisor.yaml's sections were changed);
     ``prediction`` / ``gpu`` / ``gpus`` / ``sharding`` (from advisor.yaml); ``sections`` (advisor/hf: the raw sections).
     ``check_fields`` (advisor/hf formats): report keys that TrainingArguments / LoraConfig /
@@ -76,6 +77,7 @@ def read_config(path: str | Path, *, check_fields: bool = True,
     if c.errors:
         raise c.errors[0] if len(c.errors) == 1 else ConfigErrors(c.errors)
     extras["format"] = fmt
+    extras["file"] = data  # the mapping as parsed, for checks that read a key the plan has no field for
     extras["defaulted"] = c.defaulted
     extras["sequence_counts_images"] = declared.sequence_counts_images
     extras.setdefault("sharding", _sharding_of(extras))

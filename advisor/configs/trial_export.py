@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from advisor.core.catalog import GpuSpec, ModelSpec
-from advisor.search.select import TrialRecord
+from advisor.search.select import TrialRecord, peak_phase
 
 
 def export_trial(record: TrialRecord, out_dir: str | Path, formats: list[str] | None, *, model: ModelSpec,
@@ -24,8 +24,8 @@ def export_trial(record: TrialRecord, out_dir: str | Path, formats: list[str] | 
     # beside it where another phase sets the run's
     prediction = {"peak_bytes": record.run_peak_bytes or record.peak_bytes, "source": record.source,
                   "tokens_per_s": record.tokens_per_s, "study": study_name, "trial": record.number}
-    if record.run_peak_bytes and record.run_peak_phase not in ("", "train"):
-        prediction.update(peak_phase=record.run_peak_phase, step_peak_bytes=record.peak_bytes)
+    if peak_phase(record):
+        prediction.update(peak_phase=peak_phase(record), step_peak_bytes=record.peak_bytes)
     return export_plan(model, Plan.from_dict(record.plan), out_dir, formats, gpu=gpu, extra=prediction, gpus=gpus,
                        sharding=sharding)
 

@@ -430,13 +430,19 @@ def sequence_tokens(spec, plan) -> int:
     return plan.seq_len + (sample.text_tokens if sample is not None else 0)
 
 
+def pixel_budget(spec) -> dict | None:
+    """The image processor's settings where it resizes within a pixel budget (Qwen-VL's smart_resize within
+    ``max_pixels``); None for a fixed size (Gemma 3's 896 square, InternVL's tiles) or a text model."""
+    image = (spec.processor or {}).get("image") or {}
+    return image if spec.is_vision_language and "max_pixels" in image else None
+
+
 def planned_pixel_budget(spec, plan) -> int | None:
     """The ``max_pixels`` that lets the plan's own images through as planned and scales any larger one down to
     their tokens: the largest planned image's resized pixels, for a processor that resizes within a pixel budget
     (Qwen-VL's smart_resize); None where the plan sets its own budget, names no image, or the processor's size is
     fixed (an exported run then takes the data's images at the plan's budget)."""
-    if plan.max_pixels or not plan.image_sizes or (spec.processor or {}).get("image", {}).get("class") \
-            != "Qwen2VLImageProcessor":
+    if plan.max_pixels or not plan.image_sizes or pixel_budget(spec) is None:
         return None
     sample = count_sample(spec, plan)
     return max(w * h for w, h in (i.resized for i in sample.images))

@@ -106,7 +106,8 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
 
 
 DEEPSPEED_ENGINES = ("zero2", "zero3")
-"""The strategies the exports run on DeepSpeed (FSDP keeps the weights' dtype: no fp32 copy)."""
+"""The strategies the exports run on DeepSpeed (an fp32 copy of the trainable weights; FSDP2 upcasts them in place:
+``fp32_trainable_state``)."""
 
 
 def _optimizer_step_sharded(report: MemoryReport, d: dict[str, int], gpus: int) -> dict[str, int]:

@@ -114,6 +114,11 @@ def run_peak(t: TrialRecord) -> int | None:
     return t.run_peak_bytes or t.peak_bytes
 
 
+def peak_phase(t: TrialRecord) -> str:
+    """The phase that sets the run's peak where it is not the training step ("" where it is, or is not known)."""
+    return t.run_peak_phase if t.run_peak_bytes and t.run_peak_phase not in ("", "train") else ""
+
+
 def host_peak(t: TrialRecord) -> int:
     """What host feasibility is decided on: the run's host peak, else (a record from before it was kept) the
     offloaded bytes."""
@@ -353,12 +358,12 @@ def explain(best: TrialRecord | None, runner_up: TrialRecord | None, c: _Context
                      f"within {c.tolerance}: {len(pruned)} pruned, {len(c.feasible)} feasible.")
         smallest = min((t for t in c.records if t.peak_bytes), key=run_peak, default=None)
         if smallest:
-            during = (f", during {smallest.run_peak_phase}" if smallest.run_peak_phase not in ("", "train") else "")
+            during = f", during {peak_phase(smallest)}" if peak_phase(smallest) else ""
             lines.append(f"The smallest plan seen, #{smallest.number} {smallest.plan_short}, needs "
                          f"{fmt(run_peak(smallest))} ({smallest.source}{during}).")
         return lines
     left = c.budget_bytes - run_peak(best)
-    during = f" during {best.run_peak_phase}" if best.run_peak_phase not in ("", "train") else ""
+    during = f" during {peak_phase(best)}" if peak_phase(best) else ""
     factor = f", {best.token_factor:.2f}x the tokens to the same loss" if (best.token_factor or 1.0) > 1 else ""
     lines.append(f"Chosen #{best.number} {best.plan_short}: {best.tokens_per_s:,.0f} tokens/s "
                  f"({best.tokens_per_s_source}{factor}), peak {fmt(run_peak(best))}{during} ({best.source}) of "

@@ -374,7 +374,7 @@ def print_tune_result(settings, records, selection, exports, verbose: bool = Fal
 def _print_trials(console, settings, records, selection) -> None:
     """Every trial, the Pareto front, and the answer's ledger (with its host peak)."""
     from advisor.memory.ledger import MemoryReport
-    from advisor.search.select import run_peak
+    from advisor.search.select import peak_phase, run_peak
 
     budget = settings.budget
     console.print(trials_table(records, budget, title=f"All trials ({len(records)})"))
@@ -395,8 +395,8 @@ def _print_trials(console, settings, records, selection) -> None:
         ledger = {k: v for k, v in best.ledger.items()}
         report = MemoryReport(source=best.source, backend=settings.backend, device=ledger, host=dict(best.host_ledger),
                               tensor_peak_bytes=best.tensor_peak_bytes or 0, peak_bytes=best.peak_bytes)
-        during = f"; the run peaks at {budget.format(run_peak(best))} during {best.run_peak_phase}" \
-            if best.run_peak_phase not in ("", "train") else ""
+        during = f"; the run peaks at {budget.format(run_peak(best))} during {peak_phase(best)}" \
+            if peak_phase(best) else ""
         console.print(ledger_table(report, budget, title=f"Winner #{best.number}'s training step{during}: "
                                                          f"{escape(best.plan_short)}"))
         if best.host_peak_bytes or best.host_bytes:
@@ -440,19 +440,20 @@ def recipe_table(recipe, best, budget):
 def gpu_peak_text(r, fmt) -> str:
     """A trial's GPU peak as every summary gives it: the run's (its highest phase), and the phase where not the
     training step (the ledger beside it is the step's)."""
-    from advisor.search.select import run_peak
+    from advisor.search.select import peak_phase, run_peak
 
-    during = f" during {r.run_peak_phase}" if r.run_peak_bytes and r.run_peak_phase not in ("", "train") else ""
-    return f"{fmt(run_peak(r))}{during}"
+    return f"{fmt(run_peak(r))}{f' during {peak_phase(r)}' if peak_phase(r) else ''}"
 
 
 def step_and_run_rows(r, fmt) -> list[tuple[str, str]]:
     """The closing rows of a trial's ledger: its sum, the training step's peak, and the run's peak where another
     phase sets it (labels, values)."""
-    if not r.run_peak_bytes or r.run_peak_phase in ("", "train"):
+    from advisor.search.select import peak_phase
+
+    if not peak_phase(r):
         return [("Peak on the GPU", fmt(r.peak_bytes))]
     return [("Peak of the training step", fmt(r.peak_bytes)),
-            (f"Peak on the GPU (the run's, during {r.run_peak_phase})", fmt(r.run_peak_bytes))]
+            (f"Peak on the GPU (the run's, during {peak_phase(r)})", fmt(r.run_peak_bytes))]
 
 
 def host_peak_text(r, fmt) -> str:

@@ -105,9 +105,7 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
     training = dict(sections.get("training") or {})
     model_section = dict(sections.get("model") or {})
     backend = inp.backend
-    from advisor.configs._base import load_mapping
-
-    raw = load_mapping(inp.config)  # the file as written: a flat TRL / axolotl / LLaMA-Factory file's keys
+    raw = extras["file"]  # the file as written: a flat TRL / axolotl / LLaMA-Factory file's keys
     if _rl.is_rl(plan) and not training:  # a flat file: its training keys are at the top
         training = raw
 

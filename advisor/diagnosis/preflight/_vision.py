@@ -16,17 +16,13 @@ from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.fit import fit_verdict
 from advisor.core.plan import Plan
 from advisor.core.units import Budget
+from advisor.core.vision_tokens import pixel_budget
 from advisor.diagnosis.findings import Finding
 
 BISECTION_STEPS = 12
 """Halvings of the pixel interval searched for the largest budget that fits (12: within 1/4096 of the interval)."""
 
 
-def pixel_budget(model: ModelSpec) -> dict | None:
-    """The image processor's settings where it resizes within a pixel budget (Qwen-VL); None for a fixed size
-    (Gemma 3's 896 square, InternVL's tiles) or a text model."""
-    image = (model.processor or {}).get("image") or {}
-    return image if model.is_vision_language and "max_pixels" in image else None
 
 
 def largest_sample(plan: Plan, max_pixels: int, model: ModelSpec) -> Plan:
