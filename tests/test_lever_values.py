@@ -122,6 +122,9 @@ MEMORY = {
         "zero2_cpu": lambda p, r, ref: dev(r, "optimizer_states") == 0 and r.host.get("optimizer_states", 0) > 0,
         "zero3_cpu": lambda p, r, ref: dev(r, "optimizer_states") == 0 and r.host.get("weights", 0) > 0
         and dev(r, "weights") < dev(ref, "weights"),
+        # FSDP's CPU offload: parameter, gradient and optimizer shards on the host, gathered units on the GPU
+        "fsdp_cpu": lambda p, r, ref: dev(r, "optimizer_states") == 0 and r.host.get("weights", 0) > 0
+        and r.host.get("gradients", 0) > 0 and dev(r, "weights") < dev(ref, "weights"),
     },
     # GRPO / DPO (advisor.memory.rl): what each value keeps on the training GPU during the training step
     "generation": {  # generate()'s cache lives in the generate phase only; a colocated vLLM stays awake by default
@@ -200,7 +203,7 @@ SPEED = {
     },
     "offload": {"none": lambda p, t, ref: t["offload"] == 0,
                 **{o: (lambda p, t, ref: t["offload"] > 0 and t["optimizer"] == 0)
-                   for o in ("zero2_cpu", "zero3_cpu")}},
+                   for o in ("zero2_cpu", "zero3_cpu", "fsdp_cpu")}},
     "generation": {
         "transformers": lambda p, t, ref: t["generate"] > 0 and t["sync"] == 0,
         "vllm-colocate": lambda p, t, ref: 0 < t["generate"] < ref["generate"] and t["sync"] > 0,

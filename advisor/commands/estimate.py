@@ -79,12 +79,12 @@ def run(args: argparse.Namespace) -> int:
         # the precision and attention not given are the card's; a plan it cannot run is refused (card_rules)
         plan = plan_from_args(args, card=Card.of(target.known_gpu, model))
         check_plan_against_model(model, plan)
-        from advisor.core.plan import rl_problems
-
         from advisor.memory.sequence_parallel import sequence_parallel_problems
+        from advisor.memory.sharding import gpu_count_problems
 
-        # the GRPO rules and sequence parallelism's that need the GPU count
-        for problem in rl_problems(plan, args.gpus) + sequence_parallel_problems(model, plan, args.gpus):
+        # the rules that need the GPU count, as tune checks them (a vLLM server's GPUs, GRPO's groups, FSDP's
+        # offload) and sequence parallelism's
+        for problem in gpu_count_problems(plan, args.gpus) + sequence_parallel_problems(model, plan, args.gpus):
             raise problem
         if getattr(args, "data", None):
             from advisor.runtime.probe import data_profile

@@ -33,10 +33,10 @@ from typing import Any
 
 from advisor.configs.formats import FORMATS
 from advisor.configs._base import (ADAM, LIGER_FUSED_LOSS_ONLY, LR_SCHEDULER, PRECISION_FLAGS, TORCH_DTYPE,
-                                   TORCH_TO_PLAN, WARMUP_STEPS, Collect, ExportContext, Unsupported, alloc_env,
-                                   comment_block, dump_yaml, env_prefix, lora_alpha_value, parallel_fields,
-                                   plan_summary, sequence_parallel_rules, training_hyperparameters,
-                                   vision_script_rules, write_text, write_vision_script)
+                                   TORCH_TO_PLAN, WARMUP_STEPS, alloc_env, check_command, Collect, comment_block,
+                                   dump_yaml, env_prefix, ExportContext, fsdp_offloads, lora_alpha_value,
+                                   parallel_fields, plan_summary, sequence_parallel_rules, training_hyperparameters,
+                                   Unsupported, vision_script_rules, write_text, write_vision_script)
 from advisor.configs._keys import DECLARED, fill, read_declared, refuse_unexpressible, unplaced
 from advisor.configs._deepspeed import check_batch, deepspeed_config, read_offload
 from advisor.configs._training_args import (checkpoint_layers_of, liger_fused_loss, read_checkpointing,
@@ -218,7 +218,7 @@ HEADER = [
     "",
     "Run it:   {launch}           (JSONL with a \"text\" field, or a .txt)",
     "          {launch_short} --data d.jsonl --max-steps 100 --model-path /local/copy/of/the/model",
-    "Check it: advisor preflight advisor.yaml --gpu-budget <GB>",
+    "Check it: {check}",
     "",
     "Each section is passed as **section to the class named beside it, so keys are those classes'",
     "field names. Edit freely: preflight re-reads these sections, not the advisor section below.",
@@ -250,10 +250,11 @@ def write(ctx: ExportContext, out_dir: Path) -> Path:
                         for line in header_lines]
     lines = "\n".join(header_lines).replace("{summary}", summary).replace(
         "{launch}", ctx.launch("train.py", "--data my_data.jsonl")).replace("{launch_short}", ctx.launch("train.py")
-                                                                           ).split("\n")
+                                                                           ).replace(
+        "{check}", check_command(ctx, FILENAME)).split("\n")
     if alloc_env(ctx.plan):
         env = env_prefix(ctx.plan).strip()
-        lines.insert(lines.index("Check it: advisor preflight advisor.yaml --gpu-budget <GB>"),
+        lines.insert(next(i for i, line in enumerate(lines) if line.startswith("Check it: ")),
                      f"          (train.py sets {env} itself from advisor.env; a value in the shell wins)")
     header = comment_block(lines)
     write_vision_script(ctx, out_dir)
@@ -301,6 +302,8 @@ def read(data: dict, c: Collect, plan_type: type, fmt: str = "advisor") -> tuple
     if ds_value is None and isinstance(data.get("deepspeed"), dict):
         ds_value, ds_where = data["deepspeed"], "deepspeed"
     f["offload"], ds = read_offload(c, ds_value, ds_where)
+    if f["offload"] == "none" and fsdp_offloads(training.get("fsdp"), training.get("fsdp_config")):
+        f["offload"] = "fsdp_cpu"
 
     quant = c.section(data, "quantization")
     f["quantization"] = "none"

@@ -30,9 +30,9 @@ from typing import Any
 
 from advisor.configs.formats import FORMATS
 from advisor.configs._base import (ADAM, LR_SCHEDULER, OPTIM_ALIASES, TORCH_DTYPE, TORCH_TO_PLAN, WARMUP_STEPS, Collect,
-                                   ExportContext, Unsupported, comment_block, dump_yaml, env_note, env_prefix,
-                                   plan_summary, require_int_alpha, training_hyperparameters, vision_script_rules,
-                                   write_text)
+                                   comment_block, dump_yaml, env_note, env_prefix, ExportContext, fsdp_refusal,
+                                   plan_summary, require_int_alpha, training_hyperparameters, Unsupported,
+                                   vision_script_rules, write_text)
 from advisor.configs import _rl_tools
 from advisor.configs._deepspeed import read_offload
 from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_unexpressible
@@ -111,8 +111,7 @@ def axolotl_config(ctx: ExportContext) -> dict[str, Any]:
     cfg.update(_lever_fields(plan))
     cfg["peft_use_dora"] = DECLARED
     if ctx.fsdp:
-        raise Unsupported(FORMAT, "FSDP sharding is written for transformers' Trainer only: use the advisor.yaml + "
-                                  "train.py or trl.yaml export, or --sharding zero3")
+        raise Unsupported(FORMAT, fsdp_refusal(ctx, "is written for transformers' Trainer only"))
     if ctx.zero_stage is not None:
         cfg["deepspeed"] = ctx.deepspeed_path
     cfg["logging_steps"] = 10

@@ -243,14 +243,22 @@ class ExportContext:
         """The DeepSpeed ZeRO stage the run uses: its CPU offload's, else ZeRO-2/3 sharding on several GPUs."""
         if self.plan.offload in ZERO_OFFLOAD_STAGES:
             return ZERO_OFFLOAD_STAGES[self.plan.offload]
-        if self.gpus > 1 and self.sharding in ZERO_SHARDING_STAGES:
-            return ZERO_SHARDING_STAGES[self.sharding]
+        if self.gpus > 1 and self.strategy in ZERO_SHARDING_STAGES:
+            return ZERO_SHARDING_STAGES[self.strategy]
         return None
 
     @property
+    def strategy(self) -> str:
+        """How the run splits model state: the plan's offload engine, else the sharding (advisor.memory.sharding
+        .run_strategy, as estimate, tune and pre-flight decide it)."""
+        from advisor.memory.sharding import run_strategy
+
+        return run_strategy(self.plan, self.sharding)
+
+    @property
     def fsdp(self) -> bool:
-        """Whether the run shards with PyTorch FSDP (several GPUs, sharding fsdp, no DeepSpeed offload)."""
-        return self.zero_stage is None and self.gpus > 1 and self.sharding == "fsdp"
+        """Whether the run shards with PyTorch FSDP (several GPUs; sharding fsdp or FSDP's CPU offload)."""
+        return self.zero_stage is None and self.gpus > 1 and self.strategy == "fsdp"
 
     @property
     def deepspeed_path(self) -> str:
@@ -278,7 +286,9 @@ class ExportContext:
         if self.zero_stage is not None:
             how = f"DeepSpeed ZeRO-{self.zero_stage} ({self.file(DEEPSPEED_FILE)})"
         elif self.fsdp:
-            how = "FSDP full_shard (parameters, gradients and optimizer states split)"
+            how = "FSDP full_shard (parameters, gradients and optimizer states split" + (
+                "; their shards in pinned host memory, the optimizer stepping on the CPU: CPU offload)"
+                if self.plan.offload == "fsdp_cpu" else ")")
         else:
             how = "DDP (every GPU holds the whole model state)"
         return [f"GPUs: {self.gpus}, one process each; sharding: {how}"]
@@ -339,11 +349,33 @@ def env_note(ctx: "ExportContext", filename: str) -> list[str]:
     shell that launches the file, and in the one that checks it (advisor preflight reads the shell's value, as
     torch does: advisor.configs.read)."""
     if not alloc_env(ctx.plan):
-        return []
-    gpu = f" --gpu {ctx.gpu.key}" if ctx.gpu is not None and not ctx.gpu.detected else ""
+        return [f"Check: {check_command(ctx, filename)}"] if ctx.gpus > 1 else []
     return [f"{filename} has no field for environment variables: PYTORCH_CUDA_ALLOC_CONF (the plan's",
             "allocator setting) must be set in the shell that launches it, as above, and that checks it:",
-            f"Check: {env_prefix(ctx.plan)}advisor preflight {ctx.file(filename)}{gpu} --gpu-budget <GB>"]
+            f"Check: {env_prefix(ctx.plan)}{check_command(ctx, filename)}"]
+
+
+def fsdp_refusal(ctx: "ExportContext", why: str) -> str:
+    """Why a format cannot write the plan's FSDP run, and the way out: the formats that can, or ZeRO-3 where the plan's
+    sharding (not its offload) chose FSDP."""
+    what = "FSDP's CPU offload" if ctx.plan.offload == "fsdp_cpu" else "FSDP sharding"
+    other = "" if ctx.plan.offload == "fsdp_cpu" else ", or --sharding zero3"
+    return f"{what} {why}: use the advisor.yaml + train.py or trl.yaml export{other}"
+
+
+def check_command(ctx: "ExportContext", filename: str) -> str:
+    """The pre-flight of an exported file on the run it was sized for: the card where one was named, and the GPU count
+    of a several-GPU run (a format that cannot hold it: advisor preflight --gpus; the sharding the file says itself)."""
+    gpu = f" --gpu {ctx.gpu.key}" if ctx.gpu is not None and not ctx.gpu.detected else ""
+    gpus = f" --gpus {ctx.gpus}" if ctx.gpus > 1 else ""
+    return f"advisor preflight {ctx.file(filename)}{gpu}{gpus} --gpu-budget <GB>"
+
+
+def fsdp_offloads(fsdp: Any, fsdp_config: Any) -> bool:
+    """Whether TrainingArguments' FSDP settings offload to the CPU: the legacy ``fsdp`` option's ``offload`` (a string
+    or a list) or ``fsdp_config.cpu_offload`` (transformers training_args.py ``_apply_legacy_fsdp_to_config``)."""
+    items = fsdp.split() if isinstance(fsdp, str) else list(fsdp or []) if isinstance(fsdp, (list, tuple)) else []
+    return "offload" in items or bool(isinstance(fsdp_config, dict) and fsdp_config.get("cpu_offload"))
 
 
 def plan_summary(ctx: ExportContext) -> list[str]:
@@ -383,7 +415,8 @@ def parallel_fields(ctx: "ExportContext") -> dict[str, Any]:
     if ctx.zero_stage is not None:
         return {"deepspeed": ctx.deepspeed_path}
     if ctx.fsdp:
-        return {"fsdp": FSDP_OPTION, "fsdp_config": fsdp_config(ctx.plan)}
+        offload = " offload" if ctx.plan.offload == "fsdp_cpu" else ""  # TrainingArguments: fsdp_config cpu_offload
+        return {"fsdp": FSDP_OPTION + offload, "fsdp_config": fsdp_config(ctx.plan)}
     return {}
 
 

@@ -48,7 +48,7 @@ def deepspeed_config(plan, stage: int | None = None) -> dict[str, Any]:
     if offload:
         stage = STAGES[plan.offload]
     elif stage not in (2, 3):
-        raise Unsupported("deepspeed", "the plan runs without DeepSpeed (no CPU offload, no ZeRO sharding on "
+        raise Unsupported("deepspeed", "the plan runs without DeepSpeed (no DeepSpeed CPU offload, no ZeRO sharding on "
                                        "several GPUs)")
     _, bf16, fp16 = PRECISION_FLAGS[plan.precision]
     zero: dict[str, Any] = {"stage": stage}

@@ -46,9 +46,9 @@ from pathlib import Path
 from typing import Any
 
 from advisor.configs.formats import FORMATS
-from advisor.configs._base import (Collect, ExportContext, HF_OPTIM_DEFAULT, LR_SCHEDULER,
-                                   OPTIM_ALIASES, Unsupported, WARMUP_STEPS, comment_block, dump_yaml, env_note,
-                                   env_prefix, plan_summary, require_int_alpha, training_hyperparameters, write_text)
+from advisor.configs._base import (HF_OPTIM_DEFAULT, LR_SCHEDULER, OPTIM_ALIASES, WARMUP_STEPS, Collect, comment_block,
+                                   dump_yaml, env_note, env_prefix, ExportContext, fsdp_refusal, plan_summary,
+                                   require_int_alpha, training_hyperparameters, Unsupported, write_text)
 from advisor.configs import _rl_tools
 from advisor.configs._deepspeed import read_offload
 from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_unexpressible
@@ -163,8 +163,7 @@ def llamafactory_config(ctx: ExportContext) -> dict[str, Any]:
         "report_to": "none",
     })
     if ctx.fsdp:
-        raise Unsupported(FORMAT, "LLaMA-Factory runs FSDP from an accelerate config, not its YAML: use the "
-                                  "advisor.yaml + train.py or trl.yaml export, or --sharding zero3")
+        raise Unsupported(FORMAT, fsdp_refusal(ctx, "runs from an accelerate config in LLaMA-Factory, not its YAML"))
     if ctx.zero_stage is not None:
         cfg["deepspeed"] = ctx.deepspeed_path
     refuse_unexpressible(plan, FORMAT)

@@ -32,10 +32,10 @@ from typing import Any, Callable
 
 from advisor.configs.formats import FORMATS
 from advisor.configs._base import (ADAM, LR_SCHEDULER, PRECISION_FLAGS, TORCH_DTYPE, TORCH_TO_PLAN, VISION_SCRIPT,
-                                   WARMUP_STEPS, Collect, ExportContext, Unsupported, comment_block, dump_yaml,
-                                   env_note, env_prefix, parallel_fields, plan_summary, require_int_alpha,
-                                   sequence_parallel_rules, template, training_hyperparameters, vision_script_rules,
-                                   write_long_context_script, write_text, write_vision_script)
+                                   WARMUP_STEPS, Collect, comment_block, dump_yaml, env_note, env_prefix, ExportContext,
+                                   fsdp_offloads, parallel_fields, plan_summary, require_int_alpha,
+                                   sequence_parallel_rules, template, training_hyperparameters, Unsupported,
+                                   vision_script_rules, write_long_context_script, write_text, write_vision_script)
 from advisor.configs import _trl_rl
 from advisor.configs._deepspeed import check_batch, read_offload
 from advisor.configs._keys import DECLARED, fill, flat, read_declared, refuse_unexpressible
@@ -286,6 +286,8 @@ def read(data: dict, c: Collect, plan_type: type) -> tuple[str | None, dict, dic
     ckpt = read_checkpointing(training, "", c, f)
     read_optimizer(training, "", c, f)
     f["offload"], ds = read_offload(c, training.get("deepspeed"), "deepspeed")
+    if f["offload"] == "none" and fsdp_offloads(training.get("fsdp"), training.get("fsdp_config")):
+        f["offload"] = "fsdp_cpu"
     f["quantization"] = "none"
     if c.get(data, "load_in_4bit", "load_in_4bit", "bool", False, record=False):
         f["quantization"] = c.choice(data.get("bnb_4bit_quant_type", "nf4"), {"nf4": "nf4", "fp4": "fp4"},

@@ -37,7 +37,14 @@ SP_BACKENDS = ("ulysses", "ring")
 ``flash_attn_interface``): tiled exact attention that saves q, k, v, the output and the log-sum-exp per head, no
 score matrix (Dao 2023, FlashAttention-2 §3.1; Shah et al. 2024, FlashAttention-3 §3), and honours position_ids
 for packed rows (transformers modeling_flash_attention_utils._flash_attention_forward, both versions)."""
-OFFLOADS = ("none", "zero2_cpu", "zero3_cpu")
+OFFLOADS = ("none", "zero2_cpu", "zero3_cpu", "fsdp_cpu")
+DEEPSPEED_OFFLOADS = ("zero2_cpu", "zero3_cpu")
+"""The offloads DeepSpeed runs (ZeRO-Offload, its own CPU Adam); fsdp_cpu is PyTorch FSDP2's CPUOffloadPolicy, whose
+optimizer is the plan's own, stepping on the host (advisor.memory.sharding.OFFLOAD_STRATEGY: the engine of each)."""
+FSDP_OFFLOAD_OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")
+"""The optimizers that step parameters FSDP offloads to the host: torch's own AdamW (its fused kernel has a CPU
+implementation, torch/optim/_fused_adamw on CPU since torch 2.4); bitsandbytes' 8-bit and paged optimizers need CUDA
+tensors."""
 LOSSES = ("plain", "chunked", "fused-linear")
 """plain: the model's own loss over all logits; chunked: the output projection and loss over chunks of
 tokens, each recomputed in backward; fused-linear: the projection fused with cross-entropy, gradients
@@ -392,13 +399,16 @@ class Plan:
     """Attention implementation: sdpa, eager (materializes the scores), flash_attention_2, flash_attention_3 (Hopper
     only: card_rules.yaml)."""
     offload: str = knob(
-        "none", help="DeepSpeed CPU offload", choices=OFFLOADS,
+        "none", help="CPU offload of the model state: DeepSpeed ZeRO-2 / ZeRO-3 offload or FSDP's (several GPUs)",
+        choices=OFFLOADS,
         tag=Tag(after="optimizer"),
         search=Search(order=140, required=True, ladder=prefer("none")),
         keys={"advisor": Custom("training.deepspeed"), "axolotl": Custom("deepspeed"),
               "llamafactory": Custom("deepspeed"), "trl": Custom("deepspeed")})
     """none, zero2_cpu (DeepSpeed ZeRO-2, optimizer on the CPU), zero3_cpu (ZeRO-3, parameters and optimizer on the
-    CPU)."""
+    CPU), fsdp_cpu (FSDP full shard with CPU offload, parameters, gradients and optimizer on the CPU: Answer.AI's
+    fsdp_qlora way of fitting a 70B QLoRA on two 24 GB cards; two or more GPUs). The offload names the engine that
+    runs it on several GPUs, whatever --sharding says (advisor.memory.sharding.run_strategy)."""
     loss: str = knob(
         "plain", help="plain (all logits), chunked (chunks recomputed in backward) or fused-linear (Liger's fused "
                       "linear cross-entropy: no logits)", choices=LOSSES,
@@ -809,12 +819,22 @@ class Plan:
             # refuses eager), torch context parallel replaces only sdpa's kernels
             bad("attn_impl", "sequence parallelism needs sdpa or flash attention (eager materializes a mask of the "
                 "local shard that the exchange discards)", self.attn_impl)
-        if self.offload != "none":
+        if self.offload in DEEPSPEED_OFFLOADS:
             if self.optimizer != "adamw_torch":
                 bad("optimizer", "DeepSpeed CPU offload runs its own CPU Adam: use adamw_torch with offload",
                     self.optimizer)
             if self.quantization == "int8":
                 bad("offload", "DeepSpeed ZeRO cannot partition bitsandbytes 8-bit weights", self.offload)
+        if self.offload == "fsdp_cpu":
+            if self.optimizer not in FSDP_OFFLOAD_OPTIMIZERS:
+                bad("optimizer", "FSDP CPU offload steps the parameters on the host: use "
+                    f"{' or '.join(FSDP_OFFLOAD_OPTIMIZERS)} (bitsandbytes' optimizers need CUDA tensors)",
+                    self.optimizer)
+            if self.quantization == "int8":
+                # accelerate fsdp2_prepare_model shards only floating Params4bit; Int8Params keep int8 data and
+                # their SCB statistics beside it
+                bad("offload", "FSDP cannot shard bitsandbytes 8-bit weights: use nf4 / fp4 or a 16-bit base",
+                    self.offload)
             if self.offload == "zero3_cpu" and self.four_bit:
                 bad("offload", "ZeRO-3 parameter offload of 4-bit bitsandbytes weights is not planned here; "
                     "use zero2_cpu with qlora", self.offload)
@@ -967,7 +987,7 @@ def optimizer_problems(plan: Plan, bad) -> None:
         if opt in FUSED_BACKWARD_OPTIMIZERS:
             bad("optimizer_in_backward", f"{opt} already updates inside backward", plan.optimizer_in_backward)
         if plan.offload != "none":
-            bad("optimizer_in_backward", "DeepSpeed CPU offload runs its own optimizer step",
+            bad("optimizer_in_backward", "CPU offload steps the optimizer on the host, after backward",
                 plan.optimizer_in_backward)
         if plan.precision in LOSS_SCALED:
             bad("optimizer_in_backward", "fp16 loss scaling must unscale every gradient before any step: use bf16 "

@@ -120,10 +120,10 @@ def resident_weights_floor(model: ModelSpec, plan: Plan) -> int | None:
     weights and their quantization constants, counted from the model's description for any kind of layer
     (advisor.memory.training.weight_bytes: the nn.Linears bitsandbytes converts, everything else in the compute
     dtype), so a lower bound that spares a simulation when the weights alone are over a budget, also for a plan
-    or a model the closed form cannot answer. None: no floor known (ZeRO-3 offload moves the weights)."""
+    or a model the closed form cannot answer. None: no floor known (ZeRO-3's and FSDP's offload move the weights)."""
     from advisor.memory.training import param_breakdown, weight_bytes
 
-    if plan.offload == "zero3_cpu":
+    if plan.offload in ("zero3_cpu", "fsdp_cpu"):
         return None
     reset = plan.with_(**RESIDENT_RESET)
     weights, consts = weight_bytes(model, reset, param_breakdown(model, reset))

@@ -33,7 +33,7 @@ from advisor.core.catalog import ModelSpec
 from advisor.core.adapters import adapted_modules
 from advisor.core.plan import DTYPE_BYTES, Plan
 from advisor.memory.ledger import HostMemory
-from advisor.memory.tensors import numel, param_shapes, trainable_shapes
+from advisor.memory.tensors import four_bit_constant_bytes, numel, param_shapes, trainable_shapes
 
 DEEPSPEED_PIN_MEMORY = True
 """``offload_optimizer.pin_memory`` and ``offload_param.pin_memory`` as advisor/configs/_deepspeed.py writes
@@ -182,6 +182,70 @@ def deepspeed_host(model: ModelSpec, plan: Plan, pin_optimizer: bool = DEEPSPEED
     return pinned, pageable, [f"{stage}: {kinds} (pin_memory), CPU Adam moments pageable"]
 
 
+# ----------------------------------------------------------------------------- FSDP CPU offload
+
+def _fsdp_base_tensors(model: ModelSpec, plan: Plan) -> tuple[Counter, int]:
+    """(bytes of every base parameter as FSDP2 holds it, how many weights are 4-bit): bitsandbytes 4-bit weights
+    packed in their float ``bnb_4bit_quant_storage`` (n/2 bytes), a full fine-tune's parameters fp32 (accelerate
+    ``fsdp2_prepare_model`` upcasts trainable parameters under mixed precision), the rest in the parameter dtype."""
+    p = 4 if plan.method == "full" else DTYPE_BYTES[plan.param_dtype]
+    linears = [m for layer in model.description.layers for m in layer.linears]
+    packed = Counter(m.out_features * m.in_features for m in linears if plan.four_bit and m.quantized_by_bnb)
+    out: Counter = Counter()
+    for n, count in param_tensors(model).items():
+        q = min(count, packed.get(n, 0))
+        if q:
+            out[n // 2] += q
+        if count - q:
+            out[n * p] += count - q
+    return out, sum(n * c for n, c in packed.items())
+
+
+def fsdp_stored_tensors(model: ModelSpec, plan: Plan) -> Counter:
+    """Bytes of every parameter as FSDP2 keeps it under CPU offload (``_fsdp_base_tensors``), LoRA's adapters fp32
+    (peft autocast_adapter_dtype)."""
+    out, _ = _fsdp_base_tensors(model, plan)
+    if plan.peft:
+        out.update(Counter({4 * k: v for k, v in trainable_tensors(model, plan).items()}))
+    return out
+
+
+def fsdp_offload_buffers(model: ModelSpec, plan: Plan) -> list[HostBuffer]:
+    """The host tensors of FSDP2's CPU offload on one rank, whole-model bytes (the caller divides the sharded
+    categories among the ranks: ``SHARDED``). torch's fully_shard with ``CPUOffloadPolicy(pin_memory=True)``, as
+    accelerate builds it from ``fsdp_config.cpu_offload``: each parameter's local shard pinned on the host
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param.py, ``pin_memory()`` of the sharded data); each reduce-scattered
+    gradient shard copied to the host with ``non_blocking=True`` (_fsdp_collectives.py ``foreach_reduce``), which
+    allocates pinned memory; AdamW's two moments ``zeros_like`` each fp32 host parameter (torch/optim/adamw.py
+    _init_group; the plan's optimizer is torch's AdamW under this offload: core.plan FSDP_OFFLOAD_OPTIMIZERS),
+    pageable."""
+    trainable = trainable_tensors(model, plan)
+    n = sum(k * v for k, v in trainable.items())
+    return [
+        HostBuffer("sharded parameters (FSDPParam._sharded_param_data)", "weights", fsdp_stored_tensors(model, plan),
+                   True),
+        HostBuffer("sharded gradients (reduce-scatter output, copied to the host)", "gradients",
+                   Counter({4 * k: v for k, v in trainable.items()}), True),
+        HostBuffer("AdamW exp_avg, exp_avg_sq of the host parameters", "optimizer_states",
+                   Counter({4 * n: 2}) if n else Counter(), False),
+    ]
+
+
+def fsdp_host_load(model: ModelSpec, plan: Plan, gpus: int) -> tuple[int, str]:
+    """(host bytes per rank, what) of loading under FSDP on ``gpus`` GPUs. The exported fsdp_config sets
+    ``cpu_ram_efficient_loading``: rank 0 materializes the model, the others move to the meta device and receive their
+    shards (accelerate utils/fsdp_utils.py ``fsdp2_prepare_model``, ``fsdp2_load_full_state_dict``), so the node
+    holds one copy, counted as 1/N of it per rank. A model with bitsandbytes 4-bit weights is skipped by that path:
+    train.py quantizes it on the host (device_map cpu, bitsandbytes' CPU backend) in every process."""
+    if plan.four_bit:
+        base, quantized = _fsdp_base_tensors(model, plan)
+        return int(sum(k * v for k, v in base.items()) + four_bit_constant_bytes(quantized, plan)), \
+            "the whole 4-bit model quantized on the CPU in each process (FSDP: no rank-0 loading for 4-bit)"
+    load, _ = whole_model_load(model, plan)
+    return load // gpus, f"rank 0 holds the whole model on the CPU (cpu_ram_efficient_loading): 1/{gpus} of it " \
+                         "per rank"
+
+
 # ----------------------------------------------------------------------------- loading
 
 def load_host_bytes(model: ModelSpec, plan: Plan) -> tuple[int, str]:
@@ -192,6 +256,8 @@ def load_host_bytes(model: ModelSpec, plan: Plan) -> tuple[int, str]:
         # zero.Init partitions each parameter as it is made; loading gathers one module at a time
         # (transformers integrations/deepspeed.py _load_state_dict_into_zero3_model)
         return int(largest), "one tensor staged at a time (zero.Init)"
+    if plan.offload == "fsdp_cpu":
+        return fsdp_host_load(model, plan, 1)
     if plan.offload == "none":
         # train.py loads onto the process's own GPU (device_map={"": local rank}) unless DeepSpeed or FSDP
         # shards the run (advisor.memory.sharding.shard_report counts that load)
@@ -216,7 +282,13 @@ def host_memory(model: ModelSpec, plan: Plan, *, activations_pinned: int = 0,
     pinned: dict[str, int] = {}
     pageable: dict[str, int] = {}
     out = list(notes)
-    if plan.offload != "none":
+    if plan.offload == "fsdp_cpu":
+        for b in fsdp_offload_buffers(model, plan):
+            target = pinned if b.pinned else pageable
+            target[b.category] = target.get(b.category, 0) + b.nbytes
+        out.append("FSDP CPU offload: parameter and gradient shards pinned (CPUOffloadPolicy pin_memory), optimizer "
+                   "states pageable")
+    elif plan.offload != "none":
         pinned, pageable, more = deepspeed_host(model, plan)
         out += more
     if activations_pinned:
@@ -232,6 +304,7 @@ def host_memory(model: ModelSpec, plan: Plan, *, activations_pinned: int = 0,
 
 
 __all__ = ["whole_model_load", "DEEPSPEED_PIN_MEMORY", "HostBuffer", "deepspeed_buffers", "OFFLOAD_MIN_BYTES",
+           "fsdp_host_load", "fsdp_offload_buffers", "fsdp_stored_tensors",
            "SHARDED", "ZERO3_PERSISTENCE", "ZERO3_SUB_GROUP", "deepspeed_host",
            "host_memory", "load_host_bytes", "param_tensors", "pinned_block_bytes", "pinned_bytes_of",
            "process_baseline_bytes", "trainable_tensors"]

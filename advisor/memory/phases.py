@@ -155,7 +155,7 @@ def load_estimate(model: ModelSpec, plan: Plan) -> tuple[int, int, str]:
 
 
 def load_offload(model: ModelSpec, plan: Plan) -> tuple[int, int, str]:
-    """DeepSpeed initialisation of an offload plan.
+    """DeepSpeed's (or FSDP's) initialisation of an offload plan.
 
     zero2_cpu: the model is moved to the GPU whole (``DeepSpeedEngine._configure_distributed_model``:
     ``module.to(device)``) and the ZeRO-2 optimizer builds one flat 16-bit buffer of the trainable
@@ -170,6 +170,14 @@ def load_offload(model: ModelSpec, plan: Plan) -> tuple[int, int, str]:
     p = DTYPE_BYTES[plan.param_dtype]
     if plan.offload == "zero3_cpu":
         return largest_gathered_module(model, plan), 0, "one gathered module (ZeRO-3)"
+    if plan.offload == "fsdp_cpu":
+        # fully_shard moves one unit at a time to the GPU, shards it and sends the shard to the host
+        # (_fsdp_init.py _move_states_to_device, then FSDPParam's offload); bitsandbytes' quantization constants
+        # move with their weights (Params4bit.to) and stay
+        _, consts = weight_bytes(model, plan, pb)
+        tail = ((model.description.lm_head_params or model.embedding_params) + model.description.final_norm_params)
+        unit = max(tail * p, max(layer.params for layer in model.description.layers) * p)
+        return int(consts + unit), int(consts), "one FSDP unit at a time on its way to the host"
     weights, consts = weight_bytes(model, plan, pb)
     flat = pb.trainable * (4 if plan.peft else p)
     return int(weights + consts + flat), int(weights + consts + flat), "weights + the flat ZeRO-2 buffer"

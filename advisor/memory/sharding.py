@@ -26,12 +26,12 @@ from dataclasses import replace
 
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.errors import AdvisorInputError
-from advisor.memory.host import SHARDED, whole_model_load
+from advisor.memory.host import SHARDED, fsdp_host_load, whole_model_load
 from advisor.memory.ledger import MemoryReport
 from advisor.memory.overhead import framework_overhead
 from advisor.memory.sequence_parallel import rank_plan
 from advisor.memory.training import logits_bytes
-from advisor.core.plan import DTYPE_BYTES, Plan
+from advisor.core.plan import DTYPE_BYTES, Plan, rl_problems
 
 STRATEGIES = ("ddp", "zero2", "zero3", "fsdp")
 SHARDS_STATES = ("zero2", "zero3", "fsdp")
@@ -44,6 +44,40 @@ step-time model): ZeRO-3 divides every part of the model state (the table above)
 memory saved; with one GPU the strategy changes nothing."""
 
 
+OFFLOAD_STRATEGY = {"zero2_cpu": "zero2", "zero3_cpu": "zero3", "fsdp_cpu": "fsdp"}
+"""The engine each CPU offload runs on: DeepSpeed ZeRO-2 / ZeRO-3 (the exported deepspeed.json) or FSDP (the exported
+``fsdp: full_shard auto_wrap offload``)."""
+
+
+def run_strategy(plan: Plan, sharding: str | None) -> str:
+    """How the run of ``plan`` splits model state over its GPUs, decided once for estimate, tune, pre-flight and the
+    exports: an offload's own engine (OFFLOAD_STRATEGY), else ``sharding`` (DEFAULT_SHARDING where None)."""
+    return OFFLOAD_STRATEGY.get(plan.offload) or sharding or DEFAULT_SHARDING
+
+
+def train_gpus(gpus: int, plan: Plan) -> int:
+    """The GPUs that train, of the run's ``gpus``: all of them, less those a vLLM server takes (``--vllm-gpus``:
+    trl vllm-serve runs on GPUs of its own, the trainer on the rest)."""
+    return gpus - plan.vllm_gpus if plan.task == "grpo" and plan.generation == "vllm-server" else gpus
+
+
+def gpu_count_problems(plan: Plan, gpus: int) -> list[AdvisorInputError]:
+    """The rules that need the run's GPU count: FSDP's CPU offload needs a group of GPUs, a vLLM server leaves at
+    least one GPU to train, and TRL's generation batch on the GPUs that train holds whole groups
+    (advisor.core.plan.rl_problems)."""
+    if plan.task == "grpo" and plan.generation == "vllm-server" and plan.vllm_gpus >= gpus:
+        return [AdvisorInputError("--vllm-gpus", f"a vLLM server on {plan.vllm_gpus} of the run's {gpus} GPU(s) "
+                                  "leaves none to train (vllm-server needs --gpus above --vllm-gpus)", plan.vllm_gpus)]
+    if plan.offload == "fsdp_cpu" and gpus < 2:
+        return [AdvisorInputError("--offload", "FSDP CPU offload shards the model over a process group of GPUs: it "
+                                  "needs --gpus 2 or more (on one GPU: zero2_cpu or zero3_cpu)", plan.offload)]
+    if plan.sp_degree > 1 and gpus % plan.sp_degree:
+        return [AdvisorInputError("--sp-degree", f"must divide --gpus {gpus} (each sequence-parallel group is "
+                                  f"{plan.sp_degree} of the run's GPUs)", plan.sp_degree)]
+    return rl_problems(plan, train_gpus(gpus, plan))
+
+
+
 def _check(gpus: int, strategy: str) -> None:
     if not isinstance(gpus, int) or gpus < 1:
         raise AdvisorInputError("--gpus", "must be a whole number of at least 1", gpus)
@@ -53,8 +87,10 @@ def _check(gpus: int, strategy: str) -> None:
 
 def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, strategy: str,
                  gpu: GpuSpec | None = None) -> MemoryReport:
-    """The per-GPU ledger of ``report`` (one GPU's step) when N GPUs shard the model state."""
+    """The per-GPU ledger of ``report`` (one GPU's step) when N GPUs shard the model state as ``strategy`` says, or
+    as the plan's CPU offload runs (``run_strategy``)."""
     _check(gpus, strategy)
+    strategy = run_strategy(plan, strategy)
     moe_note = (expert_parallel_note(model, gpus, strategy),) if model.is_moe and gpus > 1 else ()
     if gpus == 1 or strategy == "ddp":
         return replace(report, notes=(*report.notes, *moe_note), sharded=(gpus, strategy),
@@ -62,6 +98,10 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
                               "comm_bytes_per_step": comm_bytes_per_step(model, plan, gpus, strategy)})
     d = dict(report.device)
     d.pop("overhead", None)
+    if plan.offload != "none":
+        # an offload plan's one-GPU ledger is already one rank's: the weights it gathers (zero3_cpu, fsdp_cpu) or
+        # holds whole (zero2_cpu), gradients as reduce buckets, no optimizer state (advisor.memory.training)
+        return _offloaded(report, model, plan, gpus, strategy, d)
     d.update(fp32_trainable_state(model, plan, strategy, d))
     for cat in ("gradients", "optimizer_states", "master_weights"):
         d[cat] = d.get(cat, 0) // gpus
@@ -73,7 +113,8 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
         layer = max(layer.params for layer in model.description.layers) if model.is_moe else model.layer_params()
         gathered = max(2 * layer, model.embedding_params) * p
         d["weights"] = d.get("weights", 0) // gpus + gathered
-        d["quant_constants"] = d.get("quant_constants", 0) // gpus
+        # bitsandbytes' quantization constants (QuantState, Int8Params.SCB) are attributes, not parameters: neither
+        # ZeRO-3 nor FSDP shards them, each GPU holds them whole (they move with their weight: Params4bit.to)
         if "reference_weights" in d:  # a frozen reference is prepared by the same engine (trl prepare_deepspeed)
             d["reference_weights"] = d["reference_weights"] // gpus
     d = _optimizer_step_sharded(report, d, gpus)
@@ -85,15 +126,7 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
     hm = report.host_memory.scaled(gpus, SHARDED) if report.host_memory is not None else None
     if hm is not None and plan.offload == "none" and strategy in ("zero2", "fsdp"):
         # the engine takes the model from the CPU (no device_map), in every process (advisor.memory.host)
-        load, what = whole_model_load(model, plan)
-        if strategy == "fsdp" and not plan.four_bit:
-            # the export's fsdp_config sets cpu_ram_efficient_loading: rank 0 materializes the model, the others
-            # move to the meta device and receive it from rank 0 (accelerate utils/fsdp_utils.py
-            # fsdp2_prepare_model, fsdp2_load_full_state_dict; skipped for a model with bitsandbytes 4-bit
-            # parameters, which every rank loads): the node holds one copy, counted here as 1/N of it per rank, so
-            # the node's host peak (a rank's times N) is that copy
-            load, what = load // gpus, f"rank 0 holds the whole model on the CPU (cpu_ram_efficient_loading): " \
-                                       f"1/{gpus} of it per rank"
+        load, what = fsdp_host_load(model, plan, gpus) if strategy == "fsdp" else whole_model_load(model, plan)
         hm = replace(hm, load_bytes=load, load_what=what)
     host = {**report.host, **hm.by_category()} if hm is not None else {k: v // gpus for k, v in report.host.items()}
     notes = (*report.notes, f"{strategy} over {gpus} GPUs: per-GPU ledger; collectives are modelled, not traced",
@@ -103,6 +136,23 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
                    reserved_peak_bytes=int(tensor_peak + parts["fragmentation"]), sharded=(gpus, strategy),
                    extra={**report.extra, "gpus": gpus, "sharding": strategy,
                           "comm_bytes_per_step": comm_bytes_per_step(model, plan, gpus, strategy)})
+
+
+def _offloaded(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, strategy: str,
+               device: dict[str, int]) -> MemoryReport:
+    """The per-GPU ledger of an offload plan on ``gpus`` GPUs: the GPU side as one rank's, the host state divided
+    among the ranks (each rank's offloaded activations its own)."""
+    hm = report.host_memory.scaled(gpus, SHARDED) if report.host_memory is not None else None
+    if hm is not None and plan.offload == "fsdp_cpu":
+        load, what = fsdp_host_load(model, plan, gpus)
+        hm = replace(hm, load_bytes=load, load_what=what)
+    host = {**report.host, **hm.by_category()} if hm is not None else {k: v // gpus for k, v in report.host.items()}
+    return replace(report, device={**device, "overhead": report.device.get("overhead", 0)}, host=host,
+                   host_memory=hm, notes=(*report.notes, f"{strategy} CPU offload over {gpus} GPUs: the host state "
+                                          f"split among the ranks; collectives are modelled, not traced"),
+                   sharded=(gpus, strategy), extra={**report.extra, "gpus": gpus, "sharding": strategy,
+                                                    "comm_bytes_per_step": comm_bytes_per_step(model, plan, gpus,
+                                                                                               strategy)})
 
 
 DEEPSPEED_ENGINES = ("zero2", "zero3")
@@ -173,14 +223,16 @@ def comm_bytes_per_step(model: ModelSpec, plan: Plan, gpus: int, strategy: str) 
     """Bytes each GPU sends per optimizer step (ZeRO §7.2 communication analysis)."""
     if gpus == 1:
         return 0
-    from advisor.memory.training import param_breakdown
+    from advisor.memory.training import param_breakdown, weight_bytes
 
     pb = param_breakdown(model, plan)
     grad_b = 4 if plan.peft else DTYPE_BYTES[plan.param_dtype]
     ring = (gpus - 1) / gpus
     grads = pb.trainable * grad_b
     if strategy in SHARDS_PARAMETERS:
-        params = model.params_total * DTYPE_BYTES[plan.param_dtype] if not plan.peft else pb.trainable * grad_b
+        # every parameter is sharded, a PEFT run's frozen base too (ZeRO-3 partitions all, FSDP wraps all): the
+        # stored bytes are gathered (4-bit weights in their float quant storage), LoRA's adapters in fp32
+        params = weight_bytes(model, plan, pb)[0] + (pb.adapter * 4 if plan.peft else 0)
         # all-gather in forward and backward, reduce-scatter of gradients
         return int(ring * (2 * params + grads))
     return int(ring * 2 * grads)  # all-reduce = reduce-scatter + all-gather

@@ -34,6 +34,23 @@ def run_layer_kinds(model: ModelSpec, plan: Plan) -> list:
     return [(layer, indices) for layer, indices in kinds if indices]
 
 
+NF4_BLOCK = 64
+"""Values per absmax block of 4-bit (NF4/FP4) weights: bitsandbytes' default, which transformers' BitsAndBytesConfig
+keeps (``Params4bit`` and ``functional.quantize_4bit`` turn ``blocksize=None`` into 64, bitsandbytes 0.50
+nn/modules.py and functional.py). The ledger, the load phase and the simulation's stand-ins all use this one."""
+DQ_BLOCK = 256
+"""Absmax values per fp32 constant under double quantization: ``quantize_4bit(compress_statistics=True)``
+quantizes the absmax with ``quantize_blockwise(..., blocksize=256)`` (bitsandbytes 0.50 functional.py)."""
+
+
+def four_bit_constant_bytes(quantized_params: float, plan: Plan) -> int:
+    """Bytes of bitsandbytes' 4-bit quantization constants for this many quantized weights: one fp32 absmax per
+    64-value block (Dettmers et al. 2023, QLoRA §3); with double quantization the absmax as 8-bit plus one fp32
+    constant per 256 absmax (QLoRA §3 "Double Quantization")."""
+    blocks = quantized_params / NF4_BLOCK
+    return int(blocks * 1 + blocks / DQ_BLOCK * 4 if plan.double_quant else blocks * 4)
+
+
 def numel(shape: Shape) -> int:
     n = 1
     for d in shape:

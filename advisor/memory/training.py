@@ -27,14 +27,8 @@ from advisor.memory import experts, loss_dora_packing, sequence_parallel, tensor
 from advisor.memory.experts import (FP32_NORM_WEIGHT, SHARED_INPUT, linear_input_of, normalized_bytes,  # noqa: F401
                                      sliding_mask_bytes, sliding_window_applies)
 from advisor.memory.host import OFFLOAD_MIN_BYTES, host_memory, pinned_block_bytes, pinned_bytes_of
+from advisor.memory.tensors import DQ_BLOCK, NF4_BLOCK, four_bit_constant_bytes  # noqa: F401 (re-exported)
 
-NF4_BLOCK = 64
-"""Values per absmax block of 4-bit (NF4/FP4) weights: bitsandbytes' default, which transformers' BitsAndBytesConfig
-keeps (``Params4bit`` and ``functional.quantize_4bit`` turn ``blocksize=None`` into 64, bitsandbytes 0.50
-nn/modules.py and functional.py). The ledger, the load phase and the simulation's stand-ins all use this one."""
-DQ_BLOCK = 256
-"""Absmax values per fp32 constant under double quantization: ``quantize_4bit(compress_statistics=True)``
-quantizes the absmax with ``quantize_blockwise(..., blocksize=256)`` (bitsandbytes 0.50 functional.py)."""
 OPT8_BLOCK = 256          # blockwise 8-bit optimizer block (bitsandbytes optim/optimizer.py, Dettmers et al. 2022)
 OPT8_MIN_SIZE = 4096      # tensors smaller than this keep 32-bit states (bitsandbytes min_8bit_size)
 ZERO2_REDUCE_BUCKET = 2e8  # DeepSpeed reduce_bucket_size in our exported config (deepspeed.ai/docs/config-json)
@@ -82,19 +76,40 @@ def weight_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> tuple[int,
     # a router the class keeps in fp32 whatever the dtype (DeepSeek's gate.weight, _keep_in_fp32_modules_strict)
     router = experts.fp32_router_params(model) * (4 - other_b)
     if plan.four_bit:
-        # NF4/FP4: two 4-bit values per byte; one fp32 absmax per 64-value block (Dettmers et al. 2023, QLoRA §3)
-        blocks = pb.linear / NF4_BLOCK
-        if plan.double_quant:
-            # double quant: absmax as 8-bit + one fp32 constant per 256 absmax (QLoRA §3 "Double Quantization")
-            consts = blocks * 1 + blocks / DQ_BLOCK * 4
-        else:
-            consts = blocks * 4
-        return int(pb.linear * 0.5 + pb.other * other_b + router), int(consts)
+        # NF4/FP4: two 4-bit values per byte (Dettmers et al. 2023, QLoRA §3)
+        return int(pb.linear * 0.5 + pb.other * other_b + router), four_bit_constant_bytes(pb.linear, plan)
     if plan.quantization == "int8":
         # LLM.int8: int8 weight + one fp32 scale per output row (Dettmers et al. 2022, bitsandbytes Int8Params.SCB)
         rows = sum(m.out_features for layer in model.description.layers for m in layer.linears if m.quantized_by_bnb)
         return int(pb.linear * 1 + pb.other * other_b + router), int(rows * 4)
     return int(model.params_total * other_b + router), 0
+
+
+def fsdp_offload_gpu_bytes(model: ModelSpec, plan: Plan, pb: ParamBreakdown) -> tuple[int, int]:
+    """(weights, gradients) on one GPU under FSDP2 CPU offload (torch fully_shard with CPUOffloadPolicy, as accelerate
+    utils/fsdp_utils.py ``fsdp2_prepare_model`` wraps a transformers model): every parameter's shard lives on the host
+    and each unit is all-gathered to the GPU for its forward and backward. Units: each decoder layer, the input
+    embedding, and the tail (final norm + output head) with ``reshard_after_forward=False``, so the tail stays gathered
+    from the end of forward through the start of backward, while the layer running and the next one prefetched are
+    gathered beside it. Gathered bytes are the stored ones: 4-bit weights in their float ``bnb_4bit_quant_storage``
+    (n/2 bytes), the rest in the parameter dtype, trainable ones (LoRA's, or a full fine-tune's after accelerate's
+    upcast) in fp32. The quantization constants are not parameters: bitsandbytes' QuantState moves to the GPU with
+    its weight when fully_shard moves the unit there (Params4bit.to) and stays whole (counted as the ledger's
+    quant_constants). Gradients: one unit's, unsharded, before the reduce-scatter sends its shard to the host."""
+    d = model.description
+    weights, _ = weight_bytes(model, plan, pb)
+    per_weight = weights / model.params_total if model.params_total else 0  # stored bytes per base parameter
+    p = DTYPE_BYTES[plan.param_dtype]  # MixedPrecisionPolicy(param_dtype): what an all-gather of a 16-bit run moves
+    adapter_per_layer = pb.adapter / model.num_layers if plan.peft else 0
+    layer_params = max(layer.params for layer in d.layers)
+    full = plan.method == "full"
+    layer = layer_params * (p if full else per_weight) + adapter_per_layer * 4
+    tail = ((d.lm_head_params or d.embedding_params) + d.final_norm_params) * p
+    gathered = int(max(tail, d.embedding_params * p) + 2 * layer)
+    # the unsharded gradients of the unit in backward (the tail's first, then each layer's), fp32: LoRA's adapters
+    # are fp32 (peft autocast_adapter_dtype), a full fine-tune's parameters upcast by accelerate
+    unit_trainable = max(d.lm_head_params or d.embedding_params, layer_params) if full else adapter_per_layer
+    return gathered, int(unit_trainable * 4)
 
 
 def trainable_dtype_bytes(plan: Plan) -> int:
@@ -495,7 +510,9 @@ def estimate_step(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *,
     pb = param_breakdown(model, plan)
     weights, consts = weight_bytes(model, plan, pb)
     tb = trainable_dtype_bytes(plan)
-    adapters = pb.adapter * 4 if plan.peft else 0
+    # LoRA's weights: on the GPU, except under FSDP's CPU offload (sharded on the host, gathered with their unit:
+    # fsdp_offload_gpu_bytes counts them in the gathered weights)
+    adapters = pb.adapter * 4 if plan.peft and plan.offload != "fsdp_cpu" else 0
     # an fp32 router's gradient stays fp32 in a full fine-tune (its parameter's dtype)
     grads = pb.trainable * tb + fp32_router_extra(model, plan)
     states = optimizer_state_bytes(model, plan, pb)
@@ -517,6 +534,8 @@ def estimate_step(model: ModelSpec, plan: Plan, gpu: GpuSpec | None = None, *,
             live = max(max(layer.params for layer in model.description.layers), model.embedding_params) * 2 \
                 + ZERO3_PREFETCH
             weights = int(min(model.params_total, live) * DTYPE_BYTES[plan.param_dtype])
+        if plan.offload == "fsdp_cpu":
+            weights, grads = fsdp_offload_gpu_bytes(model, plan, pb)
 
     lt = sequence_parallel_layer_terms(layer_terms(model, plan, pb), model, sharded)
     layer_acts = lt.biggest

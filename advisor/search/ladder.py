@@ -3,7 +3,7 @@
 0. the reference: a full fine-tune without techniques (shows what the techniques are for)
 1. quantized loading and PEFT (QLoRA on a 4-bit base; LoRA on a 16-bit base)
 2. the same with gradient checkpointing
-3. CPU offload (DeepSpeed ZeRO-2) as the last resort
+3. CPU offload (DeepSpeed ZeRO-2; FSDP's on several GPUs) as the last resort
 
 For each rung the micro-batch is the largest the closed-form ledger says fits, so that the
 first trials already land near the feasible frontier.
@@ -62,6 +62,11 @@ def ladder(space: SearchSpace, fits_with_micro_batch: Callable[[dict[str, Any]],
     if "zero2_cpu" in s["offload"]:
         for method in ("lora", "full"):
             add(f"3 + CPU offload ({method})", method, gradient_checkpointing=True, offload="zero2_cpu")
+    if "fsdp_cpu" in s["offload"]:
+        # several GPUs: every shard of the model state on the host (Answer.AI's fsdp_qlora way to fit a 70B QLoRA on
+        # two 24 GB cards); a rung the GPU count's rules refuse (one GPU) is left out
+        for method in ("qlora", "lora"):
+            add(f"3 + FSDP CPU offload ({method})", method, gradient_checkpointing=True, offload="fsdp_cpu")
     if "fused-linear" in s["loss"]:
         # today's stacks: the loss fused into the output projection (no logits), a 16-bit base without
         # recomputation first (Liger / cut cross-entropy in TRL, axolotl, LLaMA-Factory)

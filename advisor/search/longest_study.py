@@ -63,6 +63,7 @@ def admissible(params: dict[str, Any], settings) -> tuple[dict[str, Any], Plan] 
     """``params`` with its adapters raised (rank, then every linear) until the plan's accuracy loss is within the
     tolerance, as the answer must be (advisor.search.select); None when no rank of the space gets there or a lever
     has no quality entry."""
+    from advisor.memory.sharding import gpu_count_problems
     from advisor.search.quality import quality_of, uncovered_levers
     from advisor.search.space import plan_from_params
 
@@ -80,7 +81,8 @@ def admissible(params: dict[str, Any], settings) -> tuple[dict[str, Any], Plan] 
             plan = plan_from_params(point, space, arch)
         except AdvisorInputError:  # a point the space cannot build (an unknown target module) is skipped
             continue
-        if plan.problems() or uncovered_levers(plan, settings.regime, global_batch=global_batch):
+        if plan.problems() or gpu_count_problems(plan, settings.gpus) \
+                or uncovered_levers(plan, settings.regime, global_batch=global_batch):
             continue
         if quality_of(plan, settings.regime, global_batch=global_batch).accuracy_loss <= settings.tolerance:
             return point, plan

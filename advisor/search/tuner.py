@@ -20,7 +20,8 @@ from advisor.core.card_rules import card_precision
 from advisor.core.errors import AdvisorInputError
 from advisor.core.fit import fits, host_fits, host_overshoot, host_usable_bytes, overshoot, usable_bytes
 from advisor.core.adapters import attention_linears
-from advisor.core.plan import Plan, checkpoint_depth_problems, lora_target_modules, rl_problems
+from advisor.core.plan import Plan, checkpoint_depth_problems, lora_target_modules
+from advisor.memory.sharding import gpu_count_problems, train_gpus  # noqa: F401 (re-exported)
 from advisor.memory.closed_form import closed_form_describes, resident_weights_floor
 from advisor.runtime.simulate.vision import simulation_gap
 from advisor.memory.phases import run_peak_bytes
@@ -863,24 +864,6 @@ WAIT = object()
 """What ``Tuner._ask`` answers while other workers' trials are all that is left to run."""
 
 
-def train_gpus(gpus: int, plan: Plan) -> int:
-    """The GPUs that train, of the run's ``gpus``: all of them, less those a vLLM server takes (``--vllm-gpus``:
-    trl vllm-serve runs on GPUs of its own, the trainer on the rest)."""
-    return gpus - plan.vllm_gpus if plan.task == "grpo" and plan.generation == "vllm-server" else gpus
-
-
-def gpu_count_problems(plan: Plan, gpus: int) -> list[AdvisorInputError]:
-    """The rules that need the run's GPU count: a vLLM server leaves at least one GPU to train, and TRL's
-    generation batch on the GPUs that train holds whole groups (advisor.core.plan.rl_problems)."""
-    if plan.task == "grpo" and plan.generation == "vllm-server" and plan.vllm_gpus >= gpus:
-        return [AdvisorInputError("--vllm-gpus", f"a vLLM server on {plan.vllm_gpus} of the run's {gpus} GPU(s) "
-                                  "leaves none to train (vllm-server needs --gpus above --vllm-gpus)", plan.vllm_gpus)]
-    if plan.sp_degree > 1 and gpus % plan.sp_degree:
-        return [AdvisorInputError("--sp-degree", f"must divide --gpus {gpus} (each sequence-parallel group is "
-                                  f"{plan.sp_degree} of the run's GPUs)", plan.sp_degree)]
-    return rl_problems(plan, train_gpus(gpus, plan))
-
-
 def _calibrate_speed(settings: TuneSettings, plan: Plan, tokens_per_s: float) -> None:
     """Measured beats predicted: a real probe also refits this GPU model's step-time scales
     (advisor/speed/calibration.py), so later predictions on it say "calibrated (N probes)"."""
@@ -972,7 +955,8 @@ def smallest_plan_report(settings: TuneSettings):
     plans.sort(key=lambda p: not closed_form_describes(settings.model, p)[0])  # the closed form's answers first
     found = []
     for plan in plans:
-        if plan.problems() or (found and _weights_over_budget(settings, plan)):
+        if plan.problems() or gpu_count_problems(plan, settings.gpus) or (found and _weights_over_budget(settings,
+                                                                                                         plan)):
             continue
         describes = closed_form_describes(settings.model, plan)[0]
         try:

@@ -15,7 +15,7 @@ from advisor.core.data_files import load_data_file
 from advisor.core.errors import AdvisorInputError, ConfigErrors
 from advisor.core.knobs import knob_of
 from advisor.core.plan import DTYPE_BYTES, Plan
-from advisor.memory.sharding import DEFAULT_SHARDING
+from advisor.memory.sharding import DEFAULT_SHARDING, run_strategy
 from advisor.memory.training import ParamBreakdown, param_breakdown, trainable_dtype_bytes
 from advisor.speed.layers import LayerKind, adapted_linears, layer_kinds, plan_adapts_experts
 
@@ -88,7 +88,7 @@ class StepInputs:
         self.plan = plan
         self.gpu = gpu
         self.gpus = gpus
-        self.sharding = sharding
+        self.sharding = run_strategy(plan, sharding)  # an offload's own engine (advisor.memory.sharding)
         self.k = k if k is not None else constants()
         self.stack = stack or {}
         """Differences of another software stack than the one the advisor exports (used by the

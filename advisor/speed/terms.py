@@ -19,6 +19,7 @@ from typing import Callable
 from advisor.core.catalog import GpuSpec, ModelSpec
 from advisor.core.plan import DTYPE_BYTES, FLASH_ATTENTION, Plan
 from advisor.memory.sharding import DEFAULT_SHARDING, SHARDS_PARAMETERS, SHARDS_STATES
+from advisor.memory.training import weight_bytes
 from advisor.speed.experts import (expert_lora_seconds, expert_loop_exposed_seconds, experts_elementwise_bytes,
                                    experts_gemm_seconds, experts_launches)
 from advisor.speed.inputs import StepInputs, lever_row
@@ -487,11 +488,18 @@ def offload(s: StepInputs) -> float:
     """ZeRO-Offload: gradients out and updated bf16 parameters back over the host link every
     step, the Adam update on the CPU (Ren et al. 2021 §4.2); ZeRO-3 parameter offload also
     fetches every parameter from the host for each forward, backward and recomputation
-    (Rajbhandari et al. 2021, ZeRO-Infinity §5)."""
+    (Rajbhandari et al. 2021, ZeRO-Infinity §5). FSDP's CPU offload copies each rank's shard of every unit to the GPU
+    for its forward and again for its backward (the recomputation runs inside the gathered unit), sends the gradient
+    shards to the host, and steps torch's AdamW there (counted at the same CPU rate, an assumption: torch's fused
+    CPU AdamW is vectorized as DeepSpeed's CPU Adam is)."""
     plan = s.plan
     if plan.offload == "none":
         return 0.0
     n = s.pb.trainable / _state_shards(s)
+    if plan.offload == "fsdp_cpu":
+        stored = weight_bytes(s.model, plan, s.pb)[0] + s.pb.adapter * 4
+        return (plan.grad_accum * 2 * stored / _state_shards(s) / s.host_link + n * 4 / s.host_link
+                + n / s.k["cpu_adam_params_per_s"])
     t = plan.grad_accum * n * 2 / s.host_link + n * 2 / s.host_link + n / s.k["cpu_adam_params_per_s"]
     if plan.offload == "zero3_cpu":
         passes = 2 + s.checkpointed_fraction
@@ -546,6 +554,9 @@ def collectives(s: StepInputs) -> float:
             volume += s.pb.trainable * s.trainable_bytes  # updated shards all-gathered once per step
         if s.sharding in SHARDS_PARAMETERS:
             passes = 2 + (s.checkpointed_fraction if s.sharding == "zero3" else 0.0)
-            volume += plan.grad_accum * passes * s.model.params_total * s.act_bytes
+            # the stored bytes of a PEFT run's base (4-bit weights in their float quant storage) and its adapters
+            gathered = (weight_bytes(s.model, plan, s.pb)[0] + s.pb.adapter * 4) if plan.peft \
+                else s.model.params_total * s.act_bytes
+            volume += plan.grad_accum * passes * gathered
     exposed = s.k["comm_exposed"].get(s.sharding, 1.0)
     return exposed * ring * volume / s.interconnect

@@ -117,6 +117,10 @@ def run_preflight(inp: PreflightInput) -> PreflightResult:
     findings += _config.check_pad_token(model)
     findings += _env.check_versions(plan)
     findings += _env.check_shell_allocator(extras)
+    if plan.offload != "none":
+        from advisor.memory.sharding import run_strategy
+
+        sharding = run_strategy(plan, sharding)  # an offload's own engine, as tune and the exports decide it
     findings += _layout_findings(gpus, sharding)
     if plan.loss == "fused-linear":
         findings += _env.check_loss_kernel(plan, extras.get("format", ""), raw, gpu_here=target.detected is not None)

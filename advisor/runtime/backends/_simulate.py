@@ -153,11 +153,14 @@ def _offload(model: ModelSpec, plan: Plan, sim):
     a layer at a time plus ``stage3_prefetch_bucket_size`` (deepspeed.ai/docs/config-json
     "offload_param", Rajbhandari et al. 2021).
     """
-    from advisor.memory.training import ZERO2_REDUCE_BUCKET, ZERO3_PREFETCH, param_breakdown
+    from advisor.memory.training import ZERO2_REDUCE_BUCKET, ZERO3_PREFETCH, fsdp_offload_gpu_bytes, param_breakdown
 
     pb = param_breakdown(model, plan)
     tb = 4 if plan.peft else DTYPE_BYTES[plan.param_dtype]
     bucket = int(min(pb.trainable, ZERO2_REDUCE_BUCKET) * tb)
+    gathered = None
+    if plan.offload == "fsdp_cpu":  # FSDP2's CPU offload: units gathered, one unit's gradients before reduce-scatter
+        gathered, bucket = fsdp_offload_gpu_bytes(model, plan, pb)
     best, best_phase = None, ""
     for name, peak in sim.phases.items():
         if name == "optimizer":
@@ -173,4 +176,9 @@ def _offload(model: ModelSpec, plan: Plan, sim):
         live = max(model.layer_params(), model.embedding_params) * 2 + ZERO3_PREFETCH
         best["weights"] = int(min(model.params_total, live) * DTYPE_BYTES[plan.param_dtype])
         notes.append("zero3_cpu: parameters in host memory, gathered a layer at a time (+ prefetch bucket)")
+    if gathered is not None:
+        best.update(weights=gathered, adapter_weights=0)
+        notes[0] = ("fsdp_cpu: parameter, gradient and optimizer-state shards in host memory (FSDP2 CPUOffloadPolicy; "
+                    "advisor.memory.host counts them); the GPU holds the gathered units (the output head's kept from "
+                    "forward into backward, the layer running and the next) and one unit's gradients")
     return best, best_phase, notes

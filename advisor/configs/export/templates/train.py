@@ -338,6 +338,10 @@ def main(argv=None) -> dict:
         # each process streams the weights onto its own GPU, one tensor staged on the host at a time, instead of
         # materializing the whole model in host RAM per process (advisor.memory.host.load_host_bytes)
         load["device_map"] = {"": targs.local_process_index}
+    elif quant and targs.fsdp:
+        # FSDP shards a 4-bit model unit by unit from the host: quantized there (bitsandbytes' CPU backend), not
+        # whole on each GPU, where bitsandbytes would put it without a device_map (advisor.memory.host.fsdp_host_load)
+        load["device_map"] = {"": "cpu"}
     say(f"loading {source}")
     if vision is not None:
         import vision_setup

@@ -138,8 +138,12 @@ def main(argv=None) -> dict:
     quant = get_quantization_config(model_args)
     if quant is not None:
         load["quantization_config"] = quant
-        if cuda and not sft_args.deepspeed:
+        if cuda and not sft_args.deepspeed and not sft_args.fsdp:
             load["device_map"] = {"": sft_args.local_process_index}
+        elif sft_args.fsdp:
+            # FSDP shards a 4-bit model unit by unit from the host: quantized there (bitsandbytes' CPU backend), not
+            # whole on each GPU (advisor.memory.host.fsdp_host_load)
+            load["device_map"] = {"": "cpu"}
     say(f"loading {source}")
     peft_config = get_peft_config(model_args)
     callbacks = []
