@@ -77,7 +77,6 @@ def gpu_count_problems(plan: Plan, gpus: int) -> list[AdvisorInputError]:
     return rl_problems(plan, train_gpus(gpus, plan))
 
 
-
 def _check(gpus: int, strategy: str) -> None:
     if not isinstance(gpus, int) or gpus < 1:
         raise AdvisorInputError("--gpus", "must be a whole number of at least 1", gpus)

@@ -955,8 +955,8 @@ def smallest_plan_report(settings: TuneSettings):
     plans.sort(key=lambda p: not closed_form_describes(settings.model, p)[0])  # the closed form's answers first
     found = []
     for plan in plans:
-        if plan.problems() or gpu_count_problems(plan, settings.gpus) or (found and _weights_over_budget(settings,
-                                                                                                         plan)):
+        refused = plan.problems() or gpu_count_problems(plan, settings.gpus)
+        if refused or (found and _weights_over_budget(settings, plan)):
             continue
         describes = closed_form_describes(settings.model, plan)[0]
         try:
