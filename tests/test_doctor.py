@@ -180,7 +180,7 @@ def test_rl_fixes_leave_out_what_the_grpo_config_does_and_add_the_advisors_numbe
     from advisor.configs.export import export_plan
 
     plan = Plan(task="grpo", method="qlora", quantization="nf4", gradient_checkpointing=True, micro_batch=1,
-                generation="vllm-colocate", vllm_sleep=2, max_completion_length=2048)
+                grad_accum=8, generation="vllm-colocate", vllm_sleep=2, max_completion_length=2048)
     path = export_plan(resolve_model("qwen7b"), plan, tmp_path, ["trl"])["trl"]
     log = tmp_path / "train.log"
     log.write_text(GRPO_LONG_OOM)

@@ -118,10 +118,12 @@ def test_budget_below_smallest_plan(tmp_path):
 def test_a_mixture_of_experts_over_the_budget_names_its_weights(tmp_path, capsys):
     # Qwen3-30B-A3B's stacked experts stay bf16 under 4-bit loading (advisor.memory.experts): no plan of the
     # default space fits 24 GB, and only one plan is simulated to say so (the others' weights alone are over)
+    # ... on a host that cannot hold ZeRO-3's offloaded parameters either, which the error says
     code = main(["tune", "--gpu-budget", "24GB", "--model", "qwen30b-a3b", "--backend", "estimate",
-                 "--reports-dir", str(tmp_path)])
+                 "--host-budget", "64GB", "--reports-dir", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2 and "smallest plan" in err and "its largest part, weights, is 55.60 GiB alone" in err
+    assert "zero3_cpu" in err and "would fit the GPU, but its host peak" in err and "--host-budget" in err
 
 
 @pytest.mark.parametrize("argv,flag", [

@@ -94,7 +94,7 @@ def test_three_workers_one_killed_mid_trial(fresh_pg_url, monkeypatch):
                        "--trials", str(TRIALS), "--no-work", "--json", "--heartbeat", "1", *common)
     storage = make_storage(fresh_pg_url)  # opened alongside the watcher's, as a dashboard or a worker would
     deadline = time.time() + 120
-    while load() is None or not load().user_attrs.get("ladder_enqueued"):
+    while load() is None or "ladder_rungs_enqueued" not in load().user_attrs:  # the first trials are enqueued
         assert time.time() < deadline and watcher.poll() is None, watcher.stderr.read() if watcher.poll() else "slow"
         time.sleep(0.2)
     workers = [_advisor("worker", "--heartbeat", "1", *common) for _ in range(3)]

@@ -111,10 +111,11 @@ def run(args: argparse.Namespace) -> int:
             from advisor.runtime.phases import with_phases
 
             report = get_backend(args.backend).measure(model, plan, gpu, options)
-            if args.gpus > 1:
-                from advisor.memory.sharding import shard_report
+            from advisor.memory.sharding import shard_report, train_gpus
 
-                report = shard_report(report, model, plan, args.gpus, args.sharding, gpu)
+            training = train_gpus(args.gpus, plan)  # --gpus counts a vLLM server's, as tune's does
+            if training > 1:
+                report = shard_report(report, model, plan, training, args.sharding, gpu)
             return with_phases(model, plan, gpu, report)
 
         try:
@@ -137,7 +138,10 @@ def run(args: argparse.Namespace) -> int:
 
         result["vision"] = vision_summary(report.extra["vision"], model, plan)
     if args.task != "inference":
-        result.update(throughput_fields(model, plan, gpu, target.gpu_assumed, args.gpus, args.sharding, report))
+        from advisor.memory.sharding import train_gpus
+
+        result.update(throughput_fields(model, plan, gpu, target.gpu_assumed, train_gpus(args.gpus, plan),
+                                        args.sharding, report))
     if budget is not None:
         result["budget"] = {"bytes": budget.bytes, "text": budget.text, "unit": budget.unit}
         result["headroom"] = args.headroom

@@ -72,7 +72,7 @@ def check_budget_reachable(settings) -> None:
     smallest = smallest_plan_report(settings)
     if smallest is None:
         raise AdvisorInputError("--space", "no valid plan in this space for this model", settings.space.name)
-    plan, rep = smallest
+    plan, rep, host_note = smallest
     if rep.peak_bytes > settings.budget.bytes:
         fmt = settings.budget.format
         largest = max(rep.device, key=rep.device.get)
@@ -84,8 +84,8 @@ def check_budget_reachable(settings) -> None:
         raise AdvisorInputError(
             "--gpu-budget", f"below the smallest plan of space {settings.space.name!r}: {plan.short()} needs "
             f"{fmt(rep.peak_bytes)} (estimated), {fmt(rep.peak_bytes - settings.budget.bytes)} over; its largest "
-            f"part, {LABELS[largest].lower()}, is {fmt(rep.device[largest])} alone" + (f"; {more}" if more else ""),
-            settings.budget.text)
+            f"part, {LABELS[largest].lower()}, is {fmt(rep.device[largest])} alone" + (f"; {more}" if more else "")
+            + (f"; {host_note}" if host_note else ""), settings.budget.text)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -166,11 +166,11 @@ def run(args: argparse.Namespace) -> int:
         from rich.console import Console
         from rich.markup import escape
 
-        from advisor.ui.render import length_lines, longest_lines
+        from advisor.ui.render import layout_lines, length_lines, longest_lines
 
         console = Console()  # wrapped to the terminal, as the rest of the answer
-        for line in [*(longest_lines(result, settings.budget.format) if longest is not None else ()),
-                     *length_lines(result, settings.budget.format)]:
+        for line in [*layout_lines(result), *(longest_lines(result, settings.budget.format) if longest is not None
+                                               else ()), *length_lines(result, settings.budget.format)]:
             console.print(escape(line), highlight=False)
         from advisor.search.rl_answer import rl_answer_lines
 
@@ -335,6 +335,7 @@ def tune_result(settings, records, selection, exports, quality=None, why_not: st
         "budget": {"bytes": settings.budget.bytes, "text": settings.budget.text},
         "host_budget": host_budget_dict(settings),
         "headroom": settings.headroom, "accuracy_tolerance": settings.tolerance, "regime": settings.regime,
+        "layout": layout_fields(settings, best),
         "best": summary(best, full=True),
         "recipe": summary(selection.recipe, full=False),
         "departures": [asdict(d) for d in selection.departures],
@@ -351,6 +352,24 @@ def tune_result(settings, records, selection, exports, quality=None, why_not: st
         "exports": exports,
         "quality": quality.to_dict() if quality is not None else {"source": "prior", "why": why_not},
     }
+
+
+def layout_fields(settings, best) -> dict:
+    """The run the answer is for: its GPUs, the engine that splits the model state (the plan's offload engine, else
+    --sharding: advisor.memory.sharding.run_strategy) and the global batch every optimizer step trains (micro-batch x
+    accumulation x data-parallel ranks; the space's global_batch asked for it)."""
+    from advisor.memory.sharding import data_parallel_ranks, global_batch, run_strategy
+
+    out = {"gpus": settings.gpus, "sharding": settings.sharding if settings.gpus > 1 else None,
+           "global_batch_asked": settings.space.fixed.get("global_batch")}
+    if best is not None:
+        from advisor.core.plan import Plan
+
+        plan = Plan.from_dict(best.plan)
+        out.update(sharding=run_strategy(plan, settings.sharding) if settings.gpus > 1 else None,
+                   data_parallel_ranks=data_parallel_ranks(settings.gpus, plan),
+                   global_batch=global_batch(settings.gpus, plan))
+    return out
 
 
 def host_budget_dict(settings) -> dict | None:

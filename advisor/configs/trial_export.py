@@ -26,7 +26,11 @@ def export_trial(record: TrialRecord, out_dir: str | Path, formats: list[str] | 
                   "tokens_per_s": record.tokens_per_s, "study": study_name, "trial": record.number}
     if peak_phase(record):
         prediction.update(peak_phase=peak_phase(record), step_peak_bytes=record.peak_bytes)
-    return export_plan(model, Plan.from_dict(record.plan), out_dir, formats, gpu=gpu, extra=prediction, gpus=gpus,
+    from advisor.memory.sharding import train_gpus
+
+    plan = Plan.from_dict(record.plan)
+    # the study's --gpus count a vLLM server's; the files launch the processes that train, the server beside them
+    return export_plan(model, plan, out_dir, formats, gpu=gpu, extra=prediction, gpus=train_gpus(gpus, plan),
                        sharding=sharding)
 
 

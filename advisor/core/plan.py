@@ -835,9 +835,9 @@ class Plan:
                 # their SCB statistics beside it
                 bad("offload", "FSDP cannot shard bitsandbytes 8-bit weights: use nf4 / fp4 or a 16-bit base",
                     self.offload)
-            if self.offload == "zero3_cpu" and self.four_bit:
-                bad("offload", "ZeRO-3 parameter offload of 4-bit bitsandbytes weights is not planned here; "
-                    "use zero2_cpu with qlora", self.offload)
+        if self.offload == "zero3_cpu" and self.four_bit:
+            bad("offload", "ZeRO-3 parameter offload of 4-bit bitsandbytes weights is not planned here; "
+                "use zero2_cpu, or fsdp_cpu on several GPUs, with qlora", self.offload)
         if self.rope_scaling != "none":
             try:
                 parse_rope_scaling(self.rope_scaling)

@@ -274,13 +274,6 @@ def rope_copies(model: ModelSpec, plan: Plan, layer: LayerDescription) -> list[i
     return [p * T * model.head_dim] * 4
 
 
-def lora_copies(plan: Plan, layer: LayerDescription, modules: list[str]) -> list[int]:
-    """lora_A's and lora_B's transposed fp32 weights, views that F.linear saves for the input's gradient (aten
-    linear: ``mm(input, weight.t())``), not Parameters, so the offload copies them (peft Linear.forward)."""
-    return [4 * plan.lora_r * width for m in layer.linears if m.short in modules
-            for width in (m.in_features, m.out_features)]
-
-
 def attention_copies(model: ModelSpec, plan: Plan, layer: LayerDescription) -> tuple[list[int], list[int]]:
     """Where the attention's saves differ from its storages (attention_saved / the dense list): (copied, not
     copied). k and v are saved expanded to every head (repeat_kv) by eager attention, and by sdpa under an
@@ -328,26 +321,25 @@ def trained_linear_copies(model: ModelSpec, plan: Plan, layer: LayerDescription)
 
 
 def routed_copies(model: ModelSpec, plan: Plan, layer: LayerDescription) -> tuple[list[int], list[int]]:
-    """Routed experts under an offload, (copied, not copied): the router weight's transposed view (F.linear saves
-    ``weight.t()``, not a Parameter); each stacked expert weight stored (experts, out, in), which grouped_mm reads
-    through ``transpose(-1, -2)``, a view it saves (integrations/moe.py ``_grouped_linear``; gpt-oss stores them
-    (experts, in, out) and saves the Parameters themselves; a LoRA-folded stack is already counted); and the
-    gate_up output's halves in place of the output (Router.gate_halves_saved)."""
+    """Routed experts under an offload, (copied, not copied): the gate_up output's halves in place of the output
+    (Router.gate_halves_saved). The router weight's transposed view and the stacked expert weights' (grouped_mm reads
+    them through ``transpose(-1, -2)``, integrations/moe.py ``_grouped_linear``) are on their parameters' storages:
+    not copied; a LoRA-folded stack is a tensor of its own, already counted."""
     if not layer.num_experts:
         return [], []
     T, p = tokens(plan), DTYPE_BYTES[plan.activation_dtype]
     router = ROUTERS[model.model_type]
     S, width = T * layer.experts_per_token, moe_intermediate(layer)
-    out = [(4 if layer.router_dtype == "float32" else p) * layer.num_experts * model.hidden_size]
-    if not (plan.peft and plan.lora_experts):
-        out += [p * e.numel for e in layer.experts if e.in_features and not e.transposed]
-    return out + [p * S * width] * router.gate_halves_saved, [p * S * 2 * width]
+    # the router's and the stacks' transposed views are on their parameters' storages: not copied
+    return [p * S * width] * router.gate_halves_saved, [p * S * 2 * width]
 
 
 def offload_copies(model: ModelSpec, plan: Plan, layer: LayerDescription, modules: list[str]) -> list[int]:
     """What an offload copies beyond layer_saved_tensors' storages, one entry per extra save (the hook copies a
     tensor each time an op saves it; the GPU holds the storage once)."""
-    return norm_copies(model, plan, layer) + rope_copies(model, plan, layer) + lora_copies(plan, layer, modules) \
+    # the transposed weight views F.linear and grouped_mm save (the base's, LoRA's, the router's and the expert
+    # stacks') are on their parameters' storages, which the offload leaves (TRL's param_storages): not copies
+    return norm_copies(model, plan, layer) + rope_copies(model, plan, layer) \
         + trained_linear_copies(model, plan, layer) + attention_copies(model, plan, layer)[0] \
         + routed_copies(model, plan, layer)[0]
 
@@ -370,22 +362,20 @@ def first_layer_uncopied(model: ModelSpec, plan: Plan, layer: LayerDescription, 
     """What the first decoder layer does not save when its input needs no gradient (a frozen embedding: every
     plan but full fine-tuning; trl/peft enable input gradients only for checkpointing): the saves kept for the
     input's gradient up to the first trainable weights, its input norm's fp32 input and rsqrt (both saves) and,
-    for the linears that read the normed input, the frozen weights' transposed views, the adapters' dropout masks
-    and lora_A's transposed weight (autograd saves for an input's gradient only when the input requires one)."""
+    for the linears that read the normed input, the adapters' dropout masks (autograd saves for an input's gradient
+    only when the input requires one; the weights' transposed views it also skips are never copied)."""
     if plan.method == "full":
         return []
 
-    T, p = tokens(plan), DTYPE_BYTES[plan.activation_dtype]
+    T = tokens(plan)
     # the layer's own input norm (input_layernorm), not one inside the attention (q/k norms, MLA's kv_a_layernorm)
     first = next((n for n in layer.norms if "." not in n.name), None)
     out = [4 * T * first.params, 4 * T] * 2 if first else []
     readers = [m for m in layer.linears if linear_input_of(m) == linear_input_of(layer.linears[0])] \
         if layer.linears else []
-    for m in readers:
-        if not plan.quantized:
-            out.append(p * m.in_features * m.out_features)
-        if m.short in modules:
-            out += [4 * plan.lora_r * m.in_features] + ([T * m.in_features] if plan.lora_dropout > 0 else [])
+    for m in readers:  # the weights' transposed views are never copied (offload_copies): only the dropout masks
+        if m.short in modules and plan.lora_dropout > 0:
+            out.append(T * m.in_features)
     return out
 
 

@@ -55,10 +55,26 @@ def run_strategy(plan: Plan, sharding: str | None) -> str:
     return OFFLOAD_STRATEGY.get(plan.offload) or sharding or DEFAULT_SHARDING
 
 
+def server_gpus(plan: Plan) -> int:
+    """The GPUs a vLLM server takes from the run (``--vllm-gpus``: trl vllm-serve runs on GPUs of its own)."""
+    return plan.vllm_gpus if plan.task == "grpo" and plan.generation == "vllm-server" else 0
+
+
 def train_gpus(gpus: int, plan: Plan) -> int:
-    """The GPUs that train, of the run's ``gpus``: all of them, less those a vLLM server takes (``--vllm-gpus``:
-    trl vllm-serve runs on GPUs of its own, the trainer on the rest)."""
-    return gpus - plan.vllm_gpus if plan.task == "grpo" and plan.generation == "vllm-server" else gpus
+    """The GPUs that train, of the run's ``gpus`` (estimate's, tune's and pre-flight's --gpus count them all): all of
+    them, less those a vLLM server takes."""
+    return gpus - server_gpus(plan)
+
+
+def data_parallel_ranks(gpus: int, plan: Plan) -> int:
+    """The data-parallel ranks of a run on ``gpus`` GPUs: the GPUs that train, each sequence-parallel group of
+    ``sp_degree`` of them one rank (it runs one micro-batch)."""
+    return max(1, train_gpus(gpus, plan) // max(1, plan.sp_degree))
+
+
+def global_batch(gpus: int, plan: Plan) -> int:
+    """Sequences per optimizer step over the whole run: micro-batch x accumulation x data-parallel ranks."""
+    return plan.micro_batch * plan.grad_accum * data_parallel_ranks(gpus, plan)
 
 
 def gpu_count_problems(plan: Plan, gpus: int) -> list[AdvisorInputError]:

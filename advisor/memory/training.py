@@ -1003,14 +1003,11 @@ def offloaded_layer_copies(model: ModelSpec, plan: Plan, pb: ParamBreakdown, lay
                            lt: LayerTerms, ix: int) -> list[int]:
     """The host copies one layer's offload makes, one per save (the hook copies a tensor each time an op saves
     it, advisor.runtime.build.offload_hooks): the layer's saved tensors of at least 1 KiB but the inputs LLM.int8
-    holds on its context, the transposed weight views, and offload_copies (the tensors saved more than once or
-    made outside the layer)."""
-    p = DTYPE_BYTES[plan.activation_dtype]
+    holds on its context, and offload_copies (the tensors saved more than once or made outside the layer). The
+    transposed weight views a linear saves share their parameter's storage: not copied (TRL's ``param_storages``)."""
     per_layer = [int(t) for t in lt.tensors[ix] if t >= OFFLOAD_MIN_BYTES]
     # never offloaded: what the int8 linears hold on their ctx, and the storages saved in another shape
     per_layer = _present_without(per_layer, list(lt.int8_inputs[ix]) + offload_skipped(model, plan, layer))
-    if not plan.quantized:
-        per_layer += [m.in_features * m.out_features * p for m in layer.linears]
     return per_layer + [x for x in offload_copies(model, plan, layer, list(pb.lora_modules)) if x >= OFFLOAD_MIN_BYTES]
 
 

@@ -544,7 +544,7 @@ def offload_hooks(min_bytes: int = 1024, skip_parameters: bool = True, stash: in
     """Saved-tensor hooks that keep activations in (pinned) host memory until backward needs them.
 
     With the defaults, TRL's / torchtune's ``OffloadActivations`` rule (trl/models/activation_offloading.py:
-    tensors of at least ``min_offload_size`` = 1024 bytes that are not parameters); with ``min_bytes=0,
+    tensors of at least ``min_offload_size`` = 1024 bytes not on a parameter's storage); with ``min_bytes=0,
     skip_parameters=False``, ``torch.autograd.graph.save_on_cpu`` (every saved tensor). Pack copies the
     tensor into a host tensor; unpack copies it back to the device, where it lives until backward uses it.
     On the CPU (the simulation, CPU runs) the copy back is a clone standing for the host-to-device copy.
@@ -560,7 +560,10 @@ def offload_hooks(min_bytes: int = 1024, skip_parameters: bool = True, stash: in
     def pack(t):
         for seen in _SAVED:
             seen(t)
-        if (skip_parameters and isinstance(t, torch.nn.Parameter)) or t.numel() * t.element_size() < min_bytes:
+        # TRL skips every tensor on a parameter's storage (``param_storages``): the parameter, or a view of it such as
+        # the transposed weight a linear saves
+        param = isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter)
+        if (skip_parameters and param) or t.numel() * t.element_size() < min_bytes:
             return t
         with _HOST[-1]():
             packed = torch.empty(t.size(), dtype=t.dtype, layout=t.layout,

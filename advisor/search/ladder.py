@@ -62,6 +62,10 @@ def ladder(space: SearchSpace, fits_with_micro_batch: Callable[[dict[str, Any]],
     if "zero2_cpu" in s["offload"]:
         for method in ("lora", "full"):
             add(f"3 + CPU offload ({method})", method, gradient_checkpointing=True, offload="zero2_cpu")
+    if "zero3_cpu" in s["offload"]:
+        # the parameters too (DeepSpeed ZeRO-3 offload): what fits a model whose weights alone are over the GPU
+        for method in ("lora", "full"):
+            add(f"3 + ZeRO-3 CPU offload ({method})", method, gradient_checkpointing=True, offload="zero3_cpu")
     if "fsdp_cpu" in s["offload"]:
         # several GPUs: every shard of the model state on the host (Answer.AI's fsdp_qlora way to fit a 70B QLoRA on
         # two 24 GB cards); a rung the GPU count's rules refuse (one GPU) is left out

@@ -347,7 +347,9 @@ class TuneSettings(_Study):
 
     def __post_init__(self) -> None:
         # the space's `auto` choices (precision, attention) become the card's, for this model's class
-        object.__setattr__(self, "space", self.space.on_card(Card.of(self.card, self.model)))
+        # and its global batch is split over the run's data-parallel ranks
+        space = self.space.on_card(Card.of(self.card, self.model))
+        object.__setattr__(self, "space", replace(space, gpus=self.gpus) if self.gpus > 1 else space)
 
     @property
     def probe_options(self) -> BackendOptions:

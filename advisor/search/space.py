@@ -118,6 +118,9 @@ class SearchSpace:
     card: Card | None = field(default=None, compare=False, repr=False)
     """Where the plans will train (advisor.core.card_rules.Card): what the ``auto`` choices become
     (``plan_from_params``). None: no card known (bf16, sdpa)."""
+    gpus: int = field(default=1, compare=False, repr=False)
+    """The run's GPUs (``--gpus``): the fixed ``global_batch`` is the sequences of one optimizer step over all the
+    data-parallel ranks (``plan_from_params``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "trials": self.trials, "fixed": self.fixed, "search": self.search,
@@ -373,7 +376,13 @@ def plan_from_params(params: dict[str, Any], space: SearchSpace, arch: dict[str,
         grad_accum=max(1, math.ceil(fixed["global_batch"] / mb)),
         **space.fixed_fields,  # the workload
     )
-    return plan(**values)
+    made = plan(**values)
+    if space.gpus > 1:  # every data-parallel rank runs micro_batch x grad_accum sequences of the global batch
+        from advisor.memory.sharding import data_parallel_ranks
+
+        ranks = data_parallel_ranks(space.gpus, made)
+        made = made.with_(grad_accum=max(1, math.ceil(fixed["global_batch"] / (mb * ranks))))
+    return made
 
 
 def _as_field(value: Any, k) -> Any:

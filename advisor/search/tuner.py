@@ -211,11 +211,12 @@ class Tuner:
         room = self.s.trials - 1 - len(self.first)  # the usual recipe and the first plans come before
         if study.user_attrs.get("ladder_enqueued") or done >= room:
             return
-        rungs = ladder(self.s.space, self._fits_by_estimate)
-        for rung, params in rungs[done:room]:
-            named = self.conditions.optuna_params(params)
-            if named is not None:  # a rung the rules (or this model's modules) do not allow is left out
-                study.enqueue_trial(named, user_attrs={"ladder": rung}, skip_if_exists=True)
+        # a rung the rules (or this model's modules, or the GPU count) do not allow is left out before the room is
+        # counted
+        rungs = [(rung, named) for rung, params in ladder(self.s.space, self._fits_by_estimate)
+                 if (named := self.conditions.optuna_params(params)) is not None]
+        for rung, named in rungs[done:room]:
+            study.enqueue_trial(named, user_attrs={"ladder": rung}, skip_if_exists=True)
         study.set_user_attr("ladder_rungs_enqueued", min(room, len(rungs)))
         study.set_user_attr("ladder_enqueued", room >= len(rungs))
 
@@ -946,14 +947,15 @@ def _weights_over_budget(settings: TuneSettings, plan: Plan) -> str:
 
 
 def smallest_plan_report(settings: TuneSettings):
-    """The most frugal plan of the space and its estimated peak (to fail fast under tiny budgets). Plans whose
+    """(plan, report, host note): the most frugal plan of the space and its estimated peak (to fail fast under tiny
+    budgets); a plan over the host budget is left out, the first one named in the note. Plans whose
     weights alone are over the budget are not measured (advisor.memory.closed_form.resident_weights_floor); a plan
     the closed form does not describe is approximated by it (``approximate_report``), and simulated only where the
     smallest approximation is within ``APPROX_MARGIN`` of the budget (the answer then hangs on it)."""
     space = settings.space
     plans = [plan_from_params(params, space, settings.model.arch or {}) for params in _frugal_candidates(space)]
     plans.sort(key=lambda p: not closed_form_describes(settings.model, p)[0])  # the closed form's answers first
-    found = []
+    found, host_over = [], []
     for plan in plans:
         refused = plan.problems() or gpu_count_problems(plan, settings.gpus)
         if refused or (found and _weights_over_budget(settings, plan)):
@@ -964,13 +966,20 @@ def smallest_plan_report(settings: TuneSettings):
                    else approximate_report(settings.model, plan, settings.gpu))
         except AdvisorInputError:
             continue
-        found.append((_shard(settings, rep, plan).peak_bytes, not describes, plan, _shard(settings, rep, plan)))
+        sharded = _shard(settings, rep, plan)
+        over_host = _over_host(settings, sharded, "its") if sharded.peak_bytes <= settings.budget.bytes else ""
+        if over_host:  # within the GPU budget but not the host's (an offload's): no way under it, said beside it
+            host_over.append((plan, over_host))
+            continue
+        found.append((sharded.peak_bytes, not describes, plan, sharded))
+    host_note = (f"{host_over[0][0].short()} would fit the GPU, but {host_over[0][1]}: give --host-budget for the "
+                 "machine the run is for") if host_over else ""
     if not found:
         return None
     found.sort(key=lambda f: f[0])
     budget = settings.budget.bytes
     if not found[0][1] or not (budget / (1 + APPROX_MARGIN) < found[0][0] <= budget * (1 + APPROX_MARGIN)):
-        return found[0][2], found[0][3]
+        return found[0][2], found[0][3], host_note
     # the smallest is an approximation near the budget: the simulation decides, smallest approximation first
     band = [f for f in found if f[1] and f[0] <= budget * (1 + APPROX_MARGIN)]
     best = None
@@ -985,7 +994,7 @@ def smallest_plan_report(settings: TuneSettings):
             best = (plan, rep)
         if rep.peak_bytes <= budget:
             break
-    return best or (found[0][2], found[0][3])
+    return (*(best or (found[0][2], found[0][3])), host_note)
 
 
 def _frugal_candidates(space: SearchSpace):

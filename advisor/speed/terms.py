@@ -496,11 +496,12 @@ def offload(s: StepInputs) -> float:
     if plan.offload == "none":
         return 0.0
     n = s.pb.trainable / _state_shards(s)
+    # the CPU optimizer's rate is one socket's: the ranks of a node share its sockets
+    adam = s.k["cpu_adam_params_per_s"] * min(s.gpus, s.k["cpu_sockets_per_node"]) / s.gpus
     if plan.offload == "fsdp_cpu":
         stored = weight_bytes(s.model, plan, s.pb)[0] + s.pb.adapter * 4
-        return (plan.grad_accum * 2 * stored / _state_shards(s) / s.host_link + n * 4 / s.host_link
-                + n / s.k["cpu_adam_params_per_s"])
-    t = plan.grad_accum * n * 2 / s.host_link + n * 2 / s.host_link + n / s.k["cpu_adam_params_per_s"]
+        return plan.grad_accum * 2 * stored / _state_shards(s) / s.host_link + n * 4 / s.host_link + n / adam
+    t = plan.grad_accum * n * 2 / s.host_link + n * 2 / s.host_link + n / adam
     if plan.offload == "zero3_cpu":
         passes = 2 + s.checkpointed_fraction
         t += plan.grad_accum * passes * s.model.params_total * s.act_bytes / _state_shards(s) / s.host_link
@@ -539,24 +540,35 @@ def collectives(s: StepInputs) -> float:
     """Ring collectives move (N-1)/N of the buffer per GPU (ZeRO §7.2). DDP all-reduces gradients
     once per step (no_sync while accumulating); ZeRO-2/3 and FSDP reduce-scatter them every
     micro-batch; ZeRO-3/FSDP all-gather parameters for forward and backward (DeepSpeed also for
-    the recomputation). Only the share not hidden behind compute counts (comm_exposed)."""
+    the recomputation). Only the share not hidden behind compute counts: the gradients' reduction overlaps the
+    backward that makes them (Li et al. 2020, PyTorch Distributed §3.2.3: bucketed all-reduce during backward), at
+    most comm_exposed's hidden share of it and never more than that backward's own time (DDP: the last
+    micro-batch's; the reduce-scatters of ZeRO and FSDP: each micro-batch's); the gathers and ZeRO-2's all-gather of
+    the updated shards at comm_exposed."""
     n = s.gpus
     if n <= 1:
         return 0.0
     plan, ring = s.plan, (n - 1) / n
     grad_b = 4 if plan.peft else s.trainable_bytes
     grads = s.pb.trainable * grad_b
-    if s.sharding == "ddp":
-        volume = 2 * grads
-    else:
-        volume = plan.grad_accum * grads
-        if s.sharding == "zero2":
-            volume += s.pb.trainable * s.trainable_bytes  # updated shards all-gathered once per step
-        if s.sharding in SHARDS_PARAMETERS:
-            passes = 2 + (s.checkpointed_fraction if s.sharding == "zero3" else 0.0)
-            # the stored bytes of a PEFT run's base (4-bit weights in their float quant storage) and its adapters
-            gathered = (weight_bytes(s.model, plan, s.pb)[0] + s.pb.adapter * 4) if plan.peft \
-                else s.model.params_total * s.act_bytes
-            volume += plan.grad_accum * passes * gathered
+    reduced = 2 * grads if s.sharding == "ddp" else plan.grad_accum * grads  # all-reduce = reduce-scatter + gather
+    gathered = 0.0
+    if s.sharding == "zero2":
+        gathered += s.pb.trainable * s.trainable_bytes  # updated shards all-gathered once per step
+    if s.sharding in SHARDS_PARAMETERS:
+        passes = 2 + (s.checkpointed_fraction if s.sharding == "zero3" else 0.0)
+        # the stored bytes of a PEFT run's base (4-bit weights in their float quant storage) and its adapters
+        stored = (weight_bytes(s.model, plan, s.pb)[0] + s.pb.adapter * 4) if plan.peft \
+            else s.model.params_total * s.act_bytes
+        gathered += plan.grad_accum * passes * stored
     exposed = s.k["comm_exposed"].get(s.sharding, 1.0)
-    return exposed * ring * volume / s.interconnect
+    reduce_time = ring * reduced / s.interconnect
+    window = backward_gemm_seconds(s) * (1 if s.sharding == "ddp" else plan.grad_accum)
+    hidden = min((1 - exposed) * reduce_time, window)
+    return reduce_time - hidden + exposed * ring * gathered / s.interconnect
+
+
+def backward_gemm_seconds(s: StepInputs) -> float:
+    """One micro-batch's backward GEMMs (input and weight gradients of every decoder layer): the compute a gradient
+    reduction can hide behind."""
+    return all_layers(s, lambda s, kind: layer_gemm_seconds(s, "dx", kind) + layer_gemm_seconds(s, "dw", kind))

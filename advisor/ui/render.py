@@ -507,6 +507,21 @@ def gpus_table(gpus):
     return t
 
 
+def layout_lines(result: dict) -> list[str]:
+    """A several-GPU answer's run: the GPUs, the engine and the global batch each step trains
+    (advisor.commands.tune.layout_fields)."""
+    lay = result.get("layout") or {}
+    if (lay.get("gpus") or 1) <= 1 or not lay.get("global_batch"):
+        return []
+    plan = (result.get("best") or {}).get("plan") or {}
+    asked = lay.get("global_batch_asked")
+    differs = f" (global_batch={asked} asked: rounded up to whole micro-batches)" \
+        if asked and asked != lay["global_batch"] else ""
+    return [f"Run: {lay['gpus']} GPUs, {lay['sharding']}; a global batch of {lay['global_batch']:,} sequences a step "
+            f"= micro-batch {plan.get('micro_batch')} x accumulation {plan.get('grad_accum')} x "
+            f"{lay['data_parallel_ranks']} data-parallel ranks{differs}."]
+
+
 def length_lines(result: dict, fmt) -> list[str]:
     """A study at the space's default length says so, with the answer at the lengths SFT data commonly has
     (advisor.commands.tune.length_fields)."""

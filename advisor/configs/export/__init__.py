@@ -82,7 +82,11 @@ def export_plan(spec, plan, out_dir, formats: Iterable[str] | None = None, *, gp
     plan = plan.validate()
     from advisor.core.adapters import expert_problems
 
-    problems = expert_problems(spec, plan)  # LoRA on stacked experts of a model that has none
+    from advisor.memory.sharding import gpu_count_problems, server_gpus
+
+    # LoRA on stacked experts of a model that has none; what needs the run's GPU count (FSDP's CPU offload...):
+    # ``gpus`` are the processes that train, a vLLM server's GPUs beside them
+    problems = expert_problems(spec, plan) + gpu_count_problems(plan, gpus + server_gpus(plan))
     if problems:
         raise problems[0]
     explicit = formats is not None

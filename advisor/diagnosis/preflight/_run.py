@@ -367,11 +367,20 @@ def _probe(model: ModelSpec, plan: Plan, target: Target, headroom: float) -> lis
 
 
 def _checkpoint_bytes(model: ModelSpec, plan: Plan, report: MemoryReport) -> int:
-    """One checkpoint: the trainable weights in bf16/fp32 plus the optimizer states (Trainer saves both)."""
-    d = report.device
+    """One checkpoint of the whole run: the trainable weights (the 16-bit model of a full fine-tune, the fp32 adapters)
+    plus every rank's optimizer state, the fp32 master copy included (the Trainer saves both; DeepSpeed writes each
+    rank's partition of masters and moments, ``*_optim_states.pt``: 12 B a parameter for AdamW besides the 16-bit
+    model, 14 in all; advisor.memory.sharding.fp32_trainable_state). ``report`` is one GPU's: its sharded state times
+    the GPUs that share it."""
+    from advisor.memory.sharding import SHARDS_STATES
+
+    d, host = report.device, report.host
+    gpus, strategy = report.sharded or (1, "ddp")
+    shards = gpus if strategy in SHARDS_STATES else 1
+    state = sum(d.get(k, 0) + host.get(k, 0) for k in ("optimizer_states", "master_weights")) * shards
     if plan.peft:
-        return int(d.get("adapter_weights", 0) + d.get("optimizer_states", 0) + report.host.get("optimizer_states", 0))
-    return int(model.params_total * 2 + d.get("optimizer_states", 0) + report.host.get("optimizer_states", 0))
+        return int(max(d.get("adapter_weights", 0), report.extra.get("params_trainable", 0) * 4) + state)
+    return int(model.params_total * 2 + state)
 
 
 def _time(model, plan, target: Target, stats, training, epochs):

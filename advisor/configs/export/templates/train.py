@@ -177,13 +177,15 @@ def checkpoint_only(model, k):
 
 def offload_activations(model) -> None:
     """Activation offloading without checkpointing, with TRL's rule (trl/models/activation_offloading.py):
-    every tensor the decoder layers save, of 1 KiB or more and not a parameter, goes to (pinned) host memory
-    in forward and comes back in backward. The output head and the loss keep theirs (as the advisor's
-    memory plan counts them)."""
+    every tensor the decoder layers save, of 1 KiB or more and not a parameter's storage (a parameter, or a view of
+    one such as the transposed weight a linear saves: TRL skips every tensor on a parameter's storage), goes to
+    (pinned) host memory in forward and comes back in backward. The output head and the loss keep theirs (as the
+    advisor's memory plan counts them)."""
     import torch
 
     def pack(t):
-        if isinstance(t, torch.nn.Parameter) or t.numel() * t.element_size() < 1024:
+        param = isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter)
+        if param or t.numel() * t.element_size() < 1024:
             return t
         host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout, pin_memory=t.is_cuda)
         host.copy_(t, non_blocking=t.is_cuda)
