@@ -82,10 +82,10 @@ def _by_lever(effects: list[LeverEffect]) -> dict[str, LeverEffect]:
 
 
 def departures(plan: Plan, recipe: Plan, regime: str | None = None, *,
-               global_batch: int | None = None) -> list[Departure]:
+               global_batch: int | None = None, gpus: int = 1) -> list[Departure]:
     """The groups of levers in which ``plan`` differs from ``recipe``, in GROUPS order."""
-    mine, _ = lever_effects(plan, regime, global_batch=global_batch)
-    theirs, _ = lever_effects(recipe, regime, global_batch=global_batch)
+    mine, _ = lever_effects(plan, regime, global_batch=global_batch, gpus=gpus)
+    theirs, _ = lever_effects(recipe, regime, global_batch=global_batch, gpus=gpus)
     a, r = _by_lever(mine), _by_lever(theirs)
     changed: dict[str, list[str]] = {}
     for lever in list(r) + [x for x in a if x not in r]:

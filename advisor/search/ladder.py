@@ -47,7 +47,7 @@ def ladder(space: SearchSpace, fits_with_micro_batch: Callable[[dict[str, Any]],
                 return
         if any(params[k] not in s[k] for k in ("gradient_checkpointing", "offload", "optimizer")):
             return
-        sizes = sorted(s["micro_batch"])
+        sizes = space.micro_batches()  # those that keep the global batch
         fitting = [mb for mb in sizes if fits_with_micro_batch({**params, "micro_batch": mb})]
         params["micro_batch"] = fitting[-1] if fitting else sizes[0]
         if params not in [p for _, p in rungs]:

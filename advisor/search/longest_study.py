@@ -82,9 +82,10 @@ def admissible(params: dict[str, Any], settings) -> tuple[dict[str, Any], Plan] 
         except AdvisorInputError:  # a point the space cannot build (an unknown target module) is skipped
             continue
         if plan.problems() or gpu_count_problems(plan, settings.gpus) \
-                or uncovered_levers(plan, settings.regime, global_batch=global_batch):
+                or uncovered_levers(plan, settings.regime, global_batch=global_batch, gpus=settings.gpus):
             continue
-        if quality_of(plan, settings.regime, global_batch=global_batch).accuracy_loss <= settings.tolerance:
+        loss = quality_of(plan, settings.regime, global_batch=global_batch, gpus=settings.gpus).accuracy_loss
+        if loss <= settings.tolerance:
             return point, plan
     return None
 
@@ -115,7 +116,7 @@ def longest_of_space(settings, measure_estimate, measure_simulated=None) -> Long
             continue  # its offloaded states are over the host budget at any length
         slope = (b - a) / max(1, ceiling - min(short, ceiling))
         far = ceiling if b <= budget else (budget - a) / slope if slope > 0 else 0
-        dynamics = quality_of(plan, settings.regime, global_batch=global_batch).dynamics
+        dynamics = quality_of(plan, settings.regime, global_batch=global_batch, gpus=settings.gpus).dynamics
         candidates.append((dynamics, -far, plan.short(), point, plan))
     if not candidates:
         return None

@@ -523,15 +523,16 @@ def _all_fields_known(plan_type: type) -> bool:
 # ------------------------------------------------------------------------------------------------ the model
 
 
-def lever_effects(plan: Plan, regime: str | None = None, *, global_batch: int | None = None
+def lever_effects(plan: Plan, regime: str | None = None, *, global_batch: int | None = None, gpus: int = 1
                   ) -> tuple[list[LeverEffect], list[str]]:
-    """The entry of every lever ``plan`` uses, and the levers without one (``lever=value: why``)."""
-    used, uncovered = _lever_effects(quality_data(), plan, _regime(regime), global_batch)
+    """The entry of every lever ``plan`` uses, and the levers without one (``lever=value: why``). ``gpus``: the
+    run's, over whose data-parallel ranks the global batch is split (advisor.memory.sharding.global_batch)."""
+    used, uncovered = _lever_effects(quality_data(), plan, _regime(regime), global_batch, gpus)
     return list(used), list(uncovered)
 
 
 @lru_cache(maxsize=1 << 16)
-def _lever_effects(data: QualityData, plan: Plan, regime: str, global_batch: int | None
+def _lever_effects(data: QualityData, plan: Plan, regime: str, global_batch: int | None, gpus: int = 1
                    ) -> tuple[tuple[LeverEffect, ...], tuple[str, ...]]:
     """``lever_effects`` of one quality data (cached: the space walk asks it of every plan it checks, about
     15,000 times a tune)."""
@@ -541,7 +542,9 @@ def _lever_effects(data: QualityData, plan: Plan, regime: str, global_batch: int
         if lever == "global_batch":
             if global_batch is None:
                 continue
-            value = "as-asked" if plan.micro_batch * plan.grad_accum == global_batch else "changed"
+            from advisor.memory.sharding import global_batch as run_batch
+
+            value = "as-asked" if run_batch(gpus, plan) == global_batch else "changed"
         elif not applies(plan, lever):
             continue
         else:
@@ -560,7 +563,7 @@ def _lever_effects(data: QualityData, plan: Plan, regime: str, global_batch: int
 
 
 def quality_of(plan: Plan, regime: str | None = None, *, global_batch: int | None = None,
-               measured_kl: float | None = None) -> QualityEffect:
+               measured_kl: float | None = None, gpus: int = 1) -> QualityEffect:
     """What ``plan`` does to the trained model (see the module docstring for how the levers combine).
 
     ``regime``: sft (default), domain or cpt (quality.yaml ``regimes``). ``global_batch``: the sequences per
@@ -568,7 +571,7 @@ def quality_of(plan: Plan, regime: str | None = None, *, global_batch: int | Non
     (nats/token) a probe measured for the quantized base, replacing the quantization prior.
     """
     regime = _regime(regime)
-    used, uncovered = lever_effects(plan, regime, global_batch=global_batch)
+    used, uncovered = lever_effects(plan, regime, global_batch=global_batch, gpus=gpus)
     source = "prior"
     if measured_kl is not None and plan.quantized:
         used = [e if e.lever != "quantization" else _measured(e, measured_kl) for e in used]
@@ -597,30 +600,33 @@ def _with_setting(entry: LeverEffect, setting: str) -> LeverEffect:
     return replace(entry, setting=setting)
 
 
-def uncovered_levers(plan: Plan, regime: str | None = None, *, global_batch: int | None = None) -> list[str]:
+def uncovered_levers(plan: Plan, regime: str | None = None, *, global_batch: int | None = None,
+                     gpus: int = 1) -> list[str]:
     """The levers of ``plan`` that have no quality entry or an unsupported one (``lever=value: why``): a plan
     with any cannot be picked."""
-    return lever_effects(plan, regime, global_batch=global_batch)[1]
+    return lever_effects(plan, regime, global_batch=global_batch, gpus=gpus)[1]
 
 
-def quality_problems(plan: Plan, regime: str | None = None, *, global_batch: int | None = None
+def quality_problems(plan: Plan, regime: str | None = None, *, global_batch: int | None = None, gpus: int = 1
                      ) -> list[AdvisorInputError]:
     """The uncovered levers of ``plan`` as plan-rule errors, each under the knob that sets the lever (the form
     the search's rule checks take: a plan the quality model has no evidence for is never proposed)."""
     from advisor.core.plan import flag_of
 
     errs = []
-    for text in uncovered_levers(plan, regime, global_batch=global_batch):
+    for text in uncovered_levers(plan, regime, global_batch=global_batch, gpus=gpus):
         lever = text.split("=", 1)[0]
         knob = "micro_batch" if lever == "global_batch" else lever
         errs.append(AdvisorInputError(flag_of(knob), f"no quality evidence: {text}", getattr(plan, knob, None)))
     return errs
 
 
-def dynamics_levers(plan: Plan, regime: str | None = None, *, global_batch: int | None = None) -> list[str]:
+def dynamics_levers(plan: Plan, regime: str | None = None, *, global_batch: int | None = None,
+                    gpus: int = 1) -> list[str]:
     """The levers of ``plan`` that change training dynamics (``lever=value``): searched only where needed
     to fit, never tie-breakers."""
-    return [e.label for e in lever_effects(plan, regime, global_batch=global_batch)[0] if e.kind == "dynamics"]
+    return [e.label for e in lever_effects(plan, regime, global_batch=global_batch, gpus=gpus)[0]
+            if e.kind == "dynamics"]
 
 
 def time_to_quality(tokens_per_s: float, effect: QualityEffect) -> float:

@@ -72,7 +72,7 @@ def usual_recipe(space: SearchSpace, precision: str, fits: Fits) -> tuple[str, d
     rl = space.workload.get("task") in RL_TASKS
     if rl:
         base.update({k: v for k, v in RL_DEFAULTS.items() if k in s})
-    sizes = sorted(s["micro_batch"])
+    sizes = space.micro_batches()  # those that keep the global batch
     last = None
     for method, knobs in _method_points(space, precision):
         if method not in space.methods() or (rl and method == "full"):

@@ -187,6 +187,8 @@ class Rules:
     """sft (default), domain or cpt: advisor/data/quality.yaml ``regimes``."""
     global_batch: int | None = None
     """Sequences per optimizer step the space fixes (a plan that changes it changes the dynamics)."""
+    gpus: int = 1
+    """The run's GPUs, over whose data-parallel ranks the global batch is split."""
     margin: float | None = None
     """The gain in time to quality a non-exact change must exceed; None: the step-time model's median error
     (advisor/data/prediction_error.yaml ``step_time``)."""
@@ -216,7 +218,7 @@ def time_to_quality(t: TrialRecord) -> float:
 def _quality(t: TrialRecord, rules: Rules):
     from advisor.search.quality import quality_of
 
-    return quality_of(plan_of(t.plan), rules.regime, global_batch=rules.global_batch)
+    return quality_of(plan_of(t.plan), rules.regime, global_batch=rules.global_batch, gpus=rules.gpus)
 
 
 def select(records: list[TrialRecord], budget_bytes: int, headroom: float, tolerance: float,
@@ -247,7 +249,8 @@ def select(records: list[TrialRecord], budget_bytes: int, headroom: float, toler
     recipe = next((t for t in records if is_recipe(t.ladder) and t.duplicate_of is None), None)
     baseline = recipe if recipe is not None and recipe in eligible else None
     moves = {t.number: departures(plan_of(t.plan), plan_of(baseline.plan), rules.regime,
-                                  global_batch=rules.global_batch) if baseline else [] for t in eligible}
+                                  global_batch=rules.global_batch, gpus=rules.gpus) if baseline else []
+             for t in eligible}
     need = rules.needed_gain()
 
     def allowed(t: TrialRecord) -> bool:

@@ -222,7 +222,7 @@ class _Study:
     @property
     def rules(self) -> Rules:
         """How the answer is chosen beside the budget (advisor.search.select.Rules)."""
-        return Rules(regime=self.regime, global_batch=self.space.fixed.get("global_batch"),
+        return Rules(regime=self.regime, global_batch=self.space.fixed.get("global_batch"), gpus=self.gpus,
                      uniform_lengths=self.data is None, host_budget_bytes=self.host_budget_bytes)
 
     @property

@@ -153,6 +153,15 @@ class SearchSpace:
         """Every valid point of the space (each knob only where it applies)."""
         return self.conditions().points()
 
+    def micro_batches(self) -> list:
+        """The space's micro-batches, smallest first, that keep its global batch over the run's GPUs (micro-batch x
+        GPUs at most global_batch, so accumulation makes it up exactly where it divides); the smallest where none
+        does."""
+        sizes = sorted(self.search.get("micro_batch") or [1])
+        batch = self.fixed.get("global_batch")
+        kept = [mb for mb in sizes if batch is None or mb * self.gpus <= batch]
+        return kept or sizes[:1]
+
     def on_card(self, card: Card) -> "SearchSpace":
         """The space for plans that train on ``card``: its ``auto`` choices become the card's. A knob none of
         whose choices runs there is an error naming the key (an older space's ``precision: [bf16]`` on a T4)."""

@@ -329,7 +329,8 @@ class Tuner:
         else:  # the usual recipe does not fit: the answer's exact changes from its plan that buy nothing all the same
             rules = self.s.rules
             changes = self._changes_for_nothing(departures(plan, recipe_plan, rules.regime,
-                                                           global_batch=rules.global_batch), recipe_plan, plan,
+                                                           global_batch=rules.global_batch, gpus=rules.gpus),
+                                                recipe_plan, plan,
                                                 recipe, best)
         for d in changes:
             variant = with_change(plan, recipe_plan, d)  # the answer with the recipe's values of this group
@@ -458,7 +459,8 @@ class Tuner:
 
             def check(plan: Plan):  # the model's and card's rules, the GPU count's, then quality evidence
                 return (rules(plan) or gpu_count_problems(plan, gpus)
-                        or quality_problems(plan, settings.regime, global_batch=settings.global_batch))
+                        or quality_problems(plan, settings.regime, global_batch=settings.global_batch,
+                                            gpus=settings.gpus))
 
             self._conditions = Conditions(self.s.space, self.s.model.arch or {}, check)
         return self._conditions
@@ -536,11 +538,12 @@ class Tuner:
         incumbent, recipe = self._incumbent(), self._recipe_baseline()
         need = self.s.rules.needed_gain()
         changes = non_exact(departures(plan, Plan.from_dict(recipe.plan), self.s.regime,
-                                       global_batch=self.s.rules.global_batch)) if recipe is not None else []
+                                       global_batch=self.s.rules.global_batch, gpus=self.s.gpus)) \
+            if recipe is not None else []
         if incumbent is not None and ttq > time_to_quality(incumbent) * (1 + TIE):
             simpler = recipe is not None and changed_groups(changes) < changed_groups(departures(
                 Plan.from_dict(incumbent.plan), Plan.from_dict(recipe.plan), self.s.regime,
-                global_batch=self.s.rules.global_batch))
+                global_batch=self.s.rules.global_batch, gpus=self.s.gpus))
             if not (simpler and ttq <= time_to_quality(incumbent) * (1 + need)):  # a simpler plan may still win
                 return (f"its predicted time to quality is {ttq / time_to_quality(incumbent) - 1:+.0%} behind "
                         f"#{incumbent.number}")
@@ -639,7 +642,7 @@ class Tuner:
         outcome, with a reason when pruned."""
         s = self.s
         out = TrialOutcome(plan=plan, ladder=rung)
-        quality = quality_of(plan, s.regime, global_batch=s.space.fixed.get("global_batch"))
+        quality = quality_of(plan, s.regime, global_batch=s.space.fixed.get("global_batch"), gpus=s.gpus)
         out.reason = self._invalid(plan, quality)
         if out.reason:
             out.invalid = True
@@ -787,7 +790,7 @@ class Tuner:
             out.measured["losses"] = [float(x) for x in measured.losses]
         if measured is not None and measured.fidelity_kl is not None:  # the measured KL replaces the format's prior
             q = quality_of(plan, s.regime, global_batch=s.space.fixed.get("global_batch"),
-                           measured_kl=float(measured.fidelity_kl))
+                           measured_kl=float(measured.fidelity_kl), gpus=s.gpus)
             out.measured.update(accuracy_loss=q.accuracy_loss, accuracy_source=q.accuracy_source)
         if stage.decides:
             out.reason = self._over(report, "measured", host=False)
