@@ -208,14 +208,8 @@ def test_export_named_formats(qwen7b, tmp_path):
     assert set(written) == {"advisor", "train"}  # train.py needs advisor.yaml beside it
     written = export_plan(qwen7b, PLANS["full-mixed-zero2"], tmp_path / "z", ["llamafactory"])
     assert set(written) == {"llamafactory", "deepspeed"}  # it names deepspeed.json
-    # a bf16 full fine-tune under ZeRO-3 is DeepSpeed's bf16 mode: bf16: true alone (LLaMA-Factory refuses
-    # pure_bf16 with ZeRO-3), read back as the same plan
-    written = export_plan(qwen7b, PLANS["full-bf16-zero3"], tmp_path / "z3", ["llamafactory"])
-    lf = yaml.safe_load(written["llamafactory"].read_text())
-    assert lf["bf16"] is True and "pure_bf16" not in lf
-    from advisor.configs.read import read_config
-
-    assert read_config(written["llamafactory"])[1].precision == "bf16"
+    with pytest.raises(AdvisorInputError, match="pure_bf16 with DeepSpeed ZeRO-3"):
+        export_plan(qwen7b, PLANS["full-bf16-zero3"], tmp_path / "z3", ["llamafactory"])
     with pytest.raises(ConfigErrors) as e:  # both asked for, both impossible: both reported
         export_plan(qwen7b, PLANS["lora-int8-all"], tmp_path / "x", ["axolotl", "llamafactory", "deepspeed"])
     wheres = [err.where for err in e.value.errors]

@@ -20,8 +20,7 @@ autocast dtype; trainable parameters are upcast to fp32 unless ``pure_bf16``; th
 dtype is the autocast dtype. Hence full + ``bf16: true`` is the Plan's mixed_bf16, full +
 ``pure_bf16`` its bf16, LoRA + ``bf16: true`` its bf16 (fp32 adapters, as peft keeps them). Refused:
 fp32 training (LLaMA-Factory picks a 16-bit dtype itself), LoRA over fp32 base weights, a compute
-dtype other than the autocast dtype, a non-integer lora_alpha. Under DeepSpeed a bf16 full fine-tune is ``bf16: true``
-alone (DeepSpeed's bf16 mode; LLaMA-Factory refuses pure_bf16 with ZeRO-3).
+dtype other than the autocast dtype, a non-integer lora_alpha, pure_bf16 with ZeRO-3.
 The fused-linear loss maps to ``enable_liger_kernel`` (Liger's fused linear cross-entropy never
 holds all logits; it also swaps in Liger's RMSNorm/SwiGLU/RoPE kernels, which only lower the memory
 the plan was sized for); the chunked loss has no LLaMA-Factory field and is refused. DoRA is
@@ -68,11 +67,8 @@ FA3_UNSUPPORTED = ("LLaMA-Factory 0.9.5 lists flash_attn: fa3 but does not run i
 """Why an LLaMA-Factory export refuses flash_attention_3 (read in hiyouga/LLaMA-Factory v0.9.5)."""
 
 
-def precision_flags(plan, deepspeed: bool = False) -> dict[str, bool]:
-    """bf16 / fp16 / pure_bf16 for the plan, or Unsupported. Under DeepSpeed (``deepspeed``) a bf16 full fine-tune is
-    ``bf16: true`` alone: DeepSpeed's bf16 mode holds the model in bf16 and the fp32 masters in its optimizer, the run
-    the plan's per-GPU ledger counts (advisor.memory.sharding.fp32_trainable_state), and LLaMA-Factory refuses
-    pure_bf16 with ZeRO-3 (hparams/parser.py: "`pure_bf16` is incompatible with DeepSpeed ZeRO-3")."""
+def precision_flags(plan) -> dict[str, bool]:
+    """bf16 / fp16 / pure_bf16 for the plan, or Unsupported."""
     p = plan.precision
     if plan.method == "full":
         table = {"mixed_bf16": {"bf16": True}, "mixed_fp16": {"fp16": True},
@@ -83,8 +79,8 @@ def precision_flags(plan, deepspeed: bool = False) -> dict[str, bool]:
         raise Unsupported(FORMAT, f"LLaMA-Factory has no {p} for {plan.method} (it loads weights in the autocast "
                           "dtype and picks a 16-bit dtype itself)")
     flags = {"bf16": False, "fp16": False, "pure_bf16": False, **table[p]}
-    if deepspeed:
-        flags["pure_bf16"] = False
+    if flags["pure_bf16"] and plan.offload == "zero3_cpu":
+        raise Unsupported(FORMAT, "LLaMA-Factory refuses pure_bf16 with DeepSpeed ZeRO-3")
     if plan.quantized and plan.four_bit and plan.compute_dtype != plan.activation_dtype:
         raise Unsupported(FORMAT, f"LLaMA-Factory's 4-bit compute dtype is the autocast dtype "
                           f"({plan.activation_dtype}), not {plan.compute_dtype}")
@@ -115,7 +111,7 @@ multimodal plugin (LLaMA-Factory 0.9.5 data/template.py register_template; Qwen2
 
 def llamafactory_config(ctx: ExportContext) -> dict[str, Any]:
     plan = ctx.plan
-    flags = precision_flags(plan, deepspeed=ctx.zero_stage is not None)
+    flags = precision_flags(plan)
     alpha = require_int_alpha(FORMAT, plan)
     cfg: dict[str, Any] = {"model_name_or_path": ctx.model_id, "trust_remote_code": False}
     if plan.quantized:
@@ -354,8 +350,6 @@ def read(data: dict, c: Collect, plan_type: type) -> tuple[str | None, dict, dic
     f["train_projector"] = not c.get(data, "freeze_multi_modal_projector", "freeze_multi_modal_projector", "bool",
                                      True, record=False)
     f["offload"], ds = read_offload(c, data.get("deepspeed"), "deepspeed")
-    if full and bf16 and not pure and ds and (ds.get("bf16") or {}).get("enabled") in (True, "auto"):
-        f["precision"] = "bf16"  # DeepSpeed's bf16 mode: the model in bf16, fp32 masters in its optimizer
     return name, f, {"deepspeed": ds}
 
 
