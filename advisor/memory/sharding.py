@@ -81,7 +81,7 @@ def gpu_count_problems(plan: Plan, gpus: int) -> list[AdvisorInputError]:
     """The rules that need the run's GPU count: FSDP's CPU offload needs a group of GPUs, a vLLM server leaves at
     least one GPU to train, and TRL's generation batch on the GPUs that train holds whole groups
     (advisor.core.plan.rl_problems)."""
-    if plan.task == "grpo" and plan.generation == "vllm-server" and plan.vllm_gpus >= gpus:
+    if server_gpus(plan) and train_gpus(gpus, plan) < 1:
         return [AdvisorInputError("--vllm-gpus", f"a vLLM server on {plan.vllm_gpus} of the run's {gpus} GPU(s) "
                                   "leaves none to train (vllm-server needs --gpus above --vllm-gpus)", plan.vllm_gpus)]
     if plan.offload == "fsdp_cpu" and gpus < 2:
@@ -109,8 +109,7 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
     moe_note = (expert_parallel_note(model, gpus, strategy),) if model.is_moe and gpus > 1 else ()
     if gpus == 1 or strategy == "ddp":
         return replace(report, notes=(*report.notes, *moe_note), sharded=(gpus, strategy),
-                       extra={**report.extra, "gpus": gpus, "sharding": strategy,
-                              "comm_bytes_per_step": comm_bytes_per_step(model, plan, gpus, strategy)})
+                       extra=_layout_extra(report, model, plan, gpus, strategy))
     d = dict(report.device)
     d.pop("overhead", None)
     if plan.offload != "none":
@@ -149,8 +148,7 @@ def shard_report(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, 
     return replace(report, device=d, host=host, host_memory=hm, tensor_peak_bytes=int(tensor_peak),
                    peak_bytes=int(tensor_peak + overhead), notes=notes,
                    reserved_peak_bytes=int(tensor_peak + parts["fragmentation"]), sharded=(gpus, strategy),
-                   extra={**report.extra, "gpus": gpus, "sharding": strategy,
-                          "comm_bytes_per_step": comm_bytes_per_step(model, plan, gpus, strategy)})
+                   extra=_layout_extra(report, model, plan, gpus, strategy))
 
 
 def _offloaded(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, strategy: str,
@@ -165,9 +163,13 @@ def _offloaded(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, st
     return replace(report, device={**device, "overhead": report.device.get("overhead", 0)}, host=host,
                    host_memory=hm, notes=(*report.notes, f"{strategy} CPU offload over {gpus} GPUs: the host state "
                                           f"split among the ranks; collectives are modelled, not traced"),
-                   sharded=(gpus, strategy), extra={**report.extra, "gpus": gpus, "sharding": strategy,
-                                                    "comm_bytes_per_step": comm_bytes_per_step(model, plan, gpus,
-                                                                                               strategy)})
+                   sharded=(gpus, strategy), extra=_layout_extra(report, model, plan, gpus, strategy))
+
+
+def _layout_extra(report: MemoryReport, model: ModelSpec, plan: Plan, gpus: int, strategy: str) -> dict:
+    """The report's extra with the run's layout: its GPUs, its engine and each GPU's collective bytes per step."""
+    return {**report.extra, "gpus": gpus, "sharding": strategy,
+            "comm_bytes_per_step": comm_bytes_per_step(model, plan, gpus, strategy)}
 
 
 DEEPSPEED_ENGINES = ("zero2", "zero3")
